@@ -1,0 +1,41 @@
+"""`tailrl ...` entry point. Each subcommand lives in the module that owns the concept;
+this file only dispatches (argparse stays at the edge, imports stay lazy so `tailrl --help`
+is instant)."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, function, one-line help). The function takes argv (list[str]).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "generate": ("tailrl.engine.cli", "main", "sample responses from a checkpoint"),
+    "make-model": ("tailrl.tasks.make_model", "main", "train the workload model (presets test, small)"),
+    "workload-report": ("tailrl.tasks.report", "main", "accuracy, length tail and group similarity of a model"),
+    "simulate": ("tailrl.sim.cli", "main", "cluster-scale rollout simulator: compare scheduling policies"),
+    "train": ("tailrl.rl.cli", "train_main", "GRPO training with accelerated rollouts"),
+    "report": ("tailrl.rl.cli", "report_main", "plot the metrics of one or two training runs"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: tailrl COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:<16} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"tailrl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func, _ = COMMANDS[name]
+    result = getattr(importlib.import_module(module), func)(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

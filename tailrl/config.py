@@ -1,0 +1,126 @@
+"""Flat dataclass configs, one per component, validated in ``__post_init__``.
+
+Every invalid field raises ``ValueError`` naming the field, before any work is done.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+def _check(cond: bool, name: str, msg: str, value) -> None:
+    if not cond:
+        raise ValueError(f"{name} {msg}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one prompt's ``n`` responses (one GRPO group)."""
+
+    n: int = 1                       # samples per prompt; they form one group
+    temperature: float = 1.0         # 0 = greedy
+    top_p: float = 1.0               # nucleus mass in (0, 1]
+    top_k: int = -1                  # -1 = disabled, else >= 1
+    max_tokens: int = 512            # new tokens per response
+    seed: int | None = None          # per-prompt seed; None = derived from engine seed + call order
+    stop_token_ids: list[int] | None = None  # extra stop tokens (EOS always stops unless ignore_eos)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.n, int) and self.n >= 1, "n", "must be an integer >= 1", self.n)
+        _check(self.temperature >= 0, "temperature", "must be >= 0", self.temperature)
+        _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
+        _check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1),
+               "top_k", "must be -1 (disabled) or >= 1", self.top_k)
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+               "max_tokens", "must be an integer >= 1", self.max_tokens)
+        _check(self.seed is None or isinstance(self.seed, int), "seed", "must be an int or None", self.seed)
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def clone(self, **changes) -> "SamplingParams":
+        vals = {f.name: getattr(self, f.name) for f in fields(self)}
+        vals.update(changes)
+        return SamplingParams(**vals)
+
+
+SPEC_METHODS = ("suffix", "drafter", "hybrid")
+SPEC_SOURCES = ("history", "group", "self")
+SPEC_POLICIES = ("adaptive", "bandit", "fixed")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding: which draft sources, and which policy hands out draft tokens."""
+
+    method: str = "suffix"                       # "suffix" | "drafter" | "hybrid" (contract)
+    sources: tuple[str, ...] = SPEC_SOURCES       # suffix draft sources to consult
+    policy: str = "adaptive"                      # "adaptive" (Seer+RhymeRL) | "bandit" (TLT) | "fixed"
+    max_draft_tokens: int = 16                    # per request per step (RhymeRL max window)
+    min_draft_tokens: int = 2                     # RhymeRL min window
+    max_tree_paths: int = 4                       # >1 = multi-path (tree) drafts
+    min_match_len: int = 2                        # a shorter suffix match proposes nothing
+    min_token_prob: float = 0.1                   # stop a draft when the estimated prob falls below
+    max_spec_batch: int = 0                       # 0 = let the policy decide; else SD off above this batch
+
+    def __post_init__(self) -> None:
+        _check(self.method in SPEC_METHODS, "method", f"must be one of {SPEC_METHODS}", self.method)
+        if isinstance(self.sources, str):
+            self.sources = (self.sources,)
+        self.sources = tuple(self.sources)
+        _check(len(self.sources) > 0 and all(s in SPEC_SOURCES for s in self.sources),
+               "sources", f"must be a non-empty subset of {SPEC_SOURCES}", self.sources)
+        _check(self.policy in SPEC_POLICIES, "policy", f"must be one of {SPEC_POLICIES}", self.policy)
+        _check(1 <= self.max_draft_tokens <= 64, "max_draft_tokens", "must be in [1, 64]", self.max_draft_tokens)
+        _check(1 <= self.min_draft_tokens <= self.max_draft_tokens, "min_draft_tokens",
+               "must be in [1, max_draft_tokens]", self.min_draft_tokens)
+        _check(self.max_tree_paths >= 1, "max_tree_paths", "must be >= 1", self.max_tree_paths)
+        _check(self.min_match_len >= 1, "min_match_len", "must be >= 1", self.min_match_len)
+        _check(0 <= self.min_token_prob < 1, "min_token_prob", "must be in [0, 1)", self.min_token_prob)
+        _check(self.max_spec_batch >= 0, "max_spec_batch", "must be >= 0", self.max_spec_batch)
+
+    @classmethod
+    def coerce(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, dict):
+            known = {f.name for f in fields(cls)}
+            unknown = set(value) - known
+            _check(not unknown, "speculative", f"has unknown keys (known: {sorted(known)})", sorted(unknown))
+            return cls(**value)
+        raise ValueError(f"speculative must be None, a SpeculativeConfig or a dict, got {type(value).__name__}")
+
+
+DTYPES = ("float32", "float64", "bfloat16")
+
+
+@dataclass
+class EngineConfig:
+    """One engine instance."""
+
+    model: str                                    # Hugging Face checkpoint directory
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    max_num_seqs: int = 256                       # running requests at once
+    max_num_batched_tokens: int = 1024            # tokens per forward (prefill chunks + decodes + drafts)
+    max_model_len: int | None = None              # default: the checkpoint's max_position_embeddings
+    kv_cache_tokens: int | None = None            # KV budget in token slots; None = from kv_cache_gib
+    kv_cache_gib: float = 4.0
+    num_threads: int | None = None                # torch intra-op threads; None = leave as is
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.model, str) and self.model != "", "model", "must be a checkpoint directory", self.model)
+        _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}", self.dtype)
+        _check(isinstance(self.seed, int), "seed", "must be an int", self.seed)
+        _check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1", self.max_num_seqs)
+        _check(self.max_num_batched_tokens >= 16, "max_num_batched_tokens", "must be >= 16",
+               self.max_num_batched_tokens)
+        _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2",
+               self.max_model_len)
+        _check(self.kv_cache_tokens is None or self.kv_cache_tokens >= 2, "kv_cache_tokens", "must be >= 2",
+               self.kv_cache_tokens)
+        _check(self.kv_cache_gib > 0, "kv_cache_gib", "must be > 0", self.kv_cache_gib)
