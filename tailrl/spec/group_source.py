@@ -1,0 +1,115 @@
+"""``group`` drafts (Seer grouped speculation): live outputs of a request's GRPO siblings.
+
+One suffix trie per group id holds every member's ``prompt[-max_match_len:] + output``,
+fed live as members generate, and serves drafts to all members. A request never drafts from
+its own tokens here (that is the ``self`` source's job, and counting them would make the two
+sources' statistics indistinguishable): each member also has a private trie of exactly its
+own tokens, and proposals subtract its counts node by node (``SuffixTrie.propose(exclude=)``),
+so a member sees the counts of its siblings only. This costs a second insertion per token.
+
+Members that finish stay in the group trie (finished siblings are the best references);
+a member that ``start``s again (a resumed chunk) continues its old sequence. The group is
+dropped when no member is live.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tailrl.spec.draft import Draft
+from tailrl.spec.source import MatchParams, context_tail
+from tailrl.spec.suffix_trie import SuffixTrie
+
+
+class _Member:
+    __slots__ = ("seq_id", "prefix", "inserted", "own")
+
+    def __init__(self, seq_id: int, prefix: int, inserted: int, own: SuffixTrie | None) -> None:
+        self.seq_id = seq_id         # sequence in the group trie
+        self.prefix = prefix         # prompt-tail tokens in front of the output
+        self.inserted = inserted     # output tokens already inserted
+        self.own = own               # trie of this member's own tokens; None when not live
+
+
+class _Group:
+    __slots__ = ("trie", "members", "live")
+
+    def __init__(self, depth: int) -> None:
+        self.trie = SuffixTrie(depth)
+        self.members: dict[str, _Member] = {}
+        self.live = 0
+
+
+class GroupSource:
+    name = "group"
+
+    def __init__(self, params: MatchParams | None = None) -> None:
+        self.params = params or MatchParams()
+        self._groups: dict[str, _Group] = {}
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def start(self, req: Any) -> None:
+        if not req.group_id:
+            return
+        g = self._groups.get(req.group_id)
+        if g is None:
+            g = self._groups[req.group_id] = _Group(self.params.trie_depth)
+        m = g.members.get(req.request_id)
+        if m is not None and m.own is not None:
+            return                                    # already live
+        if m is None:
+            prompt = req.prompt_token_ids
+            tail = list(prompt[max(0, len(prompt) - self.params.max_match_len):])
+            m = g.members[req.request_id] = _Member(g.trie.add(tail), len(tail), 0, None)
+        m.own = SuffixTrie(self.params.trie_depth)
+        m.own.add(g.trie.tokens(m.seq_id))
+        g.live += 1
+        self._sync(g, m, req)
+
+    def _sync(self, g: _Group, m: _Member, req: Any) -> None:
+        out = req.output_token_ids
+        if len(out) > m.inserted:
+            new = out[m.inserted:]
+            g.trie.extend(m.seq_id, new)
+            m.own.extend(0, new)
+            m.inserted = len(out)
+
+    def _member(self, req: Any) -> tuple[_Group, _Member] | None:
+        g = self._groups.get(req.group_id) if req.group_id else None
+        m = g.members.get(req.request_id) if g is not None else None
+        if m is None or m.own is None:
+            if not req.group_id:
+                return None
+            self.start(req)
+            g = self._groups[req.group_id]
+            m = g.members[req.request_id]
+        return g, m
+
+    def observe(self, req: Any, new_tokens: list[int]) -> None:
+        gm = self._member(req)
+        if gm is not None:
+            self._sync(gm[0], gm[1], req)
+
+    def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
+        gm = self._member(req)
+        if gm is None:
+            return None
+        g, m = gm
+        if len(g.members) < 2:
+            return None
+        self._sync(g, m, req)
+        p = self.params
+        return g.trie.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth),
+                              max_paths, min_match_len=p.min_match_len, max_match_len=p.max_match_len,
+                              min_token_prob=p.min_token_prob, source=self.name, exclude=m.own)
+
+    def finish(self, req: Any) -> None:
+        g = self._groups.get(req.group_id) if req.group_id else None
+        m = g.members.get(req.request_id) if g is not None else None
+        if m is None or m.own is None:
+            return
+        m.own = None
+        g.live -= 1
+        if g.live == 0:
+            del self._groups[req.group_id]

@@ -1,0 +1,91 @@
+"""``history`` drafts (RhymeRL HistoSpec): the same prompt's responses from the previous epoch.
+
+One suffix trie per prompt id over that prompt's responses in the ``HistoryStore``, built
+lazily the first time a request of the prompt asks for a draft, rebuilt when the store's
+version for the prompt changes (``record`` replaced it), dropped when the prompt's last live
+request finishes (the store keeps the data; the next epoch brings new history anyway).
+
+Each response is stored as ``prompt[-max_match_len:] + response``: at the start of the
+output the context is the prompt's tail, which then matches every previous response and
+drafts their most common opening.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tailrl.spec.draft import Draft
+from tailrl.spec.history import HistoryStore
+from tailrl.spec.source import MatchParams, context_tail
+from tailrl.spec.suffix_trie import SuffixTrie
+
+logger = logging.getLogger(__name__)
+
+
+class _PromptTrie:
+    __slots__ = ("trie", "version", "live")
+
+    def __init__(self) -> None:
+        self.trie: SuffixTrie | None = None
+        self.version = -1
+        self.live: set[str] = set()
+
+
+class HistorySource:
+    name = "history"
+
+    def __init__(self, store: HistoryStore, params: MatchParams | None = None) -> None:
+        self.store = store
+        self.params = params or MatchParams()
+        self._prompts: dict[str, _PromptTrie] = {}
+        self.builds = 0                     # tries built (for tests and metrics)
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def start(self, req: Any) -> None:
+        if req.prompt_id:
+            self._prompts.setdefault(req.prompt_id, _PromptTrie()).live.add(req.request_id)
+
+    def observe(self, req: Any, new_tokens: list[int]) -> None:
+        pass                                # the history does not change during the epoch
+
+    def _trie(self, req: Any) -> SuffixTrie | None:
+        pid = req.prompt_id
+        if not pid:
+            return None
+        entry = self._prompts.get(pid)
+        if entry is None:                   # propose without start: track it from now on
+            self.start(req)
+            entry = self._prompts[pid]
+        version = self.store.version(pid)
+        if version == 0:
+            entry.trie, entry.version = None, 0
+            return None
+        if entry.version != version:
+            p = self.params
+            tail = list(req.prompt_token_ids[max(0, len(req.prompt_token_ids) - p.max_match_len):])
+            trie = SuffixTrie(p.trie_depth)
+            for resp in self.store.get(pid):
+                trie.close(trie.add(tail + resp))
+            entry.trie, entry.version = trie, version
+            self.builds += 1
+            logger.debug("history trie for prompt %s: %d responses, %d nodes", pid, len(trie), trie.num_nodes)
+        return entry.trie
+
+    def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
+        trie = self._trie(req)
+        if trie is None:
+            return None
+        p = self.params
+        return trie.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth),
+                            max_paths, min_match_len=p.min_match_len, max_match_len=p.max_match_len,
+                            min_token_prob=p.min_token_prob, source=self.name)
+
+    def finish(self, req: Any) -> None:
+        entry = self._prompts.get(req.prompt_id)
+        if entry is None:
+            return
+        entry.live.discard(req.request_id)
+        if not entry.live:
+            del self._prompts[req.prompt_id]

@@ -1,0 +1,63 @@
+"""``self`` drafts: the request's own prompt and output (prompt-lookup / self-repetition).
+
+One suffix trie per live request over ``prompt + output`` as a single sequence, so matches
+may span the prompt/output boundary (early output often copies the prompt). The suffix that
+ends at the live end is in the trie but has no continuation, so it never matches itself.
+Tokens are synced from ``req.output_token_ids`` (``observe``'s ``new_tokens`` are only a
+hint), so a missed or repeated ``observe`` cannot desynchronise the trie.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tailrl.spec.draft import Draft
+from tailrl.spec.source import MatchParams, context_tail
+from tailrl.spec.suffix_trie import SuffixTrie
+
+
+class _Entry:
+    __slots__ = ("trie", "inserted")
+
+    def __init__(self, trie: SuffixTrie, inserted: int) -> None:
+        self.trie = trie
+        self.inserted = inserted       # output tokens already in the trie
+
+
+class SelfSource:
+    name = "self"
+
+    def __init__(self, params: MatchParams | None = None) -> None:
+        self.params = params or MatchParams()
+        self._entries: dict[str, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def start(self, req: Any) -> None:
+        trie = SuffixTrie(self.params.trie_depth)
+        trie.add(list(req.prompt_token_ids) + list(req.output_token_ids))
+        self._entries[req.request_id] = _Entry(trie, len(req.output_token_ids))
+
+    def _sync(self, req: Any) -> _Entry:
+        e = self._entries.get(req.request_id)
+        if e is None:
+            self.start(req)
+            return self._entries[req.request_id]
+        out = req.output_token_ids
+        if len(out) > e.inserted:
+            e.trie.extend(0, out[e.inserted:])
+            e.inserted = len(out)
+        return e
+
+    def observe(self, req: Any, new_tokens: list[int]) -> None:
+        self._sync(req)
+
+    def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
+        p = self.params
+        e = self._sync(req)
+        return e.trie.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth),
+                              max_paths, min_match_len=p.min_match_len, max_match_len=p.max_match_len,
+                              min_token_prob=p.min_token_prob, source=self.name)
+
+    def finish(self, req: Any) -> None:
+        self._entries.pop(req.request_id, None)

@@ -1,0 +1,17 @@
+"""A minimal stand-in for the engine's Request: only the fields the spec package reads."""
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class FakeRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    group_id: str = ""
+    prompt_id: str = ""
+    output_token_ids: list[int] = field(default_factory=list)
+
+    def emit(self, sources, tokens):
+        """Append tokens and tell every source, as the engine does after a step."""
+        self.output_token_ids.extend(tokens)
+        for s in sources:
+            s.observe(self, list(tokens))
