@@ -201,15 +201,20 @@ class SuffixTrie:
 
     def _net_children(self, cur: _Cursor, exclude: "SuffixTrie | None", own: _Cursor | None):
         kids = self._children(cur)
+        if own is None:
+            return kids, {t: c for t, c, _ in kids}
+        return kids, exclude._net_counts(kids, own)
+
+    def _net_counts(self, kids: list[tuple[int, int, _Cursor]], own: _Cursor) -> dict[int, int]:
+        """Counts of ``kids`` (another trie's children) minus this trie's counts at ``own``."""
         counts = {t: c for t, c, _ in kids}
-        if own is not None:
-            for t, c, _ in exclude._children(own):
-                left = counts.get(t, 0) - c
-                if left > 0:
-                    counts[t] = left
-                else:
-                    counts.pop(t, None)
-        return kids, counts
+        for t, c, _ in self._children(own):
+            left = counts.get(t, 0) - c
+            if left > 0:
+                counts[t] = left
+            else:
+                counts.pop(t, None)
+        return counts
 
     def match(self, context: Sequence[int], min_len: int, max_len: int,
               exclude: "SuffixTrie | None" = None) -> int:
@@ -255,17 +260,29 @@ class SuffixTrie:
 
         def push(cur: _Cursor, own: _Cursor | None, parent: int, path: float) -> None:
             nonlocal tie
-            kids, counts = self._net_children(cur, exclude, own)
-            total = sum(counts.values())
-            ranked = sorted(((c, t) for t, c in counts.items()), reverse=True)[:max_paths]
-            by_token = {t: nxt for t, _, nxt in kids}
-            for c, t in ranked:
+            kids = self._children(cur)
+            if own is not None:
+                net = exclude._net_counts(kids, own)
+                kids = [k for k in kids if k[0] in net]
+                kids = [(t, net[t], nxt) for t, _, nxt in kids]
+            if not kids:
+                return
+            if len(kids) == 1:                       # the common case deep in a draft
+                t, c, nxt = kids[0]
+                if path >= min_token_prob:
+                    tie += 1
+                    nxt_own = exclude._step(own, t) if own is not None else None
+                    heapq.heappush(heap, (-path, tie, t, 1.0, nxt, nxt_own, parent))
+                return
+            total = sum(k[1] for k in kids)
+            kids.sort(key=lambda k: (-k[1], k[0]))
+            for t, c, nxt in kids[:max_paths]:
                 p = c / total
                 if path * p < min_token_prob:
                     break
                 tie += 1
                 nxt_own = exclude._step(own, t) if own is not None else None
-                heapq.heappush(heap, (-path * p, tie, t, p, by_token[t], nxt_own, parent))
+                heapq.heappush(heap, (-path * p, tie, t, p, nxt, nxt_own, parent))
 
         push(start, start_own, -1, 1.0)
         while heap and len(tokens) < max_tokens:
