@@ -1,0 +1,176 @@
+"""One engine instance: requests in, tokens out, one step at a time.
+
+    step = schedule -> propose drafts -> one batched forward -> sample/verify -> postprocess
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from tailrl.config import EngineConfig
+from tailrl.engine.batch import Batch, ModelRunner
+from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.metrics import EngineMetrics
+from tailrl.engine.request import Request, RequestStatus
+from tailrl.engine.sampler import sample
+from tailrl.engine.scheduler import Scheduler, SchedulerOutput
+from tailrl.engine.transfer import RequestState
+from tailrl.engine.verify import accept_draft
+from tailrl.model.loader import DTYPES, load_model, read_args
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, speculator=None):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        args = read_args(config.model)
+        self.max_model_len = min(config.max_model_len or args.max_position_embeddings, args.max_position_embeddings)
+        self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
+        self.args = self.model.args
+        dtype = DTYPES[config.dtype]
+        budget = config.kv_cache_tokens or int(config.kv_cache_gib * 2**30 // (
+            self.args.kv_bytes_per_token * torch.tensor([], dtype=dtype).element_size()))
+        self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, lambda: self.kv.data)
+        self.speculator = speculator
+        self.requests: dict[str, Request] = {}
+        self.metrics = EngineMetrics()
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id {req.request_id!r} is already in the engine")
+        req.max_model_len = self.max_model_len
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+        if self.speculator is not None:
+            self.speculator.start(req)
+
+    def abort(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is None or req.status.finished:
+            return req
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+        return req
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def pop_finished(self, request_id: str) -> Request:
+        return self.requests.pop(request_id)
+
+    # ---- the step -------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """Run one forward for the scheduled requests. Returns the requests that finished."""
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        drafts = self._propose(sched)
+        batch = self.runner.build(sched.rows, drafts)
+        t1 = time.perf_counter()
+        logits = self.runner.run(batch)
+        t2 = time.perf_counter()
+        finished = self._postprocess(batch, sched, logits)
+        t3 = time.perf_counter()
+        self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
+                                 len(sched.preempted), t1 - t0, t2 - t1, t3 - t2)
+        if self.speculator is not None:
+            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), t2 - t1)
+        return finished
+
+    def _propose(self, sched: SchedulerOutput) -> dict:
+        if self.speculator is None or sched.token_budget_left <= 0:
+            return {}
+        decoding = [r for r, n in sched.rows if n == 1 and r.is_decoding and r.remaining_tokens > 1]
+        if not decoding:
+            return {}
+        drafts = self.speculator.propose(decoding, len(sched.rows))
+        drafts = {rid: d for rid, d in drafts.items()
+                  if 0 < len(d.tokens) < self.requests[rid].remaining_tokens}
+        total = sum(len(d.tokens) for d in drafts.values())
+        longest = max((self.requests[rid].num_tokens + len(d.tokens) for rid, d in drafts.items()), default=0)
+        if total > sched.token_budget_left or not self.kv.reserve(len(sched.rows), longest):
+            return {}                                   # drafts never cost a preemption
+        return drafts
+
+    def _postprocess(self, batch: Batch, sched: SchedulerOutput, logits: torch.Tensor) -> list[Request]:
+        for req, n in sched.rows:
+            req.num_computed_tokens += n
+        tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)
+        finished: list[Request] = []
+        for plan in batch.plans:
+            req, e = plan.req, plan.entry
+            targets = tokens[e:e + 1 + len(plan.draft_tokens)]
+            emitted, accepted = accept_draft(plan.parents, plan.draft_tokens, targets)
+            if plan.draft_tokens:
+                self._keep_accepted_kv(req, plan, accepted)
+                self.speculator.record_verification(req, plan.draft, len(accepted))
+            entries = [e] + [e + 1 + j for j in accepted]
+            for tok, k in zip(emitted, entries):
+                status = self._append(req, tok, logprobs[k])
+                if status is not None:
+                    self._finish(req, status)
+                    finished.append(req)
+                    break
+            if self.speculator is not None:
+                self.speculator.observe(req, emitted)
+        return finished
+
+    def _keep_accepted_kv(self, req: Request, plan, accepted: list[int]) -> None:
+        """Accepted node j sits at cache position base + j; it belongs at base + depth - 1."""
+        base = req.num_computed_tokens
+        src = [base + j for j in accepted]
+        dst = list(range(base, base + len(accepted)))
+        if src != dst:
+            self.kv.move_positions(req.row, src, dst)
+        req.num_computed_tokens += len(accepted)
+
+    def _append(self, req: Request, tok: int, logprob: float) -> RequestStatus | None:
+        req.output_token_ids.append(tok)
+        req.output_logprobs.append(logprob)
+        p = req.params
+        if (not p.ignore_eos and tok in self.args.eos_token_ids) or (p.stop_token_ids and tok in p.stop_token_ids):
+            return RequestStatus.FINISHED_STOPPED
+        if req.remaining_tokens <= 0:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        self.scheduler.remove(req)
+        req.status = status
+        req.finish_time = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.finish(req)
+
+    # ---- moving requests between instances ------------------------------------------------
+    def export_request(self, request_id: str) -> RequestState:
+        """Take an unfinished request out of this engine with its tokens and K/V."""
+        req = self.requests.get(request_id)
+        if req is None or req.status.finished:
+            raise ValueError(f"request_id {request_id!r} is not an unfinished request of this engine")
+        kv = req.pending_kv
+        if req.row >= 0 and req.num_computed_tokens > 0:
+            kv = self.kv.export_row(req.row, req.num_computed_tokens)
+        self.scheduler.remove(req)
+        if self.speculator is not None:
+            self.speculator.finish(req)
+        del self.requests[request_id]
+        return RequestState.from_request(req, kv)
+
+    def import_request(self, state: RequestState) -> Request:
+        req = state.to_request()
+        if req.pending_kv is not None:
+            self.kv.check_shape(req.pending_kv)         # fail before the request is queued
+        self.add_request(req)
+        return req
+
+    # ---- weights ----------------------------------------------------------------------------
+    def load_weights(self, hf_state_dict: dict[str, torch.Tensor]) -> None:
+        """In-place weight update from Hugging Face parameter names (e.g. after an RL step).
+        Cached K/V of running requests is stale afterwards; call between generate calls."""
+        self.model.load_hf_state_dict(hf_state_dict)

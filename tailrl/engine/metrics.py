@@ -1,0 +1,68 @@
+"""Engine counters, summed over steps, and the verl-style metrics of one generate call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+
+@dataclass
+class EngineMetrics:
+    num_forward: int = 0
+    num_batched_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_preemptions: int = 0
+    sum_batch_size: int = 0
+    schedule_s: float = 0.0
+    forward_s: float = 0.0
+    postprocess_s: float = 0.0
+
+    def record_step(self, batch_size: int, tokens: int, draft_tokens: int, preemptions: int,
+                    schedule_s: float, forward_s: float, postprocess_s: float) -> None:
+        self.num_forward += 1
+        self.num_batched_tokens += tokens
+        self.num_draft_tokens += draft_tokens
+        self.num_preemptions += preemptions
+        self.sum_batch_size += batch_size
+        self.schedule_s += schedule_s
+        self.forward_s += forward_s
+        self.postprocess_s += postprocess_s
+
+    def snapshot(self) -> "EngineMetrics":
+        return EngineMetrics(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    def since(self, before: "EngineMetrics") -> "EngineMetrics":
+        return EngineMetrics(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(self)})
+
+
+def rollout_metrics(lengths: list[int], prompt_lengths: list[int], finish_times: list[float],
+                    start: float, end: float, engine: EngineMetrics) -> dict[str, float]:
+    """Flat verl-style keys; the README documents each one."""
+    wall = max(end - start, 1e-9)
+    lens = np.asarray(lengths, dtype=np.float64)
+    gen = float(lens.sum())
+    m: dict[str, float] = {
+        "timing_s/gen": wall,
+        "perf/tokens_per_s": gen / wall,
+        "perf/throughput": (gen + float(np.sum(prompt_lengths))) / wall,
+        "response_length/mean": float(lens.mean()) if lens.size else 0.0,
+        "response_length/max": float(lens.max()) if lens.size else 0.0,
+        "response_length/min": float(lens.min()) if lens.size else 0.0,
+        "prompt_length/mean": float(np.mean(prompt_lengths)) if prompt_lengths else 0.0,
+        "rollout/num_requests": float(lens.size),
+        "rollout/num_forward": float(engine.num_forward),
+        "rollout/batched_tokens": float(engine.num_batched_tokens),
+        "rollout/mean_batch_size": engine.sum_batch_size / max(engine.num_forward, 1),
+        "rollout/preemptions": float(engine.num_preemptions),
+        "timing_s/forward": engine.forward_s,
+        "timing_s/schedule": engine.schedule_s,
+        "timing_s/postprocess": engine.postprocess_s,
+    }
+    for q in (50, 90, 99):
+        m[f"response_length/p{q}"] = float(np.percentile(lens, q)) if lens.size else 0.0
+    if finish_times:
+        done = np.sort(np.asarray(finish_times) - start)
+        t90 = done[max(int(np.ceil(0.9 * done.size)) - 1, 0)]
+        m["rollout/t90_s"] = float(t90)
+        m["rollout/tail_s"] = float(done[-1] - t90)   # time spent after 90% of requests finished
+    return m

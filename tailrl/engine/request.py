@@ -1,0 +1,91 @@
+"""The one per-request state object. Nothing else keeps per-request state."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from tailrl.config import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    # ordered: everything above PREEMPTED is finished
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed_key: int                        # 64-bit key of this request's sampling noise (see sampler.py)
+    group_id: str = ""                   # the n samples of one prompt share it
+    prompt_id: str = ""                  # stable id of the prompt across calls (RL uid)
+    index: int = 0                       # sample index inside the group
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0         # tokens whose K/V is in the cache
+    row: int = -1                        # cache row while running, else -1
+    arrival: int = 0                     # admission order; preemption evicts the newest
+    max_model_len: int = 1 << 30
+    pending_kv: object = None            # imported K/V waiting for a row (see engine.import_request)
+    num_preemptions: int = 0
+    finish_time: float = 0.0             # perf_counter() when it finished
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Caught up: only the last sampled token lacks K/V, so this step samples."""
+        return self.num_uncomputed == 1
+
+    @property
+    def remaining_tokens(self) -> int:
+        """New tokens it may still generate (max_tokens and the context window)."""
+        return min(self.params.max_tokens - self.num_output_tokens, self.max_model_len - self.num_tokens)
+
+    def token_at(self, i: int) -> int:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
+
+    def tokens(self, start: int, stop: int) -> list[int]:
+        p = len(self.prompt_token_ids)
+        if stop <= p:
+            return self.prompt_token_ids[start:stop]
+        if start >= p:
+            return self.output_token_ids[start - p:stop - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:stop - p]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)

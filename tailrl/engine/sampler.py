@@ -1,0 +1,85 @@
+"""Reproducible sampling: counter-based noise + inverse-CDF sampling, and target logprobs.
+
+The uniform for request r at output position t is a pure function of (r's seed key, t)
+(splitmix64 of the two), and the sampled token is the inverse CDF of the row's own filtered
+distribution at that uniform. So a token depends only on the model's logits for that prefix
+and on (seed, r, t): not on batch composition, not on what ran before, and not on whether the
+token was drafted (speculative verification recomputes exactly the same function).
+"""
+from __future__ import annotations
+
+import torch
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def mix(*parts: int) -> int:
+    """Hash a tuple of ints (any sign, any size) into a 64-bit key."""
+    h = 0x6A09E667F3BCC908
+    for p in parts:
+        h = splitmix64(h ^ (int(p) & MASK64))
+    return h
+
+
+def uniform(key: int, position: int) -> float:
+    """U[0, 1) with 53 random bits, for request key at output position."""
+    return (splitmix64(key ^ splitmix64(position)) >> 11) * (1.0 / (1 << 53))
+
+
+def _filter_sorted(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """Sort each row descending and mask tokens outside top-k / the top-p nucleus.
+    Returns (sorted filtered logits [M, V], sort indices [M, V])."""
+    vals, idx = scaled.sort(dim=-1, descending=True)
+    v = vals.shape[-1]
+    rank = torch.arange(v, device=vals.device)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
+    drop = rank[None, :] >= k[:, None]
+    probs = vals.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    # keep the smallest prefix whose mass reaches top_p: drop a token if the mass before it >= top_p
+    before = probs.cumsum(dim=-1) - probs
+    drop |= before >= top_p[:, None]
+    drop[:, 0] = False                                 # the top token always survives
+    return vals.masked_fill(drop, float("-inf")), idx
+
+
+def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index i with cdf[i-1] <= u*total < cdf[i], per row. logits may hold -inf."""
+    cdf = logits.softmax(dim=-1).cumsum(dim=-1)                     # [M, V]
+    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)            # scale: cdf[-1] may be 1 - eps
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+
+
+def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
+           u: list[float]) -> tuple[list[int], list[float]]:
+    """logits [M, V] -> (token per row, logprob of it under log_softmax(logits / T)).
+    Temperature 0 is greedy (argmax, logprob at T = 1)."""
+    m = logits.shape[0]
+    dev = logits.device
+    t = torch.tensor(temperature, dtype=logits.dtype, device=dev)
+    greedy = t == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(t), t)[:, None]
+    logp = scaled.log_softmax(dim=-1)                                   # [M, V]
+    tokens = logits.argmax(dim=-1)
+    sampled = ~greedy
+    if bool(sampled.any()):
+        uu = torch.tensor(u, dtype=torch.float64, device=dev)
+        rows = sampled.nonzero().squeeze(1)
+        tokens[rows] = _inverse_cdf(scaled[rows], uu[rows])
+        k = torch.tensor(top_k, device=dev)
+        p = torch.tensor(top_p, dtype=logits.dtype, device=dev)
+        filt = sampled & ((k > 0) | (p < 1))
+        if bool(filt.any()):
+            rows = filt.nonzero().squeeze(1)
+            vals, idx = _filter_sorted(scaled[rows], k[rows], p[rows])
+            pick = _inverse_cdf(vals, uu[rows])
+            tokens[rows] = idx.gather(1, pick[:, None]).squeeze(1)
+    lp = logp.gather(1, tokens[:, None]).squeeze(1)
+    assert tokens.shape[0] == m
+    return tokens.tolist(), lp.tolist()

@@ -1,0 +1,139 @@
+"""Token-budget scheduler for one engine instance.
+
+There is no prefill mode and decode mode: every running request catches its computed tokens up
+to its tokens, within a per-step token budget. Decodes go first (one token each), then prefill
+chunks, then new requests are admitted while rows, tokens and KV budget allow. A sibling of a
+request whose prompt is already in the cache copies that prompt's K/V instead of prefilling it
+(the n samples of a prompt share one prefill). When the KV budget cannot hold the running rows,
+the newest request is preempted: its K/V is dropped and it is recomputed later (its tokens are
+kept, and sampling noise is keyed by position, so its output does not change).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    rows: list[tuple[Request, int]]      # every running request in row order, with the committed tokens
+                                         # it computes this step (0 = it waits for token budget)
+    num_tokens: int                      # committed tokens scheduled (prefill chunks + decodes)
+    token_budget_left: int               # what drafts may still use
+    preempted: list[Request] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []          # running[i].row == i
+        self._arrivals = 0
+
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, req: Request) -> None:
+        """Take req out of running or waiting; the last row fills its cache row."""
+        if req.row < 0:
+            if req in self.waiting:
+                self.waiting.remove(req)
+            return
+        row, last = req.row, self.running[-1]
+        if last is not req:
+            self.kv.move_row(last.row, row, last.num_computed_tokens)
+            self.running[row] = last
+            last.row = row
+        self.running.pop()
+        req.row = -1
+
+    def preempt(self, req: Request) -> None:
+        self.remove(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        chunk: dict[int, int] = {}                       # id(req) -> committed tokens this step
+        for req in self.running:                        # decodes first: one token each
+            if req.is_decoding and budget > 0:
+                chunk[id(req)] = 1
+                budget -= 1
+        for req in self.running:                        # then prefill chunks
+            if not req.is_decoding and budget > 0:
+                n = min(req.num_uncomputed, budget)
+                chunk[id(req)] = n
+                budget -= n
+        preempted: list[Request] = []
+        while not self.kv.reserve(len(self.running), self._longest(chunk)):
+            victim = max(self.running, key=lambda r: r.arrival)
+            budget += chunk.pop(id(victim), 0)
+            self.preempt(victim)
+            preempted.append(victim)
+        budget = self._admit(chunk, budget, preempted)
+        rows = [(req, chunk.get(id(req), 0)) for req in self.running]
+        return SchedulerOutput(rows, self.max_num_batched_tokens - budget, budget, preempted)
+
+    def _longest(self, chunk: dict[int, int], extra_len: int = 0) -> int:
+        """Cache positions the running rows need after this step's committed tokens."""
+        longest = max((r.num_computed_tokens + chunk.get(id(r), 0) for r in self.running), default=1)
+        return max(longest, extra_len)
+
+    def _admit(self, chunk: dict[int, int], budget: int, preempted: list[Request]) -> int:
+        # a running sibling with the prompt (minus its last token) in cache can lend its K/V
+        lenders: dict[str, Request] = {}
+        for r in self.running:
+            best = lenders.get(r.group_id)
+            if best is None or r.num_computed_tokens > best.num_computed_tokens:
+                lenders[r.group_id] = r
+        deferred: list[Request] = []
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            req = self.waiting.popleft()
+            if req in preempted:                        # not again in the step that evicted it
+                deferred.append(req)
+                continue
+            start, lender = 0, None
+            shared = req.num_prompt_tokens - 1
+            if req.pending_kv is not None:
+                start = req.pending_kv.shape[3]
+            else:
+                lender = lenders.get(req.group_id)
+                if lender is not None and lender.prompt_token_ids == req.prompt_token_ids:
+                    if lender.num_computed_tokens < shared and req.num_output_tokens == 0:
+                        deferred.append(req)            # the sibling is still prefilling: wait for it
+                        continue
+                    start = shared if shared > 0 and lender.num_computed_tokens >= shared else 0
+                    lender = lender if start else None
+                else:
+                    lender = None
+            n = min(req.num_tokens - start, budget)
+            if not self.kv.reserve(len(self.running) + 1, self._longest(chunk, extra_len=start + n)):
+                deferred.append(req)
+                break
+            req.row = len(self.running)
+            self.running.append(req)
+            req.status = RequestStatus.RUNNING
+            self._arrivals += 1
+            req.arrival = self._arrivals
+            if req.pending_kv is not None:
+                self.kv.import_row(req.row, req.pending_kv)
+                req.pending_kv = None
+            elif lender is not None:
+                self.kv.move_row(lender.row, req.row, start)
+            req.num_computed_tokens = start
+            chunk[id(req)] = n
+            budget -= n
+            lenders.setdefault(req.group_id, req)
+        self.waiting.extendleft(reversed(deferred))
+        return budget

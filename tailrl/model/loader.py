@@ -1,0 +1,75 @@
+"""Hugging Face checkpoint directory -> our Transformer.
+
+Reads config.json (+ generation_config.json for EOS) and safetensors weights, single file or
+sharded with an index. Errors name the missing file or field and the supported architectures.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+from safetensors.torch import load_file
+
+from tailrl.model.args import ModelArgs, parse_config
+from tailrl.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def read_args(path: str) -> ModelArgs:
+    if not os.path.isdir(path):
+        raise ValueError(f"model: {path!r} is not a directory")
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise ValueError(f"model: {path!r} has no config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    args = parse_config(cfg, cfg_path)
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            eos = json.load(f).get("eos_token_id")
+        if eos is not None:
+            eos = (eos,) if isinstance(eos, int) else tuple(eos)
+            args = ModelArgs(**{**args.__dict__, "eos_token_ids": tuple(dict.fromkeys(args.eos_token_ids + eos))})
+    return args
+
+
+def weight_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(path, s) for s in shards]
+    else:
+        files = [os.path.join(path, "model.safetensors")]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise ValueError(f"model: {path!r} is missing weight file(s) {[os.path.basename(m) for m in missing]} "
+                         "(expected model.safetensors or a sharded index)")
+    return files
+
+
+def load_state_dict(path: str) -> dict[str, torch.Tensor]:
+    sd: dict[str, torch.Tensor] = {}
+    for f in weight_files(path):
+        sd.update(load_file(f))
+    return sd
+
+
+def load_model(path: str, dtype: str = "float32", device: str = "cpu",
+               max_len: int | None = None) -> Transformer:
+    """Build our module from a checkpoint directory. max_len bounds the RoPE table."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    args = read_args(path)
+    sd = load_state_dict(path)                       # fails on missing weights before allocating
+    model = Transformer(args, max_len or args.max_position_embeddings, DTYPES[dtype])
+    model.load_hf_state_dict(sd)
+    log.info("loaded %s (%s, %.1fM params) from %s", args.architecture, dtype,
+             sum(p.numel() for p in model.parameters()) / 1e6, path)
+    return model.to(device).eval()

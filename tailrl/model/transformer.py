@@ -1,0 +1,117 @@
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama) over flattened tokens and a row KV cache.
+
+Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
+gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
+cache, logits computed only for the rows that are sampled.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tailrl.model.args import ModelArgs
+from tailrl.model.attention import AttentionMeta, attend
+from tailrl.model.rope import apply_rope, rope_table
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.a = a
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        self.input_norm = nn.Parameter(torch.ones(a.hidden_size))
+        self.qkv = nn.Linear(a.hidden_size, q + 2 * kv, bias=a.qkv_bias)
+        self.o = nn.Linear(q, a.hidden_size, bias=a.o_bias)
+        # q/k norm weights stacked per head: [H + KV, D] (Qwen3); None elsewhere.
+        self.qk_norm = nn.Parameter(torch.ones(a.num_heads + a.num_kv_heads, a.head_dim)) if a.qk_norm else None
+        self.post_norm = nn.Parameter(torch.ones(a.hidden_size))
+        self.gate_up = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
+        self.down = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+        a = self.a
+        n = x.shape[0]
+        h = F.rms_norm(x, (a.hidden_size,), self.input_norm, a.rms_norm_eps)
+        qkv = self.qkv(h)                                                   # [N, (H+2KV)*D]
+        nqk = a.num_heads + a.num_kv_heads
+        qk = qkv[:, :nqk * a.head_dim].view(n, nqk, a.head_dim)             # Q and K heads, adjacent
+        v = qkv[:, nqk * a.head_dim:].view(n, a.num_kv_heads, a.head_dim)
+        if self.qk_norm is not None:
+            qk = F.rms_norm(qk, (a.head_dim,), None, a.rms_norm_eps) * self.qk_norm
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
+        k_cache[meta.write_rows, :, meta.write_pos] = k                     # [N, KV, D] into [rows, KV, cap, D]
+        v_cache[meta.write_rows, :, meta.write_pos] = v
+        x = x + self.o(attend(q, k_cache, v_cache, meta))
+        h = F.rms_norm(x, (a.hidden_size,), self.post_norm, a.rms_norm_eps)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Transformer(nn.Module):
+    def __init__(self, a: ModelArgs, max_len: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.args = a
+        self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(a) for _ in range(a.num_layers))
+        self.norm = nn.Parameter(torch.ones(a.hidden_size))
+        self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+        self.to(dtype)
+        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, dtype)
+        self.register_buffer("cos", cos, persistent=False)                 # [max_len, D]
+        self.register_buffer("sin", sin, persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor,
+                meta: AttentionMeta) -> torch.Tensor:
+        """input_ids, positions: [N]; kv: [L, 2, rows, KV, cap, D]. Returns normed hidden [N, hidden]."""
+        x = self.embed(input_ids)
+        cos = self.cos[positions].unsqueeze(1)                              # [N, 1, D]
+        sin = self.sin[positions].unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, kv[i, 0], kv[i, 1], meta)
+        return F.rms_norm(x, (self.args.hidden_size,), self.norm, self.args.rms_norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[M, hidden] -> [M, vocab]."""
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face parameter names/layout into ours (fusing QKV and gate/up).
+        Used both at load time and for in-place weight updates from a trainer."""
+        a = self.args
+
+        def get(name: str) -> torch.Tensor:
+            if name not in sd:
+                raise ValueError(f"model: weights are missing the tensor {name!r}")
+            return sd[name]
+
+        self.embed.weight.copy_(get("model.embed_tokens.weight"))
+        self.norm.copy_(get("model.norm.weight"))
+        if self.lm_head is not None:
+            self.lm_head.weight.copy_(get("lm_head.weight"))
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            att = p + "self_attn."
+            layer.input_norm.copy_(get(p + "input_layernorm.weight"))
+            layer.post_norm.copy_(get(p + "post_attention_layernorm.weight"))
+            layer.qkv.weight.copy_(torch.cat([get(att + f"{x}_proj.weight") for x in "qkv"]))
+            if a.qkv_bias:
+                layer.qkv.bias.copy_(torch.cat([get(att + f"{x}_proj.bias") for x in "qkv"]))
+            layer.o.weight.copy_(get(att + "o_proj.weight"))
+            if a.o_bias:
+                layer.o.bias.copy_(get(att + "o_proj.bias"))
+            if layer.qk_norm is not None:
+                layer.qk_norm[:a.num_heads] = get(att + "q_norm.weight")
+                layer.qk_norm[a.num_heads:] = get(att + "k_norm.weight")
+            mlp = p + "mlp."
+            layer.gate_up.weight.copy_(torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]))
+            layer.down.weight.copy_(get(mlp + "down_proj.weight"))
+            if a.mlp_bias:
+                layer.gate_up.bias.copy_(torch.cat([get(mlp + "gate_proj.bias"), get(mlp + "up_proj.bias")]))
+                layer.down.bias.copy_(get(mlp + "down_proj.bias"))

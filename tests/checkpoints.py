@@ -1,0 +1,35 @@
+"""Random-weight Hugging Face checkpoints for tests, saved with save_pretrained."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+ARCH_CONFIGS = {
+    "qwen2": ("Qwen2Config", dict()),
+    "qwen3": ("Qwen3Config", dict(head_dim=16, attention_bias=False)),
+    "llama": ("LlamaConfig", dict(attention_bias=False, mlp_bias=False)),
+}
+
+
+def make_checkpoint(path: str, arch: str = "qwen2", vocab_size: int = 97, hidden_size: int = 64,
+                    num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, tie: bool = False,
+                    max_pos: int = 512, seed: int = 0, eos_token_id: int | None = None, init_std: float = 0.2,
+                    dtype: torch.dtype = torch.float32) -> str:
+    """Save a random model; init_std > HF's default makes logits peaked enough to be interesting."""
+    import transformers
+    cls_name, extra = ARCH_CONFIGS[arch]
+    cfg = getattr(transformers, cls_name)(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_pos, rope_theta=10000.0, tie_word_embeddings=tie, rms_norm_eps=1e-6,
+        initializer_range=init_std, bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=None, **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    with torch.no_grad():                       # make norms and biases non-trivial too
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    return path
