@@ -1,0 +1,50 @@
+"""Running acceptance statistics of speculation (per request, per source, overall).
+
+Two numbers summarise verification outcomes:
+
+- ``rate``: per-token acceptance probability ``a`` of the geometric model Seer's cost
+  formula assumes. Each verify step accepts ``accepted`` tokens and, unless it accepted its
+  whole deepest path, ends in one rejection, so ``a = A / (A + R)`` (accepted tokens over
+  accepted tokens plus rejection events) is the maximum-likelihood estimate. A prior of
+  ``prior_weight`` pseudo-tokens at ``prior_rate`` keeps it sane before data arrives.
+- ``calibration``: accepted / predicted, where predicted is the draft's own estimate
+  (``Draft.score``). Sources' count-based probabilities are optimistic or pessimistic in
+  their own ways; the policy multiplies node probabilities by this factor.
+
+Old outcomes are forgotten exponentially (``decay`` per update): the policy changes during
+an RL run and acceptance drifts with it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class AcceptanceStats:
+    prior_rate: float = 0.5
+    prior_weight: float = 4.0
+    decay: float = 0.98
+    accepted: float = 0.0       # tokens accepted (bonus excluded)
+    rejections: float = 0.0     # verify steps that stopped before the end of the draft
+    drafted: float = 0.0        # nodes verified
+    predicted: float = 0.0      # sum of draft scores
+    steps: int = 0
+
+    def add(self, draft_nodes: int, accepted: int, full: bool, predicted: float | None) -> None:
+        d = self.decay
+        self.accepted = self.accepted * d + accepted
+        self.rejections = self.rejections * d + (0.0 if full else 1.0)
+        self.drafted = self.drafted * d + draft_nodes
+        self.predicted = self.predicted * d + (accepted if predicted is None else predicted)
+        self.steps += 1
+
+    @property
+    def rate(self) -> float:
+        w = self.prior_weight
+        a = (self.accepted + w * self.prior_rate) / (self.accepted + self.rejections + w)
+        return min(a, 0.99)
+
+    @property
+    def calibration(self) -> float:
+        """Accepted / predicted, shrunk toward 1 by one pseudo-token each side."""
+        return (self.accepted + 1.0) / (self.predicted + 1.0)

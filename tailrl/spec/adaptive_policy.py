@@ -1,0 +1,177 @@
+"""Seer's marginal-benefit speculation budget with RhymeRL's per-request draft window.
+
+Per step, with ``B`` requests sampling and ``n`` of them holding a draft:
+
+1. *Is speculation worth anything at this batch size?* The cost model gives the plain step
+   time ``T0 = T(B, B)`` and the marginal cost ``c`` of one more verified token. One extra
+   accepted token is worth ``tau = T0 / B`` seconds (what the batch spends per token now).
+   A draft node with expected gain ``e`` (accepted tokens it brings) pays iff
+   ``e * tau >= c``; if even ``e = 1`` does not pay, ``max_paths`` returns 0 and nobody
+   drafts (typically at batch 256, where verifying is as costly as decoding).
+2. *Budget (Seer).* With per-token acceptance ``a`` (running estimate), draft depth ``g``
+   gives ``E_g = (1 - a^(g+1)) / (1 - a)`` tokens per drafting request per step, and the time
+   per token is ``T_SD(g) = (D + T(B, B + g*n)) / (B - n + n*E_g)`` (Seer's
+   ``(1-a)(D+T)/(1-a^(g+1))`` generalised to a batch where only ``n`` requests draft;
+   ``D`` = measured drafting time per step). ``g* = argmin_g T_SD(g)``, ``g = 0`` being plain
+   decoding; the step's budget is ``g* * n`` draft nodes.
+3. *Greedy by marginal gain.* Every draft node's expected gain is its path probability
+   times a calibration factor (measured accepted / predicted, per request once it has
+   ``min_request_steps`` verifications, else per source), capped at 1. Nodes are handed out
+   best-first (a node only after its parent) by ``gain * priority`` until the budget is
+   spent, skipping nodes whose gain does not pay (rule 1) and requests at their window.
+4. *Priority.* ``priority_fn(req)`` estimates how long the request will run (default: its
+   output length so far; the factory uses the prompt's longest previous response when a
+   history store is given). Rank ``r`` in [0, 1] among this step's drafting requests gives
+   weight ``1 + priority_weight * r``: long-tail requests win ties for the budget. The
+   weight orders the handout only; rule 1 never takes priority into account, so speculation
+   is not slower than plain decoding in expectation.
+5. *Window (RhymeRL).* Each request may verify at most ``window`` nodes; the window doubles
+   on full acceptance (up to ``max_draft_tokens``) and halves otherwise (down to
+   ``min_draft_tokens``), like TCP congestion control.
+
+Departures from Seer: their "SD off when the budget is below the number of high-priority
+requests" rule is replaced by rule 1, which switches off from measured costs instead.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable
+
+from tailrl.spec.acceptance import AcceptanceStats
+from tailrl.spec.cost_model import CostModel
+from tailrl.spec.draft import Draft
+
+
+def _output_length(req: Any) -> float:
+    return float(len(req.output_token_ids))
+
+
+class AdaptivePolicy:
+    def __init__(self, cost: CostModel | None = None, *, max_draft_tokens: int = 16,
+                 min_draft_tokens: int = 2, max_tree_paths: int = 4, max_spec_batch: int = 0,
+                 initial_window: int = 4, priority_weight: float = 2.0,
+                 priority_fn: Callable[[Any], float] | None = None, min_request_steps: int = 3) -> None:
+        if not 1 <= min_draft_tokens <= max_draft_tokens:
+            raise ValueError(f"need 1 <= min_draft_tokens <= max_draft_tokens, got "
+                             f"{min_draft_tokens}, {max_draft_tokens}")
+        self.cost = cost or CostModel()
+        self.max_draft_tokens = max_draft_tokens
+        self.min_draft_tokens = min_draft_tokens
+        self.max_tree_paths = max_tree_paths
+        self.max_spec_batch = max_spec_batch
+        self.initial_window = min(max(initial_window, min_draft_tokens), max_draft_tokens)
+        self.priority_weight = priority_weight
+        self.priority_fn = priority_fn or _output_length
+        self.min_request_steps = min_request_steps
+        self.overall = AcceptanceStats()
+        self.by_source: dict[str, AcceptanceStats] = {}
+        self._by_request: dict[str, AcceptanceStats] = {}
+        self._windows: dict[str, int] = {}
+        self.draft_seconds = 0.0      # EMA of drafting CPU time per step (D)
+        self.last_depth = 0           # g* of the last allocation
+        self.last_budget = 0          # g* * n of the last allocation
+
+    # ---- decisions ----------------------------------------------------------------
+    def window(self, req: Any) -> int:
+        return self._windows.get(req.request_id, self.initial_window)
+
+    def _gain_threshold(self, batch_size: int) -> float:
+        """Expected accepted tokens a draft node must bring to pay for its verification."""
+        tau = self.cost.predict(batch_size, batch_size) / batch_size
+        return self.cost.slope(batch_size) / tau
+
+    def max_paths(self, batch_size: int) -> int:
+        if self.max_spec_batch and batch_size > self.max_spec_batch:
+            return 0
+        return self.max_tree_paths if self._gain_threshold(batch_size) < 1.0 else 0
+
+    def best_depth(self, batch_size: int, n: int, a: float) -> int:
+        """Seer's g* for ``n`` drafting requests out of ``batch_size`` at acceptance ``a``."""
+        B = batch_size
+        best_g, best_t = 0, self.cost.predict(B, B) / B
+        for g in range(1, self.max_draft_tokens + 1):
+            tokens = (1 - a ** (g + 1)) / (1 - a)
+            t = (self.draft_seconds + self.cost.predict(B, B + g * n)) / (B - n + n * tokens)
+            if t < best_t:
+                best_g, best_t = g, t
+        return best_g
+
+    def _factor(self, req: Any, source: str) -> float:
+        st = self._by_request.get(req.request_id)
+        if st is None or st.steps < self.min_request_steps:
+            st = self.by_source.get(source)
+        f = st.calibration if st is not None else 1.0
+        return min(max(f, 0.05), 2.0)
+
+    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
+        n = len(proposals)
+        alloc = [0] * n
+        self.last_depth = self.last_budget = 0
+        if n == 0 or self.max_paths(batch_size) == 0:
+            return alloc
+        g = self.best_depth(max(batch_size, n), n, self.overall.rate)
+        self.last_depth, self.last_budget = g, g * n
+        if g == 0:
+            return alloc
+        budget = g * n
+        threshold = self._gain_threshold(batch_size)
+        ranks = sorted(range(n), key=lambda i: self.priority_fn(proposals[i][0]))
+        weight = [0.0] * n
+        for r, i in enumerate(ranks):
+            weight[i] = 1.0 + self.priority_weight * (r / (n - 1) if n > 1 else 1.0)
+        heap: list[tuple[float, float, int, int]] = []
+        children: list[list[list[int]]] = []
+        factors = []
+        for i, (req, d) in enumerate(proposals):
+            kids: list[list[int]] = [[] for _ in range(len(d) + 1)]      # slot len(d) = root
+            for j, p in enumerate(d.parents):
+                kids[p if p >= 0 else len(d)].append(j)
+            children.append(kids)
+            factors.append(self._factor(req, d.source))
+            windows_left = min(self.window(req), len(d))
+            if windows_left > 0:
+                for j in kids[len(d)]:
+                    self._push(heap, i, j, d, factors[i], weight[i])
+        done = [False] * n
+        while heap and budget > 0:
+            _, _, i, j = heapq.heappop(heap)
+            req, d = proposals[i]
+            if done[i]:
+                continue
+            gain = min(1.0, d.path_probs[j] * factors[i])
+            if gain < threshold or alloc[i] >= min(self.window(req), len(d)):
+                done[i] = True            # its remaining nodes are worth no more than this one
+                continue
+            alloc[i] += 1
+            budget -= 1
+            for c in children[i][j]:
+                self._push(heap, i, c, d, factors[i], weight[i])
+        return alloc
+
+    @staticmethod
+    def _push(heap: list, i: int, j: int, d: Draft, factor: float, weight: float) -> None:
+        path = d.path_probs[j]
+        heapq.heappush(heap, (-min(1.0, path * factor) * weight, -path, i, j))
+
+    # ---- feedback ------------------------------------------------------------------
+    def observe_draft(self, seconds: float) -> None:
+        self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * seconds
+
+    def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
+               max_depth: int | None = None, predicted: float | None = None) -> None:
+        if draft_nodes <= 0:
+            return
+        full = accepted >= (draft_nodes if max_depth is None else max_depth)
+        rid = req.request_id
+        w = self._windows.get(rid, self.initial_window)
+        self._windows[rid] = min(2 * w, self.max_draft_tokens) if full else max(w // 2, self.min_draft_tokens)
+        for st in (self.overall, self.by_source.setdefault(source, AcceptanceStats()),
+                   self._by_request.setdefault(rid, AcceptanceStats())):
+            st.add(draft_nodes, accepted, full, predicted)
+
+    def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
+        self.cost.observe(batch_size, num_tokens, seconds)
+
+    def finish(self, req: Any) -> None:
+        self._windows.pop(req.request_id, None)
+        self._by_request.pop(req.request_id, None)

@@ -1,0 +1,67 @@
+"""Build draft sources and a speculation policy from a ``SpeculativeConfig``.
+
+- ``make_sources``: the suffix sources named in ``config.sources`` (in that order), sharing
+  one ``MatchParams``: ``min_match_len``, ``min_token_prob`` and ``max_draft_depth =
+  max_draft_tokens`` from the config; ``max_match_len`` (16) is not a config field.
+  ``method="drafter"`` has no suffix sources (the learned drafter lives with the engine's
+  model); ``"hybrid"`` returns the suffix sources and the engine adds its drafter.
+- ``make_policy``: ``adaptive`` / ``bandit`` / ``fixed`` (``max_draft_tokens`` for everyone).
+  With a history store, the adaptive policy's priority is the request's expected length:
+  the longer of its output so far and the prompt's longest previous response (Seer
+  estimates a group's length by its longest finished sibling; RhymeRL by history).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tailrl.config import SpeculativeConfig
+from tailrl.spec.adaptive_policy import AdaptivePolicy
+from tailrl.spec.bandit_policy import DEFAULT_ARMS, BanditPolicy
+from tailrl.spec.cost_model import CostModel
+from tailrl.spec.group_source import GroupSource
+from tailrl.spec.history import HistoryStore
+from tailrl.spec.history_source import HistorySource
+from tailrl.spec.policy import FixedPolicy, SpecPolicy
+from tailrl.spec.self_source import SelfSource
+from tailrl.spec.source import DraftSource, MatchParams
+
+
+def match_params(config: SpeculativeConfig) -> MatchParams:
+    return MatchParams(min_match_len=config.min_match_len, max_match_len=max(16, config.min_match_len),
+                       min_token_prob=config.min_token_prob, max_draft_depth=config.max_draft_tokens)
+
+
+def make_sources(config: SpeculativeConfig, history_store: HistoryStore | None = None) -> list[DraftSource]:
+    if config.method == "drafter":
+        return []
+    params = match_params(config)
+    out: list[DraftSource] = []
+    for name in config.sources:
+        if name == "history":
+            out.append(HistorySource(history_store if history_store is not None else HistoryStore(), params))
+        elif name == "group":
+            out.append(GroupSource(params))
+        elif name == "self":
+            out.append(SelfSource(params))
+        else:                                   # config validation makes this unreachable
+            raise ValueError(f"unknown draft source {name!r}")
+    return out
+
+
+def expected_length_fn(history: HistoryStore) -> Callable[[Any], float]:
+    def expected_length(req: Any) -> float:
+        return float(max(len(req.output_token_ids), max(history.lengths(req.prompt_id), default=0)))
+    return expected_length
+
+
+def make_policy(config: SpeculativeConfig, cost_model: CostModel | None = None,
+                history_store: HistoryStore | None = None, seed: int = 0) -> SpecPolicy:
+    if config.policy == "fixed":
+        return FixedPolicy(config.max_draft_tokens, config.max_tree_paths, config.max_spec_batch)
+    if config.policy == "bandit":
+        arms = tuple((min(k, config.max_draft_tokens), min(p, config.max_tree_paths)) for k, p in DEFAULT_ARMS)
+        return BanditPolicy(tuple(dict.fromkeys(arms)), seed=seed, max_spec_batch=config.max_spec_batch)
+    return AdaptivePolicy(cost_model, max_draft_tokens=config.max_draft_tokens,
+                          min_draft_tokens=config.min_draft_tokens, max_tree_paths=config.max_tree_paths,
+                          max_spec_batch=config.max_spec_batch,
+                          priority_fn=expected_length_fn(history_store) if history_store is not None else None)

@@ -1,0 +1,154 @@
+"""The object the engine holds for speculative decoding: sources + policy + metrics.
+
+Per engine step:
+
+1. ``propose(requests, batch_size)`` -> ``{request_id: Draft}``: asks the policy whether to
+   speculate at this batch size (``max_paths == 0`` skips drafting entirely), asks every
+   source for every request, keeps the draft with the best ``score`` (expected accepted
+   length; ties go to the earlier source in the list), lets the policy allocate node
+   counts, truncates (``Draft.truncate``) and drops empty drafts. ``max_total_tokens``
+   optionally caps the step's total draft nodes (the engine's token budget).
+2. the engine verifies, then calls ``record_verification(req, draft, accepted)`` for each
+   verified draft (``accepted`` excludes the bonus token) and ``observe(req, new_tokens)``
+   for every request that gained tokens (drafted or not: the group and self indexes need
+   all tokens);
+3. ``observe_step(batch_size, num_tokens, seconds)`` after every forward.
+
+``start(req)`` / ``finish(req)`` bracket a request's stay in the engine.
+
+``metrics()`` (verl-style keys, totals since ``reset_metrics``):
+``rollout/spec_draft_tokens``, ``rollout/spec_accepted_tokens``, ``rollout/spec_verify_steps``,
+``rollout/spec_accept_rate`` (accepted / drafted), ``rollout/spec_accept_length`` (mean
+tokens per verify step including the bonus token), ``rollout/spec_draft_hit_rate``
+(requests given a draft / requests asked), ``rollout/spec_off_steps`` (steps the policy
+switched speculation off), per source ``rollout/spec_draft_tokens/<source>``,
+``rollout/spec_accepted_tokens/<source>``, ``rollout/spec_accept_length/<source>``,
+and ``timing_s/draft`` (proposing) and ``timing_s/draft_index`` (feeding the indexes).
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+from tailrl.config import SpeculativeConfig
+from tailrl.spec.cost_model import CostModel
+from tailrl.spec.draft import Draft
+from tailrl.spec.history import HistoryStore
+from tailrl.spec.policy import SpecPolicy
+from tailrl.spec.source import DraftSource
+
+
+class Speculator:
+    def __init__(self, sources: list[DraftSource], policy: SpecPolicy, *,
+                 max_draft_tokens: int = 16, max_tree_paths: int = 4) -> None:
+        self.sources = list(sources)
+        self.policy = policy
+        self.max_draft_tokens = max_draft_tokens
+        self.max_tree_paths = max_tree_paths
+        self.reset_metrics()
+
+    @classmethod
+    def from_config(cls, config: SpeculativeConfig, history_store: HistoryStore | None = None,
+                    cost_model: CostModel | None = None, seed: int = 0) -> "Speculator":
+        from tailrl.spec.factory import make_policy, make_sources
+        return cls(make_sources(config, history_store), make_policy(config, cost_model, history_store, seed),
+                   max_draft_tokens=config.max_draft_tokens, max_tree_paths=config.max_tree_paths)
+
+    # ---- request lifecycle ------------------------------------------------------------
+    def start(self, req: Any) -> None:
+        t0 = time.perf_counter()
+        for s in self.sources:
+            s.start(req)
+        self._index_s += time.perf_counter() - t0
+
+    def observe(self, req: Any, new_tokens: list[int]) -> None:
+        t0 = time.perf_counter()
+        for s in self.sources:
+            s.observe(req, new_tokens)
+        self._index_s += time.perf_counter() - t0
+
+    def finish(self, req: Any) -> None:
+        for s in self.sources:
+            s.finish(req)
+        self.policy.finish(req)
+
+    # ---- per step ---------------------------------------------------------------------
+    def best_draft(self, req: Any, max_paths: int) -> Draft | None:
+        best = None
+        for s in self.sources:
+            d = s.propose(req, self.max_draft_tokens, max_paths)
+            if d is not None and len(d) > 0 and (best is None or d.score > best.score):
+                best = d
+        return best
+
+    def propose(self, requests: list[Any], batch_size: int,
+                max_total_tokens: int | None = None) -> dict[str, Draft]:
+        t0 = time.perf_counter()
+        paths = min(self.policy.max_paths(batch_size), self.max_tree_paths)
+        if paths <= 0 or not requests or not self.sources:
+            self._off_steps += 1
+            return {}
+        proposals = []
+        for req in requests:
+            d = self.best_draft(req, paths)
+            if d is not None:
+                proposals.append((req, d))
+        self._asked += len(requests)
+        self._found += len(proposals)
+        alloc = self.policy.allocate(proposals, batch_size)
+        left = max_total_tokens if max_total_tokens is not None else float("inf")
+        out: dict[str, Draft] = {}
+        for (req, d), k in zip(proposals, alloc):
+            k = int(min(k, left))
+            if k > 0:
+                out[req.request_id] = d.truncate(k)
+                left -= k
+        dt = time.perf_counter() - t0
+        self._draft_s += dt
+        self.policy.observe_draft(dt)
+        return out
+
+    def record_verification(self, req: Any, draft: Draft, accepted: int) -> None:
+        n = len(draft)
+        if not 0 <= accepted <= draft.max_depth:
+            raise ValueError(f"accepted={accepted} outside [0, {draft.max_depth}] for a draft of depth "
+                             f"{draft.max_depth}")
+        self._drafted[draft.source] += n
+        self._accepted[draft.source] += accepted
+        self._steps[draft.source] += 1
+        self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth, predicted=draft.score)
+
+    def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
+        self.policy.observe_step(batch_size, num_tokens, seconds)
+
+    # ---- metrics ------------------------------------------------------------------------
+    def reset_metrics(self) -> None:
+        self._drafted: dict[str, int] = defaultdict(int)
+        self._accepted: dict[str, int] = defaultdict(int)
+        self._steps: dict[str, int] = defaultdict(int)
+        self._asked = self._found = self._off_steps = 0
+        self._draft_s = self._index_s = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        drafted = sum(self._drafted.values())
+        accepted = sum(self._accepted.values())
+        steps = sum(self._steps.values())
+        m = {
+            "rollout/spec_draft_tokens": float(drafted),
+            "rollout/spec_accepted_tokens": float(accepted),
+            "rollout/spec_verify_steps": float(steps),
+            "rollout/spec_accept_rate": accepted / drafted if drafted else 0.0,
+            "rollout/spec_accept_length": (accepted + steps) / steps if steps else 0.0,
+            "rollout/spec_draft_hit_rate": self._found / self._asked if self._asked else 0.0,
+            "rollout/spec_off_steps": float(self._off_steps),
+            "timing_s/draft": self._draft_s,
+            "timing_s/draft_index": self._index_s,
+        }
+        names = dict.fromkeys([s.name for s in self.sources] + list(self._steps))
+        for name in names:
+            st = self._steps.get(name, 0)
+            m[f"rollout/spec_draft_tokens/{name}"] = float(self._drafted.get(name, 0))
+            m[f"rollout/spec_accepted_tokens/{name}"] = float(self._accepted.get(name, 0))
+            m[f"rollout/spec_accept_length/{name}"] = (self._accepted.get(name, 0) + st) / st if st else 0.0
+        return m

@@ -1,0 +1,60 @@
+import time
+
+import pytest
+
+from tailrl.spec.cost_model import CostModel
+
+
+def feed(cm, bs, a, b, extras=(0, 1, 3, 7), reps=3):
+    for _ in range(reps):
+        for e in extras:
+            x = bs * (1 + e)
+            cm.observe(bs, x, a + b * x)
+
+
+def test_prior_before_data():
+    cm = CostModel(prior_base=0.004, prior_per_token=1e-4)
+    assert cm.predict(8, 10) == pytest.approx(0.005)
+    assert cm.slope(64) == pytest.approx(1e-4)
+
+
+def test_fits_lines_per_bucket_and_interpolates():
+    cm = CostModel()
+    feed(cm, 1, 0.004, 8e-5)
+    feed(cm, 64, 0.008, 7e-4)
+    assert cm.predict(1, 16) == pytest.approx(0.004 + 16 * 8e-5, rel=2e-2)
+    assert cm.predict(64, 512) == pytest.approx(0.008 + 512 * 7e-4, rel=2e-2)
+    assert cm.slope(64) == pytest.approx(7e-4, rel=2e-2)
+    mid = cm.slope(8)                                     # log2(8) is halfway between 0 and 6
+    assert mid == pytest.approx((8e-5 + 7e-4) / 2, rel=2e-2)
+    assert cm.predict(256, 256) == pytest.approx(0.008 + 256 * 7e-4, rel=2e-2)   # nearest bucket
+
+
+def test_single_token_count_takes_the_prior_slope():
+    cm = CostModel(prior_per_token=2e-4)
+    for _ in range(10):
+        cm.observe(16, 16, 0.02)                           # plain decode only
+    assert cm.slope(16) == pytest.approx(2e-4)
+    assert cm.predict(16, 16) == pytest.approx(0.02)
+
+
+def test_ignores_garbage():
+    cm = CostModel()
+    cm.observe(0, 5, 1.0)
+    cm.observe(4, 4, float("nan"))
+    cm.observe(4, 4, -1.0)
+    assert cm.num_observations == 0
+
+
+def test_calibrate_measures_forward_time():
+    calls = []
+
+    def forward(bs, n):
+        calls.append((bs, n))
+        time.sleep(1e-3 * n)
+
+    cm = CostModel(prior_per_token=0.0)
+    cm.calibrate(forward, batch_sizes=(1, 4), extra_per_request=(0, 8), repeats=1)
+    assert sorted(set(calls)) == [(1, 1), (1, 9), (4, 4), (4, 36)]
+    assert cm.num_observations == 4
+    assert cm.slope(4) > 5e-4                                # measured, not the zero prior
