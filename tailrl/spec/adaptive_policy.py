@@ -6,8 +6,9 @@ Per step, with ``B`` requests sampling and ``n`` of them holding a draft:
    time ``T0 = T(B, B)`` and the marginal cost ``c`` of one more verified token. One extra
    accepted token is worth ``tau = T0 / B`` seconds (what the batch spends per token now).
    A draft node with expected gain ``e`` (accepted tokens it brings) pays iff
-   ``e * tau >= c``; if even ``e = 1`` does not pay, ``max_paths`` returns 0 and nobody
-   drafts (typically at batch 256, where verifying is as costly as decoding).
+   ``e * tau >= c``. If even ``e = 1`` does not pay, or rule 2 gives ``g* = 0`` at the best
+   measured acceptance rate, ``max_paths`` returns 0 and nobody drafts (typically at batch
+   256, where verifying a token costs about as much as decoding one).
 2. *Budget (Seer).* With per-token acceptance ``a`` (running estimate), draft depth ``g``
    gives ``E_g = (1 - a^(g+1)) / (1 - a)`` tokens per drafting request per step, and the time
    per token is ``T_SD(g) = (D + T(B, B + g*n)) / (B - n + n*E_g)`` (Seer's
@@ -81,9 +82,18 @@ class AdaptivePolicy:
         return self.cost.slope(batch_size) / tau
 
     def max_paths(self, batch_size: int) -> int:
+        """0 when no draft can pay at this batch size (then nobody drafts), else the tree width.
+
+        Off when a certain token does not pay (rule 1) or when Seer's g* is 0 even at the best
+        acceptance rate measured for any source (rule 2 with every request drafting; the
+        ratio of gained tokens to verification cost does not depend on how many draft).
+        """
         if self.max_spec_batch and batch_size > self.max_spec_batch:
             return 0
-        return self.max_tree_paths if self._gain_threshold(batch_size) < 1.0 else 0
+        if self._gain_threshold(batch_size) >= 1.0:
+            return 0
+        rate = max([self.overall.rate] + [s.rate for s in self.by_source.values()])
+        return self.max_tree_paths if self.best_depth(batch_size, batch_size, rate) > 0 else 0
 
     def best_depth(self, batch_size: int, n: int, a: float) -> int:
         """Seer's g* for ``n`` drafting requests out of ``batch_size`` at acceptance ``a``."""

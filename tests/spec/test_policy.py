@@ -1,0 +1,138 @@
+import pytest
+
+from tailrl.config import SpeculativeConfig
+from tailrl.spec.adaptive_policy import AdaptivePolicy
+from tailrl.spec.bandit_policy import BanditPolicy
+from tailrl.spec.cost_model import CostModel
+from tailrl.spec.draft import Draft
+from tailrl.spec.factory import make_policy
+from tailrl.spec.policy import FixedPolicy, SpecPolicy
+
+from spec_fakes import FakeRequest
+
+
+def cpu_like_cost():
+    """FACTS-like costs: verifying extra tokens is nearly free at batch 1, costly at 256."""
+    cm = CostModel()
+    for _ in range(3):
+        for e in (0, 1, 3, 7, 15):
+            cm.observe(1, 1 + e, 0.004 + 8e-5 * (1 + e))
+            cm.observe(256, 256 * (1 + e), 0.010 + 1.2e-3 * 256 * (1 + e))
+    return cm
+
+
+def reqs(n, out_lens=None):
+    out_lens = out_lens or [0] * n
+    return [FakeRequest(f"r{i}", [1, 2], output_token_ids=[7] * out_lens[i]) for i in range(n)]
+
+
+def test_policies_follow_the_protocol():
+    for p in (FixedPolicy(4), AdaptivePolicy(), BanditPolicy()):
+        assert isinstance(p, SpecPolicy)
+
+
+def test_window_doubles_on_full_acceptance_and_halves_otherwise():
+    pol = AdaptivePolicy(max_draft_tokens=16, min_draft_tokens=2, initial_window=4)
+    r = reqs(1)[0]
+    assert pol.window(r) == 4
+    pol.update(r, 4, 4, "group")
+    assert pol.window(r) == 8
+    pol.update(r, 8, 8, "group")
+    pol.update(r, 16, 16, "group")
+    assert pol.window(r) == 16                         # capped
+    pol.update(r, 16, 3, "group")
+    assert pol.window(r) == 8
+    pol.update(r, 6, 4, "group", max_depth=4)          # a tree fully accepted along its deepest path
+    assert pol.window(r) == 16
+    for _ in range(5):
+        pol.update(r, 4, 0, "group")
+    assert pol.window(r) == 2                          # floored
+    pol.finish(r)
+    assert pol.window(r) == 4
+
+
+def test_allocation_respects_window_and_draft_size():
+    pol = AdaptivePolicy(cpu_like_cost(), initial_window=4)
+    rs = reqs(2)
+    props = [(rs[0], Draft.chain(list(range(10)))), (rs[1], Draft.chain([1, 2]))]
+    assert pol.allocate(props, 1 + 1) == [4, 2]
+
+
+def test_zero_allocation_when_speculation_cannot_pay():
+    pol = AdaptivePolicy(cpu_like_cost())
+    rs = reqs(256)
+    props = [(r, Draft.chain(list(range(8)), [0.9] * 8)) for r in rs]
+    assert pol.max_paths(256) == 0
+    assert pol.allocate(props, 256) == [0] * 256
+    assert pol.max_paths(1) > 0
+    assert pol.allocate(props[:1], 1)[0] > 0
+
+
+def test_unlikely_nodes_get_nothing_when_verification_is_not_free():
+    cm = CostModel()
+    for e in (0, 1, 3, 7):                             # an extra token costs half a plain one
+        cm.observe(8, 8 * (1 + e), 0.004 + 0.0005 * 8 * (1 + e))
+    pol = AdaptivePolicy(cm)
+    r, other = reqs(2)
+    assert pol.allocate([(r, Draft.chain([1, 2, 3], [0.2, 1.0, 1.0]))], 8) == [0]
+    assert pol.last_depth == 1                     # prior acceptance 0.5: Seer's g* is small
+    for _ in range(30):                            # measured: drafts are accepted in full
+        pol.update(other, 3, 3, "self", predicted=3.0)
+    assert pol.allocate([(r, Draft.chain([1, 2, 3], [0.95, 0.95, 0.2], source="self"))], 8) == [2]
+    assert pol.last_depth >= 2
+
+
+def test_budget_goes_to_long_running_requests_first():
+    cm = CostModel()
+    for e in (0, 1, 3, 7):
+        cm.observe(4, 4 * (1 + e), 0.004 + 1e-5 * 4 * (1 + e))
+    pol = AdaptivePolicy(cm, initial_window=16)
+    short, long_ = reqs(2, [5, 500])
+    draft = Draft.chain(list(range(16)), [0.8] * 16)
+    alloc = pol.allocate([(short, draft), (long_, draft)], 4)
+    assert sum(alloc) == pol.last_budget > 0
+    assert alloc[1] > alloc[0]
+
+
+def test_best_depth_grows_with_acceptance():
+    pol = AdaptivePolicy(cpu_like_cost())
+    assert pol.best_depth(1, 1, 0.9) > pol.best_depth(1, 1, 0.3) > 0
+    assert pol.best_depth(256, 256, 0.5) == 0
+
+
+def run_bandit(seed, steps=200):
+    pol = BanditPolicy(seed=seed, epsilon=0.2)
+    chosen = []
+    r = reqs(1)[0]
+    for _ in range(steps):
+        pol.max_paths(2)
+        k, _ = pol.current_arm()
+        chosen.append(k)
+        alloc = pol.allocate([(r, Draft.chain(list(range(16))))], 2)
+        accepted = min(alloc[0], 4)                    # this workload accepts 4 tokens at most
+        if alloc[0]:
+            pol.update(r, alloc[0], accepted, "self")
+        pol.observe_step(2, 2 + alloc[0], 0.01 + 0.001 * alloc[0])
+    return chosen, pol
+
+
+def test_bandit_is_deterministic_and_learns():
+    a, pol = run_bandit(3)
+    b, _ = run_bandit(3)
+    c, _ = run_bandit(4)
+    assert a == b and a != c
+    best = max(range(len(pol.arms)), key=lambda i: pol.means(2)[i] or 0)
+    assert pol.arms[best][0] == 4
+    assert a[-50:].count(4) > 25                       # exploits the best arm
+    assert BanditPolicy(max_spec_batch=8).max_paths(16) == 0
+
+
+def test_fixed_policy_and_factory():
+    r = reqs(1)[0]
+    pol = FixedPolicy(3, max_spec_batch=4)
+    assert pol.allocate([(r, Draft.chain([1, 2, 3, 4])), (r, Draft.chain([1]))], 2) == [3, 1]
+    assert pol.allocate([(r, Draft.chain([1, 2, 3, 4]))], 8) == [0]
+    assert isinstance(make_policy(SpeculativeConfig(policy="fixed")), FixedPolicy)
+    assert isinstance(make_policy(SpeculativeConfig(policy="bandit")), BanditPolicy)
+    ad = make_policy(SpeculativeConfig(max_draft_tokens=8, min_draft_tokens=4))
+    assert isinstance(ad, AdaptivePolicy) and ad.max_draft_tokens == 8 and ad.window(r) == 4

@@ -1,0 +1,105 @@
+import pytest
+
+from tailrl.config import SpeculativeConfig
+from tailrl.spec.draft import Draft
+from tailrl.spec.history import HistoryStore
+from tailrl.spec.policy import FixedPolicy
+from tailrl.spec.speculator import Speculator
+
+from spec_fakes import FakeRequest
+
+PROMPT = [40, 41, 42]
+
+
+def make(policy="fixed", **kw):
+    store = HistoryStore()
+    cfg = SpeculativeConfig(policy=policy, max_draft_tokens=8, **kw)
+    return Speculator.from_config(cfg, store), store
+
+
+def group(spec, n):
+    rs = [FakeRequest(f"r{i}", PROMPT, group_id="g", prompt_id="p") for i in range(n)]
+    for r in rs:
+        spec.start(r)
+    return rs
+
+
+def emit(spec, r, toks):
+    r.output_token_ids.extend(toks)
+    spec.observe(r, list(toks))
+
+
+def test_sources_from_config_and_best_score_wins():
+    spec, store = make()
+    assert [s.name for s in spec.sources] == ["history", "group", "self"]
+    store.record("p", [[1, 2, 3, 4, 5, 6]] * 3)
+    a, b = group(spec, 2)
+    emit(spec, a, [1, 2, 9, 9])
+    emit(spec, b, [1, 2])
+    drafts = spec.propose([a, b], 2)
+    assert drafts["r1"].source == "history" and drafts["r1"].tokens == [3, 4, 5, 6]
+    assert "r0" not in drafts                    # "9 9": no source has a continuation
+    emit(spec, a, [7, 7, 7, 7, 9, 9])
+    d = spec.propose([a], 2)["r0"]               # self repeats beat nothing elsewhere
+    assert d.source == "self" and d.tokens[0] == 7
+
+
+def test_metrics_keys_and_accounting():
+    spec, store = make()
+    store.record("p", [[1, 2, 3, 4, 5, 6]])
+    (a,) = group(spec, 1)
+    emit(spec, a, [1, 2])
+    d = spec.propose([a], 1)["r0"]
+    spec.record_verification(a, d, 2)
+    emit(spec, a, [3, 4, 99])
+    spec.observe_step(1, 1 + len(d), 0.01)
+    m = spec.metrics()
+    for key in ("rollout/spec_draft_tokens", "rollout/spec_accepted_tokens", "rollout/spec_accept_length",
+                "rollout/spec_accept_rate", "rollout/spec_verify_steps", "rollout/spec_draft_hit_rate",
+                "rollout/spec_off_steps", "timing_s/draft", "timing_s/draft_index"):
+        assert key in m
+    for src in ("history", "group", "self"):
+        assert f"rollout/spec_accepted_tokens/{src}" in m and f"rollout/spec_draft_tokens/{src}" in m
+    assert m["rollout/spec_draft_tokens"] == len(d) == 4
+    assert m["rollout/spec_accepted_tokens"] == m["rollout/spec_accepted_tokens/history"] == 2
+    assert m["rollout/spec_accept_length"] == pytest.approx(3.0)
+    assert m["timing_s/draft"] > 0
+    with pytest.raises(ValueError):
+        spec.record_verification(a, d, 5)
+    spec.reset_metrics()
+    assert spec.metrics()["rollout/spec_draft_tokens"] == 0
+
+
+def test_policy_off_skips_drafting_and_total_cap_applies():
+    spec = Speculator([], FixedPolicy(0))
+    assert spec.propose([FakeRequest("x", [1])], 1) == {}
+    spec, store = make(max_spec_batch=2)
+    store.record("p", [[1, 2, 3, 4, 5, 6]])
+    a, b, c = group(spec, 3)
+    for r in (a, b, c):
+        emit(spec, r, [1, 2])
+    assert spec.propose([a, b, c], 3) == {}
+    assert spec.metrics()["rollout/spec_off_steps"] == 1
+    drafts = spec.propose([a, b], 2, max_total_tokens=5)
+    assert sum(len(d) for d in drafts.values()) == 5
+
+
+def test_finish_releases_everything():
+    spec, store = make(policy="adaptive")
+    store.record("p", [[1, 2, 3]])
+    rs = group(spec, 3)
+    for r in rs:
+        emit(spec, r, [1, 2])
+        spec.propose([r], 1)
+    for r in rs:
+        spec.finish(r)
+    assert all(len(s) == 0 for s in spec.sources)
+
+
+def test_adaptive_speculator_drafts_at_small_batch():
+    spec, store = make(policy="adaptive")
+    store.record("p", [[5, 6, 7, 8, 9, 10, 11, 12]] * 4)
+    (a,) = group(spec, 1)
+    emit(spec, a, [5, 6])
+    d = spec.propose([a], 1)["r0"]
+    assert isinstance(d, Draft) and d.tokens[:2] == [7, 8] and len(d) == spec.policy.window(a)
