@@ -11,7 +11,8 @@ Scenarios:
   member's own trie, a draft per member per step (as GroupSource does);
 - ``random``: random text over a 32k vocabulary.
 
-Usage: python benchmarks/draft_cost.py [--tokens 2000] [--responses 16] [--vocab 256]
+Usage: python benchmarks/draft_cost.py [--tokens 2000] [--responses 16] [--vocab 256] [--repeat 3]
+Times are the fastest of ``--repeat`` runs (the machine is shared with other work).
 Ends with one JSON line: {"history_us_per_token", "history_us_per_draft",
 "history_mean_draft_len", "group_us_per_token", "group_us_per_draft", "group_mean_draft_len",
 "random_us_per_token", "random_us_per_draft", "random_draft_rate", "nodes_per_token"}.
@@ -128,12 +129,17 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--fanout", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=3, help="report the fastest of this many runs")
     args = ap.parse_args()
     p = MatchParams()
     res: dict = {}
-    res.update(bench_history(Chain(args.vocab, args.fanout, args.seed), p, args.responses, args.tokens))
-    res.update(bench_group(Chain(args.vocab, args.fanout, args.seed + 1), p, args.responses, args.tokens // 2))
-    res.update(bench_random(p, args.tokens * 4, args.seed))
+    for _ in range(args.repeat):          # the machine is shared: keep each figure's best run
+        run: dict = {}
+        run.update(bench_history(Chain(args.vocab, args.fanout, args.seed), p, args.responses, args.tokens))
+        run.update(bench_group(Chain(args.vocab, args.fanout, args.seed + 1), p, args.responses,
+                               args.tokens // 2))
+        run.update(bench_random(p, args.tokens * 4, args.seed))
+        res = {k: min(v, res.get(k, v)) for k, v in run.items()}
     for k, v in res.items():
         print(f"{k:>26}: {v:9.2f}")
     print(json.dumps({k: round(v, 3) for k, v in res.items()}))

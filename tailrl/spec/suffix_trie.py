@@ -298,6 +298,17 @@ class SuffixTrie:
             parents.append(parent)
             probs.append(p)
             kept_children.append(0)
+            node, k, depth = cur
+            if node.children is None and own is None and not heap:
+                # One occurrence left and no rival branch: the rest of the draft is a slice
+                # of that occurrence's sequence, every step with probability 1.
+                toks, j = node.seq.tokens, node.pos + k
+                more = min(max_tokens - len(tokens), len(toks) - j, self.max_depth - depth)
+                for i in range(more):
+                    tokens.append(toks[j + i])
+                    parents.append(len(tokens) - 2)
+                    probs.append(1.0)
+                break
             push(cur, own, len(tokens) - 1, -neg_path)
         if not tokens:
             return None
