@@ -9,7 +9,8 @@ so a member sees the counts of its siblings only. This costs a second insertion 
 
 Members that finish stay in the group trie (finished siblings are the best references);
 a member that ``start``s again (a resumed chunk) continues its old sequence. The group is
-dropped when no member is live.
+dropped when no member is live. ``observe`` of a member that is not live is ignored (the
+engine reports a request's last tokens after ``finish``); ``propose`` starts unknown ones.
 """
 from __future__ import annotations
 
@@ -87,9 +88,10 @@ class GroupSource:
         return g, m
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
-        gm = self._member(req)
-        if gm is not None:
-            self._sync(gm[0], gm[1], req)
+        g = self._groups.get(req.group_id) if req.group_id else None
+        m = g.members.get(req.request_id) if g is not None else None
+        if m is not None and m.own is not None:  # not live (finished, or never started): ignore
+            self._sync(g, m, req)
 
     def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
         gm = self._member(req)

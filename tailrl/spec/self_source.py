@@ -4,7 +4,9 @@ One suffix trie per live request over ``prompt + output`` as a single sequence, 
 may span the prompt/output boundary (early output often copies the prompt). The suffix that
 ends at the live end is in the trie but has no continuation, so it never matches itself.
 Tokens are synced from ``req.output_token_ids`` (``observe``'s ``new_tokens`` are only a
-hint), so a missed or repeated ``observe`` cannot desynchronise the trie.
+hint), so a missed or repeated ``observe`` cannot desynchronise the trie. ``observe`` of a
+request that is not live (e.g. the engine reporting its last tokens after ``finish``) is
+ignored; ``propose`` of an unknown request starts it.
 """
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ class SelfSource:
         return e
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
-        self._sync(req)
+        if req.request_id in self._entries:     # after finish (or before start): not ours
+            self._sync(req)
 
     def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
         p = self.params

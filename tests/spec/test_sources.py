@@ -35,6 +35,7 @@ def test_self_source_drafts_from_prompt_and_output():
     assert d.tokens == [7, 8, 9, 5, 6] and d.source == "self" and d.match_len == 2
     assert src.propose(r, 2, 1).tokens == [7, 8]
     src.finish(r)
+    r.emit([src], [7])                           # the engine reports last tokens after finish
     assert len(src) == 0
 
 
@@ -88,6 +89,8 @@ def test_group_member_resumes_and_group_is_dropped_when_empty():
     assert src.propose(a, 4, 1) is None          # b's "4 5"? no: b never wrote it
     src.finish(a)
     src.finish(b)
+    assert len(src) == 0
+    b.emit([src], [6])                           # the engine reports last tokens after finish
     assert len(src) == 0
 
 
