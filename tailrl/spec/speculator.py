@@ -14,7 +14,8 @@ Per engine step:
    all tokens);
 3. ``observe_step(batch_size, num_tokens, seconds)`` after every forward.
 
-``start(req)`` / ``finish(req)`` bracket a request's stay in the engine.
+``calibrate(forward_fn)`` (optional, once at start-up) times synthetic forwards so the cost
+model is measured before the first step. ``start(req)`` / ``finish(req)`` bracket a request's stay in the engine.
 
 ``metrics()`` (verl-style keys, totals since ``reset_metrics``):
 ``rollout/spec_draft_tokens``, ``rollout/spec_accepted_tokens``, ``rollout/spec_verify_steps``,
@@ -29,31 +30,36 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from tailrl.config import SpeculativeConfig
 from tailrl.spec.cost_model import CostModel
 from tailrl.spec.draft import Draft
+from tailrl.spec.factory import make_policy, make_sources
 from tailrl.spec.history import HistoryStore
 from tailrl.spec.policy import SpecPolicy
 from tailrl.spec.source import DraftSource
 
 
 class Speculator:
-    def __init__(self, sources: list[DraftSource], policy: SpecPolicy, *,
-                 max_draft_tokens: int = 16, max_tree_paths: int = 4) -> None:
-        self.sources = list(sources)
-        self.policy = policy
-        self.max_draft_tokens = max_draft_tokens
-        self.max_tree_paths = max_tree_paths
+    """``Speculator(config, history_store)`` builds sources and policy from the config;
+    ``sources=`` / ``policy=`` override them (tests, ablations, a learned-drafter source)."""
+
+    def __init__(self, config: SpeculativeConfig | None = None, history_store: HistoryStore | None = None, *,
+                 sources: list[DraftSource] | None = None, policy: SpecPolicy | None = None,
+                 cost_model: CostModel | None = None, seed: int = 0) -> None:
+        self.config = config if config is not None else SpeculativeConfig()
+        self.cost_model = cost_model if cost_model is not None else CostModel()
+        self.sources = list(sources) if sources is not None else make_sources(self.config, history_store)
+        self.policy = policy if policy is not None else make_policy(self.config, self.cost_model,
+                                                                    history_store, seed)
+        self.max_draft_tokens = self.config.max_draft_tokens
+        self.max_tree_paths = self.config.max_tree_paths
         self.reset_metrics()
 
-    @classmethod
-    def from_config(cls, config: SpeculativeConfig, history_store: HistoryStore | None = None,
-                    cost_model: CostModel | None = None, seed: int = 0) -> "Speculator":
-        from tailrl.spec.factory import make_policy, make_sources
-        return cls(make_sources(config, history_store), make_policy(config, cost_model, history_store, seed),
-                   max_draft_tokens=config.max_draft_tokens, max_tree_paths=config.max_tree_paths)
+    def calibrate(self, forward_fn: Callable[[int, int], object], **kw) -> None:
+        """Time synthetic forwards up front (see ``CostModel.calibrate``)."""
+        self.cost_model.calibrate(forward_fn, **kw)
 
     # ---- request lifecycle ------------------------------------------------------------
     def start(self, req: Any) -> None:

@@ -14,7 +14,7 @@ PROMPT = [40, 41, 42]
 def make(policy="fixed", **kw):
     store = HistoryStore()
     cfg = SpeculativeConfig(policy=policy, max_draft_tokens=8, **kw)
-    return Speculator.from_config(cfg, store), store
+    return Speculator(cfg, store), store
 
 
 def group(spec, n):
@@ -71,7 +71,7 @@ def test_metrics_keys_and_accounting():
 
 
 def test_policy_off_skips_drafting_and_total_cap_applies():
-    spec = Speculator([], FixedPolicy(0))
+    spec = Speculator(sources=[], policy=FixedPolicy(0))
     assert spec.propose([FakeRequest("x", [1])], 1) == {}
     spec, store = make(max_spec_batch=2)
     store.record("p", [[1, 2, 3, 4, 5, 6]])
@@ -103,3 +103,10 @@ def test_adaptive_speculator_drafts_at_small_batch():
     emit(spec, a, [5, 6])
     d = spec.propose([a], 1)["r0"]
     assert isinstance(d, Draft) and d.tokens[:2] == [7, 8] and len(d) == spec.policy.window(a)
+
+
+def test_calibration_feeds_the_adaptive_policy():
+    spec, _ = make(policy="adaptive")
+    assert spec.policy.cost is spec.cost_model
+    spec.calibrate(lambda bs, n: sum(range(200 * n)), batch_sizes=(1, 2), extra_per_request=(0, 4), repeats=1)
+    assert spec.cost_model.num_observations == 4
