@@ -30,6 +30,10 @@ Per step, with ``B`` requests sampling and ``n`` of them holding a draft:
    on full acceptance (up to ``max_draft_tokens``) and halves otherwise (down to
    ``min_draft_tokens``), like TCP congestion control.
 
+6. *Exploration.* Where rules 1-2 say no, one step in ``explore_every`` (per batch-size
+   bucket) still verifies ``min_draft_tokens`` per request, so the cost model and the
+   acceptance statistics stay measured (see ``max_paths``).
+
 Departures from Seer: their "SD off when the budget is below the number of high-priority
 requests" rule is replaced by rule 1, which switches off from measured costs instead.
 """
@@ -51,7 +55,8 @@ class AdaptivePolicy:
     def __init__(self, cost: CostModel | None = None, *, max_draft_tokens: int = 16,
                  min_draft_tokens: int = 2, max_tree_paths: int = 4, max_spec_batch: int = 0,
                  initial_window: int = 4, priority_weight: float = 2.0,
-                 priority_fn: Callable[[Any], float] | None = None, min_request_steps: int = 3) -> None:
+                 priority_fn: Callable[[Any], float] | None = None, min_request_steps: int = 3,
+                 explore_every: int = 32) -> None:
         if not 1 <= min_draft_tokens <= max_draft_tokens:
             raise ValueError(f"need 1 <= min_draft_tokens <= max_draft_tokens, got "
                              f"{min_draft_tokens}, {max_draft_tokens}")
@@ -64,6 +69,9 @@ class AdaptivePolicy:
         self.priority_weight = priority_weight
         self.priority_fn = priority_fn or _output_length
         self.min_request_steps = min_request_steps
+        self.explore_every = explore_every   # 0 = never speculate where the estimates say no
+        self._off_streak: dict[int, int] = {}
+        self._exploring = False
         self.overall = AcceptanceStats()
         self.by_source: dict[str, AcceptanceStats] = {}
         self._by_request: dict[str, AcceptanceStats] = {}
@@ -81,19 +89,38 @@ class AdaptivePolicy:
         tau = self.cost.predict(batch_size, batch_size) / batch_size
         return self.cost.slope(batch_size) / tau
 
-    def max_paths(self, batch_size: int) -> int:
-        """0 when no draft can pay at this batch size (then nobody drafts), else the tree width.
+    def _can_pay(self, batch_size: int) -> bool:
+        """False when no draft can pay at this batch size.
 
         Off when a certain token does not pay (rule 1) or when Seer's g* is 0 even at the best
         acceptance rate measured for any source (rule 2 with every request drafting; the
         ratio of gained tokens to verification cost does not depend on how many draft).
         """
+        if self._gain_threshold(batch_size) >= 1.0:
+            return False
+        rate = max([self.overall.rate] + [s.rate for s in self.by_source.values()])
+        return self.best_depth(batch_size, batch_size, rate) > 0
+
+    def max_paths(self, batch_size: int) -> int:
+        """The tree width sources may draft this step; 0 = nobody drafts.
+
+        When the estimates say speculation cannot pay, every ``explore_every``-th such step
+        per batch bucket is an exploration step anyway (``min_draft_tokens`` per request):
+        without it a few noisy timings or an unlucky acceptance streak would switch
+        speculation off for good, since an off policy measures neither.
+        """
+        self._exploring = False
         if self.max_spec_batch and batch_size > self.max_spec_batch:
             return 0
-        if self._gain_threshold(batch_size) >= 1.0:
+        if self._can_pay(batch_size):
+            return self.max_tree_paths
+        if self.explore_every <= 0:
             return 0
-        rate = max([self.overall.rate] + [s.rate for s in self.by_source.values()])
-        return self.max_tree_paths if self.best_depth(batch_size, batch_size, rate) > 0 else 0
+        bucket = max(batch_size, 1).bit_length()
+        streak = self._off_streak.get(bucket, 0) + 1
+        self._off_streak[bucket] = streak % self.explore_every
+        self._exploring = streak >= self.explore_every
+        return self.max_tree_paths if self._exploring else 0
 
     def best_depth(self, batch_size: int, n: int, a: float) -> int:
         """Seer's g* for ``n`` drafting requests out of ``batch_size`` at acceptance ``a``."""
@@ -117,7 +144,10 @@ class AdaptivePolicy:
         n = len(proposals)
         alloc = [0] * n
         self.last_depth = self.last_budget = 0
-        if n == 0 or self.max_paths(batch_size) == 0:
+        if self._exploring:
+            self._exploring = False
+            return [min(self.min_draft_tokens, len(d)) for _, d in proposals]
+        if n == 0 or (self.max_spec_batch and batch_size > self.max_spec_batch) or not self._can_pay(batch_size):
             return alloc
         g = self.best_depth(max(batch_size, n), n, self.overall.rate)
         self.last_depth, self.last_budget = g, g * n

@@ -52,7 +52,7 @@ class _Line:
 
 class CostModel:
     def __init__(self, prior_base: float = 5e-3, prior_per_token: float = 5e-5,
-                 decay: float = 0.995, prior_weight: float = 0.5, max_bucket: int = 12) -> None:
+                 decay: float = 0.995, prior_weight: float = 4.0, max_bucket: int = 12) -> None:
         self.prior_base = prior_base            # seconds per forward before any data
         self.prior_per_token = prior_per_token  # seconds per token before any data
         self.decay = decay

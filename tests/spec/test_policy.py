@@ -136,3 +136,17 @@ def test_fixed_policy_and_factory():
     assert isinstance(make_policy(SpeculativeConfig(policy="bandit")), BanditPolicy)
     ad = make_policy(SpeculativeConfig(max_draft_tokens=8, min_draft_tokens=4))
     assert isinstance(ad, AdaptivePolicy) and ad.max_draft_tokens == 8 and ad.window(r) == 4
+
+
+def test_exploration_step_when_estimates_say_off():
+    pol = AdaptivePolicy(cpu_like_cost(), explore_every=8, min_draft_tokens=2)
+    r = reqs(1)[0]
+    props = [(r, Draft.chain(list(range(8)), [0.9] * 8))]
+    on = []
+    for _ in range(16):
+        paths = pol.max_paths(256)
+        on.append(paths > 0)
+        alloc = pol.allocate(props, 256)
+        assert alloc == ([2] if paths else [0])
+    assert on.count(True) == 2 and on[7] and on[15]
+    assert AdaptivePolicy(cpu_like_cost(), explore_every=0).max_paths(256) == 0
