@@ -84,6 +84,9 @@ class AdaptivePolicy:
     def window(self, req: Any) -> int:
         return self._windows.get(req.request_id, self.initial_window)
 
+    def draft_limit(self, req: Any) -> int:
+        return self.window(req)
+
     def _gain_threshold(self, batch_size: int) -> float:
         """Expected accepted tokens a draft node must bring to pay for its verification."""
         tau = self.cost.predict(batch_size, batch_size) / batch_size

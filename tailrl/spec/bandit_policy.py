@@ -81,6 +81,10 @@ class BanditPolicy:
         k, paths = self.arms[self._choose(batch_size)]
         return paths if k > 0 else 0
 
+    def draft_limit(self, req: Any) -> int:
+        arm = self.current_arm()
+        return max(k for k, _ in self.arms) if arm is None else arm[0]
+
     def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
         if self._off(batch_size):
             return [0] * len(proposals)

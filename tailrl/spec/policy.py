@@ -5,6 +5,9 @@ Per engine step the ``Speculator`` calls, in order:
 1. ``max_paths(batch_size) -> int``: how many tree paths sources may propose this step;
    ``0`` means "do not speculate at this batch size", and the sources are not even asked
    (drafting costs CPU time; at batch 256 it is pure waste). *Extension of the contract.*
+   ``draft_limit(req) -> int``: the most draft nodes the policy could give this request
+   this step (its window, the arm's size, ...); sources are asked for no more, since
+   growing nodes that will be cut is wasted CPU time. *Extension.*
 2. ``allocate(proposals, batch_size) -> list[int]``: draft nodes to verify per proposal
    (``0`` = plain decode). The caller truncates each draft with ``draft.truncate(k)``.
 3. ``observe_draft(seconds)``: CPU time this step spent drafting. *Extension.*
@@ -27,6 +30,8 @@ from tailrl.spec.draft import Draft
 @runtime_checkable
 class SpecPolicy(Protocol):
     def max_paths(self, batch_size: int) -> int: ...
+
+    def draft_limit(self, req: Any) -> int: ...
 
     def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]: ...
 
@@ -58,6 +63,9 @@ class FixedPolicy:
 
     def max_paths(self, batch_size: int) -> int:
         return self.paths if self._on(batch_size) else 0
+
+    def draft_limit(self, req: Any) -> int:
+        return self.k
 
     def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
         if not self._on(batch_size):

@@ -4,7 +4,7 @@ Per engine step:
 
 1. ``propose(requests, batch_size)`` -> ``{request_id: Draft}``: asks the policy whether to
    speculate at this batch size (``max_paths == 0`` skips drafting entirely), asks every
-   source for every request, keeps the draft with the best ``score`` (expected accepted
+   source for every request (at most ``policy.draft_limit(req)`` nodes), keeps the draft with the best ``score`` (expected accepted
    length; ties go to the earlier source in the list), lets the policy allocate node
    counts, truncates (``Draft.truncate``) and drops empty drafts. ``max_total_tokens``
    optionally caps the step's total draft nodes (the engine's token budget).
@@ -82,8 +82,11 @@ class Speculator:
     # ---- per step ---------------------------------------------------------------------
     def best_draft(self, req: Any, max_paths: int) -> Draft | None:
         best = None
+        limit = min(self.max_draft_tokens, self.policy.draft_limit(req))
+        if limit <= 0:
+            return None
         for s in self.sources:
-            d = s.propose(req, self.max_draft_tokens, max_paths)
+            d = s.propose(req, limit, max_paths)
             if d is not None and len(d) > 0 and (best is None or d.score > best.score):
                 best = d
         return best

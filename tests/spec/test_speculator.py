@@ -110,3 +110,31 @@ def test_calibration_feeds_the_adaptive_policy():
     assert spec.policy.cost is spec.cost_model
     spec.calibrate(lambda bs, n: sum(range(200 * n)), batch_sizes=(1, 2), extra_per_request=(0, 4), repeats=1)
     assert spec.cost_model.num_observations == 4
+
+
+class RecordingSource:
+    name = "rec"
+
+    def __init__(self):
+        self.asked = []
+
+    def propose(self, req, max_tokens, max_paths):
+        self.asked.append((max_tokens, max_paths))
+        return Draft.chain([1] * max_tokens, source=self.name)
+
+    def observe(self, req, new_tokens):
+        pass
+
+    def start(self, req):
+        pass
+
+    def finish(self, req):
+        pass
+
+
+def test_sources_are_asked_for_no_more_than_the_policy_can_give():
+    src = RecordingSource()
+    spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=2), sources=[src],
+                      policy=FixedPolicy(3, paths=4))
+    d = spec.propose([FakeRequest("x", [1])], 1)["x"]
+    assert src.asked == [(3, 2)] and len(d) == 3
