@@ -63,7 +63,8 @@ class Batch:
     num_draft_tokens: int
 
 
-def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv_groups: int, device) -> Batch:
+def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv_groups: int, device,
+                dtype: torch.dtype = torch.float32) -> Batch:
     ids: list[int] = []
     pos: list[int] = []
     wpos: list[int] = []
@@ -114,19 +115,24 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv_groups: int, d
             cnt = 0                                     # not in the batched call
         starts.append(start)
         counts.append(cnt)
-    meta = _attention_meta(wrow, wpos, starts, counts, trees, alone, kv_groups, device)
+    meta = _attention_meta(wrow, wpos, starts, counts, trees, alone, kv_groups, device, dtype)
     as_long = dict(dtype=torch.long, device=device)
     return Batch(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), meta,
                  torch.tensor(sample_idx, **as_long), plans, temps, topk, topp, us, num_draft)
 
 
-def _attention_meta(wrow, wpos, starts, counts, trees, alone, groups, device) -> AttentionMeta:
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (True = attend) -> 0 / -inf float mask: SDPA's CPU kernels run it about 2x faster."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def _attention_meta(wrow, wpos, starts, counts, trees, alone, groups, device, dtype) -> AttentionMeta:
     as_long = dict(dtype=torch.long, device=device)
     meta = AttentionMeta(torch.tensor(wrow, **as_long), torch.tensor(wpos, **as_long), alone=alone)
     for row, flat0, cnt, start in alone:
         i = torch.arange(cnt, device=device)[:, None]
         j = torch.arange(start + cnt, device=device)[None, :]
-        meta.alone_masks.append((j <= start + i).repeat(groups, 1)[None, None])
+        meta.alone_masks.append(_additive((j <= start + i).repeat(groups, 1)[None, None], dtype))
     tq = max(counts, default=0)
     if tq == 0:
         return meta
@@ -145,7 +151,7 @@ def _attention_meta(wrow, wpos, starts, counts, trees, alone, groups, device) ->
         st = starts[row] + n
         mask[row, n:n + d, st:st + d] = ancestor_mask(parents).to(device)
     meta.num_rows, meta.tq, meta.kv_len = r, tq, s
-    meta.mask = mask.unsqueeze(1).repeat(1, 1, groups, 1) if groups > 1 else mask.unsqueeze(1)
+    meta.mask = _additive(mask.unsqueeze(1).repeat(1, 1, groups, 1) if groups > 1 else mask.unsqueeze(1), dtype)
     meta.uniform = not bool(pad.any()) and not alone
     if not meta.uniform:
         slots = [row * tq + k for row, c in enumerate(counts) for k in range(c)]
@@ -172,7 +178,8 @@ class ModelRunner:
         self.groups = a.num_heads // a.num_kv_heads
 
     def build(self, rows: list[tuple[Request, int]], drafts: dict) -> Batch:
-        return build_batch(rows, drafts, self.groups, self.model.embed.weight.device)
+        w = self.model.embed.weight
+        return build_batch(rows, drafts, self.groups, w.device, w.dtype)
 
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions (and their hidden states if asked)."""

@@ -49,37 +49,50 @@ def _filter_sorted(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     return vals.masked_fill(drop, float("-inf")), idx
 
 
-def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index i with cdf[i-1] <= u*total < cdf[i], per row. logits may hold -inf."""
-    cdf = logits.softmax(dim=-1).cumsum(dim=-1)                     # [M, V]
-    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)            # scale: cdf[-1] may be 1 - eps
-    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the index i with cdf[i-1] <= u*total < cdf[i], and logsumexp(row).
+    logits may hold -inf (filtered tokens)."""
+    mx = logits.amax(dim=-1, keepdim=True)
+    cdf = (logits - mx).exp_().cumsum_(dim=-1)                        # [M, V], unnormalised
+    total = cdf[:, -1]
+    target = (u.to(cdf.dtype) * total).unsqueeze(1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+    return idx, mx.squeeze(1) + total.log()
 
 
 def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
            u: list[float]) -> tuple[list[int], list[float]]:
     """logits [M, V] -> (token per row, logprob of it under log_softmax(logits / T)).
-    Temperature 0 is greedy (argmax, logprob at T = 1)."""
-    m = logits.shape[0]
+    Temperature 0 is greedy (argmax, logprob at T = 1). Filtered rows (top-k / top-p) sample
+    from the filtered distribution; their logprob is still the unfiltered tempered one (what a
+    trainer recomputes for importance ratios)."""
     dev = logits.device
-    t = torch.tensor(temperature, dtype=logits.dtype, device=dev)
-    greedy = t == 0
-    scaled = logits / torch.where(greedy, torch.ones_like(t), t)[:, None]
-    logp = scaled.log_softmax(dim=-1)                                   # [M, V]
-    tokens = logits.argmax(dim=-1)
-    sampled = ~greedy
-    if bool(sampled.any()):
-        uu = torch.tensor(u, dtype=torch.float64, device=dev)
-        rows = sampled.nonzero().squeeze(1)
-        tokens[rows] = _inverse_cdf(scaled[rows], uu[rows])
-        k = torch.tensor(top_k, device=dev)
-        p = torch.tensor(top_p, dtype=logits.dtype, device=dev)
-        filt = sampled & ((k > 0) | (p < 1))
-        if bool(filt.any()):
-            rows = filt.nonzero().squeeze(1)
-            vals, idx = _filter_sorted(scaled[rows], k[rows], p[rows])
-            pick = _inverse_cdf(vals, uu[rows])
+    m = logits.shape[0]
+    greedy = [i for i, t in enumerate(temperature) if t == 0]
+    sampled = [i for i, t in enumerate(temperature) if t != 0]
+    if any(t not in (0.0, 1.0) for t in temperature):
+        inv_t = torch.tensor([1.0 / t if t else 1.0 for t in temperature], dtype=logits.dtype, device=dev)
+        scaled = logits * inv_t[:, None]
+    else:
+        scaled = logits
+    tokens = torch.empty(m, dtype=torch.long, device=dev)
+    lse = torch.empty(m, dtype=logits.dtype, device=dev)
+    if greedy:
+        g = torch.tensor(greedy, device=dev) if len(greedy) < m else slice(None)
+        tokens[g] = scaled[g].argmax(dim=-1)
+        lse[g] = scaled[g].logsumexp(dim=-1)
+    if sampled:
+        rows = torch.tensor(sampled, device=dev) if len(sampled) < m else slice(None)
+        uu = torch.tensor([u[i] for i in sampled], dtype=torch.float64, device=dev)
+        tokens[rows], lse[rows] = _inverse_cdf(scaled[rows], uu)
+        filt = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1]
+        if filt:
+            rows = torch.tensor(filt, device=dev)
+            k = torch.tensor([top_k[i] for i in filt], device=dev)
+            p = torch.tensor([top_p[i] for i in filt], dtype=logits.dtype, device=dev)
+            vals, idx = _filter_sorted(scaled[rows], k, p)
+            pick, _ = _inverse_cdf(vals, torch.tensor([u[i] for i in filt], dtype=torch.float64, device=dev))
             tokens[rows] = idx.gather(1, pick[:, None]).squeeze(1)
-    lp = logp.gather(1, tokens[:, None]).squeeze(1)
-    assert tokens.shape[0] == m
+    # log p(token) = scaled[token] - logsumexp(scaled): the target's log-softmax, never a draft's
+    lp = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
     return tokens.tolist(), lp.tolist()

@@ -28,12 +28,12 @@ class AttentionMeta:
     num_rows: int = 0                   # R: rows [0, R) covered by the batched call (0 = no batched call)
     tq: int = 0                         # query slots per row in the batched call
     kv_len: int = 0                     # S: cache positions visible to the batched call
-    mask: torch.Tensor | None = None    # [R, 1, G*Tq, S] bool, True = may attend
+    mask: torch.Tensor | None = None    # [R, 1, G*Tq, S] additive: 0 = may attend, -inf = not
     uniform: bool = False               # flat tokens are exactly [R, Tq] row-major (no padding)
     flat_index: torch.Tensor | None = None  # [Nb] flat token index of each batched token
     slot_index: torch.Tensor | None = None  # [Nb] r * Tq + i of that token in the padded layout
     alone: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, flat start, n, cache start)
-    alone_masks: list[torch.Tensor] = field(default_factory=list)          # [1, 1, G*n, start+n] bool
+    alone_masks: list[torch.Tensor] = field(default_factory=list)          # [1, 1, G*n, start+n] additive
 
 
 def stack_groups(q: torch.Tensor, kv_heads: int) -> torch.Tensor:

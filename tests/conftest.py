@@ -1,0 +1,21 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))          # tests/checkpoints.py
+from checkpoints import make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ckpt_dir(tmp_path_factory):
+    """Factory: a cached random checkpoint per (arch, options)."""
+    cache: dict = {}
+    root = tmp_path_factory.mktemp("ckpts")
+
+    def get(arch: str = "qwen2", **kw) -> str:
+        key = (arch, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = make_checkpoint(str(root / f"{arch}_{len(cache)}"), arch, **kw)
+        return cache[key]
+    return get

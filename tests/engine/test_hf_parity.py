@@ -1,0 +1,55 @@
+"""Our module equals Hugging Face's: logits (float32, <= 1e-4) and greedy generate."""
+import pytest
+import torch
+import transformers
+
+from tailrl import LLM, SamplingParams
+from tailrl.engine.batch import build_batch
+from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.request import Request
+from tailrl.model.loader import load_model
+
+VARIANTS = {
+    "qwen2": ("qwen2", {}),
+    "qwen2_gqa_tied": ("qwen2", dict(num_kv_heads=1, tie=True)),
+    "qwen3": ("qwen3", {}),
+    "llama_mha": ("llama", dict(num_kv_heads=4)),
+}
+
+
+def our_logits(path: str, tokens: list[int]) -> torch.Tensor:
+    """Prefill `tokens` as one chunk and return logits at every position."""
+    model = load_model(path)
+    kv = KVCache(model.args, torch.float32, "cpu", 4096, 4, 512)
+    kv.reserve(1, len(tokens))
+    req = Request("r", tokens, SamplingParams(), 0)
+    a = model.args
+    batch = build_batch([(req, len(tokens))], {}, a.num_heads // a.num_kv_heads, "cpu")
+    hidden = model(batch.input_ids, batch.positions, kv.data, batch.meta)
+    return model.logits(hidden)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_match_hf(ckpt_dir, variant):
+    arch, kw = VARIANTS[variant]
+    path = ckpt_dir(arch, **kw)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for n in (7, 60):                                   # batched path and the prefill-alone path
+        tokens = torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        with torch.no_grad():
+            ref = hf(torch.tensor([tokens])).logits[0]
+        diff = (our_logits(path, tokens) - ref).abs().max().item()
+        assert diff <= 1e-4, f"{variant}: max abs logit diff {diff}"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_greedy_matches_hf_generate(ckpt_dir, variant):
+    arch, kw = VARIANTS[variant]
+    path = ckpt_dir(arch, **kw)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = [[3, 5, 7, 11, 13], [2, 4, 6], list(range(10, 50))]
+    outs = LLM(path).generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    for p, o in zip(prompts, outs):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(p):].tolist()
+        assert o.outputs[0].token_ids == ref

@@ -1,0 +1,83 @@
+"""Sampling: reproducible whatever the batch, distributionally right, logprobs are the model's."""
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from tailrl import LLM, SamplingParams
+from tailrl.engine.sampler import sample, uniform
+
+
+def test_same_tokens_alone_and_in_batch_of_64(ckpt_dir):
+    path = ckpt_dir("qwen2")
+    llm = LLM(path, dtype="float64")
+    target = [5, 9, 2, 33]
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=40, seed=1234, ignore_eos=True)
+    alone = llm.generate([target], sp)[0]
+    g = torch.Generator().manual_seed(0)
+    others = [torch.randint(0, 97, (int(k),), generator=g).tolist() for k in torch.randint(2, 40, (63,), generator=g)]
+    params = [SamplingParams(temperature=t, max_tokens=int(m), ignore_eos=True)
+              for t, m in zip(np.linspace(0.5, 1.5, 63), np.linspace(5, 60, 63))]
+    batch = llm.generate(others[:30] + [target] + others[30:], params[:30] + [sp] + params[30:])
+    assert [c.token_ids for c in batch[30].outputs] == [c.token_ids for c in alone.outputs]
+    assert alone.outputs[0].token_ids != alone.outputs[1].token_ids      # samples of a group differ
+
+
+def test_seed_none_differs_between_calls_and_engine_seed_matters(ckpt_dir):
+    path = ckpt_dir("qwen2")
+    sp = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True)
+    a = LLM(path, seed=0)
+    first, second = a.generate([[1, 2, 3]], sp)[0], a.generate([[1, 2, 3]], sp)[0]
+    assert first.outputs[0].token_ids != second.outputs[0].token_ids
+    again = LLM(path, seed=0).generate([[1, 2, 3]], sp)[0]
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    other = LLM(path, seed=1).generate([[1, 2, 3]], sp)[0]
+    assert other.outputs[0].token_ids != first.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.0, 3, 1.0), (1.3, -1, 0.8)])
+def test_sampler_chi_square(temperature, top_k, top_p):
+    """20k draws of the counter-based sampler on a 6-token vocabulary match the exact filtered
+    distribution (chi-square, p > 1e-3) and never emit a filtered-out token."""
+    from scipy.stats import chisquare
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]], dtype=torch.float64)
+    n = 20000
+    toks, _ = sample(logits.expand(n, 6), [temperature] * n, [top_k] * n, [top_p] * n,
+                     [uniform(12345, t) for t in range(n)])
+    counts = np.bincount(toks, minlength=6)
+    p = torch.softmax(logits[0] / temperature, -1)
+    order = torch.argsort(p, descending=True)
+    keep = torch.zeros(6, dtype=torch.bool)
+    mass = 0.0
+    for rank, i in enumerate(order.tolist()):
+        if (top_k > 0 and rank >= top_k) or mass >= top_p:
+            break
+        keep[i] = True
+        mass += p[i].item()
+    q = torch.where(keep, p, torch.zeros_like(p))
+    q = (q / q.sum()).numpy()
+    assert counts[~keep.numpy()].sum() == 0
+    nz = q > 0
+    assert chisquare(counts[nz], q[nz] * n).pvalue > 1e-3
+
+
+def test_logprobs_are_hf_log_softmax_at_temperature(ckpt_dir):
+    path = ckpt_dir("qwen2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompt = [4, 8, 15, 16, 23, 42]
+    out = LLM(path).generate([prompt], SamplingParams(temperature=0.7, top_k=5, max_tokens=20, ignore_eos=True))[0]
+    toks = out.outputs[0].token_ids
+    with torch.no_grad():
+        lp = (hf(torch.tensor([prompt + toks])).logits[0] / 0.7).log_softmax(-1)
+    ref = [lp[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(toks)]
+    assert np.allclose(ref, out.outputs[0].logprobs, atol=1e-4)
+    top5 = [set(torch.topk(lp[len(prompt) - 1 + t], 5).indices.tolist()) for t in range(len(toks))]
+    assert all(tok in s for tok, s in zip(toks, top5))
+
+
+def test_top_k_1_is_greedy(ckpt_dir):
+    path = ckpt_dir("qwen2")
+    llm = LLM(path)
+    greedy = llm.generate([[7, 7, 1]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
+    topk1 = llm.generate([[7, 7, 1]], SamplingParams(temperature=1.0, top_k=1, max_tokens=20, ignore_eos=True))[0]
+    assert greedy.outputs[0].token_ids == topk1.outputs[0].token_ids
