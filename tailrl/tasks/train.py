@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 IGNORE = -100
 EXAMPLES_PER_CHUNK = 512   # examples sorted by length together, then cut into batches
+WIDTH_MULTIPLE = 64        # batch widths are padded to a multiple of this: a few distinct
+                           # shapes keep the CPU kernel caches (and memory) bounded
 
 
 def encode_example(tok: Tokenizer, ex: Example, eos_id: int) -> tuple[list[int], list[int]]:
@@ -37,6 +39,10 @@ def encode_example(tok: Tokenizer, ex: Example, eos_id: int) -> tuple[list[int],
     prompt = tok.encode(ex.prompt).ids                       # starts with <bos>
     solution = tok.encode(ex.solution, add_special_tokens=False).ids + [eos_id]
     return prompt + solution, [IGNORE] * len(prompt) + solution
+
+
+def padded_width(length: int, preset: ModelPreset) -> int:
+    return min(-(-length // WIDTH_MULTIPLE) * WIDTH_MULTIPLE, preset.max_position_embeddings)
 
 
 def batches(tok: Tokenizer, stream: Iterator[Example], preset: ModelPreset, eos_id: int,
@@ -52,14 +58,14 @@ def batches(tok: Tokenizer, stream: Iterator[Example], preset: ModelPreset, eos_
         chunk.sort(key=lambda p: len(p[0]))
         groups, cur = [], []
         for item in chunk:
-            if cur and len(item[0]) * (len(cur) + 1) > preset.batch_tokens:
+            if cur and padded_width(len(item[0]), preset) * (len(cur) + 1) > preset.batch_tokens:
                 groups.append(cur)
                 cur = []
             cur.append(item)
         groups.append(cur)
         rng.shuffle(groups)
         for group in groups:
-            width = max(len(ids) for ids, _ in group)
+            width = padded_width(max(len(ids) for ids, _ in group), preset)
             x = torch.full((len(group), width), pad_id, dtype=torch.long)
             y = torch.full((len(group), width), IGNORE, dtype=torch.long)
             for r, (ids, labels) in enumerate(group):
