@@ -37,6 +37,7 @@ class SimInstance:
         self.seq = np.zeros(slots, dtype=np.int64)     # admission order (preemption victim)
         self.finishes = np.zeros(slots, dtype=bool)    # chunk ends at the request's end
         self._next_seq = 0
+        self._free = list(range(slots - 1, -1, -1))    # free slot indices (a stack)
         self.batch, self.kv, self.kv_rate = 0, 0.0, 0.0
         self.clock = 0.0           # the current run started here
         self.n_event = 0           # steps from `clock` to the next event
@@ -58,7 +59,7 @@ class SimInstance:
 
     def admit(self, request_id: int, tokens: int, finishes: bool, rate: float, context: int) -> None:
         """Start a chunk of `tokens` new tokens from `context` tokens of KV."""
-        s = int(np.flatnonzero(~self.active)[0])
+        s = self._free.pop()
         self.active[s], self.rid[s], self.left[s], self.target[s] = True, request_id, tokens, tokens
         self.done[s], self.rate[s], self.ctx[s], self.finishes[s] = 0.0, rate, context, finishes
         self.inv_rate[s] = 1.0 / rate
@@ -102,12 +103,14 @@ class SimInstance:
         """Steps of the current run completed by time `t` (at most the event's)."""
         return steps_within(self._lines(), self.kv, self.kv_rate, t - self.clock, self.n_event)
 
-    def _remove(self, slots: np.ndarray) -> None:
+    def _remove(self, slots: list[int]) -> None:
+        for s in slots:
+            self.kv -= float(self.ctx[s])
+            self.kv_rate -= float(self.rate[s])
         self.active[slots] = False
         self.batch -= len(slots)
-        self.kv -= float(self.ctx[slots].sum())
-        self.kv_rate -= float(self.rate[slots].sum())
         self.left[slots], self.rate[slots], self.inv_rate[slots] = np.inf, 0.0, 1.0
+        self._free.extend(slots)
         if self.batch == 0:   # drop float drift
             self.kv, self.kv_rate = 0.0, 0.0
 
@@ -115,9 +118,8 @@ class SimInstance:
         """Run to the planned event; return (chunk ends, preemptions) as
         [(request, tokens, finished)] and [(request, tokens generated before preemption)]."""
         self.advance(self.n_event)
-        ended = np.flatnonzero(self.left <= _EPS)
-        chunks = list(zip(self.rid[ended].tolist(), self.target[ended].tolist(),
-                          self.finishes[ended].tolist()))
+        ended = np.flatnonzero(self.left <= _EPS).tolist()
+        chunks = [(int(self.rid[s]), int(self.target[s]), bool(self.finishes[s])) for s in ended]
         self._remove(ended)
         preempted = []
         while self.batch > 0 and self.kv + self.kv_rate > self.kv_capacity + _EPS:
@@ -125,5 +127,5 @@ class SimInstance:
             s = cand[np.argmax(self.seq[cand])]
             tokens = min(int(self.done[s] + _EPS), int(self.target[s]) - 1)
             preempted.append((int(self.rid[s]), tokens))
-            self._remove(np.array([s]))
+            self._remove([int(s)])
         return chunks, preempted

@@ -1,0 +1,157 @@
+"""Hand-checkable orders of service for each policy, driven by a fake pool (no simulator)."""
+import pytest
+
+from tailrl.rollout.buffer import RequestBuffer, RequestState
+from tailrl.rollout.policies import (ContextPolicy, DividedPolicy, HistoryPolicy, InstanceView, OraclePolicy,
+                                     PolicyConfig, StaticPolicy, make_policy)
+
+BIG = 10 ** 9
+
+
+def buffer(n, group_size=1, max_tokens=1000, prompt_len=10):
+    return RequestBuffer(RequestState(i, i // group_size, i // group_size, prompt_len, max_tokens)
+                         for i in range(n))
+
+
+def ask(policy, instance, slots, now=0.0, cap=BIG, used=0):
+    return [(a.request_id, a.max_tokens) for a in policy.schedule(InstanceView(instance, slots, cap, used), now)]
+
+
+def ids(assignments):
+    return [rid for rid, _ in assignments]
+
+
+def test_static_splits_contiguously_and_never_moves_work():
+    p = StaticPolicy()
+    p.reset(buffer(10), 3)
+    assert [p.share(i) for i in range(3)] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert ask(p, 1, 10) == [(4, 1000), (5, 1000), (6, 1000)]   # its share, to the end
+    assert not p.has_work_for(1) and p.has_work_for(0)
+    assert ask(p, 1, 10) == []
+    # a preempted request returns to the front of its own instance's queue
+    p.on_preempt(5, 7, 1.0)
+    assert p.has_work_for(1) and ids(ask(p, 1, 1)) == [5]
+
+
+def test_static_admits_on_current_kv_with_watermark():
+    p = StaticPolicy(PolicyConfig(watermark=0.0))
+    p.reset(buffer(4, prompt_len=100), 1)
+    # 250 free slots of KV hold two prompts of 100; growth is not reserved
+    assert ids(ask(p, 0, 10, cap=1000, used=750)) == [0, 1]
+
+
+def test_divided_pulls_fifo_in_chunks_and_resumes_where_kv_lives():
+    p = DividedPolicy(PolicyConfig(chunk_tokens=300))
+    p.reset(buffer(4), 2)
+    assert ask(p, 0, 2) == [(0, 300), (1, 300)]
+    assert ask(p, 1, 1) == [(2, 300)]
+    p.on_chunk_done(0, 300, False, 1.0)      # back to the buffer, KV on instance 0
+    p.on_chunk_done(2, 300, False, 1.0)      # KV on instance 1
+    assert ids(ask(p, 0, 1)) == [0]           # local first, although 3 is older
+    assert ids(ask(p, 0, 2)) == [3, 2]        # then the oldest anywhere (2 migrates)
+    p.on_chunk_done(3, 300, False, 2.0)
+    p.on_chunk_done(3 - 3, 300, False, 2.0)
+    # last chunk is capped by the request's remaining tokens
+    assert ask(p, 0, 1) == [(3, 300)] and p.buffer[0].remaining == 400
+
+
+def test_divided_reserves_kv_for_the_whole_chunk():
+    p = DividedPolicy(PolicyConfig(chunk_tokens=100))
+    p.reset(buffer(5, prompt_len=50), 1)
+    assert ids(ask(p, 0, 5, cap=330)) == [0, 1]         # 2 x (50 + 100) fits, 3 do not
+    assert ids(ask(p, 0, 5, cap=330)) == []             # reservations persist
+    p.on_chunk_done(0, 100, False, 1.0)                 # frees 150, but 0 now needs 250
+    assert ids(ask(p, 0, 5, cap=330)) == []             # head-of-line: it waits for room
+    p.on_chunk_done(1, 20, True, 1.0)
+    assert ids(ask(p, 0, 5, cap=330)) == [0]
+
+
+def test_idle_instance_always_gets_one_request():
+    p = DividedPolicy(PolicyConfig(chunk_tokens=1000))
+    p.reset(buffer(2, prompt_len=50), 1)
+    assert ids(ask(p, 0, 2, cap=500)) == [0]
+
+
+def test_context_serves_probes_then_longest_estimate_first():
+    # three groups of three: probes are 0, 3, 6
+    p = ContextPolicy(PolicyConfig(chunk_tokens=200))
+    p.reset(buffer(9, group_size=3), 2)
+    assert ids(ask(p, 0, 3)) == [0, 3, 6]                # one probe per group first
+    assert ids(ask(p, 1, 2)) == [1, 2]                   # unknown groups: max length, in order
+    p.on_chunk_done(3, 100, True, 5.0)                   # group 1 estimate: 100
+    p.on_chunk_done(6, 50, True, 5.0)                    # group 2 estimate: 50
+    p.on_chunk_done(0, 200, False, 5.0)                  # probe 0 goes on: group 0 unknown
+    assert p.estimate(p.buffer[4]) == 100 and p.estimate(p.buffer[7]) == 50
+    assert ids(ask(p, 0, 10)) == [0, 4, 5, 7, 8]         # probe, then group 1 (100), group 2 (50)
+
+
+def test_context_outrunning_the_estimate_counts_as_unknown_and_sorts_by_progress():
+    p = ContextPolicy(PolicyConfig(chunk_tokens=100))
+    p.reset(buffer(6, group_size=3), 1)
+    assert ids(ask(p, 0, 6)) == [0, 3, 1, 2, 4, 5]
+    p.on_chunk_done(0, 80, True, 1.0)                    # group 0 estimate 80
+    for rid in (1, 2):
+        p.on_chunk_done(rid, 100, False, 1.0)            # both outran 80: unknown again
+    p.on_chunk_done(4, 100, False, 1.0)                  # group 1 unknown: probe 3 runs
+    assert p.estimate(p.buffer[1]) == 1000 and p.estimate(p.buffer[4]) == 1000
+    assert ids(ask(p, 0, 3)) == [1, 2, 4]                # equal estimate and progress: FIFO
+    p.on_chunk_done(4, 100, False, 2.0)
+    assert ids(ask(p, 0, 1)) == [4]
+    for rid in (1, 2, 4):
+        p.on_chunk_done(rid, 100, False, 3.0)
+    # 4 (300 generated) returned last but has most progress: it resumes first
+    assert ids(ask(p, 0, 3)) == [4, 1, 2]
+
+
+def test_context_anti_starvation():
+    p = ContextPolicy(PolicyConfig(chunk_tokens=100, starvation_s=10.0))
+    p.reset(buffer(4, group_size=2), 1)
+    assert ids(ask(p, 0, 2)) == [0, 2]                   # the probes
+    p.on_chunk_done(0, 30, True, 1.0)                    # group 0 short: 1 waits behind 3
+    assert ids(ask(p, 0, 1, now=5.0)) == [3]
+    p.on_chunk_done(3, 100, False, 6.0)
+    assert ids(ask(p, 0, 1, now=12.0)) == [1]            # waited since 0 > 10 s: first now
+
+
+def test_oracle_is_longest_remaining_first_and_reserves_true_growth():
+    true = {0: 10, 1: 500, 2: 90, 3: 499}
+    p = OraclePolicy(true, PolicyConfig(chunk_tokens=1000))
+    p.reset(buffer(4, prompt_len=0), 1)
+    assert ids(ask(p, 0, 4, cap=1000)) == [1, 3]         # 500 + 499 fits, + 90 does not
+    with pytest.raises(ValueError, match="true_lengths"):
+        OraclePolicy({0: 1}).reset(buffer(2), 1)
+
+
+def test_history_places_lpt_and_migrates_outliers():
+    hist = {0: [900], 1: [500], 2: [400], 3: [100], 4: [50]}
+    p = HistoryPolicy(hist, PolicyConfig(chunk_tokens=10_000, outlier_factor=1.5))
+    p.reset(buffer(5, max_tokens=2000), 2)
+    # LPT: 900 -> 0; 500 -> 1; 400 -> 1 (load 500 < 900); 100 -> 0 (900 = 900, index 0); 50 -> 1
+    assert p._home == {0: 0, 1: 1, 2: 1, 3: 0, 4: 1}
+    assert ask(p, 0, 1) == [(0, 1350)]                   # first chunk: 1.5 x its history
+    assert ask(p, 1, 2) == [(1, 750), (2, 600)]          # its own plan, longest first
+    p.on_chunk_done(2, 600, False, 1.0)                  # ran past 1.5 x history: outlier
+    assert p.estimate(p.buffer[2]) == 2000
+    # planned loads 100 / 50: instance 0 is above the mean, it serves its plan first
+    assert ids(ask(p, 0, 1)) == [3]
+    # now 0 / 50: instance 0 can absorb the outlier, which migrates off instance 1
+    assert ask(p, 0, 1) == [(2, 1400)]
+    assert p.buffer[2].migrations == 1
+
+
+def test_history_without_history_treats_requests_as_long_and_steals():
+    p = HistoryPolicy({}, PolicyConfig(chunk_tokens=100))
+    p.reset(buffer(4), 2)
+    assert ids(ask(p, 0, 4)) == [0, 2, 1, 3]             # own plan, then steal the other's
+
+
+def test_make_policy_names():
+    for name in ("static", "divided", "context", "history"):
+        assert make_policy(name).name == name
+    assert make_policy("oracle", true_lengths={}).name == "oracle"
+    with pytest.raises(ValueError, match="policy"):
+        make_policy("fifo")
+    with pytest.raises(ValueError, match="true_lengths"):
+        make_policy("oracle")
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        PolicyConfig(chunk_tokens=0)
