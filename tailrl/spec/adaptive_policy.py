@@ -9,7 +9,8 @@ Per step, with ``B`` requests sampling and ``n`` of them holding a draft:
    ``e * tau >= c``. If even ``e = 1`` does not pay, or rule 2 gives ``g* = 0`` at the best
    measured acceptance rate, ``max_paths`` returns 0 and nobody drafts (typically at batch
    256, where verifying a token costs about as much as decoding one).
-2. *Budget (Seer).* With per-token acceptance ``a`` (running estimate), draft depth ``g``
+2. *Budget (Seer).* With per-token acceptance ``a`` (the mean running estimate over this
+   step's proposals: each request's own once measured, else its source's), draft depth ``g``
    gives ``E_g = (1 - a^(g+1)) / (1 - a)`` tokens per drafting request per step, and the time
    per token is ``T_SD(g) = (D + T(B, B + g*n)) / (B - n + n*E_g)`` (Seer's
    ``(1-a)(D+T)/(1-a^(g+1))`` generalised to a batch where only ``n`` requests draft;
@@ -101,7 +102,8 @@ class AdaptivePolicy:
         """
         if self._gain_threshold(batch_size) >= 1.0:
             return False
-        rate = max([self.overall.rate] + [s.rate for s in self.by_source.values()])
+        # a source that has not been measured yet counts at the prior rate
+        rate = max([self.overall.rate, AcceptanceStats().rate] + [s.rate for s in self.by_source.values()])
         return self.best_depth(batch_size, batch_size, rate) > 0
 
     def max_paths(self, batch_size: int) -> int:
@@ -136,12 +138,21 @@ class AdaptivePolicy:
                 best_g, best_t = g, t
         return best_g
 
-    def _factor(self, req: Any, source: str) -> float:
+    def _stats(self, req: Any, source: str) -> AcceptanceStats | None:
+        """The request's own statistics once it has enough, else its draft source's."""
         st = self._by_request.get(req.request_id)
         if st is None or st.steps < self.min_request_steps:
             st = self.by_source.get(source)
+        return st
+
+    def _factor(self, req: Any, source: str) -> float:
+        st = self._stats(req, source)
         f = st.calibration if st is not None else 1.0
         return min(max(f, 0.05), 2.0)
+
+    def _rate(self, req: Any, source: str) -> float:
+        st = self._stats(req, source)
+        return st.rate if st is not None else AcceptanceStats().rate
 
     def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
         n = len(proposals)
@@ -152,7 +163,8 @@ class AdaptivePolicy:
             return [min(self.min_draft_tokens, len(d)) for _, d in proposals]
         if n == 0 or (self.max_spec_batch and batch_size > self.max_spec_batch) or not self._can_pay(batch_size):
             return alloc
-        g = self.best_depth(max(batch_size, n), n, self.overall.rate)
+        a = sum(self._rate(req, d.source) for req, d in proposals) / n   # the drafts at hand
+        g = self.best_depth(max(batch_size, n), n, a)
         self.last_depth, self.last_budget = g, g * n
         if g == 0:
             return alloc

@@ -150,3 +150,13 @@ def test_exploration_step_when_estimates_say_off():
         assert alloc == ([2] if paths else [0])
     assert on.count(True) == 2 and on[7] and on[15]
     assert AdaptivePolicy(cpu_like_cost(), explore_every=0).max_paths(256) == 0
+
+
+def test_a_poor_source_does_not_silence_an_unmeasured_one():
+    pol = AdaptivePolicy(cpu_like_cost())
+    a, b = reqs(2)
+    for _ in range(40):
+        pol.update(a, 4, 0, "group", predicted=2.0)
+    poor = pol.allocate([(b, Draft.chain([1, 2, 3, 4], [0.9] * 4, source="group"))], 1)[0]
+    fresh = pol.allocate([(b, Draft.chain([1, 2, 3, 4], [0.9] * 4, source="history"))], 1)[0]
+    assert poor <= 1 and fresh == 4                    # batch 1: a cheap token is still tried
