@@ -5,7 +5,8 @@ Per engine step:
 1. ``propose(requests, batch_size)`` -> ``{request_id: Draft}``: asks the policy whether to
    speculate at this batch size (``max_paths == 0`` skips drafting entirely), asks every
    source for every request (at most ``policy.draft_limit(req)`` nodes), keeps the draft with the best ``score`` (expected accepted
-   length; ties go to the earlier source in the list), lets the policy allocate node
+   length; ties go to the earlier source in the list, and a draft scoring the full limit
+   stops the search), lets the policy allocate node
    counts, truncates (``Draft.truncate``) and drops empty drafts. ``max_total_tokens``
    optionally caps the step's total draft nodes (the engine's token budget).
 2. the engine verifies, then calls ``record_verification(req, draft, accepted)`` for each
@@ -89,6 +90,8 @@ class Speculator:
             d = s.propose(req, limit, max_paths)
             if d is not None and len(d) > 0 and (best is None or d.score > best.score):
                 best = d
+                if best.score >= limit - 1e-9:       # a certain full-length draft: unbeatable
+                    break
         return best
 
     def propose(self, requests: list[Any], batch_size: int,

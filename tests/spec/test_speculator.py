@@ -138,3 +138,10 @@ def test_sources_are_asked_for_no_more_than_the_policy_can_give():
                       policy=FixedPolicy(3, paths=4))
     d = spec.propose([FakeRequest("x", [1])], 1)["x"]
     assert src.asked == [(3, 2)] and len(d) == 3
+
+
+def test_a_certain_full_draft_stops_the_search():
+    first, second = RecordingSource(), RecordingSource()
+    spec = Speculator(SpeculativeConfig(), sources=[first, second], policy=FixedPolicy(3))
+    spec.propose([FakeRequest("x", [1])], 1)
+    assert len(first.asked) == 1 and second.asked == []
