@@ -222,7 +222,9 @@ class SuffixTrie:
         hi = min(max_len, len(context), self.max_depth - 1)
         if hi < min_len or not self._continues(context[len(context) - min_len:], exclude):
             return 0
-        lo = min_len                                    # invariant: lo continues, hi+1 does not
+        if self._continues(context[len(context) - hi:], exclude):
+            return hi                                   # the common case when text repeats
+        lo, hi = min_len, hi - 1                        # invariant: lo continues, hi+1 does not
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self._continues(context[len(context) - mid:], exclude):
