@@ -160,3 +160,30 @@ def test_a_poor_source_does_not_silence_an_unmeasured_one():
     poor = pol.allocate([(b, Draft.chain([1, 2, 3, 4], [0.9] * 4, source="group"))], 1)[0]
     fresh = pol.allocate([(b, Draft.chain([1, 2, 3, 4], [0.9] * 4, source="history"))], 1)[0]
     assert poor <= 1 and fresh == 4                    # batch 1: a cheap token is still tried
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_expected_time_per_token_never_exceeds_plain_decoding(seed):
+    import random
+    rng = random.Random(seed)
+    cm = CostModel()
+    for bs in (1, 8, 64, 256):
+        base, per_tok = rng.uniform(1e-3, 2e-2), rng.uniform(1e-6, 2e-3)
+        for e in (0, 1, 3, 7):
+            cm.observe(bs, bs * (1 + e), base + per_tok * bs * (1 + e))
+    pol = AdaptivePolicy(cm, initial_window=16, explore_every=0)
+    warm = FakeRequest("warm", [1])
+    for _ in range(50):                  # measured acceptance is high: Seer's budget is generous,
+        pol.update(warm, 8, 8, "self", predicted=8.0)      # only the per-node rule can say no
+    for B in (1, 3, 8, 20, 64, 256):
+        n = rng.randint(1, B)
+        props = []
+        for i in range(n):
+            k = rng.randint(1, 12)
+            props.append((FakeRequest(f"q{i}", [1], output_token_ids=[0] * rng.randint(0, 50)),
+                          Draft([0] * k, [rng.randrange(-1, j) for j in range(k)],
+                                [rng.random() for _ in range(k)], "self")))
+        alloc = pol.allocate(props, B)
+        gain = sum(d.truncate(k).score for (_, d), k in zip(props, alloc))
+        spec_time = cm.predict(B, B + sum(alloc)) / (B + gain)
+        assert spec_time <= cm.predict(B, B) / B * (1 + 1e-9)
