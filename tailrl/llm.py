@@ -49,6 +49,9 @@ class LLM:
             from tailrl.spec.speculator import Speculator
             speculator = Speculator(self.speculative, self.history)
         self.engine = LLMEngine(config, speculator)
+        if speculator is not None:                      # measure this machine's step cost up front
+            speculator.calibrate(self.engine.runner.synthetic_step, batch_sizes=(1, 8, 64),
+                                 extra_per_request=(0, 4), repeats=1)
         self.tokenizer = load_tokenizer(model)
         self.seed = seed
         self.last_metrics: dict[str, float] = {}

@@ -170,6 +170,15 @@ def _row_spans(counts: list[int], alone: list[tuple[int, int, int, int]]):
         flat0 += c + alone_len.get(row, 0)
 
 
+@dataclass
+class _Chain:
+    tokens: list[int]
+
+    @property
+    def parents(self) -> list[int]:
+        return list(range(-1, len(self.tokens) - 1))
+
+
 class ModelRunner:
     def __init__(self, model: Transformer, kv_data_fn):
         self.model = model
@@ -180,6 +189,26 @@ class ModelRunner:
     def build(self, rows: list[tuple[Request, int]], drafts: dict) -> Batch:
         w = self.model.embed.weight
         return build_batch(rows, drafts, self.groups, w.device, w.dtype)
+
+    def synthetic_step(self, batch_size: int, num_tokens: int, context: int = 128) -> None:
+        """One step of `batch_size` rows, `num_tokens` new tokens in all (1 + chain drafts per row),
+        each over `context` cached positions, on scratch K/V: for calibrating the cost model."""
+        from tailrl.config import SamplingParams
+        from tailrl.engine.sampler import sample
+        per_row = max(num_tokens // batch_size, 1)
+        a = self.model.args
+        w = self.model.embed.weight
+        kv = torch.zeros(a.num_layers, 2, batch_size, a.num_kv_heads, context + per_row, a.head_dim,
+                         dtype=w.dtype, device=w.device)
+        rows, drafts = [], {}
+        for i in range(batch_size):
+            req = Request(f"synthetic-{i}", [1] * (context + 1), SamplingParams(), i, num_computed_tokens=context)
+            rows.append((req, 1))
+            if per_row > 1:
+                drafts[req.request_id] = _Chain([1] * (per_row - 1))
+        batch = build_batch(rows, drafts, self.groups, w.device, w.dtype)
+        hidden = self.model(batch.input_ids, batch.positions, kv, batch.meta)
+        sample(self.model.logits(hidden[batch.sample_index]), batch.temperature, batch.top_k, batch.top_p, batch.u)
 
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions (and their hidden states if asked)."""

@@ -89,12 +89,11 @@ class LLMEngine:
         decoding = [r for r, n in sched.rows if n == 1 and r.is_decoding and r.remaining_tokens > 1]
         if not decoding:
             return {}
-        drafts = self.speculator.propose(decoding, len(sched.rows))
+        drafts = self.speculator.propose(decoding, len(sched.rows), max_total_tokens=sched.token_budget_left)
         drafts = {rid: d for rid, d in drafts.items()
                   if 0 < len(d.tokens) < self.requests[rid].remaining_tokens}
-        total = sum(len(d.tokens) for d in drafts.values())
         longest = max((self.requests[rid].num_tokens + len(d.tokens) for rid, d in drafts.items()), default=0)
-        if total > sched.token_budget_left or not self.kv.reserve(len(sched.rows), longest):
+        if not self.kv.reserve(len(sched.rows), longest):
             return {}                                   # drafts never cost a preemption
         return drafts
 

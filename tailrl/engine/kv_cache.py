@@ -29,7 +29,8 @@ class KVCache:
                              f"got {budget_tokens}")
         self.args, self.dtype, self.device = args, dtype, device
         self.budget_tokens, self.max_rows, self.max_len = budget_tokens, max_rows, max_len
-        self.data = self._alloc(min(4, max_rows), min(MIN_CAP, max_len))
+        cap = min(MIN_CAP, max_len)
+        self.data = self._alloc(max(1, min(4, max_rows, budget_tokens // cap)), cap)   # within budget
 
     def _alloc(self, rows: int, cap: int) -> torch.Tensor:
         a = self.args

@@ -10,7 +10,7 @@ kept, and sampling noise is keyed by position, so its output does not change).
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from tailrl.engine.kv_cache import KVCache
@@ -34,10 +34,22 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []          # running[i].row == i
         self._arrivals = 0
+        self._waiting_in_group: Counter[str] = Counter()
 
     def add(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
+        self._waiting_in_group[req.group_id] += 1
+
+    def _prefill_chunk(self, req: Request, start: int, budget: int) -> int:
+        """Tokens to compute from `start`. While siblings wait to share this prompt, stop at the
+        shared boundary (the prompt minus its last token), which they copy next step."""
+        n = min(req.num_tokens - start, budget)
+        if self._waiting_in_group[req.group_id] and req.num_output_tokens == 0:
+            boundary = req.num_prompt_tokens - 1 - start
+            if boundary > 0:
+                n = min(n, boundary)
+        return n
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -47,6 +59,7 @@ class Scheduler:
         if req.row < 0:
             if req in self.waiting:
                 self.waiting.remove(req)
+                self._waiting_in_group[req.group_id] -= 1
             return
         row, last = req.row, self.running[-1]
         if last is not req:
@@ -62,6 +75,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.waiting.appendleft(req)
+        self._waiting_in_group[req.group_id] += 1
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
@@ -72,7 +86,7 @@ class Scheduler:
                 budget -= 1
         for req in self.running:                        # then prefill chunks
             if not req.is_decoding and budget > 0:
-                n = min(req.num_uncomputed, budget)
+                n = self._prefill_chunk(req, req.num_computed_tokens, budget)
                 chunk[id(req)] = n
                 budget -= n
         preempted: list[Request] = []
@@ -117,8 +131,10 @@ class Scheduler:
                     lender = lender if start else None
                 else:
                     lender = None
-            n = min(req.num_tokens - start, budget)
+            self._waiting_in_group[req.group_id] -= 1
+            n = self._prefill_chunk(req, start, budget)
             if not self.kv.reserve(len(self.running) + 1, self._longest(chunk, extra_len=start + n)):
+                self._waiting_in_group[req.group_id] += 1
                 deferred.append(req)
                 break
             req.row = len(self.running)

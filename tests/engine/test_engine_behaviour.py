@@ -1,0 +1,108 @@
+"""Continuous batching behaviour: preemption, chunked prefill, shared prefill, stops, abort,
+export/import between instances."""
+import pytest
+
+from tailrl import LLM, EngineConfig, SamplingParams
+from tailrl.engine.engine import LLMEngine
+from tailrl.engine.request import Request, RequestStatus
+from tailrl.engine.sampler import mix
+
+PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], list(range(10, 70)), [4, 4]]
+
+
+def tokens(outs):
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt_dir):
+    path = ckpt_dir("qwen2")
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=50, ignore_eos=True)
+    return path, sp, tokens(LLM(path, dtype="float64").generate(PROMPTS, sp))
+
+
+def test_preemption_under_small_kv_budget_keeps_outputs(reference):
+    path, sp, ref = reference
+    llm = LLM(path, dtype="float64", max_model_len=128, kv_cache_tokens=300)
+    assert tokens(llm.generate(PROMPTS, sp)) == ref
+    assert llm.last_metrics["rollout/preemptions"] > 0
+    assert llm.engine.kv.rows * llm.engine.kv.cap <= 300
+
+
+def test_chunked_prefill_and_small_token_budget_keep_outputs(reference):
+    path, sp, ref = reference
+    llm = LLM(path, dtype="float64", max_num_batched_tokens=16)
+    assert tokens(llm.generate(PROMPTS, sp)) == ref
+
+
+def test_group_shares_prompt_prefill(ckpt_dir):
+    llm = LLM(ckpt_dir("qwen2"))
+    prompt = list(range(1, 61))
+    llm.generate([prompt], SamplingParams(n=8, max_tokens=1, ignore_eos=True))
+    # one prefill of 60 tokens, then each of 8 samples computes only the prompt's last token
+    assert llm.last_metrics["rollout/batched_tokens"] == 60 + 7
+
+
+def test_max_seqs_one_serialises_but_keeps_outputs(reference):
+    path, sp, ref = reference
+    assert tokens(LLM(path, dtype="float64", max_num_seqs=1).generate(PROMPTS, sp)) == ref
+
+
+def test_stop_token_eos_and_length(ckpt_dir):
+    path = ckpt_dir("qwen2")
+    llm = LLM(path)
+    greedy = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 12
+    stop_tok = greedy.token_ids[4]
+    first = greedy.token_ids.index(stop_tok)
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_tok]))[0]
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].token_ids == greedy.token_ids[:first + 1]
+    eos_path = ckpt_dir("qwen2", eos_token_id=stop_tok)
+    out = LLM(eos_path).generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] == stop_tok
+
+
+def _request(rid: str, prompt: list[int], sp: SamplingParams, seed: int = 7) -> Request:
+    return Request(rid, list(prompt), sp, mix(0, seed), group_id=rid, prompt_id=rid)
+
+
+def _run(engine: LLMEngine) -> None:
+    while engine.has_unfinished():
+        engine.step()
+
+
+def test_abort_frees_the_row_and_others_continue(ckpt_dir):
+    engine = LLMEngine(EngineConfig(model=ckpt_dir("qwen2")))
+    sp = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True)
+    a, b = _request("a", [1, 2, 3], sp, 1), _request("b", [3, 2, 1], sp, 2)
+    engine.add_request(a)
+    engine.add_request(b)
+    for _ in range(5):
+        engine.step()
+    engine.abort("a")
+    assert a.status == RequestStatus.FINISHED_ABORTED and a.finish_reason == "abort" and a.row == -1
+    _run(engine)
+    assert b.finish_reason == "length" and b.num_output_tokens == 30
+
+
+@pytest.mark.parametrize("steps", [0, 1, 9])
+def test_export_import_resumes_identically(ckpt_dir, steps):
+    path = ckpt_dir("qwen2")
+    sp = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True)
+    whole = LLMEngine(EngineConfig(model=path, dtype="float64"))
+    ref = _request("x", [7, 1, 7, 2], sp)
+    whole.add_request(ref)
+    _run(whole)
+    src = LLMEngine(EngineConfig(model=path, dtype="float64", seed=1))
+    dst = LLMEngine(EngineConfig(model=path, dtype="float64", seed=2))   # engine seeds don't matter
+    src.add_request(_request("x", [7, 1, 7, 2], sp))
+    src.add_request(_request("other", [5, 5, 5], sp, 3))
+    for _ in range(steps):
+        src.step()
+    state = src.export_request("x")
+    assert (state.kv is not None) == (steps > 0)
+    resumed = dst.import_request(state)
+    _run(dst)
+    _run(src)                                             # the source engine is still usable
+    assert resumed.output_token_ids == ref.output_token_ids
+    assert resumed.output_logprobs == pytest.approx(ref.output_logprobs, abs=1e-9)
