@@ -34,6 +34,8 @@ class SimResult:
     finish_time: np.ndarray = field(repr=False)                          # [M] seconds
     busy: list[list[tuple[float, float, int]]] = field(repr=False)       # per instance
     lengths: np.ndarray = field(repr=False)                              # [M] tokens
+    wall_s: float = 0.0     # simulator run time (set by the caller that timed it)
+    cpu_s: float = 0.0
 
     @classmethod
     def collect(cls, run: "_Run") -> "SimResult":

@@ -3,8 +3,9 @@
 The policy objects are the ones the real pool uses (``tailrl.rollout.policies``); the
 simulator plays the instances. Events are per instance: the next chunk end or KV overflow
 of its current batch (``SimInstance.plan``). At an event the instance reports chunk ends and
-preemptions to the policy and asks it for work for its free room. Work that returns to the
-buffer also wakes instances that had run dry: they join at their next step boundary.
+preemptions to the policy and asks it for work for its free room. Instances that had run
+dry (free room, nothing for them at their last ask) pull first, least loaded first, and join
+at their next step boundary: that is how a pull-based pool balances load in the tail.
 
 Costs besides decode steps: a request without KV anywhere is prefilled (prompt + tokens
 generated so far); a request resuming on another instance than the one holding its KV
@@ -38,7 +39,7 @@ class SimConfig:
     max_num_seqs: int = 256           # batch slots per instance
     kv_capacity: int = 1_000_000      # KV token slots per instance
     kv_bytes_per_token: int = 327_680  # what a migrated token's KV weighs
-    link_bw: float = 25e9             # bytes/s between instances (200 Gb/s RDMA)
+    link_bw: float = 200e9            # bytes/s into an instance (8 x 200 Gb/s RDMA NICs)
     draft_tokens: int = 0             # speculative tokens verified per request-step (0: off)
     accept_mean: float = 1.0          # mean tokens per step per request with speculation
     accept_std: float = 0.0           # spread of the per-request mean across requests
@@ -111,7 +112,6 @@ class _Run:
             if version != inst.version:
                 continue
             self.events += 1
-            waiting_before = self.policy.num_waiting
             chunks, preempted = inst.finish_event()
             for rid, tokens, finished in chunks:
                 self.policy.on_chunk_done(rid, tokens, finished, t)
@@ -119,9 +119,9 @@ class _Run:
                     self.finish_time[rid] = t
             for rid, tokens in preempted:
                 self.policy.on_preempt(rid, tokens, t)
+            if self.hungry and self.policy.num_waiting > 0:
+                self._wake(t, skip=i)   # instances that ran dry pull first: load balance
             self._fill(inst, t)
-            if self.policy.num_waiting > waiting_before and self.hungry:
-                self._wake(t, skip=i)
         return SimResult.collect(self)
 
     def _fill(self, inst: SimInstance, now: float) -> None:
@@ -160,7 +160,7 @@ class _Run:
 
     def _wake(self, now: float, skip: int) -> None:
         """Let instances that ran dry take the work that just returned to the buffer."""
-        for j in sorted(self.hungry):
+        for j in sorted(self.hungry, key=lambda j: (self.insts[j].batch, j)):
             if self.policy.num_waiting == 0:
                 return
             inst = self.insts[j]

@@ -72,6 +72,10 @@ class SchedulerPolicy:
     # True: admit a chunk only if its whole KV growth fits (no preemption, Seer);
     # False: admit on current KV use, growth may force preemptions (vLLM / veRL).
     reserve_chunk: ClassVar[bool] = True
+    # True: an instance takes at most its fair share, ceil((running + waiting) / instances),
+    # so when work runs short it spreads over the instances instead of piling up on the
+    # first to ask (Seer: place by KV location "while load stays balanced").
+    balance: ClassVar[bool] = True
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
@@ -85,6 +89,7 @@ class SchedulerPolicy:
         self.buffer, self.num_instances = buffer, num_instances
         self.num_waiting = 0
         self._reserved = [0] * num_instances            # KV reserved per instance
+        self._running = [0] * num_instances             # requests running per instance
         self._holds: dict[int, tuple[int, int]] = {}    # request -> (instance, reserved)
         self._tickets: dict[int, int] = {}               # request -> its current queue ticket
         self._setup()
@@ -99,8 +104,12 @@ class SchedulerPolicy:
             budget = view.kv_capacity - self._reserved[i]
         else:
             budget = int(view.kv_capacity * (1 - self.config.watermark)) - view.kv_used
+        room = view.free_slots
+        if self.balance:
+            share = -(-(len(self._holds) + self.num_waiting) // self.num_instances)
+            room = min(room, max(share - self._running[i], 1 if self._running[i] == 0 else 0))
         out: list[Assignment] = []
-        while len(out) < view.free_slots and self.num_waiting > 0:
+        while len(out) < room and self.num_waiting > 0:
             rid = self._pop(i, now)
             if rid is None:
                 break
@@ -116,6 +125,7 @@ class SchedulerPolicy:
             self._tickets[rid] = -abs(self._tickets.get(rid, 0))   # its queue entries go stale
             buf.start(rid, i, n)
             self._reserved[i] += need
+            self._running[i] += 1
             self._holds[rid] = (i, need)
             out.append(Assignment(rid, n))
         return out
@@ -183,6 +193,7 @@ class SchedulerPolicy:
     def _release(self, request_id: int) -> None:
         i, need = self._holds.pop(request_id)
         self._reserved[i] -= need
+        self._running[i] -= 1
 
     def _buf(self) -> RequestBuffer:
         if self.buffer is None:

@@ -18,6 +18,7 @@ from tailrl.rollout.policies.base import SchedulerPolicy
 class StaticPolicy(SchedulerPolicy):
     name = "static"
     reserve_chunk = False
+    balance = False
 
     def _setup(self) -> None:
         reqs = list(self._buf())
