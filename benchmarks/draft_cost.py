@@ -16,11 +16,12 @@ Scenarios:
   and of feeding the indexes per generated token.
 
 Usage: python benchmarks/draft_cost.py [--tokens 2000] [--responses 16] [--vocab 256] [--repeat 3]
+       [--tokens-per-match 1.0]
 Times are the fastest of ``--repeat`` runs (the machine is shared with other work).
 Ends with one JSON line: {"history_us_per_token", "history_us_per_draft",
 "history_mean_draft_len", "group_us_per_token", "group_us_per_draft", "group_mean_draft_len",
 "random_us_per_token", "random_us_per_draft", "random_draft_rate", "nodes_per_token",
-"spec_us_per_request_step", "spec_index_us_per_token", "spec_accept_length",
+"spec_us_per_request_step", "spec_index_us_per_token", "spec_accept_length", "spec_accept_rate",
 "python_ns_per_loop"} (the last one tells how busy the machine was: figures scale with it).
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ import time
 from tailrl.config import SpeculativeConfig
 from tailrl.spec.group_source import GroupSource
 from tailrl.spec.history import HistoryStore
+from tailrl.spec.factory import make_sources
 from tailrl.spec.speculator import Speculator
 from tailrl.spec.source import MatchParams
 from tailrl.spec.suffix_trie import SuffixTrie
@@ -111,11 +113,12 @@ def bench_group(chain: Chain, p: MatchParams, n_resp: int, n_tok: int) -> dict:
             "group_mean_draft_len": total_len / drafts}
 
 
-def bench_speculator(chain: Chain, n_resp: int, n_tok: int) -> dict:
+def bench_speculator(chain: Chain, p: MatchParams, n_resp: int, n_tok: int) -> dict:
     """The engine's view: a Speculator with history, group and self sources and a fixed policy."""
     store = HistoryStore()
     store.record("p", [chain.sample(n_tok) for _ in range(n_resp)])
-    spec = Speculator(SpeculativeConfig(policy="fixed"), store)
+    config = SpeculativeConfig(policy="fixed")
+    spec = Speculator(config, store, sources=make_sources(config, store, p))
     streams = [chain.sample(n_tok) for _ in range(n_resp)]
     reqs = [_Req(str(i)) for i in range(n_resp)]
     for r in reqs:
@@ -151,7 +154,8 @@ def bench_speculator(chain: Chain, n_resp: int, n_tok: int) -> dict:
     m = spec.metrics()
     return {"spec_us_per_request_step": 1e6 * t_propose / steps,
             "spec_index_us_per_token": 1e6 * m["timing_s/draft_index"] / lengths,
-            "spec_accept_length": m["rollout/spec_accept_length"]}
+            "spec_accept_length": m["rollout/spec_accept_length"],
+            "spec_accept_rate": m["rollout/spec_accept_rate"]}
 
 
 def bench_random(p: MatchParams, n_tok: int, seed: int) -> dict:
@@ -190,9 +194,10 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--fanout", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokens-per-match", type=float, default=MatchParams().tokens_per_match)
     ap.add_argument("--repeat", type=int, default=3, help="report the fastest of this many runs")
     args = ap.parse_args()
-    p = MatchParams()
+    p = MatchParams(tokens_per_match=args.tokens_per_match)
     res: dict = {}
     for _ in range(args.repeat):          # the machine is shared: keep each figure's best run
         run: dict = {"python_ns_per_loop": python_ns_per_loop()}
@@ -200,7 +205,8 @@ def main() -> None:
         run.update(bench_group(Chain(args.vocab, args.fanout, args.seed + 1), p, args.responses,
                                args.tokens // 2))
         run.update(bench_random(p, args.tokens * 4, args.seed))
-        run.update(bench_speculator(Chain(args.vocab, args.fanout, args.seed + 2), args.responses, args.tokens // 2))
+        run.update(bench_speculator(Chain(args.vocab, args.fanout, args.seed + 2), p, args.responses,
+                                    args.tokens // 2))
         res = {k: min(v, res.get(k, v)) for k, v in run.items()}
     for k, v in res.items():
         print(f"{k:>26}: {v:9.2f}")

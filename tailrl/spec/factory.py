@@ -31,10 +31,12 @@ def match_params(config: SpeculativeConfig) -> MatchParams:
                        min_token_prob=config.min_token_prob, max_draft_depth=config.max_draft_tokens)
 
 
-def make_sources(config: SpeculativeConfig, history_store: HistoryStore | None = None) -> list[DraftSource]:
+def make_sources(config: SpeculativeConfig, history_store: HistoryStore | None = None,
+                 params: MatchParams | None = None) -> list[DraftSource]:
+    """``params`` overrides the matching parameters derived from ``config`` (ablations)."""
     if config.method == "drafter":
         return []
-    params = match_params(config)
+    params = params if params is not None else match_params(config)
     out: list[DraftSource] = []
     for name in config.sources:
         if name == "history":

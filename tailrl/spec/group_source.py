@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailrl.spec.draft import Draft
-from tailrl.spec.source import MatchParams, context_tail
+from tailrl.spec.source import MatchParams, propose_from
 from tailrl.spec.suffix_trie import SuffixTrie
 
 
@@ -101,10 +101,7 @@ class GroupSource:
         if len(g.members) < 2:
             return None
         self._sync(g, m, req)
-        p = self.params
-        return g.trie.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth),
-                              max_paths, min_match_len=p.min_match_len, max_match_len=p.max_match_len,
-                              min_token_prob=p.min_token_prob, source=self.name, exclude=m.own)
+        return propose_from(g.trie, req, self.params, max_tokens, max_paths, self.name, exclude=m.own)
 
     def finish(self, req: Any) -> None:
         g = self._groups.get(req.group_id) if req.group_id else None

@@ -16,7 +16,7 @@ from typing import Any
 
 from tailrl.spec.draft import Draft
 from tailrl.spec.history import HistoryStore
-from tailrl.spec.source import MatchParams, context_tail
+from tailrl.spec.source import MatchParams, propose_from
 from tailrl.spec.suffix_trie import SuffixTrie
 
 logger = logging.getLogger(__name__)
@@ -77,10 +77,7 @@ class HistorySource:
         trie = self._trie(req)
         if trie is None:
             return None
-        p = self.params
-        return trie.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth),
-                            max_paths, min_match_len=p.min_match_len, max_match_len=p.max_match_len,
-                            min_token_prob=p.min_token_prob, source=self.name)
+        return propose_from(trie, req, self.params, max_tokens, max_paths, self.name)
 
     def finish(self, req: Any) -> None:
         entry = self._prompts.get(req.prompt_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailrl.spec.draft import Draft
-from tailrl.spec.source import MatchParams, context_tail
+from tailrl.spec.source import MatchParams, propose_from
 from tailrl.spec.suffix_trie import SuffixTrie
 
 
@@ -56,11 +56,8 @@ class SelfSource:
             self._sync(req)
 
     def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
-        p = self.params
         e = self._sync(req)
-        return e.trie.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth),
-                              max_paths, min_match_len=p.min_match_len, max_match_len=p.max_match_len,
-                              min_token_prob=p.min_token_prob, source=self.name)
+        return propose_from(e.trie, req, self.params, max_tokens, max_paths, self.name)
 
     def finish(self, req: Any) -> None:
         self._entries.pop(req.request_id, None)

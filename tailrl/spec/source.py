@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from tailrl.spec.draft import Draft
+from tailrl.spec.suffix_trie import SuffixTrie
 
 
 @runtime_checkable
@@ -43,6 +44,7 @@ class MatchParams:
     max_match_len: int = 16       # longest context suffix considered
     min_token_prob: float = 0.1   # stop a path when its estimated probability falls below
     max_draft_depth: int = 16     # tokens a draft may reach below the matched suffix
+    tokens_per_match: float = 1.0  # draft nodes per matched token (0 = no such limit)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match_len <= self.max_match_len:
@@ -51,11 +53,28 @@ class MatchParams:
             raise ValueError(f"min_token_prob must be in [0, 1), got {self.min_token_prob}")
         if self.max_draft_depth < 1:
             raise ValueError(f"max_draft_depth must be >= 1, got {self.max_draft_depth}")
+        if self.tokens_per_match < 0:
+            raise ValueError(f"tokens_per_match must be >= 0, got {self.tokens_per_match}")
 
     @property
     def trie_depth(self) -> int:
         """Depth limit of the tries: a full-length match still leaves a full-depth draft."""
         return self.max_match_len + self.max_draft_depth
+
+
+def propose_from(trie: SuffixTrie, req: Any, params: MatchParams, max_tokens: int, max_paths: int,
+                 source: str, exclude: SuffixTrie | None = None) -> Draft | None:
+    """Match ``req``'s context in ``trie`` and grow a draft, as every suffix source does.
+
+    A match of ``m`` tokens drafts at most ``ceil(tokens_per_match * m)`` nodes: a short
+    match is weak evidence (on text without repetition, 2-token matches happen by chance),
+    so it earns a short draft; long matches earn the full depth.
+    """
+    p = params
+    return trie.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth), max_paths,
+                        min_match_len=p.min_match_len, max_match_len=p.max_match_len,
+                        min_token_prob=p.min_token_prob, tokens_per_match=p.tokens_per_match,
+                        source=source, exclude=exclude)
 
 
 def context_tail(req: Any, n: int) -> list[int]:

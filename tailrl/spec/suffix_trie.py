@@ -27,8 +27,9 @@ proposal (a 1-token match drafts noise). Longer matches imply shorter ones, so t
 is found by binary search (about log2(max_match_len) walks from the root).
 
 Drafting: best-first by path probability from the matched node, children ordered by count,
-at most ``max_paths`` leaves and ``max_tokens`` nodes, stopping where the path probability
-falls below ``min_token_prob``.
+at most ``max_paths`` leaves and ``max_tokens`` nodes (optionally at most
+``tokens_per_match`` nodes per matched token, as ArcticInference's suffix decoding does),
+stopping where the path probability falls below ``min_token_prob``.
 
 Exclusion: ``propose(..., exclude=other)`` subtracts another trie's counts node by node.
 The group source uses it to draft from the siblings only: ``other`` holds exactly the
@@ -37,6 +38,7 @@ request's own tokens (a sub-multiset of the group trie's occurrences, same depth
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Iterable, Sequence
 
 from tailrl.spec.draft import Draft
@@ -242,13 +244,20 @@ class SuffixTrie:
 
     def propose(self, context: Sequence[int], max_tokens: int, max_paths: int = 1, *,
                 min_match_len: int = 2, max_match_len: int = 16, min_token_prob: float = 0.1,
-                source: str = "suffix", exclude: "SuffixTrie | None" = None) -> Draft | None:
-        """Draft continuing ``context``; None when no suffix of >= min_match_len continues."""
+                tokens_per_match: float = 0.0, source: str = "suffix",
+                exclude: "SuffixTrie | None" = None) -> Draft | None:
+        """Draft continuing ``context``; None when no suffix of >= min_match_len continues.
+
+        ``tokens_per_match > 0`` caps the draft at ``ceil(tokens_per_match * m)`` nodes for
+        a match of ``m`` tokens (short matches are weak evidence).
+        """
         if max_tokens <= 0:
             return None
         m = self.match(context, min_match_len, max_match_len, exclude)
         if m == 0:
             return None
+        if tokens_per_match > 0:
+            max_tokens = min(max_tokens, math.ceil(tokens_per_match * m))
         suffix = context[len(context) - m:]
         start = self._walk(suffix)
         start_own = exclude._walk(suffix) if exclude is not None else None

@@ -11,6 +11,7 @@ from tailrl.spec.source import DraftSource, MatchParams, context_tail
 from spec_fakes import FakeRequest
 
 PROMPT = [50, 51, 52]
+FULL = MatchParams(tokens_per_match=0)          # no match-length cap: test the matching itself
 
 
 def test_sources_follow_the_protocol():
@@ -26,7 +27,7 @@ def test_context_tail_uses_the_prompt_when_output_is_short():
 
 
 def test_self_source_drafts_from_prompt_and_output():
-    src = SelfSource()
+    src = SelfSource(FULL)
     r = FakeRequest("a", [5, 6, 7, 8, 9])
     src.start(r)
     assert src.propose(r, 8, 1) is None                     # "8 9" only occurs at the end
@@ -39,8 +40,17 @@ def test_self_source_drafts_from_prompt_and_output():
     assert len(src) == 0
 
 
+def test_short_matches_earn_short_drafts():
+    src = SelfSource(MatchParams(tokens_per_match=1.0))
+    r = FakeRequest("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2])
+    assert src.propose(r, 16, 1).tokens == [3, 4]              # 2-token match: 2 nodes
+    r.output_token_ids = [3]
+    assert src.propose(r, 16, 1).tokens == [4, 5, 6]           # 3-token match: 3 nodes
+    assert SelfSource(FULL).propose(r, 16, 1).tokens == [4, 5, 6, 7, 8, 9, 1, 2, 3]
+
+
 def test_group_source_feeds_siblings_not_self():
-    src = GroupSource()
+    src = GroupSource(FULL)
     a = FakeRequest("a", PROMPT, group_id="g")
     b = FakeRequest("b", PROMPT, group_id="g")
     src.start(a)
@@ -58,7 +68,7 @@ def test_group_source_feeds_siblings_not_self():
 
 
 def test_group_source_drafts_sibling_openings_from_the_prompt_tail():
-    src = GroupSource()
+    src = GroupSource(FULL)
     reqs = [FakeRequest(str(i), PROMPT, group_id="g") for i in range(4)]
     for r in reqs:
         src.start(r)
@@ -116,7 +126,7 @@ def test_history_store_replace_and_json_roundtrip(tmp_path):
 
 def test_history_source_rebuilds_when_history_is_replaced():
     store = HistoryStore()
-    src = HistorySource(store, MatchParams(max_match_len=4))
+    src = HistorySource(store, MatchParams(max_match_len=4, tokens_per_match=0))
     r = FakeRequest("a", PROMPT, prompt_id="p")
     src.start(r)
     assert src.propose(r, 8, 1) is None                     # no history yet
