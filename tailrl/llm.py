@@ -120,6 +120,7 @@ class LLM:
             groups.append([Request(f"{call}-{i}-{j}", toks, p, mix(self.seed, prompt_seed, j),
                                    group_id=f"{call}-{i}", prompt_id=pids[i], index=j) for j in range(p.n)])
         reqs = [r for g in groups for r in g]
+        self.engine.metrics.trace.clear()
         before = self.engine.metrics.snapshot()
         if self.engine.speculator is not None:
             self.engine.speculator.reset_metrics()

@@ -75,10 +75,10 @@ class LLMEngine:
         t1 = time.perf_counter()
         logits = self.runner.run(batch)
         t2 = time.perf_counter()
-        finished = self._postprocess(batch, sched, logits)
+        finished, verify_rows, accepted = self._postprocess(batch, sched, logits)
         t3 = time.perf_counter()
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
-                                 len(sched.preempted), t1 - t0, t2 - t1, t3 - t2)
+                                 len(sched.preempted), t1 - t0, t2 - t1, t3 - t2, verify_rows, accepted)
         if self.speculator is not None:
             self.speculator.observe_step(len(batch.plans), len(batch.input_ids), t2 - t1)
         return finished
@@ -97,16 +97,21 @@ class LLMEngine:
             return {}                                   # drafts never cost a preemption
         return drafts
 
-    def _postprocess(self, batch: Batch, sched: SchedulerOutput, logits: torch.Tensor) -> list[Request]:
+    def _postprocess(self, batch: Batch, sched: SchedulerOutput,
+                     logits: torch.Tensor) -> tuple[list[Request], int, int]:
+        """Sample, verify drafts, append tokens. Returns (finished, verify rows, accepted drafts)."""
         for req, n in sched.rows:
             req.num_computed_tokens += n
         tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)
         finished: list[Request] = []
+        verify_rows = total_accepted = 0
         for plan in batch.plans:
             req, e = plan.req, plan.entry
             targets = tokens[e:e + 1 + len(plan.draft_tokens)]
             emitted, accepted = accept_draft(plan.parents, plan.draft_tokens, targets)
             if plan.draft_tokens:
+                verify_rows += 1
+                total_accepted += len(accepted)
                 self._keep_accepted_kv(req, plan, accepted)
                 self.speculator.record_verification(req, plan.draft, len(accepted))
             entries = [e] + [e + 1 + j for j in accepted]
@@ -118,7 +123,7 @@ class LLMEngine:
                     break
             if self.speculator is not None:
                 self.speculator.observe(req, emitted)
-        return finished
+        return finished, verify_rows, total_accepted
 
     def _keep_accepted_kv(self, req: Request, plan, accepted: list[int]) -> None:
         """Accepted node j sits at cache position base + j; it belongs at base + depth - 1."""

@@ -1,7 +1,9 @@
 """Engine counters, summed over steps, and the verl-style metrics of one generate call."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+
+import time
 
 import numpy as np
 
@@ -16,9 +18,18 @@ class EngineMetrics:
     schedule_s: float = 0.0
     forward_s: float = 0.0
     postprocess_s: float = 0.0
+    num_verify_rows: int = 0             # rows that verified a draft
+    num_accepted_tokens: int = 0         # draft tokens accepted (bonus tokens excluded)
+    # per step (perf_counter at its end, batch size, verify rows, accepted tokens); the caller
+    # clears it per rollout, so tail metrics can be computed after the fact
+    trace: list[tuple[float, int, int, int]] = field(default_factory=list, repr=False)
 
     def record_step(self, batch_size: int, tokens: int, draft_tokens: int, preemptions: int,
-                    schedule_s: float, forward_s: float, postprocess_s: float) -> None:
+                    schedule_s: float, forward_s: float, postprocess_s: float,
+                    verify_rows: int = 0, accepted: int = 0) -> None:
+        self.trace.append((time.perf_counter(), batch_size, verify_rows, accepted))
+        self.num_verify_rows += verify_rows
+        self.num_accepted_tokens += accepted
         self.num_forward += 1
         self.num_batched_tokens += tokens
         self.num_draft_tokens += draft_tokens
@@ -29,10 +40,14 @@ class EngineMetrics:
         self.postprocess_s += postprocess_s
 
     def snapshot(self) -> "EngineMetrics":
-        return EngineMetrics(**{f.name: getattr(self, f.name) for f in fields(self)})
+        return EngineMetrics(**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"})
 
     def since(self, before: "EngineMetrics") -> "EngineMetrics":
-        return EngineMetrics(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(self)})
+        """Counters accumulated after `before`; the trace is the steps after it."""
+        out = EngineMetrics(**{f.name: getattr(self, f.name) - getattr(before, f.name)
+                               for f in fields(self) if f.name != "trace"})
+        out.trace = self.trace[len(self.trace) - out.num_forward:] if out.num_forward else []
+        return out
 
 
 def rollout_metrics(lengths: list[int], prompt_lengths: list[int], finish_times: list[float],
@@ -65,4 +80,12 @@ def rollout_metrics(lengths: list[int], prompt_lengths: list[int], finish_times:
         t90 = done[max(int(np.ceil(0.9 * done.size)) - 1, 0)]
         m["rollout/t90_s"] = float(t90)
         m["rollout/tail_s"] = float(done[-1] - t90)   # time spent after 90% of requests finished
+        tail = [s for s in engine.trace if s[0] - start > t90]
+        m["rollout/tail_forward"] = float(len(tail))
+        m["rollout/tail_mean_batch_size"] = float(np.mean([s[1] for s in tail])) if tail else 0.0
+        if engine.num_verify_rows:
+            rows, acc = sum(s[2] for s in tail), sum(s[3] for s in tail)
+            m["rollout/spec_accept_length_tail"] = (acc + rows) / rows if rows else 0.0
+    if engine.num_verify_rows:
+        m["rollout/spec_verify_rows"] = float(engine.num_verify_rows)
     return m
