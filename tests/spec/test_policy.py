@@ -140,14 +140,14 @@ def test_fixed_policy_and_factory():
 
 def test_exploration_step_when_estimates_say_off():
     pol = AdaptivePolicy(cpu_like_cost(), explore_every=8, min_draft_tokens=2)
-    r = reqs(1)[0]
-    props = [(r, Draft.chain(list(range(8)), [0.9] * 8))]
+    rs = reqs(64)
+    props = [(r, Draft.chain(list(range(8)), [0.9 - i / 100] * 8)) for i, r in enumerate(rs)]
     on = []
     for _ in range(16):
         paths = pol.max_paths(256)
         on.append(paths > 0)
         alloc = pol.allocate(props, 256)
-        assert alloc == ([2] if paths else [0])
+        assert alloc == ([2] * 8 + [0] * 56 if paths else [0] * 64)     # the 8 best drafts probe
     assert on.count(True) == 2 and on[7] and on[15]
     assert AdaptivePolicy(cpu_like_cost(), explore_every=0).max_paths(256) == 0
 
