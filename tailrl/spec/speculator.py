@@ -96,9 +96,11 @@ class Speculator:
 
     def propose(self, requests: list[Any], batch_size: int,
                 max_total_tokens: int | None = None) -> dict[str, Draft]:
+        if not requests or not self.sources:
+            return {}
         t0 = time.perf_counter()
         paths = min(self.policy.max_paths(batch_size), self.max_tree_paths)
-        if paths <= 0 or not requests or not self.sources:
+        if paths <= 0:
             self._off_steps += 1
             return {}
         proposals = []
