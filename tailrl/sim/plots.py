@@ -46,8 +46,7 @@ def timeline(results: list[SimResult], path: str | Path, bins: int = 600) -> Pat
     for ax, r in zip(axes[:, 0], results):
         grid = np.array([occupancy(inst, edges) for inst in r.busy])   # [instances, bins]
         grid = np.ma.masked_less_equal(grid, 0.0)
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("white")
+        cmap = plt.get_cmap("viridis").with_extremes(bad="white")
         im = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest",
                        extent=(0, horizon, len(r.busy) - 0.5, -0.5))
         ax.axvline(r.makespan_s - r.tail_s, color="red", lw=0.8, ls="--")

@@ -47,12 +47,20 @@ def test_divided_pulls_fifo_in_chunks_and_resumes_where_kv_lives():
     assert ask(p, 1, 1) == [(2, 300)]
     p.on_chunk_done(0, 300, False, 1.0)      # back to the buffer, KV on instance 0
     p.on_chunk_done(2, 300, False, 1.0)      # KV on instance 1
-    assert ids(ask(p, 0, 1)) == [0]           # local first, although 3 is older
-    assert ids(ask(p, 0, 2)) == [3, 2]        # then the oldest anywhere (2 migrates)
-    p.on_chunk_done(3, 300, False, 2.0)
-    p.on_chunk_done(3 - 3, 300, False, 2.0)
-    # last chunk is capped by the request's remaining tokens
-    assert ask(p, 0, 1) == [(3, 300)] and p.buffer[0].remaining == 400
+    # fair share: (1 running + 3 waiting) / 2 instances = 2 each
+    assert ids(ask(p, 0, 5)) == [0]           # its own request first, although 3 is older
+    assert ids(ask(p, 1, 5)) == [2, 3]        # its own, then the oldest anywhere
+    p.on_chunk_done(0, 300, False, 2.0)
+    assert ask(p, 0, 1) == [(0, 300)]
+    p.on_chunk_done(0, 300, False, 3.0)
+    assert ask(p, 0, 1) == [(0, 100)]         # the last chunk is capped by what remains
+
+
+def test_fair_share_spreads_scarce_work():
+    p = DividedPolicy(PolicyConfig(chunk_tokens=300))
+    p.reset(buffer(4), 4)
+    assert ids(ask(p, 0, 10)) == [0]          # 4 requests, 4 instances: one each
+    assert ids(ask(p, 1, 10)) == [1]
 
 
 def test_divided_reserves_kv_for_the_whole_chunk():
@@ -82,7 +90,9 @@ def test_context_serves_probes_then_longest_estimate_first():
     p.on_chunk_done(6, 50, True, 5.0)                    # group 2 estimate: 50
     p.on_chunk_done(0, 200, False, 5.0)                  # probe 0 goes on: group 0 unknown
     assert p.estimate(p.buffer[4]) == 100 and p.estimate(p.buffer[7]) == 50
-    assert ids(ask(p, 0, 10)) == [0, 4, 5, 7, 8]         # probe, then group 1 (100), group 2 (50)
+    # probe first, then group 1 (100), then group 2 (50); fair share (2 running + 5 waiting) / 2
+    assert ids(ask(p, 0, 10)) == [0, 4, 5, 7]
+    assert ids(ask(p, 1, 10)) == [8]
 
 
 def test_context_outrunning_the_estimate_counts_as_unknown_and_sorts_by_progress():
@@ -141,8 +151,11 @@ def test_history_places_lpt_and_migrates_outliers():
 
 def test_history_without_history_treats_requests_as_long_and_steals():
     p = HistoryPolicy({}, PolicyConfig(chunk_tokens=100))
-    p.reset(buffer(4), 2)
-    assert ids(ask(p, 0, 4)) == [0, 2, 1, 3]             # own plan, then steal the other's
+    p.reset(buffer(6), 2)                     # all estimated at max length: plans alternate
+    assert ids(ask(p, 0, 10)) == [0, 2, 4]    # its own plan (fair share 3)
+    p.on_chunk_done(0, 50, True, 1.0)
+    p.on_chunk_done(2, 50, True, 1.0)
+    assert ids(ask(p, 0, 10)) == [1]          # plan done: steal from the loaded plan (share 2)
 
 
 def test_make_policy_names():
