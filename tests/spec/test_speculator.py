@@ -145,3 +145,11 @@ def test_a_certain_full_draft_stops_the_search():
     spec = Speculator(SpeculativeConfig(), sources=[first, second], policy=FixedPolicy(3))
     spec.propose([FakeRequest("x", [1])], 1)
     assert len(first.asked) == 1 and second.asked == []
+
+
+def test_make_sources_follows_the_config():
+    from tailrl.spec.factory import make_sources
+    assert make_sources(SpeculativeConfig(method="drafter")) == []
+    srcs = make_sources(SpeculativeConfig(sources=("self", "group"), min_match_len=3, max_draft_tokens=6))
+    assert [s.name for s in srcs] == ["self", "group"]
+    assert srcs[0].params.min_match_len == 3 and srcs[0].params.max_draft_depth == 6
