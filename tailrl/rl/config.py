@@ -1,0 +1,165 @@
+"""The training run's one flat config, validated in ``__post_init__``, loaded from YAML.
+
+Every invalid value raises ``ValueError`` naming the key; a YAML file with a key this
+dataclass does not know is rejected by name (a typo must never silently use a default).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tailrl.config import SpeculativeConfig
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+REWARDS = ("auto", "task", "math")
+FAMILIES = ("add", "sort", "search")
+# Keys that may change between a run and its resume: they do not change what is computed.
+RESUMABLE_CHANGES = ("total_steps", "checkpoint_every", "log_tensorboard", "progress", "save_rollouts")
+
+
+def _check(cond: bool, key: str, msg: str, value: Any) -> None:
+    if not cond:
+        raise ValueError(f"config key {key!r} {msg}, got {value!r}")
+
+
+@dataclass
+class TrainConfig:
+    # ---- model and data ----
+    model: str = "small"                  # preset name ("test", "small") or a checkpoint directory
+    dataset: str = "tasks"                # "tasks" (synthetic task families) or a .jsonl/.json/.parquet file
+    task_family: str | None = None        # tasks only: one family ("add", "sort", "search"); None = the mixture
+    task_difficulty: int | None = None    # tasks only, with task_family: one difficulty level
+    train_size: int = 64                  # tasks only: distinct prompts in the training set (one epoch)
+    reward: str = "auto"                  # "auto" (task for tasks, math for files), "task", "math", "module:function"
+    shuffle: bool = True                  # reshuffle the prompts every epoch (seeded)
+    # ---- GRPO ----
+    total_steps: int = 20
+    batch_size: int = 8                   # prompts per step
+    group_size: int = 8                   # responses per prompt (the GRPO group)
+    ppo_minibatches: int = 1              # optimizer steps per rollout batch (1 = fully on-policy)
+    micro_batch_size: int = 16            # sequences per forward/backward (memory only; same result)
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0            # 0 = no clipping
+    clip_ratio_low: float = 0.2           # ratio clipped to [1 - low, 1 + high]
+    clip_ratio_high: float = 0.2          # > low = DAPO's clip-higher
+    kl_coef: float = 0.0                  # > 0 keeps a frozen reference model (k3 estimator)
+    loss_agg_mode: str = "token-mean"     # DAPO/verl token-level, or GRPO paper's per-sequence mean
+    norm_adv_by_std: bool = True          # False = Dr. GRPO (centre only)
+    # ---- sampling ----
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 512                 # response length cap
+    # ---- engine ----
+    speculative: bool | dict | None = True   # True = SpeculativeConfig() defaults; dict = its fields; False/None = off
+    dtype: str = "float32"                # engine dtype ("float64" makes spec on/off runs bit-identical)
+    train_dtype: str = "float32"          # policy dtype for the update
+    num_threads: int | None = None        # torch threads (None = leave as is)
+    # ---- run ----
+    seed: int = 0
+    output_dir: str = "runs/demo"
+    checkpoint_every: int = 10            # 0 = only at the end
+    save_rollouts: bool = True            # rollouts.jsonl: every response's tokens and reward per step
+    log_tensorboard: bool = True          # when tensorboard is importable
+    progress: bool = True                 # tqdm bars
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.model, str) and self.model != "", "model", "must be a preset name or a directory", self.model)
+        _check(isinstance(self.dataset, str) and self.dataset != "", "dataset", "must be 'tasks' or a file", self.dataset)
+        if self.dataset != "tasks":
+            _check(Path(self.dataset).suffix.lower() in (".jsonl", ".json", ".parquet"), "dataset",
+                   "must be 'tasks' or a .jsonl/.json/.parquet file", self.dataset)
+        _check(self.task_family is None or self.task_family in FAMILIES, "task_family",
+               f"must be null or one of {FAMILIES}", self.task_family)
+        _check(self.task_difficulty is None or (self.task_family is not None and isinstance(self.task_difficulty, int)),
+               "task_difficulty", "needs task_family and must be an int", self.task_difficulty)
+        _check(self.reward in REWARDS or (isinstance(self.reward, str) and ":" in self.reward), "reward",
+               f"must be one of {REWARDS} or 'module:function'", self.reward)
+        for key in ("total_steps", "batch_size", "ppo_minibatches", "micro_batch_size", "max_tokens"):
+            v = getattr(self, key)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "must be an integer >= 1", v)
+        _check(isinstance(self.group_size, int) and self.group_size >= 2, "group_size",
+               "must be an integer >= 2 (advantages compare responses within a group)", self.group_size)
+        _check(isinstance(self.train_size, int) and self.train_size >= self.batch_size, "train_size",
+               f"must be an integer >= batch_size ({self.batch_size})", self.train_size)
+        _check(self.batch_size % self.ppo_minibatches == 0, "ppo_minibatches", "must divide batch_size",
+               self.ppo_minibatches)
+        _check(isinstance(self.lr, (int, float)) and 0 < self.lr < 1, "lr", "must be in (0, 1)", self.lr)
+        _check(0 <= self.weight_decay < 1, "weight_decay", "must be in [0, 1)", self.weight_decay)
+        _check(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0", self.max_grad_norm)
+        _check(0 < self.clip_ratio_low < 1, "clip_ratio_low", "must be in (0, 1)", self.clip_ratio_low)
+        _check(self.clip_ratio_high > 0, "clip_ratio_high", "must be > 0", self.clip_ratio_high)
+        _check(self.kl_coef >= 0, "kl_coef", "must be >= 0", self.kl_coef)
+        _check(self.loss_agg_mode in LOSS_AGG_MODES, "loss_agg_mode", f"must be one of {LOSS_AGG_MODES}",
+               self.loss_agg_mode)
+        _check(self.temperature > 0, "temperature", "must be > 0 (GRPO needs sampled groups)", self.temperature)
+        _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
+        _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (disabled) or >= 1", self.top_k)
+        _check(self.dtype in ("float32", "float64"), "dtype", "must be 'float32' or 'float64'", self.dtype)
+        _check(self.train_dtype in ("float32", "float64"), "train_dtype", "must be 'float32' or 'float64'",
+               self.train_dtype)
+        _check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
+               "num_threads", "must be null or an integer >= 1", self.num_threads)
+        _check(isinstance(self.seed, int), "seed", "must be an int", self.seed)
+        _check(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 0, "checkpoint_every",
+               "must be an integer >= 0", self.checkpoint_every)
+        _check(isinstance(self.output_dir, str) and self.output_dir != "", "output_dir", "must be a directory",
+               self.output_dir)
+        try:
+            self.speculative_config()
+        except ValueError as e:
+            raise ValueError(f"config key 'speculative': {e}") from None
+
+    def speculative_config(self) -> SpeculativeConfig | None:
+        if self.speculative is None or self.speculative is False:
+            return None
+        if self.speculative is True:
+            return SpeculativeConfig()
+        if isinstance(self.speculative, dict):
+            return SpeculativeConfig.coerce(dict(self.speculative))
+        raise ValueError(f"must be true, false, null or a mapping, got {self.speculative!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "TrainConfig":
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown config key {unknown[0]!r} (known keys: {', '.join(sorted(known))})")
+        try:
+            return cls(**data)
+        except TypeError as e:   # a wrong type that comparisons choke on
+            raise ValueError(f"{source}: {e}") from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` from the command line; the value is parsed as YAML (``10``, ``true``, ``null``)."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r} must look like key=value")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """A YAML file of TrainConfig keys, then ``key=value`` overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {path}: invalid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path}: expected a mapping of config keys")
+    for item in overrides or []:
+        key, value = parse_override(item)
+        data[key] = value
+    return TrainConfig.from_dict(data, source=f"config file {path}")

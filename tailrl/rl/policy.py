@@ -1,0 +1,67 @@
+"""The trainer's policy: a Hugging Face causal LM, its teacher-forced log-probabilities, and
+the hand-over of its weights to the rollout engine."""
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def load_policy(model_dir: str, dtype: str = "float32") -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    model.config.use_cache = False
+    return model.train()
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def pad_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Right-padded prompt+response rows. Returns input ids [B, L], attention mask [B, L],
+    response mask [B, R] and the offset ``start`` such that response token j of row b is
+    predicted by the logits at position prompt_len(b) - 1 + j."""
+    rows = [p + r for p, r in zip(prompts, responses)]
+    width = max(map(len, rows))
+    resp_width = max(max(map(len, responses)), 1)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    resp_mask = torch.zeros((len(rows), resp_width))
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row)
+        attn[b, : len(row)] = 1
+        resp_mask[b, : len(responses[b])] = 1
+    return ids, attn, resp_mask, resp_width
+
+
+def response_logprobs(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
+                      temperature: float, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(response token | prompt, previous tokens) at ``temperature``, teacher-forced.
+    Returns (logp [B, R], mask [B, R]); padded positions hold 0 and mask 0."""
+    ids, attn, mask, resp_width = pad_batch(prompts, responses, pad_id)
+    logits = model(input_ids=ids, attention_mask=attn).logits                 # [B, L, V]
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    B = ids.shape[0]
+    # position of the logits that predict response token j of row b: prompt_len(b) - 1 + j
+    plen = torch.tensor([len(p) for p in prompts])                          # [B]
+    pos = (plen[:, None] - 1 + torch.arange(resp_width)[None, :]).clamp(max=ids.shape[1] - 1)   # [B, R]
+    tgt_pos = (pos + 1).clamp(max=ids.shape[1] - 1)
+    targets = ids.gather(1, tgt_pos)                                          # [B, R]
+    logp = logp_all[torch.arange(B)[:, None], pos, targets]                    # [B, R]
+    return logp * mask.to(logp.dtype), mask.to(logp.dtype)
+
+
+def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Detached weights under Hugging Face names, what ``LLM.load_weights`` takes."""
+    return {k: v.detach() for k, v in model.state_dict().items()}

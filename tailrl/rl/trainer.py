@@ -1,0 +1,205 @@
+"""The GRPO training loop: engine rollouts, rewards, one torch update, weights back to the engine.
+
+One step: sample G responses for each of B prompts with the rollout engine (speculation on
+or off; the responses are the same either way, since the sampling noise is keyed by (run
+seed, step, prompt id, sample, position)), score them, compute group advantages, update the
+Hugging Face policy, and push its weights into the engine in place. The engine's history
+store (previous epoch's responses per prompt id, what history drafts read) is updated by
+every ``generate`` and saved with each checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from tailrl import LLM, SamplingParams
+from tailrl.rl import checkpoint as ckpt
+from tailrl.rl.config import RESUMABLE_CHANGES, TrainConfig
+from tailrl.rl.data import Prompt, RewardFn, batch_indices, compute_rewards, load_dataset, resolve_reward
+from tailrl.rl.grpo import group_advantages, grpo_loss
+from tailrl.rl.metrics import MetricsLogger, console_line
+from tailrl.rl.policy import frozen_copy, hf_state_dict, load_policy, response_logprobs
+
+log = logging.getLogger(__name__)
+
+
+def prompt_seed(run_seed: int, step: int, uid: str) -> int:
+    """Per-prompt sampling seed: a pure function of (run seed, step, prompt id)."""
+    digest = hashlib.sha256(f"{run_seed}/{step}/{uid}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+def resolve_model(name: str) -> str:
+    """A checkpoint directory for ``name``: a directory, or a preset ("test" builds on first
+    use; "small" must have been shipped or built, since building it takes hours here)."""
+    if Path(name).is_dir():
+        return name
+    from tailrl.tasks import models
+    from tailrl.tasks.presets import PRESETS
+    if name not in PRESETS:
+        raise ValueError(f"config key 'model': {name!r} is neither a directory nor a preset {sorted(PRESETS)}")
+    if name == "small":
+        path = models.shipped_model("small") or models.cached_model_path(PRESETS["small"])
+        if not models.is_complete(Path(path)):
+            raise ValueError("config key 'model': the 'small' model is not available yet (not shipped in "
+                             "models/small, not in the cache); build it with `tailrl make-model --preset small` "
+                             "or use `model: test` / a checkpoint directory")
+        return str(path)
+    return models.get_model(name)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, reward_fn: RewardFn | None = None, resume: bool = False):
+        self.cfg = cfg
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
+        self.prompts: list[Prompt] = load_dataset(cfg)          # config and data errors before heavy work
+        self.reward_fn = reward_fn or resolve_reward(cfg)
+        self.model_dir = resolve_model(cfg.model)
+        self.step = 0
+        start_dir = ckpt.latest_checkpoint(cfg.output_dir) if resume else None
+        if resume and start_dir is None:
+            raise ValueError(f"--resume: no checkpoint under {Path(cfg.output_dir) / 'checkpoints'}")
+        self.policy = load_policy(str(start_dir or self.model_dir), cfg.train_dtype)
+        self.ref = frozen_copy(self.policy) if cfg.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.llm = LLM(model=self.model_dir, speculative=cfg.speculative_config(), dtype=cfg.dtype,
+                       seed=cfg.seed)
+        if self.llm.tokenizer is None:
+            raise ValueError(f"config key 'model': {self.model_dir} has no tokenizer files")
+        self.pad_id = self.llm.tokenizer.pad_token_id or 0
+        if start_dir is not None:
+            self._resume_from(start_dir)
+        else:
+            torch.manual_seed(cfg.seed)
+        self.logger = MetricsLogger(cfg.output_dir, cfg.log_tensorboard, resume_step=self.step if resume else None)
+
+    def _resume_from(self, path: Path) -> None:
+        state = ckpt.load_state(path)
+        if self.ref is not None:   # the reference is the run's initial model, not the checkpoint
+            self.ref.load_state_dict(load_policy(self.model_dir, self.cfg.train_dtype).state_dict())
+        saved, now = state["config"], self.cfg.to_dict()
+        changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k])
+        if changed:
+            raise ValueError(f"--resume: config key {changed[0]!r} differs from the run's ({saved.get(changed[0])!r} "
+                             f"-> {now[changed[0]]!r}); only {RESUMABLE_CHANGES} may change")
+        ckpt.restore(path, self.optimizer, self.llm.history)
+        self.llm.load_weights(hf_state_dict(self.policy))
+        self.step = state["step"]
+        log.info("resumed from %s at step %d", path, self.step)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def encode(self, p: Prompt) -> list[int]:
+        tok = self.llm.tokenizer
+        if isinstance(p.text, list) and getattr(tok, "chat_template", None):
+            return list(tok.apply_chat_template(p.text, add_generation_prompt=True, tokenize=True))
+        text = p.text if isinstance(p.text, str) else "\n".join(m["content"] for m in p.text)
+        return tok.encode(text)          # the tokenizer's special tokens (e.g. <bos>) as in pretraining
+
+    def rollout(self, step: int, batch: list[Prompt]) -> tuple[list[list[int]], list[list[list[int]]], list[list[list[float]]]]:
+        cfg = self.cfg
+        ids = [self.encode(p) for p in batch]
+        params = [SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                 max_tokens=cfg.max_tokens, seed=prompt_seed(cfg.seed, step, p.uid)) for p in batch]
+        outs = self.llm.generate(ids, params, prompt_ids=[p.uid for p in batch], use_tqdm=cfg.progress)
+        return (ids, [[list(c.token_ids) for c in o.outputs] for o in outs],
+                [[list(c.logprobs) for c in o.outputs] for o in outs])
+
+    def update(self, prompts: list[list[int]], responses: list[list[int]], old_logp: list[list[float]],
+               adv: torch.Tensor) -> dict[str, float]:
+        """ppo_minibatches optimizer steps over the rollout batch; micro-batches only bound memory."""
+        cfg, dt = self.cfg, next(self.policy.parameters()).dtype
+        n = len(responses)
+        per_mb = n // cfg.ppo_minibatches
+        sums: dict[str, float] = {}
+        self.policy.train()
+        for lo in range(0, n, per_mb):
+            rows = list(range(lo, lo + per_mb))
+            num_tokens = float(max(sum(len(responses[i]) for i in rows), 1))
+            self.optimizer.zero_grad(set_to_none=True)
+            for mlo in range(0, per_mb, cfg.micro_batch_size):
+                mb = rows[mlo: mlo + cfg.micro_batch_size]
+                p, r = [prompts[i] for i in mb], [responses[i] for i in mb]   # the engine emits >= 1 token
+                logp, mask = response_logprobs(self.policy, p, r, cfg.temperature, self.pad_id)
+                old = torch.zeros_like(logp)
+                for k, i in enumerate(mb):
+                    old[k, : len(old_logp[i])] = torch.tensor(old_logp[i], dtype=dt)
+                ref = None
+                if self.ref is not None:
+                    with torch.no_grad():
+                        ref, _ = response_logprobs(self.ref, p, r, cfg.temperature, self.pad_id)
+                loss, stats = grpo_loss(logp, old, adv[mb], mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
+                                        cfg.kl_coef, ref, cfg.loss_agg_mode, num_tokens, float(per_mb))
+                loss.backward()
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) / cfg.ppo_minibatches
+            if cfg.max_grad_norm > 0:
+                norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) / cfg.ppo_minibatches
+            self.optimizer.step()
+        return {f"actor/{k}": v for k, v in sums.items()}
+
+    def train_step(self) -> dict[str, float]:
+        cfg, step = self.cfg, self.step
+        t0 = time.perf_counter()
+        batch = [self.prompts[i] for i in batch_indices(step, cfg.batch_size, len(self.prompts), cfg.seed, cfg.shuffle)]
+        prompt_ids, groups, logps = self.rollout(step, batch)
+        m = {k: float(v) for k, v in self.llm.last_metrics.items()}
+        t1 = time.perf_counter()
+        texts = [[self.llm.tokenizer.decode(r, skip_special_tokens=True) for r in g] for g in groups]
+        rewards = compute_rewards(self.reward_fn, batch, texts)
+        t2 = time.perf_counter()
+        G = cfg.group_size
+        adv = group_advantages(torch.tensor(rewards), G, cfg.norm_adv_by_std)
+        flat_prompts = [p for p in prompt_ids for _ in range(G)]
+        flat_resp = [r for g in groups for r in g]
+        m.update(self.update(flat_prompts, flat_resp, [lp for g in logps for lp in g], adv))
+        t3 = time.perf_counter()
+        self.llm.load_weights(hf_state_dict(self.policy))
+        t4 = time.perf_counter()
+        self.step += 1
+        r = torch.tensor(rewards, dtype=torch.float64)
+        solved = r.reshape(-1, G).max(dim=1).values
+        mixed = (r.reshape(-1, G).std(dim=1) > 0).double()
+        tokens = sum(map(len, flat_resp)) + sum(len(p) for p in flat_prompts)
+        m.update({"critic/score/mean": float(r.mean()), "critic/score/max": float(r.max()),
+                  "critic/score/min": float(r.min()), "critic/pass_at_group": float(solved.mean()),
+                  "critic/mixed_groups": float(mixed.mean()),
+                  "critic/advantages/mean": float(adv.mean()), "critic/advantages/max": float(adv.max()),
+                  "critic/advantages/min": float(adv.min()),
+                  "timing_s/reward": t2 - t1, "timing_s/update": t3 - t2, "timing_s/sync_weights": t4 - t3,
+                  "timing_s/step": t4 - t0, "perf/throughput": tokens / max(t4 - t0, 1e-9),
+                  "training/epoch": step * cfg.batch_size / len(self.prompts)})
+        self.logger.log(self.step, m)
+        if cfg.save_rollouts:
+            self.logger.log_rollouts(self.step, [p.uid for p in batch], groups, rewards)
+        return m
+
+    def save(self) -> Path:
+        state = {"data_cursor": self.step * self.cfg.batch_size, "config": self.cfg.to_dict()}
+        return ckpt.save_checkpoint(self.cfg.output_dir, self.step, self.policy, self.llm.tokenizer,
+                                    self.optimizer, self.llm.history, state)
+
+    def train(self, log_fn=None) -> list[dict[str, float]]:
+        """Run to ``total_steps``; ``log_fn(line)`` receives the console line of each step."""
+        cfg = self.cfg
+        rows = []
+        bar = tqdm(total=cfg.total_steps, initial=self.step, desc="train", unit="step", disable=not cfg.progress)
+        try:
+            while self.step < cfg.total_steps:
+                m = self.train_step()
+                rows.append(m)
+                bar.update(1)
+                line = console_line(self.step, cfg.total_steps, m)
+                (log_fn or log.info)(line)
+                if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.total_steps:
+                    self.save()
+        finally:
+            bar.close()
+            self.logger.close()
+        return rows
