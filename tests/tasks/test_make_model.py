@@ -70,6 +70,16 @@ def test_build_is_deterministic(tmp_path):
     assert (tmp_path / "a" / "model.safetensors").read_bytes() != (tmp_path / "c" / "model.safetensors").read_bytes()
 
 
+def test_checkpoint_at_step_k_equals_a_k_step_run(tmp_path):
+    """The lr schedule ignores the total step count, so the shipped `small` weights (a
+    checkpoint of a longer run) are exactly what `make-model` with that many steps builds."""
+    preset = get_preset("test").with_overrides(steps=3, tokenizer_examples=500)
+    build(preset.with_overrides(steps=6, checkpoint_every=3), tmp_path / "long")
+    build(preset, tmp_path / "short")
+    ckpt = tmp_path / "long" / "checkpoints" / "step-3" / "model.safetensors"
+    assert ckpt.read_bytes() == (tmp_path / "short" / "model.safetensors").read_bytes()
+
+
 def test_cache_is_built_once_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("TAILRL_CACHE", str(tmp_path))
     preset = get_preset("test").with_overrides(steps=2, tokenizer_examples=300)
