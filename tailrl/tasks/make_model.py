@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from tailrl.tasks import mixture
-from tailrl.tasks.presets import ModelPreset, get_preset, PRESETS
+from tailrl.tasks.presets import PRESETS, ModelPreset, get_preset
 from tailrl.tasks.tokenizer import save_tokenizer, special_ids, train_tokenizer
-from tailrl.tasks.train import batches, encode_example, train
+from tailrl.tasks.train import batches, train
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
