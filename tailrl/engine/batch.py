@@ -215,4 +215,6 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, self.kv_data_fn(), batch.meta)
         h = hidden[batch.sample_index]
         logits = self.model.logits(h)
+        if logits.dtype == torch.bfloat16:             # sample in float32: bf16 CDFs are too coarse
+            logits = logits.float()
         return (logits, h) if return_hidden else logits

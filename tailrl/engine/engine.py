@@ -70,6 +70,10 @@ class LLMEngine:
         """Run one forward for the scheduled requests. Returns the requests that finished."""
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
+        if sched.num_tokens == 0:
+            if self.scheduler.has_work():
+                raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
+            return []
         drafts = self._propose(sched)
         batch = self.runner.build(sched.rows, drafts)
         t1 = time.perf_counter()
@@ -90,8 +94,11 @@ class LLMEngine:
         if not decoding:
             return {}
         drafts = self.speculator.propose(decoding, len(sched.rows), max_total_tokens=sched.token_budget_left)
-        drafts = {rid: d for rid, d in drafts.items()
-                  if 0 < len(d.tokens) < self.requests[rid].remaining_tokens}
+        for rid, d in list(drafts.items()):                 # never draft past max_tokens / context
+            room = self.requests[rid].remaining_tokens - 1
+            if len(d.tokens) > room:
+                drafts[rid] = d.truncate(room)
+        drafts = {rid: d for rid, d in drafts.items() if len(d.tokens) > 0}
         longest = max((self.requests[rid].num_tokens + len(d.tokens) for rid, d in drafts.items()), default=0)
         if not self.kv.reserve(len(sched.rows), longest):
             return {}                                   # drafts never cost a preemption
