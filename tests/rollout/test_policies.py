@@ -123,11 +123,15 @@ def test_context_anti_starvation():
     assert ids(ask(p, 0, 1, now=12.0)) == [1]            # waited since 0 > 10 s: first now
 
 
-def test_oracle_is_longest_remaining_first_and_reserves_true_growth():
+def test_oracle_is_longest_remaining_first():
     true = {0: 10, 1: 500, 2: 90, 3: 499}
-    p = OraclePolicy(true, PolicyConfig(chunk_tokens=1000))
+    p = OraclePolicy(true, PolicyConfig(chunk_tokens=100))
     p.reset(buffer(4, prompt_len=0), 1)
-    assert ids(ask(p, 0, 4, cap=1000)) == [1, 3]         # 500 + 499 fits, + 90 does not
+    assert ids(ask(p, 0, 4, cap=250)) == [1, 3]          # two chunks of 100 fit, a third does not
+    p.on_chunk_done(1, 100, False, 1.0)                  # 1 has 400 left, 3 has 499
+    assert ids(ask(p, 0, 4, cap=250)) == []              # 1 (now 100 + 100) waits for room: order kept
+    p.on_chunk_done(3, 100, False, 2.0)                  # 3 has 399 left
+    assert ids(ask(p, 0, 4, cap=1000)) == [1, 3, 2, 0]   # 400 > 399 > 90 > 10
     with pytest.raises(ValueError, match="true_lengths"):
         OraclePolicy({0: 1}).reset(buffer(2), 1)
 

@@ -2,9 +2,9 @@
 
 The reference the practical policies are measured against (Seer's "Oracle": ideal
 longest-first scheduling in the same divided-rollout system). Everything else is as in
-`divided` and `context`: the same chunks, the same KV reservation per chunk (capped at the
-true remaining length, which it knows), the same preference for local KV at equal rank.
-So the gap between `context` and `oracle` is the cost of not knowing the lengths.
+`divided` and `context`: the same chunks, the same KV reservation per chunk (a full chunk,
+although it could know better), the same preference for local KV at equal rank. So the
+gap between `context` and `oracle` is the cost of not knowing the lengths when ordering.
 """
 from __future__ import annotations
 
@@ -34,6 +34,3 @@ class OraclePolicy(SchedulerPolicy):
 
     def _pop(self, instance: int, now: float) -> int | None:
         return self._queue.pop(instance)
-
-    def _growth(self, r: RequestState, n: int) -> int:
-        return min(n, self._true_remaining(r))
