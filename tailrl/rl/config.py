@@ -40,7 +40,7 @@ class TrainConfig:
     batch_size: int = 8                   # prompts per step
     group_size: int = 8                   # responses per prompt (the GRPO group)
     ppo_minibatches: int = 1              # optimizer steps per rollout batch (1 = fully on-policy)
-    micro_batch_size: int = 16            # sequences per forward/backward (memory only; same result)
+    micro_batch_tokens: int = 4096        # padded tokens per forward/backward (memory only; same loss)
     lr: float = 1e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0            # 0 = no clipping
@@ -79,7 +79,7 @@ class TrainConfig:
                "task_difficulty", "needs task_family and must be an int", self.task_difficulty)
         _check(self.reward in REWARDS or (isinstance(self.reward, str) and ":" in self.reward), "reward",
                f"must be one of {REWARDS} or 'module:function'", self.reward)
-        for key in ("total_steps", "batch_size", "ppo_minibatches", "micro_batch_size", "max_tokens"):
+        for key in ("total_steps", "batch_size", "ppo_minibatches", "micro_batch_tokens", "max_tokens"):
             v = getattr(self, key)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "must be an integer >= 1", v)
         _check(isinstance(self.group_size, int) and self.group_size >= 2, "group_size",

@@ -110,20 +110,31 @@ class Trainer:
         return (ids, [[list(c.token_ids) for c in o.outputs] for o in outs],
                 [[list(c.logprobs) for c in o.outputs] for o in outs])
 
+    def micro_batches(self, rows: list[int], lengths: list[int]) -> list[list[int]]:
+        """Rows grouped by length so that rows x longest row <= micro_batch_tokens: padding
+        is small, and the loss is the same (micro-batch losses add up to the batch loss)."""
+        out: list[list[int]] = []
+        for i in sorted(rows, key=lambda i: lengths[i]):
+            if out and (len(out[-1]) + 1) * lengths[i] <= self.cfg.micro_batch_tokens:
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
+
     def update(self, prompts: list[list[int]], responses: list[list[int]], old_logp: list[list[float]],
                adv: torch.Tensor) -> dict[str, float]:
-        """ppo_minibatches optimizer steps over the rollout batch; micro-batches only bound memory."""
+        """ppo_minibatches optimizer steps over the rollout batch."""
         cfg, dt = self.cfg, next(self.policy.parameters()).dtype
         n = len(responses)
         per_mb = n // cfg.ppo_minibatches
+        lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         sums: dict[str, float] = {}
         self.policy.train()
         for lo in range(0, n, per_mb):
             rows = list(range(lo, lo + per_mb))
             num_tokens = float(max(sum(len(responses[i]) for i in rows), 1))
             self.optimizer.zero_grad(set_to_none=True)
-            for mlo in range(0, per_mb, cfg.micro_batch_size):
-                mb = rows[mlo: mlo + cfg.micro_batch_size]
+            for mb in self.micro_batches(rows, lengths):
                 p, r = [prompts[i] for i in mb], [responses[i] for i in mb]   # the engine emits >= 1 token
                 logp, mask = response_logprobs(self.policy, p, r, cfg.temperature, self.pad_id)
                 old = torch.zeros_like(logp)

@@ -94,3 +94,15 @@ def test_resume_with_a_changed_key_is_refused(tmp_path):
         Trainer(tiny_config(tmp_path, "run", total_steps=2, lr=1e-4), resume=True)
     with pytest.raises(ValueError, match="no checkpoint"):
         Trainer(tiny_config(tmp_path, "empty"), resume=True)
+
+
+@pytest.mark.slow   # ~75 s on a loaded 2-core machine (speculator calibration, float64)
+def test_speculation_on_and_off_sample_identical_responses_float64(tmp_path):
+    from tailrl.rl.report import compare_runs
+    kw = dict(total_steps=2, dtype="float64", train_size=2, checkpoint_every=0)   # step 2 re-samples step 1's prompts
+    plain = Trainer(tiny_config(tmp_path, "plain", **kw)).train()
+    spec = Trainer(tiny_config(tmp_path, "spec", speculative={"policy": "fixed"}, **kw)).train()
+    assert sum(r["rollout/spec_draft_tokens"] for r in spec) > 0          # speculation really ran
+    eq = compare_runs(tmp_path / "spec", tmp_path / "plain")
+    assert eq["equiv/identical_share"] == 1.0 and eq["equiv/max_reward_diff"] == 0.0
+    assert [r["actor/pg_loss"] for r in spec] == [r["actor/pg_loss"] for r in plain]
