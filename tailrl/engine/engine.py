@@ -125,11 +125,15 @@ class LLMEngine:
             for tok, k in zip(emitted, entries):
                 status = self._append(req, tok, logprobs[k])
                 if status is not None:
-                    self._finish(req, status)
+                    req.status = status
                     finished.append(req)
                     break
             if self.speculator is not None:
                 self.speculator.observe(req, emitted)
+        # Only now free rows: compaction moves a row's committed K/V, and every plan above
+        # had to commit (and move its accepted draft K/V) before any row moves.
+        for req in finished:
+            self._finish(req, req.status)
         return finished, verify_rows, total_accepted
 
     def _keep_accepted_kv(self, req: Request, plan, accepted: list[int]) -> None:
