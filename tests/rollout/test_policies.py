@@ -136,30 +136,28 @@ def test_oracle_is_longest_remaining_first():
         OraclePolicy({0: 1}).reset(buffer(2), 1)
 
 
-def test_history_places_lpt_and_migrates_outliers():
-    hist = {0: [900], 1: [500], 2: [400], 3: [100], 4: [50]}
+def test_history_serves_longest_history_first_and_migrates_outliers():
+    hist = {0: [900], 1: [500, 300], 2: [400], 3: [100], 4: [50]}
     p = HistoryPolicy(hist, PolicyConfig(chunk_tokens=10_000, outlier_factor=1.5))
     p.reset(buffer(5, max_tokens=2000), 2)
-    # LPT: 900 -> 0; 500 -> 1; 400 -> 1 (load 500 < 900); 100 -> 0 (900 = 900, index 0); 50 -> 1
-    assert p._home == {0: 0, 1: 1, 2: 1, 3: 0, 4: 1}
-    assert ask(p, 0, 1) == [(0, 1350)]                   # first chunk: 1.5 x its history
-    assert ask(p, 1, 2) == [(1, 750), (2, 600)]          # its own plan, longest first
+    assert ask(p, 0, 1) == [(0, 1350)]                   # longest first; chunk to 1.5 x history
+    assert ask(p, 1, 2) == [(1, 750), (2, 600)]          # the prompt's longest previous response
     p.on_chunk_done(2, 600, False, 1.0)                  # ran past 1.5 x history: outlier
     assert p.estimate(p.buffer[2]) == 2000
-    # planned loads 100 / 50: instance 0 is above the mean, it serves its plan first
-    assert ids(ask(p, 0, 1)) == [3]
-    # now 0 / 50: instance 0 can absorb the outlier, which migrates off instance 1
+    # now the longest-estimated request: the next instance to ask takes it, off instance 1
     assert ask(p, 0, 1) == [(2, 1400)]
     assert p.buffer[2].migrations == 1
+    assert ids(ask(p, 1, 5)) == [3, 4]
 
 
-def test_history_without_history_treats_requests_as_long_and_steals():
+def test_history_shortest_first_and_no_history():
+    hist = {0: [900], 1: [500], 2: [400], 3: [100], 4: [50]}
+    p = HistoryPolicy(hist, PolicyConfig(chunk_tokens=100), shortest_first=True)
+    p.reset(buffer(5), 2)
+    assert ids(ask(p, 0, 10)) == [4, 3, 2]               # reversed order (fair share 3)
     p = HistoryPolicy({}, PolicyConfig(chunk_tokens=100))
-    p.reset(buffer(6), 2)                     # all estimated at max length: plans alternate
-    assert ids(ask(p, 0, 10)) == [0, 2, 4]    # its own plan (fair share 3)
-    p.on_chunk_done(0, 50, True, 1.0)
-    p.on_chunk_done(2, 50, True, 1.0)
-    assert ids(ask(p, 0, 10)) == [1]          # plan done: steal from the loaded plan (share 2)
+    p.reset(buffer(6), 2)
+    assert ids(ask(p, 0, 10)) == [0, 1, 2]               # all estimated at max length: FIFO
 
 
 def test_make_policy_names():
