@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -77,6 +78,10 @@ class Trainer:
             self._resume_from(start_dir)
         else:
             torch.manual_seed(cfg.seed)
+            stale = Path(cfg.output_dir) / "checkpoints"
+            if stale.is_dir():   # a fresh run must never be resumed from an older run's checkpoints
+                log.warning("fresh run: removing the old checkpoints in %s", stale)
+                shutil.rmtree(stale)
         self.logger = MetricsLogger(cfg.output_dir, cfg.log_tensorboard, resume_step=self.step if resume else None)
 
     def _resume_from(self, path: Path) -> None:
@@ -97,7 +102,8 @@ class Trainer:
     def encode(self, p: Prompt) -> list[int]:
         tok = self.llm.tokenizer
         if isinstance(p.text, list) and getattr(tok, "chat_template", None):
-            return list(tok.apply_chat_template(p.text, add_generation_prompt=True, tokenize=True))
+            out = tok.apply_chat_template(p.text, add_generation_prompt=True, tokenize=True)
+            return list(out["input_ids"] if hasattr(out, "keys") else out)   # transformers 5 returns a dict
         text = p.text if isinstance(p.text, str) else "\n".join(m["content"] for m in p.text)
         return tok.encode(text)          # the tokenizer's special tokens (e.g. <bos>) as in pretraining
 
