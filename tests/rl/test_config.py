@@ -92,3 +92,11 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
     cfg = write(tmp_path / "d.yaml", f"model: test\ndataset: {tmp_path / 'x.parquet'}\n")
     assert train_main([str(cfg)]) == 2
     assert "x.parquet: no such file" in capsys.readouterr().err
+
+
+def test_demo_config_is_valid():
+    from pathlib import Path
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
+    assert cfg.model == "small" and cfg.dataset == "tasks"
+    assert cfg.speculative_config().sources == ("history", "group", "self")
+    assert cfg.train_size % cfg.batch_size == 0       # whole epochs: every prompt recurs with a history
