@@ -62,9 +62,6 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
-    def pop_finished(self, request_id: str) -> Request:
-        return self.requests.pop(request_id)
-
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """Run one forward for the scheduled requests. Returns the requests that finished."""
