@@ -86,6 +86,7 @@ def plot_runs(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as e:
         raise ImportError("plots need matplotlib: pip install 'tailrl[plot]'") from e
     out_dir = Path(out_dir)
@@ -98,6 +99,7 @@ def plot_runs(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]:
             if pts:
                 ax.plot(*zip(*pts), marker="o", ms=3, label=label)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()
