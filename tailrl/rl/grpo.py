@@ -20,6 +20,9 @@ Departures from the paper, each a setting:
   the reward).
 - ``norm_adv_by_std=False`` drops the division by std (Dr. GRPO). std is the unbiased
   sample std (as torch, TRL and verl compute it), plus eps = 1e-6.
+- One optimizer step per rollout batch by default (``ppo_minibatches=1``, fully on-policy
+  as in nanochat): the ratio is then 1 up to rounding and the clip only acts with
+  ``ppo_minibatches > 1``. The paper's multiple GRPO iterations per batch are not used.
 - The current policy's log-probabilities use logits / temperature, the distribution the
   responses were sampled from (verl does the same); top-k / top-p truncation is ignored.
 """
