@@ -59,8 +59,8 @@ PRESETS: dict[str, ModelPreset] = {
                         intermediate_size=192, tokenizer_examples=4000, steps=60,
                         batch_tokens=4096, lr=3e-3, warmup_steps=10, eval_every=0),
     "small": ModelPreset(name="small", hidden_size=256, num_layers=6, num_heads=8, num_kv_heads=4,
-                         intermediate_size=768, steps=6000, batch_tokens=4096, lr=2e-3,
-                         warmup_steps=200, eval_every=250, checkpoint_every=250),
+                         intermediate_size=768, steps=2750, batch_tokens=4096, lr=2e-3,
+                         warmup_steps=200, eval_every=250),
 }
 
 

@@ -7,7 +7,8 @@ response-length distribution in tokens (median, p90, p99, max; PNG histogram) an
 similarity (see tailrl/tasks/similarity.py). The last output line is one JSON object:
 
     accuracy, accuracy/<family>, pass_at_n, mixed_groups, length/{median,p90,p99,max,mean},
-    length/p99_over_median, length/max_over_median, length/capped, group_similarity,
+    length/p99_over_median, length/max_over_median, length/capped (share cut at max-tokens),
+    length/stopped/{median,p99,max} (responses that ended with <eos>), group_similarity,
     group_similarity/{matched,precision}, sample_seconds, tokens_per_s, prompts, n, backend
 """
 from __future__ import annotations
@@ -58,6 +59,12 @@ def summarize(examples: list[Example], prompt_ids: list[list[int]], responses: R
     })
     figures["length/p99_over_median"] = figures["length/p99"] / max(median, 1.0)
     figures["length/max_over_median"] = figures["length/max"] / max(median, 1.0)
+    # the tail without responses cut at max_tokens (a looping response is not reasoning)
+    stopped = np.array([len(ids) for group in responses for ids, reason in group if reason == "stop"], dtype=float)
+    if len(stopped):
+        figures["length/stopped/median"] = float(np.median(stopped))
+        figures["length/stopped/p99"] = float(np.percentile(stopped, 99))
+        figures["length/stopped/max"] = float(stopped.max())
     sim = group_similarity(prompt_ids, [[ids for ids, _ in g] for g in responses])
     figures.update({"group_similarity": sim["predicted"], "group_similarity/matched": sim["matched"],
                     "group_similarity/precision": sim["precision"]})
@@ -125,7 +132,9 @@ def main(argv: list[str]) -> int:
     print(f"lengths: median {figures['length/median']:.0f}, p90 {figures['length/p90']:.0f}, "
           f"p99 {figures['length/p99']:.0f} ({figures['length/p99_over_median']:.1f}x), "
           f"max {figures['length/max']:.0f} ({figures['length/max_over_median']:.1f}x), "
-          f"capped {figures['length/capped']:.1%}")
+          f"capped {figures['length/capped']:.1%}; ended with <eos>: median "
+          f"{figures.get('length/stopped/median', 0):.0f}, p99 {figures.get('length/stopped/p99', 0):.0f}, "
+          f"max {figures.get('length/stopped/max', 0):.0f}")
     print(f"group similarity: {figures['group_similarity']:.1%} of tokens predicted by siblings "
           f"(matched {figures['group_similarity/matched']:.1%}, precision {figures['group_similarity/precision']:.1%})")
     print(json.dumps({"model": model_dir, "backend": args.backend, **figures}))
