@@ -9,7 +9,7 @@ import torch
 
 from tailrl.tasks import mixture
 from tailrl.tasks.make_model import build
-from tailrl.tasks.models import build_cached, cached_model_path, get_model
+from tailrl.tasks.models import SHIPPED_ROOT, build_cached, cached_model_path, get_model, shipped_model
 from tailrl.tasks.presets import get_preset
 
 
@@ -90,6 +90,15 @@ def test_cache_is_built_once_atomically(tmp_path, monkeypatch):
     stamp = os.stat(path / "model.safetensors").st_mtime_ns
     assert build_cached(preset) == path and os.stat(path / "model.safetensors").st_mtime_ns == stamp
     assert cached_model_path(preset.with_overrides(steps=3)) != path   # presets never share a cache entry
+
+
+def test_small_resolves_to_the_shipped_weights():
+    if shipped_model("small") is None:
+        pytest.skip("this checkout ships no models/small")
+    path = get_model("small")
+    assert path == str(SHIPPED_ROOT / "small")
+    info = json.loads((Path(path) / "train_info.json").read_text())
+    assert info["preset"]["steps"] == get_preset("small").steps   # make-model reproduces what ships
 
 
 def test_unknown_preset_is_rejected():
