@@ -54,11 +54,10 @@ def test_report_of_a_directory_without_metrics_fails_clearly(tmp_path, capsys):
     assert "no metrics.jsonl" in capsys.readouterr().err
 
 
-def test_small_model_missing_is_a_clear_error():
+def test_small_model_missing_is_a_clear_error(tmp_path, monkeypatch):
     from tailrl.tasks import models
-    from tailrl.tasks.presets import PRESETS
-    if models.shipped_model("small") or models.is_complete(models.cached_model_path(PRESETS["small"])):
-        pytest.skip("the small model is available here")
+    monkeypatch.setattr(models, "shipped_model", lambda name: None)
+    monkeypatch.setattr(models, "cached_model_path", lambda preset: tmp_path / "not-built")
     with pytest.raises(ValueError, match="'small' model is not available"):
         resolve_model("small")
     with pytest.raises(ValueError, match="'model'"):
