@@ -56,7 +56,7 @@ def save_checkpoint(model: torch.nn.Module, out: Path) -> None:
                      top_p=1.0, max_length=cfg.max_position_embeddings).save_pretrained(str(out))
 
 
-def build(preset: ModelPreset, out: str | Path) -> dict[str, float]:
+def build(preset: ModelPreset, out: str | Path) -> dict[str, float | None]:
     """Train ``preset`` and write the checkpoint to ``out``; returns the training figures."""
     from transformers import Qwen2ForCausalLM
 

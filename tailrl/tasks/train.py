@@ -99,7 +99,7 @@ def validation_loss(model: torch.nn.Module, val: list[tuple[torch.Tensor, torch.
 
 def train(model: torch.nn.Module, data: Iterator[tuple[torch.Tensor, torch.Tensor]],
           preset: ModelPreset, val: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-          on_checkpoint: Callable[[int], None] | None = None) -> dict[str, float]:
+          on_checkpoint: Callable[[int], None] | None = None) -> dict[str, float | None]:
     """Run ``preset.steps`` AdamW steps with bf16 autocast; returns the final figures."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -132,5 +132,5 @@ def train(model: torch.nn.Module, data: Iterator[tuple[torch.Tensor, torch.Tenso
     if val:
         val_loss = validation_loss(model, val)
     seconds = time.time() - start
-    return {"train_loss": float(ema or 0.0), "val_loss": val_loss, "train_seconds": seconds,
+    return {"train_loss": float(ema or 0.0), "val_loss": val_loss if val else None, "train_seconds": seconds,
             "train_tokens": float(tokens), "tokens_per_s": tokens / max(seconds, 1e-9)}
