@@ -70,7 +70,7 @@ class LLM:
             if isinstance(p, str):
                 if self.tokenizer is None:
                     raise ValueError(f"prompts[{i}] is a string but the model has no tokenizer files; pass token ids")
-                toks = self.tokenizer.encode(p, add_special_tokens=False) if p else []
+                toks = self.tokenizer.encode(p) if p else []      # special tokens (bos) as in HF and vLLM
                 texts.append(p)
             elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
                 toks = list(p)
