@@ -49,6 +49,7 @@ class TrainConfig:
     kl_coef: float = 0.0                  # > 0 keeps a frozen reference model (k3 estimator)
     loss_agg_mode: str = "token-mean"     # DAPO/verl token-level, or GRPO paper's per-sequence mean
     norm_adv_by_std: bool = True          # False = Dr. GRPO (centre only)
+    old_logprobs: str = "recompute"       # pi_old from the trainer's policy (verl) or "engine" (rollout logprobs)
     # ---- sampling ----
     temperature: float = 1.0
     top_p: float = 1.0
@@ -96,6 +97,8 @@ class TrainConfig:
         _check(self.kl_coef >= 0, "kl_coef", "must be >= 0", self.kl_coef)
         _check(self.loss_agg_mode in LOSS_AGG_MODES, "loss_agg_mode", f"must be one of {LOSS_AGG_MODES}",
                self.loss_agg_mode)
+        _check(self.old_logprobs in ("recompute", "engine"), "old_logprobs", "must be 'recompute' or 'engine'",
+               self.old_logprobs)
         _check(self.temperature > 0, "temperature", "must be > 0 (GRPO needs sampled groups)", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (disabled) or >= 1", self.top_k)

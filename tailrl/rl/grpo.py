@@ -12,9 +12,11 @@ Departures from the paper, each a setting:
   mean, then the mean over responses.
 - The clip range may be asymmetric: [1 - clip_ratio_low, 1 + clip_ratio_high] (DAPO
   clip-higher); the default is symmetric 0.2.
-- pi_old is the rollout engine's own log-probabilities at the sampling temperature (what
-  the engine returns for every sampled token, drafted or not), not a second forward pass
-  of the trainer's copy (verl recomputes them). The two agree to float rounding.
+- pi_old is the trainer's policy before the update (``old_logprobs: recompute``, as verl):
+  with one update per batch it is the current policy detached, so no extra forward, and the
+  update depends only on the sampled responses (bit-identical with speculation on or off).
+  ``old_logprobs: engine`` uses the rollout engine's log-probabilities instead (they agree
+  to float rounding; ``actor/rollout_logprob_diff`` logs the mean gap per token).
 - The KL term is off by default (DAPO, Dr. GRPO); when on it uses the k3 estimator
   exp(ref - logp) - (ref - logp) - 1 per token, added to the loss as in the paper (not to
   the reward).

@@ -54,6 +54,14 @@ def resolve_model(name: str) -> str:
     return models.get_model(name)
 
 
+def pad_rows(rows: list[list[float]], like: torch.Tensor) -> torch.Tensor:
+    """Per-token values of each row, zero-padded to ``like``'s [B, R] shape and dtype."""
+    out = torch.zeros_like(like, requires_grad=False)
+    for k, row in enumerate(rows):
+        out[k, : len(row)] = torch.tensor(row, dtype=like.dtype)
+    return out
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, reward_fn: RewardFn | None = None, resume: bool = False):
         self.cfg = cfg
@@ -130,11 +138,21 @@ class Trainer:
     def update(self, prompts: list[list[int]], responses: list[list[int]], old_logp: list[list[float]],
                adv: torch.Tensor) -> dict[str, float]:
         """ppo_minibatches optimizer steps over the rollout batch."""
-        cfg, dt = self.cfg, next(self.policy.parameters()).dtype
+        cfg = self.cfg
         n = len(responses)
         per_mb = n // cfg.ppo_minibatches
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         sums: dict[str, float] = {}
+        recompute = cfg.old_logprobs == "recompute"
+        before: list[list[float]] | None = None
+        if recompute and cfg.ppo_minibatches > 1:       # pi_old = the policy before this batch's first step
+            before = [[] for _ in range(n)]
+            with torch.no_grad():
+                for mb in self.micro_batches(list(range(n)), lengths):
+                    lp, _ = response_logprobs(self.policy, [prompts[i] for i in mb], [responses[i] for i in mb],
+                                              cfg.temperature, self.pad_id)
+                    for k, i in enumerate(mb):
+                        before[i] = lp[k, : len(responses[i])].tolist()
         self.policy.train()
         for lo in range(0, n, per_mb):
             rows = list(range(lo, lo + per_mb))
@@ -143,9 +161,16 @@ class Trainer:
             for mb in self.micro_batches(rows, lengths):
                 p, r = [prompts[i] for i in mb], [responses[i] for i in mb]   # the engine emits >= 1 token
                 logp, mask = response_logprobs(self.policy, p, r, cfg.temperature, self.pad_id)
-                old = torch.zeros_like(logp)
-                for k, i in enumerate(mb):
-                    old[k, : len(old_logp[i])] = torch.tensor(old_logp[i], dtype=dt)
+                engine = pad_rows([old_logp[i] for i in mb], logp)
+                if before is not None:
+                    old = pad_rows([before[i] for i in mb], logp)
+                elif recompute:   # one update per batch: pi_old is the current policy, so the update depends
+                    old = logp.detach()   # on the responses only, not on the engine's float rounding
+                else:
+                    old = engine
+                if lo == 0:   # before any step of this batch: how far the engine's logprobs are from ours
+                    sums["rollout_logprob_diff"] = sums.get("rollout_logprob_diff", 0.0) + float(
+                        ((logp.detach() - engine).abs() * mask).sum()) / num_tokens
                 ref = None
                 if self.ref is not None:
                     with torch.no_grad():
