@@ -36,6 +36,9 @@ class SelfSource:
         return len(self._entries)
 
     def start(self, req: Any) -> None:
+        """Lazy: the trie is built on the first ``propose``."""
+
+    def _build(self, req: Any) -> None:
         trie = SuffixTrie(self.params.trie_depth)
         trie.add(list(req.prompt_token_ids) + list(req.output_token_ids))
         self._entries[req.request_id] = _Entry(trie, len(req.output_token_ids))
@@ -43,7 +46,7 @@ class SelfSource:
     def _sync(self, req: Any) -> _Entry:
         e = self._entries.get(req.request_id)
         if e is None:
-            self.start(req)
+            self._build(req)
             return self._entries[req.request_id]
         out = req.output_token_ids
         if len(out) > e.inserted:
@@ -52,8 +55,8 @@ class SelfSource:
         return e
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
-        if req.request_id in self._entries:     # after finish (or before start): not ours
-            self._sync(req)
+        """Nothing to do: ``propose`` catches the request's trie up with its tokens (lazy:
+        a request never asked for a draft is never indexed)."""
 
     def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
         e = self._sync(req)
