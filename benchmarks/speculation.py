@@ -52,10 +52,10 @@ def by_references(prompts, groups, ks=(0, 1, 3, 7), depth: int = 8) -> dict:
     return out
 
 
-def fixed_batch(model_dir: str, prompts, history, sizes, tokens: int) -> dict:
+def fixed_batch(model_dir: str, prompts, history, sizes, tokens: int, spec_cfg: dict) -> dict:
     res = {}
     plain = LLM(model_dir, seed=0)
-    spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(method="suffix"))
+    spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(**spec_cfg))
     for b in sizes:
         n = min(b, 8)
         sel = [prompts[i % len(prompts)] for i in range(max(b // n, 1))]
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,4,16,64,256")
     ap.add_argument("--fixed-tokens", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="16 prompts, batch sizes 1,16")
+    ap.add_argument("--spec", default="{}", help='SpeculativeConfig fields as JSON, e.g. \'{"max_spec_batch": 8}\'')
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if a.quick:
@@ -98,7 +99,8 @@ def main() -> None:
     plain = LLM(model_dir, seed=0)
     history, _ = rollout(plain, prompts, a.n, 10_000, a.max_tokens)          # the "previous epoch"
     off_out, off = rollout(plain, prompts, a.n, 20_000, a.max_tokens)
-    spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(method="suffix"))
+    spec_cfg = {"method": "suffix", **json.loads(a.spec)}
+    spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(**spec_cfg))
     for i, h in enumerate(history):
         spec.history.record(f"p{i}", h)
     on_out, on = rollout(spec, prompts, a.n, 20_000, a.max_tokens)
@@ -113,7 +115,8 @@ def main() -> None:
         "accept_length_tail": on.get("rollout/spec_accept_length_tail", 0.0),
         "identical_responses": float(same),
         "draft_s": on.get("timing_s/draft", 0.0) + on.get("timing_s/draft_index", 0.0),
-        "forward_s_on": on["timing_s/forward"],
+        "forward_s_off": off["timing_s/forward"], "forward_s_on": on["timing_s/forward"],
+        "num_forward_off": off["rollout/num_forward"], "num_forward_on": on["rollout/num_forward"],
         **{f"accept_length/{s}": on[f"rollout/spec_accept_length/{s}"] for s in sources},
         **{f"accepted_tokens/{s}": on[f"rollout/spec_accepted_tokens/{s}"] for s in sources},
     }
@@ -128,8 +131,8 @@ def main() -> None:
     print("tokens per verify step vs finished sibling references (replay): " +
           ", ".join(f"{k} {v:.2f}" for k, v in refs.items()))
     sizes = [int(s) for s in a.batch_sizes.split(",")]
-    fixed = fixed_batch(model_dir, prompts, history, sizes, a.fixed_tokens)
-    print(json.dumps({"model": model_dir, "rollout": r, "by_references": refs, "fixed_batch": fixed}))
+    fixed = fixed_batch(model_dir, prompts, history, sizes, a.fixed_tokens, spec_cfg)
+    print(json.dumps({"model": model_dir, "spec": spec_cfg, "rollout": r, "by_references": refs, "fixed_batch": fixed}))
 
 
 if __name__ == "__main__":
