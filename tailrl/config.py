@@ -4,7 +4,7 @@ Every invalid field raises ``ValueError`` naming the field, before any work is d
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 
 def _check(cond: bool, name: str, msg: str, value) -> None:

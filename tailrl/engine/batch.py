@@ -155,18 +155,18 @@ def _attention_meta(wrow, wpos, starts, counts, trees, alone, groups, device, dt
     meta.uniform = not bool(pad.any()) and not alone
     if not meta.uniform:
         slots = [row * tq + k for row, c in enumerate(counts) for k in range(c)]
-        flat = [f for row, f0, c, _ in _row_spans(counts, alone) for f in range(f0, f0 + c)]
+        flat = [f for f0, c in _row_spans(counts, alone) for f in range(f0, f0 + c)]
         meta.slot_index = torch.tensor(slots, **as_long)
         meta.flat_index = torch.tensor(flat, **as_long)
     return meta
 
 
 def _row_spans(counts: list[int], alone: list[tuple[int, int, int, int]]):
-    """(row, flat start, batched count, _) per row, in flat order; alone rows hold their full span."""
+    """(flat start, batched count) per row, in flat order; an alone row's tokens are skipped."""
     alone_len = {row: c for row, _, c, _ in alone}
     flat0 = 0
     for row, c in enumerate(counts):
-        yield row, flat0, c, None
+        yield flat0, c
         flat0 += c + alone_len.get(row, 0)
 
 
