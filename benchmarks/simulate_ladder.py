@@ -10,6 +10,15 @@
 3. `history` under across-epoch rank churn (`rank_corr` 1.0 = the previous epoch ranks
    prompts exactly as this one; 0 = history is noise).
 
+    PYTHONPATH=. python benchmarks/simulate_ladder.py --measure-rho [--rollouts RUN/rollouts.jsonl ...]
+
+measures instead the within-group correlation of log response lengths (`tailrl.sim.fit`)
+on our own rollouts: it samples `--prompts` x `--n` responses of held-out task prompts
+from the shipped `small` model (temperature 1, one torch thread), writes them as a JSONL
+trace (`sim_out/small_rollouts.jsonl`, the simulator's trace format) and prints rho
+overall and per task family; `--rollouts` adds the rollouts that `tailrl train` recorded
+(`rollouts.jsonl`: every step's groups, during RL training).
+
 Prints tables; the last line is one JSON object with every figure. Ratios only: wall time
 is reported, never asserted.
 """
@@ -18,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from tailrl.sim.fit import group_correlation
 from tailrl.sim.metrics import table
 from tailrl.sim.scenario import Scenario, run_policies
 
@@ -38,10 +49,66 @@ def ladder(sc: Scenario) -> dict:
     return fig
 
 
+def _print_fit(name: str, lengths: list[int], groups: list) -> dict:
+    fit = group_correlation(lengths, groups)
+    print(f"{name:<34} rho {fit.rho:.2f}  sd within {fit.sd_within:.2f}  between {fit.sd_between:.2f}  "
+          f"({fit.groups} groups, {fit.responses} responses)")
+    return {"rho": round(fit.rho, 3), "sd_within": round(fit.sd_within, 3),
+            "sd_between": round(fit.sd_between, 3), "groups": fit.groups, "responses": fit.responses}
+
+
+def measure_rho(prompts: int, n: int, seed: int, rollouts: list[str]) -> dict:
+    """rho of our own rollouts: fresh samples of the small model, and recorded RL runs."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from tailrl.tasks import mixture
+    from tailrl.tasks.models import get_model
+    from tailrl.tasks.sampling import sample
+
+    torch.set_num_threads(1)
+    model_dir = get_model("small")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    examples = mixture.heldout_examples(prompts)
+    ids = [tok.encode(ex.prompt) for ex in examples]
+    responses = sample("tailrl", model_dir, ids, n, 1.0, 960, seed)
+    rows = [dict(prompt_id=k, group_id=k, family=ex.family, prompt_len=len(p), max_tokens=960,
+                 response_len=max(1, len(r))) for k, (ex, p, group) in enumerate(zip(examples, ids, responses))
+            for r, _ in group]
+    out_path = Path("sim_out/small_rollouts.jsonl")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"wrote {out_path} ({len(rows)} responses of {prompts} prompts)")
+    out = {"small": _print_fit(f"small model, {prompts} x {n}", [r["response_len"] for r in rows],
+                               [r["group_id"] for r in rows])}
+    for fam in sorted({r["family"] for r in rows}):
+        sel = [r for r in rows if r["family"] == fam]
+        if len({r["group_id"] for r in sel}) >= 2:
+            out[f"small/{fam}"] = _print_fit(f"  {fam}", [r["response_len"] for r in sel],
+                                             [r["group_id"] for r in sel])
+    for path in rollouts:   # tailrl train's rollouts.jsonl: {"step", "uids", "responses": [[ids...]...]}
+        lengths, groups = [], []
+        for line in Path(path).read_text().splitlines():
+            row = json.loads(line)
+            for uid, group in zip(row["uids"], row["responses"]):
+                lengths += [max(1, len(r)) for r in group]
+                groups += [f"{row['step']}/{uid}"] * len(group)
+        out[path] = _print_fit(f"RL run {path}", lengths, groups)
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1/4 of the requests and instances")
+    ap.add_argument("--measure-rho", action="store_true", help="measure rho on our rollouts instead")
+    ap.add_argument("--prompts", type=int, default=128, help="--measure-rho: held-out prompts")
+    ap.add_argument("--n", type=int, default=16, help="--measure-rho: responses per prompt")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rollouts", nargs="*", default=[], help="--measure-rho: recorded RL rollouts.jsonl")
     args = ap.parse_args(argv)
+    if args.measure_rho:
+        print(json.dumps({"rho_measured": measure_rho(args.prompts, args.n, args.seed, args.rollouts)}))
+        return 0
     scale = dict(requests=2400, instances=4) if args.quick else dict(requests=9600, instances=16)
     out: dict = {"scale": scale}
 
