@@ -147,20 +147,24 @@ def run_time(lines: list[Line], kv0: float, rate: float, n: int) -> float:
     if n <= 0:
         return 0.0
     pq = [(a + b * kv0, b * rate) for a, b in lines]   # step j costs max(p + q j)
-    cuts = {0, n}
+    cuts = [0, n]   # where the costliest line may change: the lines' crossings
     for i in range(len(pq)):
         for k in range(i + 1, len(pq)):
             dq = pq[k][1] - pq[i][1]
             if dq != 0:
                 j = (pq[i][0] - pq[k][0]) / dq
                 if 0 < j < n:
-                    cuts.add(math.ceil(j))
-    pts = sorted(cuts)
+                    cuts.append(math.ceil(j))
+    if len(cuts) > 2:
+        cuts = sorted(set(cuts))
     total = 0.0
-    for s, e in zip(pts, pts[1:]):
+    for s, e in zip(cuts, cuts[1:]):
         if e > s:
             mid = (s + e - 1) / 2
-            p, q = max(pq, key=lambda l: l[0] + l[1] * mid)
+            p, q = pq[0]
+            for pk, qk in pq[1:]:          # the costliest line inside [s, e) (first on ties)
+                if pk + qk * mid > p + q * mid:
+                    p, q = pk, qk
             total += _series(p, q, s, e)
     return total
 
