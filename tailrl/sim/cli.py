@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     a("--workload", default="qwen2vl-72b", help="preset (qwen2vl-72b, moonlight, kimi-k2) or a .jsonl trace")
     a("--requests", type=int, help="override the preset's number of requests (a multiple of its group size)")
     a("--instances", type=int, default=16)
-    a("--policies", default=",".join(POLICY_NAMES), help="comma-separated; the first is the baseline")
+    a("--policies", default="static,divided,context,history,oracle",
+      help=f"comma-separated, of {', '.join(POLICY_NAMES)}; the first is the baseline")
     a("--model", help="model shape (default: the preset's deployment)")
     a("--accelerator", help="h800, h100, h20, a100, l40s")
     a("--gpus", type=int, help="accelerators per instance")

@@ -66,14 +66,14 @@ def table(results: list[SimResult], baseline: str = "static") -> tuple[str, dict
     """A text table of `results` and the per-policy figures with ratios vs `baseline`."""
     base = next((r for r in results if r.policy == baseline), results[0])
     rows, out = [], {}
-    head = (f"{'policy':<9} {'makespan_s':>10} {'speedup':>8} {'tok/s':>10} {'tail_s':>8} "
+    head = (f"{'policy':<12} {'makespan_s':>10} {'speedup':>8} {'tok/s':>10} {'tail_s':>8} "
             f"{'tail/base':>9} {'idle':>6} {'preempt':>8} {'migr_GB':>8}")
     for r in results:
         f = r.figures()
         f["speedup_vs_" + base.policy] = round(base.makespan_s / r.makespan_s, 3)
         f["tail_vs_" + base.policy] = round(r.tail_s / base.tail_s, 3) if base.tail_s > 0 else 0.0
         out[r.policy] = f
-        rows.append(f"{r.policy:<9} {r.makespan_s:>10.1f} {f['speedup_vs_' + base.policy]:>7.2f}x "
+        rows.append(f"{r.policy:<12} {r.makespan_s:>10.1f} {f['speedup_vs_' + base.policy]:>7.2f}x "
                     f"{r.throughput_tok_s:>10.0f} {r.tail_s:>8.1f} {f['tail_vs_' + base.policy]:>9.2f} "
                     f"{r.idle_frac:>6.1%} {r.preemptions:>8d} {r.migrated_gb:>8.1f}")
     return "\n".join([head] + rows), out

@@ -2,8 +2,8 @@
 import pytest
 
 from tailrl.rollout.buffer import RequestBuffer, RequestState
-from tailrl.rollout.policies import (ContextPolicy, DividedPolicy, HistoryPolicy, InstanceView, OraclePolicy,
-                                     PolicyConfig, StaticPolicy, make_policy)
+from tailrl.rollout.policies import (ContextPolicy, DividedPolicy, GroupOraclePolicy, HistoryPolicy, InstanceView,
+                                     OraclePolicy, PolicyConfig, StaticPolicy, make_policy)
 
 BIG = 10 ** 9
 
@@ -160,10 +160,38 @@ def test_history_shortest_first_and_no_history():
     assert ids(ask(p, 0, 10)) == [0, 1, 2]               # all estimated at max length: FIFO
 
 
+def test_group_oracle_ranks_whole_groups_by_their_max_or_mean():
+    truth = {0: 10, 1: 500, 2: 300, 3: 300}   # group 0 = {0, 1}, group 1 = {2, 3}
+    p = make_policy("group-oracle", PolicyConfig(chunk_tokens=1000), true_lengths=truth)
+    p.reset(buffer(4, group_size=2), 1)
+    assert ids(ask(p, 0, 4)) == [0, 1, 2, 3]              # group 0's max 500 > 300: both first
+    p = GroupOraclePolicy(truth, PolicyConfig(chunk_tokens=100), stat="mean")
+    p.reset(buffer(4, group_size=2), 1)
+    assert ids(ask(p, 0, 2)) == [2, 3]                    # means: 255 < 300
+    p.on_chunk_done(2, 100, False, 1.0)
+    assert ids(ask(p, 0, 1)) == [0]                       # 2 has 200 to go; 0 and 1 have 255
+    p.on_chunk_done(0, 10, True, 2.0)
+    p.on_chunk_done(3, 100, False, 2.0)
+    assert ids(ask(p, 0, 3)) == [1, 2, 3]                 # 255 left, then 200 (2 and 3: FIFO)
+    p.on_chunk_done(3, 100, False, 3.0)                   # 3: 100 left
+    p.on_chunk_done(1, 100, False, 3.0)                   # 1: 155 left
+    assert ids(ask(p, 0, 1)) == [1]
+    p.on_chunk_done(1, 100, False, 4.0)                   # 1: 55 left
+    assert ids(ask(p, 0, 1)) == [3]                       # 100 > 55
+    p.on_chunk_done(3, 100, True, 5.0)
+    assert ids(ask(p, 0, 1)) == [1]
+    p.on_chunk_done(1, 100, False, 6.0)                   # 300 generated: it outran the mean 255
+    p.on_chunk_done(2, 100, False, 6.0)                   # 2: 100 left
+    assert ids(ask(p, 0, 1)) == [1]                       # ranked at its max length (700 left)
+    with pytest.raises(ValueError, match="stat"):
+        GroupOraclePolicy(truth, stat="median")
+
+
 def test_make_policy_names():
     for name in ("static", "divided", "context", "history"):
         assert make_policy(name).name == name
     assert make_policy("oracle", true_lengths={}).name == "oracle"
+    assert make_policy("group-oracle", true_lengths={}).name == "group-oracle"
     with pytest.raises(ValueError, match="policy"):
         make_policy("fifo")
     with pytest.raises(ValueError, match="true_lengths"):

@@ -34,3 +34,34 @@ class OraclePolicy(SchedulerPolicy):
 
     def _pop(self, instance: int, now: float) -> int | None:
         return self._queue.pop(instance)
+
+
+class GroupOraclePolicy(OraclePolicy):
+    """Knows one statistic of each group's true lengths (`stat`: "max" or "mean"), nothing
+    about which member is which: the ceiling of any rule that orders by a group estimate.
+
+    Every member of a group is ranked by the group's statistic minus what it has generated
+    (longest first); a member that outran the statistic is ranked at its max length, as in
+    `context`. With "max" it starts every member of a group that holds one very long
+    response as early as the oracle starts that response; with "mean" it knows exactly
+    what a perfect per-group predictor of typical length would know. Evaluation only.
+    """
+
+    name = "group-oracle"
+
+    def __init__(self, true_lengths: dict[int, int], config: PolicyConfig | None = None,
+                 stat: str = "max") -> None:
+        if stat not in ("max", "mean"):
+            raise ValueError(f"stat must be 'max' or 'mean', got {stat!r}")
+        super().__init__(true_lengths, config)
+        self.stat = stat
+
+    def _setup(self) -> None:
+        super()._setup()
+        buf, pick = self._buf(), (max if self.stat == "max" else lambda xs: sum(xs) / len(xs))
+        self._group_len = {g: pick([min(self.true_lengths[r.request_id], r.max_tokens) for r in buf.group(g)])
+                           for g in buf.group_ids()}
+
+    def _true_remaining(self, r: RequestState) -> int:
+        est = self._group_len[r.group_id]
+        return max(1, round(est - r.generated)) if r.generated < est else r.max_tokens - r.generated
