@@ -2,11 +2,14 @@
 
     PYTHONPATH=. python benchmarks/simulate_ladder.py [--quick]
 
-1. The ladder: static, divided, context, history, oracle on 9,600 requests (groups of 16,
-   max 40,960, mean ~7,615 tokens) on 16 instances of 8 x H800, next to Seer's published
-   ablation (divided 1.42x, +context 1.56x, oracle 1.63x over veRL; tail time 0.79 / 0.11
-   / 0.00 of veRL's).
-2. Sensitivity of `context` to the within-group length correlation `rho`.
+1. The ladder: static, divided, context, history, oracle, group-oracle on 9,600 requests
+   (groups of 16, max 40,960, mean ~7,615 tokens) on 16 instances of 8 x H800, next to
+   Seer's published ablation (divided 1.42x, +context 1.56x, oracle 1.63x over veRL; tail
+   time 0.79 / 0.11 / 0.00 of veRL's), on `--seeds` workload draws (the static baseline
+   varies a lot from draw to draw: it depends on which shares the longest groups land in),
+   plus two bounds: `group-mean` (group-oracle knowing each group's mean length) and
+   `ctx+known` (context that learns a request's true length once it has started).
+2. Sensitivity to the within-group length correlation `rho`.
 3. `history` under across-epoch rank churn (`rank_corr` 1.0 = the previous epoch ranks
    prompts exactly as this one; 0 = history is noise).
 
@@ -29,24 +32,88 @@ import json
 import sys
 from pathlib import Path
 
+from tailrl.rollout.buffer import RequestState
+from tailrl.rollout.policies import ContextPolicy, GroupOraclePolicy, PolicyConfig
 from tailrl.sim.fit import group_correlation
 from tailrl.sim.metrics import table
 from tailrl.sim.scenario import Scenario, run_policies
+from tailrl.sim.simulator import simulate
+from tailrl.sim.workload import Trace
 
 SEER = {"divided": (1.42, 0.79), "context": (1.56, 0.11), "oracle": (1.63, 0.00)}  # speedup, tail vs veRL
+LADDER = ["static", "divided", "context", "history", "oracle", "group-oracle"]
 
 
-def ladder(sc: Scenario) -> dict:
-    res = run_policies(sc, ["static", "divided", "context", "history", "oracle"])
-    text, fig = table(res)
-    print(text)
-    print(f"\n{'policy':<9} {'speedup':>8} {'Seer':>6} {'tail/static':>12} {'Seer':>6}")
-    for name, (sp, tail) in SEER.items():
-        f = fig[name]
-        print(f"{name:<9} {f['speedup_vs_static']:>7.2f}x {sp:>5.2f}x {f['tail_vs_static']:>12.2f} {tail:>6.2f}")
-    ctx, orc = fig["context"]["makespan_s"], fig["oracle"]["makespan_s"]
-    print(f"context / oracle throughput: {orc / ctx:.1%} (Seer: ~95%)")
-    return fig
+class _KnownOnceStarted(ContextPolicy):
+    """A bound, not a policy: `context` that learns a request's true length as soon as it
+    has started (perfect attained-length evidence); unstarted requests are ranked by the
+    Seer group estimate as in `context`."""
+
+    name = "ctx+known"
+
+    def __init__(self, true_lengths: dict[int, int], config: PolicyConfig) -> None:
+        super().__init__(config)
+        self.true_lengths = true_lengths
+
+    def estimate(self, r: RequestState) -> int:
+        return self.true_lengths[r.request_id] if r.chunks > 0 else super().estimate(r)
+
+
+def _bounds(sc: Scenario, trace: Trace) -> list:
+    """What more length knowledge would buy: group-oracle by the mean, ctx+known."""
+    step, cfg = sc.deployment()
+    truth = dict(enumerate(trace.length.tolist()))
+    pc = PolicyConfig(chunk_tokens=sc.chunk_tokens)
+    mean = GroupOraclePolicy(truth, pc, stat="mean")
+    mean.name = "group-mean"
+    return [simulate(trace, pol, cfg, step) for pol in (mean, _KnownOnceStarted(truth, pc))]
+
+
+def _stats(xs: list[float]) -> str:
+    return f"{sum(xs) / len(xs):.2f} [{min(xs):.2f}, {max(xs):.2f}]"
+
+
+def ladder(scale: dict, seeds: list[int], rho: float | None) -> dict:
+    """Every ladder policy on `seeds` workload draws: per-seed figures and their mean."""
+    runs: dict[str, dict[str, list[float]]] = {}
+    for seed in seeds:
+        sc = Scenario(seed=seed, rho=rho, **scale)
+        trace = sc.trace()
+        text, fig = table(run_policies(sc, LADDER, trace) + _bounds(sc, trace))
+        print(f"-- seed {seed}\n{text}")
+        for name, f in fig.items():
+            r = runs.setdefault(name, {"speedup": [], "tail": [], "makespan": [], "idle": [], "migrated_tb": []})
+            r["speedup"].append(f["speedup_vs_static"])
+            r["tail"].append(f["tail_vs_static"])
+            r["makespan"].append(f["makespan_s"])
+            r["idle"].append(f["idle_frac"])
+            r["migrated_tb"].append(f["migrated_gb"] / 1e3)
+    print(f"\nmean [min, max] over seeds {seeds}")
+    print(f"{'policy':<13} {'speedup':>20} {'Seer':>6} {'tail/static':>20} {'Seer':>6} {'makespan_s':>10}")
+    for name, r in runs.items():
+        sp, tail = SEER.get(name, (None, None))
+        print(f"{name:<13} {_stats(r['speedup']):>20} {'' if sp is None else f'{sp:.2f}':>6} "
+              f"{_stats(r['tail']):>20} {'' if tail is None else f'{tail:.2f}':>6} "
+              f"{sum(r['makespan']) / len(seeds):>10.0f}")
+    ratio = [o / c for o, c in zip(runs["oracle"]["makespan"], runs["context"]["makespan"])]
+    print(f"context / oracle throughput: {_stats(ratio)} (Seer: ~95%; target >= 92%)")
+    return {"seeds": seeds, "policies": runs, "context_over_oracle": ratio}
+
+
+def sweep(scale: dict, seeds: list[int], knob: str, values: list[float], policies: list[str]) -> dict:
+    """Speedup and tail vs static of `policies` as one workload knob varies (mean over seeds)."""
+    out = {}
+    for v in values:
+        acc: dict[str, list[tuple[float, float]]] = {}
+        for seed in seeds:
+            _, fig = table(run_policies(Scenario(seed=seed, **{knob: v}, **scale), ["static"] + policies))
+            for name in policies:
+                acc.setdefault(name, []).append((fig[name]["speedup_vs_static"], fig[name]["tail_vs_static"]))
+        out[str(v)] = {n: {"speedup_vs_static": round(sum(a for a, _ in xs) / len(xs), 3),
+                           "tail_vs_static": round(sum(b for _, b in xs) / len(xs), 3)} for n, xs in acc.items()}
+        print(f"{knob} {v}: " + " | ".join(f"{n} {f['speedup_vs_static']:.2f}x tail {f['tail_vs_static']:.2f}"
+                                            for n, f in out[str(v)].items()))
+    return out
 
 
 def _print_fit(name: str, lengths: list[int], groups: list) -> dict:
@@ -103,37 +170,27 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--measure-rho", action="store_true", help="measure rho on our rollouts instead")
     ap.add_argument("--prompts", type=int, default=128, help="--measure-rho: held-out prompts")
     ap.add_argument("--n", type=int, default=16, help="--measure-rho: responses per prompt")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="--measure-rho: sampling seed")
+    ap.add_argument("--seeds", type=int, default=3, help="workload draws per setting (seeds 0..N-1)")
+    ap.add_argument("--rho", type=float, default=None, help="ladder rho (default: the preset's)")
     ap.add_argument("--rollouts", nargs="*", default=[], help="--measure-rho: recorded RL rollouts.jsonl")
     args = ap.parse_args(argv)
     if args.measure_rho:
         print(json.dumps({"rho_measured": measure_rho(args.prompts, args.n, args.seed, args.rollouts)}))
         return 0
     scale = dict(requests=2400, instances=4) if args.quick else dict(requests=9600, instances=16)
+    seeds = list(range(args.seeds))
     out: dict = {"scale": scale}
 
-    print(f"== ladder: qwen2vl-72b, {scale['requests']} requests, {scale['instances']} instances")
-    out["ladder"] = ladder(Scenario(**scale))
+    print(f"== ladder: qwen2vl-72b, {scale['requests']} requests, {scale['instances']} instances, "
+          f"rho {args.rho if args.rho is not None else 'preset'}")
+    out["ladder"] = ladder(scale, seeds, args.rho)
 
-    print("\n== context vs within-group correlation rho")
-    out["rho"] = {}
-    for rho in (0.6, 0.8, 0.9):
-        res = run_policies(Scenario(rho=rho, **scale), ["static", "context", "oracle"])
-        _, fig = table(res)
-        out["rho"][str(rho)] = {n: {k: fig[n][k] for k in ("speedup_vs_static", "tail_vs_static")} for n in fig}
-        c, o = fig["context"], fig["oracle"]
-        print(f"rho {rho}: context {c['speedup_vs_static']:.2f}x tail {c['tail_vs_static']:.2f} | "
-              f"oracle {o['speedup_vs_static']:.2f}x tail {o['tail_vs_static']:.2f} | "
-              f"context/oracle {o['makespan_s'] / c['makespan_s']:.1%}")
+    print("\n== context vs within-group correlation rho (mean over seeds)")
+    out["rho"] = sweep(scale, seeds, "rho", [0.4, 0.6, 0.8, 0.9], ["context", "group-oracle", "oracle"])
 
-    print("\n== history vs across-epoch rank churn")
-    out["rank_corr"] = {}
-    for rc in (1.0, 0.9, 0.7, 0.0):
-        res = run_policies(Scenario(rank_corr=rc, **scale), ["static", "history"])
-        _, fig = table(res)
-        h = fig["history"]
-        out["rank_corr"][str(rc)] = {k: h[k] for k in ("speedup_vs_static", "tail_vs_static", "migrated_gb")}
-        print(f"rank_corr {rc}: history {h['speedup_vs_static']:.2f}x tail {h['tail_vs_static']:.2f}")
+    print("\n== history vs across-epoch rank churn (mean over seeds)")
+    out["rank_corr"] = sweep(scale, seeds, "rank_corr", [1.0, 0.9, 0.7, 0.0], ["history"])
     print(json.dumps(out))
     return 0
 
