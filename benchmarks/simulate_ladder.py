@@ -12,6 +12,8 @@
 2. Sensitivity to the within-group length correlation `rho`.
 3. `history` under across-epoch rank churn (`rank_corr` 1.0 = the previous epoch ranks
    prompts exactly as this one; 0 = history is noise).
+4. If `--trace` exists (by default the trace `--measure-rho` writes): the policies on our
+   own rollouts' lengths, every length scaled so the limit becomes 40,960 tokens.
 
     PYTHONPATH=. python benchmarks/simulate_ladder.py --measure-rho [--rollouts RUN/rollouts.jsonl ...]
 
@@ -32,13 +34,15 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from tailrl.rollout.buffer import RequestState
 from tailrl.rollout.policies import ContextPolicy, GroupOraclePolicy, PolicyConfig
 from tailrl.sim.fit import group_correlation
 from tailrl.sim.metrics import table
 from tailrl.sim.scenario import Scenario, run_policies
 from tailrl.sim.simulator import simulate
-from tailrl.sim.workload import Trace
+from tailrl.sim.workload import Trace, read_jsonl
 
 SEER = {"divided": (1.42, 0.79), "context": (1.56, 0.11), "oracle": (1.63, 0.00)}  # speedup, tail vs veRL
 LADDER = ["static", "divided", "context", "history", "oracle", "group-oracle"]
@@ -116,6 +120,30 @@ def sweep(scale: dict, seeds: list[int], knob: str, values: list[float], policie
     return out
 
 
+def stretched(path: str | Path, max_tokens: int = 40960) -> Trace:
+    """A recorded trace with every length scaled by one factor so that its length limit
+    becomes `max_tokens`: its group structure (who is long, with whom) is kept."""
+    tr = read_jsonl(path)
+    f = max_tokens / int(tr.max_tokens.max())
+    up = lambda a: np.maximum(1, np.round(a * f)).astype(np.int64)
+    return Trace(tr.group_id, tr.prompt_id, up(tr.prompt_len), up(tr.max_tokens),
+                 np.minimum(up(tr.length), up(tr.max_tokens)))
+
+
+def real_structure(path: str | Path) -> dict:
+    """The policies on our own rollouts' lengths, stretched to the Qwen2-VL max length, on
+    as many instances as keep Seer's 600 requests per instance."""
+    trace = stretched(path)
+    sc = Scenario(instances=max(1, round(len(trace) / 600)))
+    L = trace.length
+    print(f"{path}: {len(L)} requests, {sc.instances} instances, lengths x{40960 / 960:.1f}: mean {L.mean():.0f}, "
+          f"p50 {np.median(L):.0f}, p90 {np.percentile(L, 90):.0f}, rho {group_correlation(L, trace.group_id).rho:.2f}")
+    text, fig = table(run_policies(sc, ["static", "divided", "context", "oracle", "group-oracle"], trace))
+    print(text)
+    print(f"context / oracle throughput: {fig['oracle']['makespan_s'] / fig['context']['makespan_s']:.1%}")
+    return fig
+
+
 def _print_fit(name: str, lengths: list[int], groups: list) -> dict:
     fit = group_correlation(lengths, groups)
     print(f"{name:<34} rho {fit.rho:.2f}  sd within {fit.sd_within:.2f}  between {fit.sd_between:.2f}  "
@@ -173,6 +201,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0, help="--measure-rho: sampling seed")
     ap.add_argument("--seeds", type=int, default=3, help="workload draws per setting (seeds 0..N-1)")
     ap.add_argument("--rho", type=float, default=None, help="ladder rho (default: the preset's)")
+    ap.add_argument("--trace", default="sim_out/small_rollouts.jsonl",
+                    help="a recorded trace to run stretched to max 40,960 tokens (skipped if absent)")
     ap.add_argument("--rollouts", nargs="*", default=[], help="--measure-rho: recorded RL rollouts.jsonl")
     args = ap.parse_args(argv)
     if args.measure_rho:
@@ -191,6 +221,10 @@ def main(argv: list[str]) -> int:
 
     print("\n== history vs across-epoch rank churn (mean over seeds)")
     out["rank_corr"] = sweep(scale, seeds, "rank_corr", [1.0, 0.9, 0.7, 0.0], ["history"])
+
+    if Path(args.trace).exists():
+        print("\n== our own rollouts' length structure (--measure-rho's trace), stretched")
+        out["real_structure"] = real_structure(args.trace)
     print(json.dumps(out))
     return 0
 
