@@ -30,6 +30,7 @@ is reported, never asserted.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -38,11 +39,11 @@ import numpy as np
 
 from tailrl.rollout.buffer import RequestState
 from tailrl.rollout.policies import ContextPolicy, GroupOraclePolicy, PolicyConfig
-from tailrl.sim.fit import group_correlation
+from tailrl.sim.fit import group_correlation, tail_clustering
 from tailrl.sim.metrics import table
 from tailrl.sim.scenario import Scenario, run_policies
 from tailrl.sim.simulator import simulate
-from tailrl.sim.workload import Trace, read_jsonl
+from tailrl.sim.workload import Trace, WorkloadConfig, generate, read_jsonl
 
 SEER = {"divided": (1.42, 0.79), "context": (1.56, 0.11), "oracle": (1.63, 0.00)}  # speedup, tail vs veRL
 LADDER = ["static", "divided", "context", "history", "oracle", "group-oracle"]
@@ -145,11 +146,11 @@ def real_structure(path: str | Path) -> dict:
 
 
 def _print_fit(name: str, lengths: list[int], groups: list) -> dict:
-    fit = group_correlation(lengths, groups)
+    fit, tail = group_correlation(lengths, groups), tail_clustering(lengths, groups)
     print(f"{name:<34} rho {fit.rho:.2f}  sd within {fit.sd_within:.2f}  between {fit.sd_between:.2f}  "
-          f"({fit.groups} groups, {fit.responses} responses)")
-    return {"rho": round(fit.rho, 3), "sd_within": round(fit.sd_within, 3),
-            "sd_between": round(fit.sd_between, 3), "groups": fit.groups, "responses": fit.responses}
+          f"top-10% with a top-10% sibling {tail:.2f}  ({fit.groups} groups, {fit.responses} responses)")
+    return {"rho": round(fit.rho, 3), "sd_within": round(fit.sd_within, 3), "sd_between": round(fit.sd_between, 3),
+            "tail_clustering": round(tail, 3), "groups": fit.groups, "responses": fit.responses}
 
 
 def measure_rho(prompts: int, n: int, seed: int, rollouts: list[str]) -> dict:
@@ -189,6 +190,10 @@ def measure_rho(prompts: int, n: int, seed: int, rollouts: list[str]) -> dict:
                 lengths += [max(1, len(r)) for r in group]
                 groups += [f"{row['step']}/{uid}"] * len(group)
         out[path] = _print_fit(f"RL run {path}", lengths, groups)
+    for size, rho in itertools.product((8, 16), (0.4, 0.6, 0.8)):   # what the synthetic workload gives
+        tr = generate(WorkloadConfig(requests=9600, group_size=size, rho=rho))
+        out[f"synthetic/{size}/{rho}"] = _print_fit(f"synthetic, groups of {size}, rho {rho}", tr.length.tolist(),
+                                                    tr.group_id.tolist())
     return out
 
 

@@ -55,3 +55,20 @@ def group_correlation(lengths: Sequence[int] | np.ndarray, groups: Sequence | np
     rho = (msb - msw) / denom if denom > 0 else 0.0
     return GroupFit(rho=float(rho), sd_within=msw ** 0.5, sd_between=max(0.0, (msb - msw) / n0) ** 0.5,
                     sd_total=float(x.std()), groups=k, responses=int(N))
+
+
+def tail_clustering(lengths: Sequence[int] | np.ndarray, groups: Sequence | np.ndarray, q: float = 0.9) -> float:
+    """Share of the responses in the top (1 - q) of lengths that have a sibling there too.
+
+    A check of the tail's group structure that rho alone does not pin down: context-aware
+    scheduling finds a long response early only if its siblings are long as well.
+    """
+    x, g = np.asarray(lengths, dtype=float), np.asarray(groups)
+    if x.shape != g.shape or x.ndim != 1 or len(x) == 0:
+        raise ValueError(f"lengths and groups must be 1-D of equal, nonzero length, got {x.shape} and {g.shape}")
+    if not 0 < q < 1:
+        raise ValueError(f"q must be in (0, 1), got {q!r}")
+    top = x >= np.quantile(x, q)
+    _, inv = np.unique(g, return_inverse=True)
+    per_group = np.bincount(inv, weights=top.astype(float))
+    return float((top & (per_group[inv] >= 2)).sum() / top.sum())

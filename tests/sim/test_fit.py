@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from tailrl.sim.fit import group_correlation
+from tailrl.sim.fit import group_correlation, tail_clustering
 from tailrl.sim.workload import WorkloadConfig, generate
 
 
@@ -33,3 +33,12 @@ def test_bad_input_names_the_field():
         group_correlation([1, 2, 3], [0, 0])
     with pytest.raises(ValueError, match="groups"):
         group_correlation([1, 2, 3], [0, 0, 1])
+
+
+def test_tail_clustering_counts_top_responses_with_a_top_sibling():
+    # top 25% (q 0.75) of 8 lengths = the two >= 70: 80 and 90; both in group 1 -> 1.0
+    lengths, groups = [1, 2, 3, 4, 50, 60, 80, 90], [0, 0, 0, 0, 1, 1, 1, 1]
+    assert tail_clustering(lengths, groups, q=0.75) == 1.0
+    assert tail_clustering(lengths, [0, 0, 0, 1, 1, 1, 0, 1], q=0.75) == 0.0   # split across groups
+    with pytest.raises(ValueError, match="q"):
+        tail_clustering(lengths, groups, q=1.0)
