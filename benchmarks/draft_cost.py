@@ -5,10 +5,9 @@ likely successors, so responses to "the same prompt" share n-grams the way reaso
 do), plus uniformly random text (nothing repeats: the cost of drafting that finds nothing).
 
 Scenarios:
-- ``history``: 16 previous responses of 2,000 tokens in one trie (ArcticInference's C++
+- ``history``: 16 previous responses of 2,000 tokens in one index (ArcticInference's C++
   tree: ~10 us per draft, ~4 us per appended token on this setup);
-- ``group``: 16 siblings growing live, each token inserted into the group trie and the
-  member's own trie, a draft per member per step (as GroupSource does);
+- ``group``: 16 siblings growing live, each token inserted into the group index, a draft per member per step (as GroupSource does);
 - ``random``: random text over a 32k vocabulary;
 - ``spec``: the engine's view, a ``Speculator`` (history + group + self, fixed policy) over
   16 requests of one group whose previous epoch is in the history store, with oracle
@@ -20,7 +19,7 @@ Usage: python benchmarks/draft_cost.py [--tokens 2000] [--responses 16] [--vocab
 Times are the fastest of ``--repeat`` runs (the machine is shared with other work).
 Ends with one JSON line: {"history_us_per_token", "history_us_per_draft",
 "history_mean_draft_len", "group_us_per_token", "group_us_per_draft", "group_mean_draft_len",
-"random_us_per_token", "random_us_per_draft", "random_draft_rate", "nodes_per_token",
+"random_us_per_token", "random_us_per_draft", "random_draft_rate", "keys_per_token",
 "spec_us_per_request_step", "spec_index_us_per_token", "spec_accept_length", "spec_accept_rate",
 "python_ns_per_loop"} (the last one tells how busy the machine was: figures scale with it).
 """
@@ -37,7 +36,6 @@ from tailrl.spec.history import HistoryStore
 from tailrl.spec.factory import make_sources
 from tailrl.spec.speculator import Speculator
 from tailrl.spec.source import MatchParams
-from tailrl.spec.suffix_trie import SuffixTrie
 
 
 class Chain:
@@ -62,24 +60,23 @@ class Chain:
 
 def bench_history(chain: Chain, p: MatchParams, n_resp: int, n_tok: int) -> dict:
     responses = [chain.sample(n_tok) for _ in range(n_resp)]
-    trie = SuffixTrie(p.trie_depth)
+    index = p.index()
     t0 = time.perf_counter()
     for r in responses:
-        trie.close(trie.add(r))
+        index.add(r)
     build = time.perf_counter() - t0
     new = chain.sample(n_tok)
     drafts, total_len = 0, 0
     t0 = time.perf_counter()
     for i in range(16, len(new)):
-        d = trie.propose(new[i - p.max_match_len:i], p.max_draft_depth, 4, min_match_len=p.min_match_len,
-                         max_match_len=p.max_match_len, min_token_prob=p.min_token_prob)
+        d = index.propose(new[i - p.max_match_len:i], p.max_draft_depth, 4, min_token_prob=p.min_token_prob)
         drafts += 1
         total_len += len(d) if d else 0
     draft = time.perf_counter() - t0
-    return {"history_us_per_token": 1e6 * build / trie.num_tokens,
+    return {"history_us_per_token": 1e6 * build / index.num_tokens,
             "history_us_per_draft": 1e6 * draft / drafts,
             "history_mean_draft_len": total_len / drafts,
-            "nodes_per_token": trie.num_nodes / trie.num_tokens}
+            "keys_per_token": len(index.keys)}
 
 
 class _Req:
@@ -123,7 +120,7 @@ def bench_speculator(chain: Chain, p: MatchParams, n_resp: int, n_tok: int) -> d
     reqs = [_Req(str(i)) for i in range(n_resp)]
     for r in reqs:
         spec.start(r)
-    spec.propose(reqs[:1], 1)                      # builds the history trie (not a per-step cost)
+    spec.propose(reqs[:1], 1)                      # builds the history index (not a per-step cost)
     spec.reset_metrics()
     pos = [0] * n_resp
     t_propose, steps, lengths = 0.0, 0, 0
@@ -160,8 +157,8 @@ def bench_speculator(chain: Chain, p: MatchParams, n_resp: int, n_tok: int) -> d
 
 def bench_random(p: MatchParams, n_tok: int, seed: int) -> dict:
     rng = random.Random(seed)
-    trie = SuffixTrie(p.trie_depth)
-    sid = trie.add()
+    index = p.index()
+    sid = index.add()
     t_obs = t_draft = 0.0
     hits = 0
     seq: list[int] = []
@@ -169,9 +166,9 @@ def bench_random(p: MatchParams, n_tok: int, seed: int) -> dict:
         t = rng.randrange(32000)
         seq.append(t)
         t0 = time.perf_counter()
-        trie.extend(sid, [t])
+        index.extend(sid, [t])
         t1 = time.perf_counter()
-        hits += trie.propose(seq[-p.max_match_len:], p.max_draft_depth, 4) is not None
+        hits += index.propose(seq[-p.max_match_len:], p.max_draft_depth, 4) is not None
         t_draft += time.perf_counter() - t1
         t_obs += t1 - t0
     return {"random_us_per_token": 1e6 * t_obs / n_tok, "random_us_per_draft": 1e6 * t_draft / n_tok,

@@ -14,8 +14,8 @@ from tailrl.spec.policy import FixedPolicy, SpecPolicy
 from tailrl.spec.self_source import SelfSource
 from tailrl.spec.source import DraftSource, MatchParams
 from tailrl.spec.speculator import Speculator
-from tailrl.spec.suffix_trie import SuffixTrie
+from tailrl.spec.suffix_index import SuffixIndex
 
 __all__ = ["AdaptivePolicy", "BanditPolicy", "CostModel", "Draft", "DraftSource", "FixedPolicy",
            "GroupSource", "HistorySource", "HistoryStore", "MatchParams", "SelfSource", "SpecPolicy",
-           "Speculator", "SuffixTrie", "make_policy", "make_sources"]
+           "Speculator", "SuffixIndex", "make_policy", "make_sources"]

@@ -1,20 +1,18 @@
 """``group`` drafts (Seer grouped speculation): live outputs of a request's GRPO siblings.
 
-One suffix trie per group id holds every member's ``prompt[-max_match_len:] + output``,
+One suffix index per group id holds every member's ``prompt[-max_match_len:] + output``,
 fed live as members generate, and serves drafts to all members. A request never drafts from
 its own tokens here (that is the ``self`` source's job, and counting them would make the two
-sources' statistics indistinguishable): each member also has a private trie of exactly its
-own tokens, and proposals subtract its counts node by node (``SuffixTrie.propose(exclude=)``),
-so a member sees the counts of its siblings only. This costs a second insertion per token.
+sources' statistics indistinguishable): proposals exclude the occurrences in the member's own
+sequence, so a member sees the counts of its siblings only.
 
-Members that finish stay in the group trie (finished siblings are the best references);
+Members that finish stay in the group index (finished siblings are the best references);
 a member that ``start``s again (a resumed chunk) continues its old sequence. The group is
 dropped when no member is live; ``propose`` starts unknown ones.
 
 Indexing is lazy: each member keeps a reference to its request, and ``propose`` first
-catches the group trie up with every member's output tokens (live or finished). ``observe``
-does nothing. Speculation runs in the tail, so groups that finish before it turns on are
-never indexed at all (measured: eager per-token indexing cost ~6 s of a 22 s rollout).
+catches the group index up with every member's output tokens (live or finished). ``observe``
+does nothing, so groups that finish before speculation turns on are never indexed.
 """
 from __future__ import annotations
 
@@ -22,25 +20,24 @@ from typing import Any
 
 from tailrl.spec.draft import Draft
 from tailrl.spec.source import MatchParams, propose_from
-from tailrl.spec.suffix_trie import SuffixTrie
+from tailrl.spec.suffix_index import SuffixIndex
 
 
 class _Member:
-    __slots__ = ("seq_id", "prefix", "inserted", "own", "req")
+    __slots__ = ("seq_id", "inserted", "live", "req")
 
-    def __init__(self, seq_id: int, prefix: int, inserted: int, own: SuffixTrie | None, req: Any = None) -> None:
-        self.seq_id = seq_id         # sequence in the group trie
-        self.prefix = prefix         # prompt-tail tokens in front of the output
-        self.inserted = inserted     # output tokens already inserted
-        self.own = own               # trie of this member's own tokens; None when not live
+    def __init__(self, seq_id: int, req: Any) -> None:
+        self.seq_id = seq_id         # sequence in the group index
+        self.inserted = 0            # output tokens already inserted
+        self.live = False
         self.req = req               # the request, read lazily for its output tokens
 
 
 class _Group:
-    __slots__ = ("trie", "members", "live")
+    __slots__ = ("index", "members", "live")
 
-    def __init__(self, depth: int) -> None:
-        self.trie = SuffixTrie(depth)
+    def __init__(self, index: SuffixIndex) -> None:
+        self.index = index
         self.members: dict[str, _Member] = {}
         self.live = 0
 
@@ -60,17 +57,16 @@ class GroupSource:
             return
         g = self._groups.get(req.group_id)
         if g is None:
-            g = self._groups[req.group_id] = _Group(self.params.trie_depth)
+            g = self._groups[req.group_id] = _Group(self.params.index())
         m = g.members.get(req.request_id)
-        if m is not None and m.own is not None:
+        if m is not None and m.live:
             return                                    # already live
         if m is None:
             prompt = req.prompt_token_ids
             tail = list(prompt[max(0, len(prompt) - self.params.max_match_len):])
-            m = g.members[req.request_id] = _Member(g.trie.add(tail), len(tail), 0, None)
+            m = g.members[req.request_id] = _Member(g.index.add(tail), req)
         m.req = req
-        m.own = SuffixTrie(self.params.trie_depth)
-        m.own.add(g.trie.tokens(m.seq_id))
+        m.live = True
         g.live += 1
         self._sync(g, m)
 
@@ -79,15 +75,13 @@ class GroupSource:
         out = m.req.output_token_ids
         if len(out) > m.inserted:
             new = out[m.inserted:]
-            g.trie.extend(m.seq_id, new)
-            if m.own is not None:
-                m.own.extend(0, new)
+            g.index.extend(m.seq_id, new)
             m.inserted = len(out)
 
     def _member(self, req: Any) -> tuple[_Group, _Member] | None:
         g = self._groups.get(req.group_id) if req.group_id else None
         m = g.members.get(req.request_id) if g is not None else None
-        if m is None or m.own is None:
+        if m is None or not m.live:
             if not req.group_id:
                 return None
             self.start(req)
@@ -107,14 +101,14 @@ class GroupSource:
             return None
         for member in g.members.values():
             self._sync(g, member)
-        return propose_from(g.trie, req, self.params, max_tokens, max_paths, self.name, exclude=m.own)
+        return propose_from(g.index, req, self.params, max_tokens, max_paths, self.name, exclude=m.seq_id)
 
     def finish(self, req: Any) -> None:
         g = self._groups.get(req.group_id) if req.group_id else None
         m = g.members.get(req.request_id) if g is not None else None
-        if m is None or m.own is None:
+        if m is None or not m.live:
             return
-        m.own = None
+        m.live = False
         g.live -= 1
         if g.live == 0:
             del self._groups[req.group_id]

@@ -1,6 +1,6 @@
 """``history`` drafts (RhymeRL HistoSpec): the same prompt's responses from the previous epoch.
 
-One suffix trie per prompt id over that prompt's responses in the ``HistoryStore``, built
+One suffix index per prompt id over that prompt's responses in the ``HistoryStore``, built
 lazily the first time a request of the prompt asks for a draft, rebuilt when the store's
 version for the prompt changes (``record`` replaced it), dropped when the prompt's last live
 request finishes (the store keeps the data; the next epoch brings new history anyway).
@@ -17,16 +17,16 @@ from typing import Any
 from tailrl.spec.draft import Draft
 from tailrl.spec.history import HistoryStore
 from tailrl.spec.source import MatchParams, propose_from
-from tailrl.spec.suffix_trie import SuffixTrie
+from tailrl.spec.suffix_index import SuffixIndex
 
 logger = logging.getLogger(__name__)
 
 
-class _PromptTrie:
-    __slots__ = ("trie", "version", "live")
+class _PromptIndex:
+    __slots__ = ("index", "version", "live")
 
     def __init__(self) -> None:
-        self.trie: SuffixTrie | None = None
+        self.index: SuffixIndex | None = None
         self.version = -1
         self.live: set[str] = set()
 
@@ -37,20 +37,20 @@ class HistorySource:
     def __init__(self, store: HistoryStore, params: MatchParams | None = None) -> None:
         self.store = store
         self.params = params or MatchParams()
-        self._prompts: dict[str, _PromptTrie] = {}
-        self.builds = 0                     # tries built (for tests and metrics)
+        self._prompts: dict[str, _PromptIndex] = {}
+        self.builds = 0                     # indexes built (for tests and metrics)
 
     def __len__(self) -> int:
         return len(self._prompts)
 
     def start(self, req: Any) -> None:
         if req.prompt_id:
-            self._prompts.setdefault(req.prompt_id, _PromptTrie()).live.add(req.request_id)
+            self._prompts.setdefault(req.prompt_id, _PromptIndex()).live.add(req.request_id)
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
         pass                                # the history does not change during the epoch
 
-    def _trie(self, req: Any) -> SuffixTrie | None:
+    def _index(self, req: Any) -> SuffixIndex | None:
         pid = req.prompt_id
         if not pid:
             return None
@@ -60,24 +60,24 @@ class HistorySource:
             entry = self._prompts[pid]
         version = self.store.version(pid)
         if version == 0:
-            entry.trie, entry.version = None, 0
+            entry.index, entry.version = None, 0
             return None
         if entry.version != version:
             p = self.params
             tail = list(req.prompt_token_ids[max(0, len(req.prompt_token_ids) - p.max_match_len):])
-            trie = SuffixTrie(p.trie_depth)
+            index = p.index()
             for resp in self.store.get(pid):
-                trie.close(trie.add(tail + resp))
-            entry.trie, entry.version = trie, version
+                index.add(tail + resp)
+            entry.index, entry.version = index, version
             self.builds += 1
-            logger.debug("history trie for prompt %s: %d responses, %d nodes", pid, len(trie), trie.num_nodes)
-        return entry.trie
+            logger.debug("history index for prompt %s: %d responses, %d tokens", pid, len(index), index.num_tokens)
+        return entry.index
 
     def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
-        trie = self._trie(req)
-        if trie is None:
+        index = self._index(req)
+        if index is None:
             return None
-        return propose_from(trie, req, self.params, max_tokens, max_paths, self.name)
+        return propose_from(index, req, self.params, max_tokens, max_paths, self.name)
 
     def finish(self, req: Any) -> None:
         entry = self._prompts.get(req.prompt_id)

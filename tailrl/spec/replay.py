@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from tailrl.engine.verify import accept_draft
 from tailrl.spec.source import MatchParams
-from tailrl.spec.suffix_trie import SuffixTrie
 
 
 def replay(prompt: list[int], response: list[int], references: list[list[int]], max_tokens: int = 8,
@@ -17,17 +16,16 @@ def replay(prompt: list[int], response: list[int], references: list[list[int]], 
     """Tokens emitted per verify step (accepted drafts + the bonus token) while generating
     `response`, drafting from `references` and from the response's own prefix."""
     p = params or MatchParams()
-    trie = SuffixTrie(p.trie_depth)
+    index = p.index()
     for ref in references:
-        trie.add(ref)
-    own = trie.add(prompt)
+        index.add(ref)
+    own = index.add(prompt)
     emitted: list[int] = []
     t = 0
     while t < len(response):
         context = prompt[-p.max_match_len:] + response[max(t - p.max_match_len, 0):t]
-        d = trie.propose(context[-p.max_match_len:], min(max_tokens, p.max_draft_depth), max_paths,
-                         min_match_len=p.min_match_len, max_match_len=p.max_match_len,
-                         min_token_prob=p.min_token_prob, tokens_per_match=p.tokens_per_match)
+        d = index.propose(context[-p.max_match_len:], min(max_tokens, p.max_draft_depth), max_paths,
+                          min_token_prob=p.min_token_prob, tokens_per_match=p.tokens_per_match)
         step = 1
         if d is not None and len(d.tokens):
             # the "target" after each node is the response's own next token at that depth
@@ -36,6 +34,6 @@ def replay(prompt: list[int], response: list[int], references: list[list[int]], 
             out, _ = accept_draft(d.parents, d.tokens, targets)
             step = len(out) - (1 if out[-1] == -1 else 0)
             emitted.append(step)
-        trie.extend(own, response[t:t + step])
+        index.extend(own, response[t:t + step])
         t += step
     return emitted

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from tailrl.spec.draft import Draft
-from tailrl.spec.suffix_trie import SuffixTrie
+from tailrl.spec.suffix_index import SuffixIndex
 
 
 @runtime_checkable
@@ -38,7 +38,7 @@ class DraftSource(Protocol):
 
 @dataclass
 class MatchParams:
-    """How the suffix sources match a context and grow a draft (see ``SuffixTrie``)."""
+    """How the suffix sources match a context and grow a draft (see ``SuffixIndex``)."""
 
     min_match_len: int = 2        # a shorter match proposes nothing
     max_match_len: int = 16       # longest context suffix considered
@@ -56,25 +56,23 @@ class MatchParams:
         if self.tokens_per_match < 0:
             raise ValueError(f"tokens_per_match must be >= 0, got {self.tokens_per_match}")
 
-    @property
-    def trie_depth(self) -> int:
-        """Depth limit of the tries: a full-length match still leaves a full-depth draft."""
-        return self.max_match_len + self.max_draft_depth
+    def index(self) -> SuffixIndex:
+        """An empty index with these matching lengths."""
+        return SuffixIndex(self.min_match_len, self.max_match_len)
 
 
-def propose_from(trie: SuffixTrie, req: Any, params: MatchParams, max_tokens: int, max_paths: int,
-                 source: str, exclude: SuffixTrie | None = None) -> Draft | None:
-    """Match ``req``'s context in ``trie`` and grow a draft, as every suffix source does.
+def propose_from(index: SuffixIndex, req: Any, params: MatchParams, max_tokens: int, max_paths: int,
+                 source: str, exclude: int | None = None) -> Draft | None:
+    """Match ``req``'s context in ``index`` and grow a draft, as every suffix source does.
 
     A match of ``m`` tokens drafts at most ``ceil(tokens_per_match * m)`` nodes: a short
     match is weak evidence (on text without repetition, 2-token matches happen by chance),
     so it earns a short draft; long matches earn the full depth.
     """
     p = params
-    return trie.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth), max_paths,
-                        min_match_len=p.min_match_len, max_match_len=p.max_match_len,
-                        min_token_prob=p.min_token_prob, tokens_per_match=p.tokens_per_match,
-                        source=source, exclude=exclude)
+    return index.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth), max_paths,
+                         min_token_prob=p.min_token_prob, tokens_per_match=p.tokens_per_match,
+                         source=source, exclude=exclude)
 
 
 def context_tail(req: Any, n: int) -> list[int]:
