@@ -101,6 +101,7 @@ def main() -> None:
     off_out, off = rollout(plain, prompts, a.n, 20_000, a.max_tokens)
     spec_cfg = {"method": "suffix", **json.loads(a.spec)}
     spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(**spec_cfg))
+    spec.engine.kv.reserve(plain.engine.kv.rows, plain.engine.kv.cap)   # as warm as plain's cache
     for i, h in enumerate(history):
         spec.history.record(f"p{i}", h)
     on_out, on = rollout(spec, prompts, a.n, 20_000, a.max_tokens)

@@ -185,30 +185,36 @@ class ModelRunner:
         self.kv_data_fn = kv_data_fn                 # () -> current [L, 2, rows, KV, cap, D] tensor
         a = model.args
         self.groups = a.num_heads // a.num_kv_heads
+        self._scratch: dict = {}                     # synthetic_step's last shape: (batch, K/V)
 
     def build(self, rows: list[tuple[Request, int]], drafts: dict) -> Batch:
         w = self.model.embed.weight
         return build_batch(rows, drafts, self.groups, w.device, w.dtype)
 
     def synthetic_step(self, batch_size: int, num_tokens: int, context: int = 128) -> None:
-        """One step of `batch_size` rows, `num_tokens` new tokens in all (1 + chain drafts per row),
-        each over `context` cached positions, on scratch K/V: for calibrating the cost model."""
-        from tailrl.config import SamplingParams
-        from tailrl.engine.sampler import sample
+        """One forward of `batch_size` rows, `num_tokens` new tokens in all (1 + chain drafts per
+        row), each over `context` cached positions, on scratch K/V: for calibrating the cost
+        model, which learns from the engine's forward times (`run`: model + logits). The batch
+        and scratch K/V of a shape are built on its first call (calibration's warm-up) and kept
+        for the next one, so later calls time exactly what `run` times."""
         per_row = max(num_tokens // batch_size, 1)
-        a = self.model.args
-        w = self.model.embed.weight
-        kv = torch.zeros(a.num_layers, 2, batch_size, a.num_kv_heads, context + per_row, a.head_dim,
-                         dtype=w.dtype, device=w.device)
-        rows, drafts = [], {}
-        for i in range(batch_size):
-            req = Request(f"synthetic-{i}", [1] * (context + 1), SamplingParams(), i, num_computed_tokens=context)
-            rows.append((req, 1))
-            if per_row > 1:
-                drafts[req.request_id] = _Chain([1] * (per_row - 1))
-        batch = build_batch(rows, drafts, self.groups, w.device, w.dtype)
+        key = (batch_size, per_row, context)
+        if key not in self._scratch:
+            from tailrl.config import SamplingParams
+            a = self.model.args
+            w = self.model.embed.weight
+            kv = torch.zeros(a.num_layers, 2, batch_size, a.num_kv_heads, context + per_row, a.head_dim,
+                             dtype=w.dtype, device=w.device)
+            rows, drafts = [], {}
+            for i in range(batch_size):
+                req = Request(f"synthetic-{i}", [1] * (context + 1), SamplingParams(), i, num_computed_tokens=context)
+                rows.append((req, 1))
+                if per_row > 1:
+                    drafts[req.request_id] = _Chain([1] * (per_row - 1))
+            self._scratch = {key: (build_batch(rows, drafts, self.groups, w.device, w.dtype), kv)}
+        batch, kv = self._scratch[key]
         hidden = self.model(batch.input_ids, batch.positions, kv, batch.meta)
-        sample(self.model.logits(hidden[batch.sample_index]), batch.temperature, batch.top_k, batch.top_p, batch.u)
+        self.model.logits(hidden[batch.sample_index])
 
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions (and their hidden states if asked)."""

@@ -81,7 +81,7 @@ class LLMEngine:
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), t1 - t0, t2 - t1, t3 - t2, verify_rows, accepted)
         if self.speculator is not None:
-            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), t2 - t1)
+            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), t2 - t1, batch.meta.work)
         return finished
 
     def _propose(self, sched: SchedulerOutput) -> dict:

@@ -35,6 +35,11 @@ class AttentionMeta:
     alone: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, flat start, n, cache start)
     alone_masks: list[torch.Tensor] = field(default_factory=list)          # [1, 1, G*n, start+n] additive
 
+    @property
+    def work(self) -> int:
+        """(query slot, key position) pairs the step's attention computes per head: its cost."""
+        return self.num_rows * self.tq * self.kv_len + sum(n * (start + n) for _, _, n, start in self.alone)
+
 
 def stack_groups(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """[B, H, T, D] -> [B, KV, G*T, D]: heads h = k*G + g share KV head k (HF's repeat_kv order)."""
@@ -57,7 +62,9 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
         return _batched(q, k_cache, v_cache, meta, kv_heads).reshape(n, heads * d)
     out = q.new_empty(n, heads, d)
     if meta.num_rows:
-        padded = q.new_zeros(meta.num_rows * meta.tq, heads, d)
+        # padding slots stay uninitialised: their query rows are computed and dropped, and a
+        # query row's output depends on that row only
+        padded = q.new_empty(meta.num_rows * meta.tq, heads, d)
         padded[meta.slot_index] = q[meta.flat_index]
         o = _batched(padded, k_cache, v_cache, meta, kv_heads)          # [R*Tq, H, D]
         out[meta.flat_index] = o[meta.slot_index]

@@ -14,13 +14,21 @@ Per step, with ``B`` requests sampling and ``n`` of them holding a draft:
    gives ``E_g = (1 - a^(g+1)) / (1 - a)`` tokens per drafting request per step, and the time
    per token is ``T_SD(g) = (D + T(B, B + g*n)) / (B - n + n*E_g)`` (Seer's
    ``(1-a)(D+T)/(1-a^(g+1))`` generalised to a batch where only ``n`` requests draft;
-   ``D`` = measured drafting time per step). ``g* = argmin_g T_SD(g)``, ``g = 0`` being plain
+   ``D`` = measured drafting time per request asked, times ``B``: drafting is paid for every
+   request asked, whatever the budget). ``g* = argmin_g T_SD(g)``, ``g = 0`` being plain
    decoding; the step's budget is ``g* * n`` draft nodes.
-3. *Greedy by marginal gain.* Every draft node's expected gain is its path probability
-   times a calibration factor (measured accepted / predicted, per request once it has
-   ``min_request_steps`` verifications, else per source), capped at 1. Nodes are handed out
+3. *Greedy by marginal gain.* A node at depth ``j`` is accepted with probability
+   ``a^j * path_prob``: the geometric model of rule 2 (``a`` measured per request once it
+   has ``min_request_steps`` verifications, else per source) times the draft's own
+   count-based path probability (< 1 where the references disagree). Suffix drafts are
+   certain of a path their single reference took; acceptance still decays with depth, so
+   a flat accepted/predicted calibration over-values deep nodes and under-values shallow
+   ones (measured: 16-node drafts at batch 17-64 cost more than they gained). Nodes are handed out
    best-first (a node only after its parent) by ``gain * priority`` until the budget is
-   spent, skipping nodes whose gain does not pay (rule 1) and requests at their window.
+   spent, skipping nodes whose gain does not pay (rule 1) and requests at their window or at
+   ``2 g*`` nodes: attention pads every row to the longest draft of the step, so one request
+   given 13 nodes makes a batch of 128 pay for 14 query slots per row (measured); the
+   factor 2 leaves priority room to give the long requests more.
 4. *Priority.* ``priority_fn(req)`` estimates how long the request will run (default: its
    output length so far; the factory uses the prompt's longest previous response when a
    history store is given). Rank ``r`` in [0, 1] among this step's drafting requests gives
@@ -73,11 +81,12 @@ class AdaptivePolicy:
         self.explore_every = explore_every   # 0 = never speculate where the estimates say no
         self._off_streak: dict[int, int] = {}
         self._exploring = False
+        self._step_depth = max_draft_tokens   # this step's cap on nodes per request (set by max_paths)
         self.overall = AcceptanceStats()
         self.by_source: dict[str, AcceptanceStats] = {}
         self._by_request: dict[str, AcceptanceStats] = {}
         self._windows: dict[str, int] = {}
-        self.draft_seconds = 0.0      # EMA of drafting CPU time per step (D)
+        self.draft_seconds = 0.0      # EMA of drafting CPU time per request asked
         self.last_depth = 0           # g* of the last allocation
         self.last_budget = 0          # g* * n of the last allocation
 
@@ -86,7 +95,9 @@ class AdaptivePolicy:
         return self._windows.get(req.request_id, self.initial_window)
 
     def draft_limit(self, req: Any) -> int:
-        return self.window(req)
+        """Its window, and at most this step's ``g*`` at the best measured rate: nodes past it
+        would be cut by ``allocate`` anyway, and drafting them costs CPU time."""
+        return min(self.window(req), self._step_depth)
 
     def _gain_threshold(self, batch_size: int) -> float:
         """Expected accepted tokens a draft node must bring to pay for its verification."""
@@ -102,9 +113,11 @@ class AdaptivePolicy:
         """
         if self._gain_threshold(batch_size) >= 1.0:
             return False
-        # a source that has not been measured yet counts at the prior rate
-        rate = max([self.overall.rate, AcceptanceStats().rate] + [s.rate for s in self.by_source.values()])
-        return self.best_depth(batch_size, batch_size, rate) > 0
+        return self.best_depth(batch_size, batch_size, self._best_rate()) > 0
+
+    def _best_rate(self) -> float:
+        """The best acceptance rate measured for any source (an unmeasured one: the prior)."""
+        return max([self.overall.rate, AcceptanceStats().rate] + [s.rate for s in self.by_source.values()])
 
     def max_paths(self, batch_size: int) -> int:
         """The tree width sources may draft this step; 0 = nobody drafts.
@@ -116,10 +129,14 @@ class AdaptivePolicy:
         speculation off for good, since an off policy measures neither.
         """
         self._exploring = False
+        self._step_depth = self.max_draft_tokens
         if self.max_spec_batch and batch_size > self.max_spec_batch:
             return 0
         if self._can_pay(batch_size):
-            return self.max_tree_paths
+            self._step_depth = max(self.best_depth(batch_size, batch_size, self._best_rate()), self.min_draft_tokens)
+            # side branches hold the less likely tokens: worth verifying only where a verified
+            # token costs under a tenth of a decoded one (small batches); chains elsewhere
+            return self.max_tree_paths if self._gain_threshold(batch_size) < 0.1 else 1
         if self.explore_every <= 0:
             return 0
         bucket = max(batch_size, 1).bit_length()
@@ -134,7 +151,7 @@ class AdaptivePolicy:
         best_g, best_t = 0, self.cost.predict(B, B) / B
         for g in range(1, self.max_draft_tokens + 1):
             tokens = (1 - a ** (g + 1)) / (1 - a)
-            t = (self.draft_seconds + self.cost.predict(B, B + g * n)) / (B - n + n * tokens)
+            t = (self.draft_seconds * B + self.cost.predict(B, B + g * n)) / (B - n + n * tokens)
             if t < best_t:
                 best_g, best_t = g, t
         return best_g
@@ -145,11 +162,6 @@ class AdaptivePolicy:
         if st is None or st.steps < self.min_request_steps:
             st = self.by_source.get(source)
         return st
-
-    def _factor(self, req: Any, source: str) -> float:
-        st = self._stats(req, source)
-        f = st.calibration if st is not None else 1.0
-        return min(max(f, 0.05), 2.0)
 
     def _rate(self, req: Any, source: str) -> float:
         st = self._stats(req, source)
@@ -180,41 +192,40 @@ class AdaptivePolicy:
             weight[i] = 1.0 + self.priority_weight * (r / (n - 1) if n > 1 else 1.0)
         heap: list[tuple[float, float, int, int]] = []
         children: list[list[list[int]]] = []
-        factors = []
+        gains: list[list[float]] = []
         for i, (req, d) in enumerate(proposals):
             kids: list[list[int]] = [[] for _ in range(len(d) + 1)]      # slot len(d) = root
             for j, p in enumerate(d.parents):
                 kids[p if p >= 0 else len(d)].append(j)
             children.append(kids)
-            factors.append(self._factor(req, d.source))
-            windows_left = min(self.window(req), len(d))
-            if windows_left > 0:
+            rate = self._rate(req, d.source)
+            gains.append([min(1.0, p * rate ** k) for p, k in zip(d.path_probs, d.depths)])
+            if min(self.window(req), len(d)) > 0:
                 for j in kids[len(d)]:
-                    self._push(heap, i, j, d, factors[i], weight[i])
+                    self._push(heap, i, j, gains[i][j], d.path_probs[j], weight[i])
         done = [False] * n
         while heap and budget > 0:
             _, _, i, j = heapq.heappop(heap)
             req, d = proposals[i]
             if done[i]:
                 continue
-            gain = min(1.0, d.path_probs[j] * factors[i])
-            if gain < threshold or alloc[i] >= min(self.window(req), len(d)):
+            gain = gains[i][j]
+            if gain < threshold or alloc[i] >= min(self.window(req), len(d), 2 * g):
                 done[i] = True            # its remaining nodes are worth no more than this one
                 continue
             alloc[i] += 1
             budget -= 1
             for c in children[i][j]:
-                self._push(heap, i, c, d, factors[i], weight[i])
+                self._push(heap, i, c, gains[i][c], d.path_probs[c], weight[i])
         return alloc
 
     @staticmethod
-    def _push(heap: list, i: int, j: int, d: Draft, factor: float, weight: float) -> None:
-        path = d.path_probs[j]
-        heapq.heappush(heap, (-min(1.0, path * factor) * weight, -path, i, j))
+    def _push(heap: list, i: int, j: int, gain: float, path: float, weight: float) -> None:
+        heapq.heappush(heap, (-gain * weight, -path, i, j))
 
     # ---- feedback ------------------------------------------------------------------
-    def observe_draft(self, seconds: float) -> None:
-        self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * seconds
+    def observe_draft(self, seconds: float, requests: int = 1) -> None:
+        self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * seconds / max(requests, 1)
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
                max_depth: int | None = None, predicted: float | None = None) -> None:
@@ -229,7 +240,7 @@ class AdaptivePolicy:
             st.add(draft_nodes, accepted, full, predicted)
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
-        self.cost.observe(batch_size, num_tokens, seconds)
+        """Nothing: the speculator feeds the shared cost model (with the step's attention work)."""
 
     def finish(self, req: Any) -> None:
         self._windows.pop(req.request_id, None)

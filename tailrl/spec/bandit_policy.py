@@ -95,7 +95,7 @@ class BanditPolicy:
         self._allocated += sum(alloc)
         return alloc
 
-    def observe_draft(self, seconds: float) -> None:
+    def observe_draft(self, seconds: float, requests: int = 1) -> None:
         pass
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,

@@ -1,19 +1,30 @@
-"""Forward-pass time as a function of (batch size, tokens in the forward), learned online.
+"""Forward-pass time as a function of batch size, tokens and attention work, learned online.
 
-Speculation pays only while verifying extra tokens is nearly free (FACTS: at batch 1 a
-16-token forward costs 1.3x a 1-token one; at batch 64, 6x). The policies need two numbers
-per step: the plain step time ``predict(B, B)`` and the marginal cost of one more verified
-token ``slope(B)``.
+Speculation pays only while verifying extra tokens is cheap (FACTS: at batch 1 a 16-token
+forward costs 1.3x a 1-token one; at batch 64, 6x). The policies need two numbers per step:
+the plain step time ``predict(B, B)`` and the marginal cost of one more verified token
+``slope(B)``.
 
-Model: one line ``t = a + b * tokens`` per batch-size bucket (powers of two), fitted by
-exponentially-forgotten least squares (recent steps weigh more: contexts grow during a
-rollout). The slope is ridge-regularised toward a prior slope, so a bucket that has only
-seen plain decode steps (a single ``tokens`` value) still has a sane line: its intercept
-comes from data, its slope from the prior. Between buckets, predictions interpolate linearly
-in log2(batch size); outside the observed range the nearest bucket's line is used. Before
-any data, the prior line applies (``prior_base`` + ``prior_per_token`` * tokens).
+Model, per batch-size bucket (powers of two):
 
-``calibrate(forward_fn)`` times a few synthetic shapes up front so the slope is measured,
+    t = a + b * tokens + c * attention,    attention = query slots x key positions / 1000
+
+``attention`` is the work of the batched attention call (rows x padded query slots x the
+longest context), which the engine reports with each step. Without it the model is
+confounded: verify steps run late in a rollout, over long contexts, so a line in tokens
+alone blames the contexts' cost on the step's intercept and over-values every saved step
+(measured: 16-node drafts at batch 64-256 that cost more than they saved). Predictions use
+the context of the current step (``context``, set by the speculator; the plain step reads
+``B x 1 x context`` positions, a verify step ``B x (1 + g) x context``).
+
+Each bucket is fitted by exponentially-forgotten least squares (recent steps weigh more:
+contexts grow during a rollout); ``b`` and ``c`` are ridge-regularised toward prior slopes, so
+a bucket that has only seen plain decode steps still has a sane model: its intercept comes
+from data, its slopes from the priors. Between buckets, coefficients interpolate linearly in
+log2(batch size); outside the observed range the nearest bucket's are used. Before any data,
+the prior applies (``prior_base`` + ``prior_per_token`` * tokens).
+
+``calibrate(forward_fn)`` times a few synthetic shapes up front so the slopes are measured,
 not assumed, before the first real step.
 """
 from __future__ import annotations
@@ -23,38 +34,49 @@ import math
 import time
 from typing import Callable
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 
 class _Line:
-    """Weighted least-squares sufficient statistics with forgetting."""
+    """Weighted least squares of y on (x1, x2) with forgetting; slopes ridge-regularised."""
 
-    __slots__ = ("w", "sx", "sy", "sxx", "sxy")
+    __slots__ = ("w", "s")
 
     def __init__(self) -> None:
-        self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.w = 0.0
+        self.s = np.zeros(8)        # sums of x1, x2, y, x1x1, x1x2, x2x2, x1y, x2y
 
-    def add(self, x: float, y: float, decay: float) -> None:
+    def add(self, x1: float, x2: float, y: float, decay: float) -> None:
         self.w = self.w * decay + 1.0
-        self.sx = self.sx * decay + x
-        self.sy = self.sy * decay + y
-        self.sxx = self.sxx * decay + x * x
-        self.sxy = self.sxy * decay + x * y
+        self.s *= decay
+        self.s += (x1, x2, y, x1 * x1, x1 * x2, x2 * x2, x1 * y, x2 * y)
 
-    def fit(self, prior_slope: float, ridge: float) -> tuple[float, float]:
-        """(intercept, slope); the slope shrinks toward ``prior_slope`` with weight ``ridge``."""
-        mx, my = self.sx / self.w, self.sy / self.w
-        vxx = max(self.sxx - self.w * mx * mx, 0.0)      # centred sums
-        vxy = self.sxy - self.w * mx * my
-        b = max((vxy + ridge * prior_slope) / (vxx + ridge), 0.0)
-        return my - b * mx, b
+    def fit(self, prior: tuple[float, float], ridge: tuple[float, float]) -> tuple[float, float, float]:
+        """(intercept, slope1, slope2); slopes shrink toward ``prior`` with weights ``ridge``."""
+        w = self.w
+        s1, s2, sy, s11, s12, s22, s1y, s2y = self.s
+        m1, m2, my = s1 / w, s2 / w, sy / w
+        c11 = max(s11 - w * m1 * m1, 0.0) + ridge[0]          # centred sums
+        c22 = max(s22 - w * m2 * m2, 0.0) + ridge[1]
+        c12 = s12 - w * m1 * m2
+        r1 = s1y - w * m1 * my + ridge[0] * prior[0]
+        r2 = s2y - w * m2 * my + ridge[1] * prior[1]
+        det = c11 * c22 - c12 * c12
+        b1 = max((r1 * c22 - r2 * c12) / det, 0.0)
+        b2 = max((r2 * c11 - r1 * c12) / det, 0.0)
+        return my - b1 * m1 - b2 * m2, b1, b2
 
 
 class CostModel:
     def __init__(self, prior_base: float = 5e-3, prior_per_token: float = 5e-5,
-                 decay: float = 0.995, prior_weight: float = 4.0, max_bucket: int = 12) -> None:
+                 decay: float = 0.995, prior_weight: float = 4.0, max_bucket: int = 12,
+                 prior_per_kpair: float = 0.0, context: int = 128) -> None:
         self.prior_base = prior_base            # seconds per forward before any data
         self.prior_per_token = prior_per_token  # seconds per token before any data
+        self.prior_per_kpair = prior_per_kpair  # seconds per 1000 attention (query, key) pairs
+        self.context = context                  # key positions of the current step (the longest context)
         self.decay = decay
         self.prior_weight = prior_weight        # pseudo-observations behind the prior slope
         self.max_bucket = max_bucket            # buckets 2**0 .. 2**max_bucket
@@ -64,61 +86,73 @@ class CostModel:
     def _bucket(self, batch_size: int) -> int:
         return min(max(round(math.log2(max(batch_size, 1))), 0), self.max_bucket)
 
-    def observe(self, batch_size: int, num_tokens: int, seconds: float) -> None:
+    def observe(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0) -> None:
+        """One forward: ``attention`` = query slots x key positions of its attention calls."""
         if batch_size < 1 or num_tokens < 1 or not seconds > 0 or not math.isfinite(seconds):
             return
         k = self._bucket(batch_size)
         line = self._lines.get(k)
         if line is None:
             line = self._lines[k] = _Line()
-        line.add(float(num_tokens), float(seconds), self.decay)
+        line.add(float(num_tokens), attention / 1000.0, float(seconds), self.decay)
         self.num_observations += 1
 
-    def _line(self, k: int) -> tuple[float, float]:
-        # ridge in token^2 units: prior_weight observations spread one batch width apart
-        ridge = self.prior_weight * float(2 ** k) ** 2
-        return self._lines[k].fit(self.prior_per_token, ridge)
+    def _line(self, k: int) -> tuple[float, float, float]:
+        # ridge: prior_weight observations spread one batch width apart (tokens), and one
+        # batch width times a 128-position context (attention)
+        width = float(2 ** k)
+        ridge = (self.prior_weight * width ** 2, self.prior_weight * (width * 0.128) ** 2)
+        return self._lines[k].fit((self.prior_per_token, self.prior_per_kpair), ridge)
 
-    def _coeffs(self, batch_size: int) -> tuple[float, float]:
+    def _coeffs(self, batch_size: int) -> tuple[float, float, float]:
         if not self._lines:
-            return self.prior_base, self.prior_per_token
+            return self.prior_base, self.prior_per_token, self.prior_per_kpair
         x = math.log2(max(batch_size, 1))
         below = [k for k in self._lines if k <= x]
         above = [k for k in self._lines if k >= x]
         if not below or not above:
             return self._line(max(below) if below else min(above))
         lo, hi = max(below), min(above)
-        a0, b0 = self._line(lo)
+        c0 = self._line(lo)
         if lo == hi:
-            return a0, b0
-        a1, b1 = self._line(hi)
+            return c0
+        c1 = self._line(hi)
         f = (x - lo) / (hi - lo)
-        return a0 + f * (a1 - a0), b0 + f * (b1 - b0)
+        return tuple(u + f * (v - u) for u, v in zip(c0, c1))
 
     def predict(self, batch_size: int, num_tokens: int) -> float:
-        """Expected seconds of one forward over ``num_tokens`` tokens of ``batch_size`` requests."""
-        a, b = self._coeffs(batch_size)
-        return max(a + b * num_tokens, 1e-9)
+        """Expected seconds of one forward over ``num_tokens`` tokens of ``batch_size`` requests
+        (``ceil(num_tokens / batch_size)`` query slots per row) at the current ``context``."""
+        a, b, c = self._coeffs(batch_size)
+        slots = batch_size * -(-num_tokens // max(batch_size, 1))
+        return max(a + b * num_tokens + c * slots * self.context / 1000.0, 1e-9)
 
     def slope(self, batch_size: int) -> float:
-        """Seconds per additional token in a forward of ``batch_size`` requests."""
-        return self._coeffs(batch_size)[1]
+        """Seconds per additional verified token in a forward of ``batch_size`` requests."""
+        _, b, c = self._coeffs(batch_size)
+        return b + c * self.context / 1000.0
 
-    def calibrate(self, forward_fn: Callable[[int, int], object],
+    def calibrate(self, forward_fn: Callable[..., object],
                   batch_sizes: tuple[int, ...] = (1, 4, 16, 64),
-                  extra_per_request: tuple[int, ...] = (0, 2, 8), repeats: int = 2) -> None:
-        """Time ``forward_fn(batch_size, num_tokens)`` on a grid of shapes and learn from it.
+                  extra_per_request: tuple[int, ...] = (0, 2, 8), repeats: int = 2,
+                  contexts: tuple[int, ...] | None = None) -> None:
+        """Time ``forward_fn(batch_size, num_tokens[, context])`` on a grid of shapes and learn.
 
         ``num_tokens = batch_size * (1 + extra)``: a plain decode step plus ``extra`` draft
-        tokens per request. The first call of each shape is a warm-up and is not recorded.
+        tokens per request, over ``context`` cached positions (``contexts=None``: the
+        function takes two arguments and its context is ``self.context``). The first call of
+        each shape is a warm-up and is not recorded.
         """
-        for bs in batch_sizes:
-            for extra in extra_per_request:
-                n = bs * (1 + extra)
-                forward_fn(bs, n)
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    forward_fn(bs, n)
-                    self.observe(bs, n, time.perf_counter() - t0)
+        for ctx in contexts or (None,):
+            for bs in batch_sizes:
+                for extra in extra_per_request:
+                    n = bs * (1 + extra)
+                    args = (bs, n) if ctx is None else (bs, n, ctx)
+                    keys = (self.context if ctx is None else ctx) + 1 + extra
+                    forward_fn(*args)
+                    for _ in range(repeats):
+                        t0 = time.perf_counter()
+                        forward_fn(*args)
+                        self.observe(bs, n, time.perf_counter() - t0, attention=float(n * keys))
         logger.info("cost model calibrated: %s", {bs: (round(self.predict(bs, bs) * 1e3, 2),
                                                        round(self.slope(bs) * 1e3, 3)) for bs in batch_sizes})

@@ -10,7 +10,8 @@ Per engine step the ``Speculator`` calls, in order:
    growing nodes that will be cut is wasted CPU time. *Extension.*
 2. ``allocate(proposals, batch_size) -> list[int]``: draft nodes to verify per proposal
    (``0`` = plain decode). The caller truncates each draft with ``draft.truncate(k)``.
-3. ``observe_draft(seconds)``: CPU time this step spent drafting. *Extension.*
+3. ``observe_draft(seconds, requests)``: CPU time this step spent drafting for ``requests``
+   requests (the per-request cost scales with how many ask). *Extension.*
 4. ``update(req, draft_nodes, accepted, source, max_depth=..., predicted=...)``: after
    verification of one request's draft: nodes verified, tokens accepted (bonus excluded),
    the draft's deepest path (full acceptance = ``accepted == max_depth``; defaults to
@@ -35,7 +36,7 @@ class SpecPolicy(Protocol):
 
     def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]: ...
 
-    def observe_draft(self, seconds: float) -> None: ...
+    def observe_draft(self, seconds: float, requests: int = 1) -> None: ...
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
                max_depth: int | None = None, predicted: float | None = None) -> None: ...
@@ -72,7 +73,7 @@ class FixedPolicy:
             return [0] * len(proposals)
         return [min(self.k, len(d)) for _, d in proposals]
 
-    def observe_draft(self, seconds: float) -> None:
+    def observe_draft(self, seconds: float, requests: int = 1) -> None:
         pass
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,

@@ -13,7 +13,8 @@ Per engine step:
    verified draft (``accepted`` excludes the bonus token) and ``observe(req, new_tokens)``
    for every request that gained tokens (drafted or not: the group and self indexes need
    all tokens);
-3. ``observe_step(batch_size, num_tokens, seconds)`` after every forward.
+3. ``observe_step(batch_size, num_tokens, seconds, attention)`` after every forward
+   (``attention``: the step's (query slot, key position) pairs, see ``CostModel``).
 
 ``calibrate(forward_fn)`` (optional, once at start-up) times synthetic forwards so the cost
 model is measured before the first step. ``start(req)`` / ``finish(req)`` bracket a request's stay in the engine.
@@ -50,7 +51,10 @@ class Speculator:
                  sources: list[DraftSource] | None = None, policy: SpecPolicy | None = None,
                  cost_model: CostModel | None = None, seed: int = 0) -> None:
         self.config = config if config is not None else SpeculativeConfig()
-        self.cost_model = cost_model if cost_model is not None else CostModel()
+        if cost_model is None:                 # a given policy's own cost model is the one to feed
+            cost_model = getattr(policy, "cost", None) if isinstance(getattr(policy, "cost", None), CostModel) \
+                else CostModel()
+        self.cost_model = cost_model
         self.sources = list(sources) if sources is not None else make_sources(self.config, history_store)
         self.policy = policy if policy is not None else make_policy(self.config, self.cost_model,
                                                                     history_store, seed)
@@ -99,6 +103,8 @@ class Speculator:
         if not requests or not self.sources:
             return {}
         t0 = time.perf_counter()
+        # the step's key positions: its longest context (what the cost model prices)
+        self.cost_model.context = max(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests)
         paths = min(self.policy.max_paths(batch_size), self.max_tree_paths)
         if paths <= 0:
             self._off_steps += 1
@@ -120,7 +126,7 @@ class Speculator:
                 left -= k
         dt = time.perf_counter() - t0
         self._draft_s += dt
-        self.policy.observe_draft(dt)
+        self.policy.observe_draft(dt, len(requests))
         return out
 
     def record_verification(self, req: Any, draft: Draft, accepted: int) -> None:
@@ -133,7 +139,8 @@ class Speculator:
         self._steps[draft.source] += 1
         self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth, predicted=draft.score)
 
-    def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
+    def observe_step(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0) -> None:
+        self.cost_model.observe(batch_size, num_tokens, seconds, attention)
         self.policy.observe_step(batch_size, num_tokens, seconds)
 
     # ---- metrics ------------------------------------------------------------------------
