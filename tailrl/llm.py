@@ -50,7 +50,7 @@ class LLM:
             speculator = Speculator(self.speculative, self.history)
         self.engine = LLMEngine(config, speculator)
         if speculator is not None:                      # measure this machine's step cost up front
-            speculator.calibrate(self.engine.runner.synthetic_step, batch_sizes=(1, 8, 64),
+            speculator.calibrate(self.engine.runner.synthetic_step, batch_sizes=(1, 8, 64, 256),
                                  extra_per_request=(0, 4), repeats=1, contexts=(128, 512))
         self.tokenizer = load_tokenizer(model)
         self.seed = seed

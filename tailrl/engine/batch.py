@@ -185,18 +185,18 @@ class ModelRunner:
         self.kv_data_fn = kv_data_fn                 # () -> current [L, 2, rows, KV, cap, D] tensor
         a = model.args
         self.groups = a.num_heads // a.num_kv_heads
-        self._scratch: dict = {}                     # synthetic_step's last shape: (batch, K/V)
+        self._scratch: dict = {}                     # synthetic_step's last shape: (rows, drafts, K/V)
 
     def build(self, rows: list[tuple[Request, int]], drafts: dict) -> Batch:
         w = self.model.embed.weight
         return build_batch(rows, drafts, self.groups, w.device, w.dtype)
 
     def synthetic_step(self, batch_size: int, num_tokens: int, context: int = 128) -> None:
-        """One forward of `batch_size` rows, `num_tokens` new tokens in all (1 + chain drafts per
-        row), each over `context` cached positions, on scratch K/V: for calibrating the cost
-        model, which learns from the engine's forward times (`run`: model + logits). The batch
-        and scratch K/V of a shape are built on its first call (calibration's warm-up) and kept
-        for the next one, so later calls time exactly what `run` times."""
+        """One step of `batch_size` rows, `num_tokens` new tokens in all (1 + chain drafts per
+        row), each over `context` cached positions, on scratch K/V: batch building, forward and
+        sampling, as an engine step costs, for calibrating the cost model. The scratch K/V and
+        requests of a shape are made on its first call (calibration's warm-up) and kept."""
+        from tailrl.engine.sampler import sample
         per_row = max(num_tokens // batch_size, 1)
         key = (batch_size, per_row, context)
         if key not in self._scratch:
@@ -211,10 +211,12 @@ class ModelRunner:
                 rows.append((req, 1))
                 if per_row > 1:
                     drafts[req.request_id] = _Chain([1] * (per_row - 1))
-            self._scratch = {key: (build_batch(rows, drafts, self.groups, w.device, w.dtype), kv)}
-        batch, kv = self._scratch[key]
+            self._scratch = {key: (rows, drafts, kv)}
+        rows, drafts, kv = self._scratch[key]
+        w = self.model.embed.weight
+        batch = build_batch(rows, drafts, self.groups, w.device, w.dtype)
         hidden = self.model(batch.input_ids, batch.positions, kv, batch.meta)
-        self.model.logits(hidden[batch.sample_index])
+        sample(self.model.logits(hidden[batch.sample_index]), batch.temperature, batch.top_k, batch.top_p, batch.u)
 
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions (and their hidden states if asked)."""

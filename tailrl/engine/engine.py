@@ -66,6 +66,7 @@ class LLMEngine:
     def step(self) -> list[Request]:
         """Run one forward for the scheduled requests. Returns the requests that finished."""
         t0 = time.perf_counter()
+        kv_before = self.kv.data
         sched = self.scheduler.schedule()
         if sched.num_tokens == 0:
             if self.scheduler.has_work():
@@ -81,7 +82,12 @@ class LLMEngine:
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), t1 - t0, t2 - t1, t3 - t2, verify_rows, accepted)
         if self.speculator is not None:
-            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), t2 - t1, batch.meta.work)
+            # the whole step (batch building, sampling, verification included): what a step costs;
+            # steps with prefill chunks are priced differently (big matmuls, per-row attention)
+            # (and a step that grew the KV cache paid a one-time copy)
+            unusual = len(batch.input_ids) - batch.num_draft_tokens > len(sched.rows) or self.kv.data is not kv_before
+            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), t3 - t0, batch.meta.work,
+                                         prefill=unusual)
         return finished
 
     def _propose(self, sched: SchedulerOutput) -> dict:

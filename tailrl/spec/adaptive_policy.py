@@ -65,7 +65,7 @@ class AdaptivePolicy:
                  min_draft_tokens: int = 2, max_tree_paths: int = 4, max_spec_batch: int = 0,
                  initial_window: int = 4, priority_weight: float = 2.0,
                  priority_fn: Callable[[Any], float] | None = None, min_request_steps: int = 3,
-                 explore_every: int = 32) -> None:
+                 explore_every: int = 32, min_gain: float = 0.1) -> None:
         if not 1 <= min_draft_tokens <= max_draft_tokens:
             raise ValueError(f"need 1 <= min_draft_tokens <= max_draft_tokens, got "
                              f"{min_draft_tokens}, {max_draft_tokens}")
@@ -79,6 +79,7 @@ class AdaptivePolicy:
         self.priority_fn = priority_fn or _output_length
         self.min_request_steps = min_request_steps
         self.explore_every = explore_every   # 0 = never speculate where the estimates say no
+        self.min_gain = min_gain             # predicted time saving a draft depth must reach
         self._off_streak: dict[int, int] = {}
         self._exploring = False
         self._step_depth = max_draft_tokens   # this step's cap on nodes per request (set by max_paths)
@@ -87,6 +88,7 @@ class AdaptivePolicy:
         self._by_request: dict[str, AcceptanceStats] = {}
         self._windows: dict[str, int] = {}
         self.draft_seconds = 0.0      # EMA of drafting CPU time per request asked
+        self._draft_obs = 0
         self.last_depth = 0           # g* of the last allocation
         self.last_budget = 0          # g* * n of the last allocation
 
@@ -146,9 +148,11 @@ class AdaptivePolicy:
         return self.max_tree_paths if self._exploring else 0
 
     def best_depth(self, batch_size: int, n: int, a: float) -> int:
-        """Seer's g* for ``n`` drafting requests out of ``batch_size`` at acceptance ``a``."""
+        """Seer's g* for ``n`` drafting requests out of ``batch_size`` at acceptance ``a``; a
+        depth must beat plain decoding by ``min_gain`` (the models' error: measured at batch
+        64-256, predicted gains under ~10% turned into losses)."""
         B = batch_size
-        best_g, best_t = 0, self.cost.predict(B, B) / B
+        best_g, best_t = 0, self.cost.predict(B, B) / B * (1.0 - self.min_gain)
         for g in range(1, self.max_draft_tokens + 1):
             tokens = (1 - a ** (g + 1)) / (1 - a)
             t = (self.draft_seconds * B + self.cost.predict(B, B + g * n)) / (B - n + n * tokens)
@@ -225,7 +229,11 @@ class AdaptivePolicy:
 
     # ---- feedback ------------------------------------------------------------------
     def observe_draft(self, seconds: float, requests: int = 1) -> None:
-        self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * seconds / max(requests, 1)
+        per_request = seconds / max(requests, 1)
+        # the first measurement is taken whole: starting the average at 0 would call drafting
+        # free for the first ten steps (a whole short rollout at batch 256)
+        self.draft_seconds = per_request if self._draft_obs == 0 else 0.9 * self.draft_seconds + 0.1 * per_request
+        self._draft_obs += 1
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
                max_depth: int | None = None, predicted: float | None = None) -> None:

@@ -13,8 +13,9 @@ Per engine step:
    verified draft (``accepted`` excludes the bonus token) and ``observe(req, new_tokens)``
    for every request that gained tokens (drafted or not: the group and self indexes need
    all tokens);
-3. ``observe_step(batch_size, num_tokens, seconds, attention)`` after every forward
-   (``attention``: the step's (query slot, key position) pairs, see ``CostModel``).
+3. ``observe_step(batch_size, num_tokens, seconds, attention)`` after every step
+   (``seconds``: the whole step, drafting included; ``attention``: the step's (query slot,
+   key position) pairs, see ``CostModel``).
 
 ``calibrate(forward_fn)`` (optional, once at start-up) times synthetic forwards so the cost
 model is measured before the first step. ``start(req)`` / ``finish(req)`` bracket a request's stay in the engine.
@@ -60,6 +61,7 @@ class Speculator:
                                                                     history_store, seed)
         self.max_draft_tokens = self.config.max_draft_tokens
         self.max_tree_paths = self.config.max_tree_paths
+        self._step_draft_s = 0.0
         self.reset_metrics()
 
     def calibrate(self, forward_fn: Callable[[int, int], object], **kw) -> None:
@@ -126,6 +128,7 @@ class Speculator:
                 left -= k
         dt = time.perf_counter() - t0
         self._draft_s += dt
+        self._step_draft_s = dt
         self.policy.observe_draft(dt, len(requests))
         return out
 
@@ -139,8 +142,15 @@ class Speculator:
         self._steps[draft.source] += 1
         self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth, predicted=draft.score)
 
-    def observe_step(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0) -> None:
-        self.cost_model.observe(batch_size, num_tokens, seconds, attention)
+    def observe_step(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0,
+                     prefill: bool = False) -> None:
+        """``seconds``: the whole step; this step's drafting time is taken out (the policy
+        prices drafting per request asked, separately). Steps with prefill chunks do not
+        teach the cost model, which prices decode and verify steps."""
+        seconds -= self._step_draft_s
+        self._step_draft_s = 0.0
+        if not prefill:
+            self.cost_model.observe(batch_size, num_tokens, seconds, attention)
         self.policy.observe_step(batch_size, num_tokens, seconds)
 
     # ---- metrics ------------------------------------------------------------------------

@@ -72,10 +72,11 @@ def test_unlikely_nodes_get_nothing_when_verification_is_not_free():
     cm = CostModel()
     for e in (0, 1, 3, 7):                             # an extra token costs half a plain one
         cm.observe(8, 8 * (1 + e), 0.004 + 0.0005 * 8 * (1 + e))
-    pol = AdaptivePolicy(cm)
+    pol = AdaptivePolicy(cm, min_gain=0.0)
     r, other = reqs(2)
     assert pol.allocate([(r, Draft.chain([1, 2, 3], [0.2, 1.0, 1.0]))], 8) == [0]
     assert pol.last_depth == 1                     # prior acceptance 0.5: Seer's g* is small
+    assert AdaptivePolicy(cm).best_depth(8, 1, 0.5) == 0   # a gain that small is within the margin
     for _ in range(30):                            # measured: drafts are accepted in full
         pol.update(other, 3, 3, "self", predicted=3.0)
     assert pol.allocate([(r, Draft.chain([1, 2, 3], [0.95, 0.95, 0.2], source="self"))], 8) == [2]
