@@ -43,6 +43,13 @@ Per step, with ``B`` requests sampling and ``n`` of them holding a draft:
    bucket) still verifies ``min_draft_tokens`` for a few of the best drafts, so the cost model and the
    acceptance statistics stay measured (see ``max_paths``).
 
+7. *Checked against the clock.* After each speculative step its real time per emitted token
+   (drafting included) is divided by the predicted one (the cost model's time over the
+   allocated nodes' expected gain); the per-bucket average of that ratio scales the
+   speculative side of rule 2. Where the models are optimistic (measured at batch 128-256:
+   the mean acceptance rate over-predicts what deep chains yield there), ``g*`` falls to 0;
+   an off bucket's ratio drifts back toward 1 (1% per step), so speculation is retried.
+
 Departures from Seer: their "SD off when the budget is below the number of high-priority
 requests" rule is replaced by rule 1, which switches off from measured costs instead.
 """
@@ -89,6 +96,10 @@ class AdaptivePolicy:
         self._windows: dict[str, int] = {}
         self.draft_seconds = 0.0      # EMA of drafting CPU time per request asked
         self._draft_obs = 0
+        self._pending: tuple[int, float, float] | None = None   # (bucket, seconds, tokens) predicted
+        self._step_accepted = 0               # draft tokens accepted in this step
+        self._expected_gain = 0.0
+        self._error: dict[int, float] = {}    # per batch bucket: EMA of real / predicted speculative step
         self.last_depth = 0           # g* of the last allocation
         self.last_budget = 0          # g* * n of the last allocation
 
@@ -109,17 +120,24 @@ class AdaptivePolicy:
     def _can_pay(self, batch_size: int) -> bool:
         """False when no draft can pay at this batch size.
 
-        Off when a certain token does not pay (rule 1) or when Seer's g* is 0 even at the best
-        acceptance rate measured for any source (rule 2 with every request drafting; the
-        ratio of gained tokens to verification cost does not depend on how many draft).
+        Off when a certain token does not pay (rule 1) or when Seer's g* is 0 at the gate rate
+        (``_gate_rate``; rule 2 with every request drafting: the ratio of gained tokens to
+        verification cost does not depend on how many draft).
         """
         if self._gain_threshold(batch_size) >= 1.0:
             return False
-        return self.best_depth(batch_size, batch_size, self._best_rate()) > 0
+        return self.best_depth(batch_size, batch_size, self._gate_rate(batch_size)) > 0
 
-    def _best_rate(self) -> float:
-        """The best acceptance rate measured for any source (an unmeasured one: the prior)."""
-        return max([self.overall.rate, AcceptanceStats().rate] + [s.rate for s in self.by_source.values()])
+    def _gate_rate(self, batch_size: int) -> float:
+        """The acceptance rate that decides whether to draft at all. Where a verified token
+        costs under 15% of a decoded one (small batches), the best rate of any source (an
+        unmeasured one counts at the prior): trying is cheap, and a poor source must not
+        silence a good one. Elsewhere the rate over all sources: drafting is paid for every
+        request asked, and a step whose drafts then get ``g* = 0`` wasted it (measured: most
+        bulk steps at batch 256 when the gate used the best source's rate)."""
+        if self._gain_threshold(batch_size) < 0.15:
+            return max([self.overall.rate, AcceptanceStats().rate] + [s.rate for s in self.by_source.values()])
+        return self.overall.rate
 
     def max_paths(self, batch_size: int) -> int:
         """The tree width sources may draft this step; 0 = nobody drafts.
@@ -131,17 +149,20 @@ class AdaptivePolicy:
         speculation off for good, since an off policy measures neither.
         """
         self._exploring = False
+        self._pending = None
         self._step_depth = self.max_draft_tokens
         if self.max_spec_batch and batch_size > self.max_spec_batch:
             return 0
         if self._can_pay(batch_size):
-            self._step_depth = max(self.best_depth(batch_size, batch_size, self._best_rate()), self.min_draft_tokens)
+            self._step_depth = max(self.best_depth(batch_size, batch_size, self._gate_rate(batch_size)), self.min_draft_tokens)
             # side branches hold the less likely tokens: worth verifying only where a verified
             # token costs under a tenth of a decoded one (small batches); chains elsewhere
             return self.max_tree_paths if self._gain_threshold(batch_size) < 0.1 else 1
         if self.explore_every <= 0:
             return 0
-        bucket = max(batch_size, 1).bit_length()
+        bucket = self._bucket(batch_size)
+        if bucket in self._error:          # an off bucket forgets its error slowly (no new evidence)
+            self._error[bucket] = 0.99 * self._error[bucket] + 0.01
         streak = self._off_streak.get(bucket, 0) + 1
         self._off_streak[bucket] = streak % self.explore_every
         self._exploring = streak >= self.explore_every
@@ -153,9 +174,10 @@ class AdaptivePolicy:
         64-256, predicted gains under ~10% turned into losses)."""
         B = batch_size
         best_g, best_t = 0, self.cost.predict(B, B) / B * (1.0 - self.min_gain)
+        err = self._error.get(self._bucket(B), 1.0)
         for g in range(1, self.max_draft_tokens + 1):
             tokens = (1 - a ** (g + 1)) / (1 - a)
-            t = (self.draft_seconds * B + self.cost.predict(B, B + g * n)) / (B - n + n * tokens)
+            t = err * (self.draft_seconds * B + self.cost.predict(B, B + g * n)) / (B - n + n * tokens)
             if t < best_t:
                 best_g, best_t = g, t
         return best_g
@@ -172,6 +194,17 @@ class AdaptivePolicy:
         return st.rate if st is not None else AcceptanceStats().rate
 
     def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
+        exploring = self._exploring
+        alloc = self._allocate(proposals, batch_size)
+        nodes = sum(alloc)
+        if nodes and not exploring:        # what this step should cost and yield, for the clock check
+            B = batch_size
+            self._pending = (self._bucket(B), self.draft_seconds * B + self.cost.predict(B, B + nodes),
+                             B + self._expected_gain)
+        return alloc
+
+    def _allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
+        self._expected_gain = 0.0
         n = len(proposals)
         alloc = [0] * n
         self.last_depth = self.last_budget = 0
@@ -219,6 +252,7 @@ class AdaptivePolicy:
                 continue
             alloc[i] += 1
             budget -= 1
+            self._expected_gain += gain
             for c in children[i][j]:
                 self._push(heap, i, c, gains[i][c], d.path_probs[c], weight[i])
         return alloc
@@ -246,9 +280,23 @@ class AdaptivePolicy:
         for st in (self.overall, self.by_source.setdefault(source, AcceptanceStats()),
                    self._by_request.setdefault(rid, AcceptanceStats())):
             st.add(draft_nodes, accepted, full, predicted)
+        self._step_accepted += accepted
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
-        """Nothing: the speculator feeds the shared cost model (with the step's attention work)."""
+        """``seconds``: the whole step, drafting included. The speculator feeds the shared cost
+        model; here a speculative step's real time is checked against its prediction, per
+        batch bucket (rule 7)."""
+        accepted, self._step_accepted = self._step_accepted, 0
+        if self._pending is not None:
+            bucket, predicted, expected = self._pending
+            self._pending = None
+            # real seconds per emitted token over predicted: cost and acceptance errors alike
+            ratio = (seconds / (batch_size + accepted)) / (predicted / expected)
+            self._error[bucket] = 0.8 * self._error.get(bucket, 1.0) + 0.2 * min(max(ratio, 0.25), 4.0)
+
+    @staticmethod
+    def _bucket(batch_size: int) -> int:
+        return max(batch_size, 1).bit_length()
 
     def finish(self, req: Any) -> None:
         self._windows.pop(req.request_id, None)

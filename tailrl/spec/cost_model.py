@@ -81,6 +81,7 @@ class CostModel:
         self.prior_weight = prior_weight        # pseudo-observations behind the prior slope
         self.max_bucket = max_bucket            # buckets 2**0 .. 2**max_bucket
         self._lines: dict[int, _Line] = {}
+        self._cache: dict[int, tuple[float, float, float]] = {}
         self.num_observations = 0
 
     def _bucket(self, batch_size: int) -> int:
@@ -96,6 +97,7 @@ class CostModel:
             line = self._lines[k] = _Line()
         line.add(float(num_tokens), attention / 1000.0, float(seconds), self.decay)
         self.num_observations += 1
+        self._cache.clear()
 
     def _line(self, k: int) -> tuple[float, float, float]:
         # ridge: prior_weight observations spread one batch width apart (tokens), and one
@@ -105,6 +107,12 @@ class CostModel:
         return self._lines[k].fit((self.prior_per_token, self.prior_per_kpair), ridge)
 
     def _coeffs(self, batch_size: int) -> tuple[float, float, float]:
+        c = self._cache.get(batch_size)            # policies ask many times between two steps
+        if c is None:
+            c = self._cache[batch_size] = self._fit_coeffs(batch_size)
+        return c
+
+    def _fit_coeffs(self, batch_size: int) -> tuple[float, float, float]:
         if not self._lines:
             return self.prior_base, self.prior_per_token, self.prior_per_kpair
         x = math.log2(max(batch_size, 1))

@@ -16,7 +16,8 @@ Per engine step the ``Speculator`` calls, in order:
    verification of one request's draft: nodes verified, tokens accepted (bonus excluded),
    the draft's deepest path (full acceptance = ``accepted == max_depth``; defaults to
    ``draft_nodes``, i.e. a chain) and its predicted expected acceptance (``draft.score``).
-5. ``observe_step(batch_size, num_tokens, seconds)``: every forward, drafts or not.
+5. ``observe_step(batch_size, num_tokens, seconds)``: every decode step, drafts or not (steps
+   with prefill chunks are not reported); ``seconds`` is the whole step, drafting included.
 6. ``finish(req)``: the request left this engine.
 
 ``batch_size`` is the number of requests sampling a token in the step.

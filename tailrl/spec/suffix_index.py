@@ -16,7 +16,7 @@ Why a table (measured in ``benchmarks/draft_cost.py``; the Python suffix trie th
 cost ~1 ms per draft on the workload, which ate the gain of speculation):
 
 - Appending a token is a few dict inserts: for each key length ``k`` in ``keys`` (by
-  default ``min_match_len`` doubling up to ``max_match_len``: 2, 4, 8, 16) the ``k`` tokens
+  default ``min_match_len`` times powers of 4 up to ``max_match_len``: 2, 8, 16) the ``k`` tokens
   ending at it map to the list of positions that follow them.
 - Matching looks up the context's ``k``-token tail from the longest key down. Occurrences
   found under key ``k`` but not under the next longer key ``k2`` match fewer than ``k2``
@@ -36,12 +36,14 @@ from tailrl.spec.draft import Draft
 
 
 def key_lengths(min_match_len: int, max_match_len: int) -> tuple[int, ...]:
-    """``min_match_len`` doubling up to ``max_match_len`` (which is always included)."""
+    """``min_match_len`` times 4, 16, ... up to ``max_match_len`` (which is always included):
+    every key costs an insert per token; a match found under key ``k`` extends backwards at
+    most up to the next key."""
     if not 1 <= min_match_len <= max_match_len:
         raise ValueError(f"min_match_len must be in [1, max_match_len], got {min_match_len}")
     keys = [min_match_len]
-    while keys[-1] * 2 < max_match_len:
-        keys.append(keys[-1] * 2)
+    while keys[-1] * 4 < max_match_len:
+        keys.append(keys[-1] * 4)
     if keys[-1] != max_match_len:
         keys.append(max_match_len)
     return tuple(keys)
@@ -72,19 +74,18 @@ class SuffixIndex:
 
     def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
         seq = self._seqs[seq_id]
-        for t in tokens:
-            seq.append(int(t))
-            n = len(seq)
-            for k, table in zip(self.keys, self._tables):
-                if n < k:
-                    break
-                key = tuple(seq[n - k:])
+        old = len(seq)
+        seq.extend(int(t) for t in tokens)
+        new = len(seq)
+        for k, table in zip(self.keys, self._tables):
+            for n in range(max(old + 1, k), new + 1):     # the k tokens ending at position n - 1
+                key = tuple(seq[n - k:n])
                 occ = table.get(key)
                 if occ is None:
                     table[key] = [(seq_id, n)]
                 else:
                     occ.append((seq_id, n))
-            self.num_tokens += 1
+        self.num_tokens += new - old
 
     def tokens(self, seq_id: int) -> list[int]:
         return self._seqs[seq_id]

@@ -40,9 +40,10 @@ def build(rng, lo, hi, n_seqs, length, vocab, interleave):
     return index, seqs
 
 
-def test_key_lengths_double_up_to_the_longest_match():
-    assert key_lengths(2, 16) == (2, 4, 8, 16)
-    assert key_lengths(3, 10) == (3, 6, 10)
+def test_key_lengths_grow_fourfold_up_to_the_longest_match():
+    assert key_lengths(2, 16) == (2, 8, 16)
+    assert key_lengths(2, 64) == (2, 8, 32, 64)
+    assert key_lengths(3, 10) == (3, 10)
     assert key_lengths(1, 1) == (1,)
     with pytest.raises(ValueError, match="min_match_len"):
         key_lengths(5, 4)
