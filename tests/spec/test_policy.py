@@ -188,3 +188,21 @@ def test_expected_time_per_token_never_exceeds_plain_decoding(seed):
         gain = sum(d.truncate(k).score for (_, d), k in zip(props, alloc))
         spec_time = cm.predict(B, B + sum(alloc)) / (B + gain)
         assert spec_time <= cm.predict(B, B) / B * (1 + 1e-9)
+
+
+def test_the_clock_check_turns_off_a_bucket_whose_steps_run_slow():
+    pol = AdaptivePolicy(cpu_like_cost(), min_gain=0.0)
+    rs = reqs(4)
+    props = [(r, Draft.chain(list(range(4)))) for r in rs]
+    pol.max_paths(4)
+    assert sum(pol.allocate(props, 4)) > 0
+    for _ in range(20):                       # every speculative step takes 5x its prediction
+        if pol.max_paths(4) == 0:
+            break
+        alloc = pol.allocate(props, 4)
+        if not sum(alloc):
+            break
+        _, predicted, _ = pol._pending
+        pol.observe_step(4, 4 + sum(alloc), 5 * predicted)
+    assert pol.max_paths(4) == 0 or sum(pol.allocate(props, 4)) == 0
+    assert pol._error[pol._bucket(4)] > 1.3

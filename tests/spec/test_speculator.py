@@ -153,3 +153,47 @@ def test_make_sources_follows_the_config():
     srcs = make_sources(SpeculativeConfig(sources=("self", "group"), min_match_len=3, max_draft_tokens=6))
     assert [s.name for s in srcs] == ["self", "group"]
     assert srcs[0].params.min_match_len == 3 and srcs[0].params.max_draft_depth == 6
+
+
+class CountingSource(RecordingSource):
+    """Drafts the continuation of a fixed token stream, and counts the calls."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+
+    def propose(self, req, max_tokens, max_paths):
+        self.asked.append((max_tokens, max_paths))
+        n = len(req.output_token_ids)
+        return Draft.chain(self.stream[n:n + max_tokens], source=self.name)
+
+
+def test_a_fully_accepted_chain_carries_its_rest_to_the_next_step():
+    stream = list(range(100, 140))
+    src = CountingSource(stream)
+    spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=1), sources=[src],
+                      policy=FixedPolicy(3, paths=1))
+    r = FakeRequest("x", [1])
+    d = spec.propose([r], 1)["x"]
+    assert d.tokens == stream[:3] and src.asked == [(8, 1)]        # drafted 8, verifies 3
+    spec.record_verification(r, d, 3)
+    emit(spec, r, stream[:4])                                        # 3 accepted + the bonus token
+    d = spec.propose([r], 1)["x"]
+    assert d.tokens == stream[4:7] and len(src.asked) == 1          # the rest, no source asked
+    spec.record_verification(r, d, 1)                                # a rejection: no carry
+    emit(spec, r, stream[4:5] + [7])
+    spec.propose([r], 1)
+    assert len(src.asked) == 2
+
+
+def test_a_carried_rest_is_dropped_when_the_bonus_token_differs():
+    stream = list(range(100, 140))
+    src = CountingSource(stream)
+    spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=1), sources=[src],
+                      policy=FixedPolicy(3, paths=1))
+    r = FakeRequest("x", [1])
+    d = spec.propose([r], 1)["x"]
+    spec.record_verification(r, d, 3)
+    emit(spec, r, stream[:3] + [5])                                  # the bonus token is not the rest's
+    spec.propose([r], 1)
+    assert len(src.asked) == 2
