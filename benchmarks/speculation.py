@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=960)
     ap.add_argument("--batch-sizes", default="1,4,16,64,256")
-    ap.add_argument("--fixed-tokens", type=int, default=64)
+    ap.add_argument("--fixed-tokens", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="16 prompts, batch sizes 1,16")
     ap.add_argument("--spec", default="{}", help='SpeculativeConfig fields as JSON, e.g. \'{"max_spec_batch": 8}\'')
     a = ap.parse_args()

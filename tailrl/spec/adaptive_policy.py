@@ -46,9 +46,12 @@ Per step, with ``B`` requests sampling and ``n`` of them holding a draft:
 7. *Checked against the clock.* After each speculative step its real time per emitted token
    (drafting included) is divided by the predicted one (the cost model's time over the
    allocated nodes' expected gain); the per-bucket average of that ratio scales the
-   speculative side of rule 2. Where the models are optimistic (measured at batch 128-256:
-   the mean acceptance rate over-predicts what deep chains yield there), ``g*`` falls to 0;
-   an off bucket's ratio drifts back toward 1 (1% per step), so speculation is retried.
+   speculative side of rule 2; plain decode steps get the same check against the plain
+   prediction (one step in ``plain_every`` is plain where speculation runs, so both sides
+   stay measured on the same batch sizes and contexts). Where the models are optimistic
+   (measured at batch 128-256: the mean acceptance rate over-predicts what deep chains yield
+   there), ``g*`` falls to 0; an off bucket's ratio drifts back toward 1 (1% per step), so
+   speculation is retried.
 
 Departures from Seer: their "SD off when the budget is below the number of high-priority
 requests" rule is replaced by rule 1, which switches off from measured costs instead.
@@ -72,7 +75,7 @@ class AdaptivePolicy:
                  min_draft_tokens: int = 2, max_tree_paths: int = 4, max_spec_batch: int = 0,
                  initial_window: int = 4, priority_weight: float = 2.0,
                  priority_fn: Callable[[Any], float] | None = None, min_request_steps: int = 3,
-                 explore_every: int = 32, min_gain: float = 0.1) -> None:
+                 explore_every: int = 32, min_gain: float = 0.1, plain_every: int = 16) -> None:
         if not 1 <= min_draft_tokens <= max_draft_tokens:
             raise ValueError(f"need 1 <= min_draft_tokens <= max_draft_tokens, got "
                              f"{min_draft_tokens}, {max_draft_tokens}")
@@ -87,6 +90,7 @@ class AdaptivePolicy:
         self.min_request_steps = min_request_steps
         self.explore_every = explore_every   # 0 = never speculate where the estimates say no
         self.min_gain = min_gain             # predicted time saving a draft depth must reach
+        self.plain_every = plain_every       # where speculating, one step in this many is plain (0: never)
         self._off_streak: dict[int, int] = {}
         self._exploring = False
         self._step_depth = max_draft_tokens   # this step's cap on nodes per request (set by max_paths)
@@ -100,6 +104,8 @@ class AdaptivePolicy:
         self._step_accepted = 0               # draft tokens accepted in this step
         self._expected_gain = 0.0
         self._error: dict[int, float] = {}    # per batch bucket: EMA of real / predicted speculative step
+        self._plain_error: dict[int, float] = {}   # the same for plain decode steps
+        self._spec_streak: dict[int, int] = {}
         self.last_depth = 0           # g* of the last allocation
         self.last_budget = 0          # g* * n of the last allocation
 
@@ -154,6 +160,11 @@ class AdaptivePolicy:
         if self.max_spec_batch and batch_size > self.max_spec_batch:
             return 0
         if self._can_pay(batch_size):
+            bucket = self._bucket(batch_size)
+            streak = self._spec_streak.get(bucket, 0) + 1
+            self._spec_streak[bucket] = streak % self.plain_every
+            if self.plain_every and streak >= self.plain_every:
+                return 0                   # a plain step now and then keeps rule 7's baseline measured
             self._step_depth = max(self.best_depth(batch_size, batch_size, self._gate_rate(batch_size)), self.min_draft_tokens)
             # side branches hold the less likely tokens: worth verifying only where a verified
             # token costs under a tenth of a decoded one (small batches); chains elsewhere
@@ -173,7 +184,8 @@ class AdaptivePolicy:
         depth must beat plain decoding by ``min_gain`` (the models' error: measured at batch
         64-256, predicted gains under ~10% turned into losses)."""
         B = batch_size
-        best_g, best_t = 0, self.cost.predict(B, B) / B * (1.0 - self.min_gain)
+        plain_err = self._plain_error.get(self._bucket(B), 1.0)
+        best_g, best_t = 0, plain_err * self.cost.predict(B, B) / B * (1.0 - self.min_gain)
         err = self._error.get(self._bucket(B), 1.0)
         for g in range(1, self.max_draft_tokens + 1):
             tokens = (1 - a ** (g + 1)) / (1 - a)
@@ -293,6 +305,10 @@ class AdaptivePolicy:
             # real seconds per emitted token over predicted: cost and acceptance errors alike
             ratio = (seconds / (batch_size + accepted)) / (predicted / expected)
             self._error[bucket] = 0.8 * self._error.get(bucket, 1.0) + 0.2 * min(max(ratio, 0.25), 4.0)
+        elif num_tokens == batch_size:     # a plain decode step: the baseline's own error
+            bucket = self._bucket(batch_size)
+            ratio = seconds / self.cost.predict(batch_size, num_tokens)
+            self._plain_error[bucket] = 0.8 * self._plain_error.get(bucket, 1.0) + 0.2 * min(max(ratio, 0.25), 4.0)
 
     @staticmethod
     def _bucket(batch_size: int) -> int:
