@@ -1,15 +1,14 @@
 """Running acceptance statistics of speculation (per request, per source, overall).
 
-Two numbers summarise verification outcomes:
+One number summarises verification outcomes:
 
 - ``rate``: per-token acceptance probability ``a`` of the geometric model Seer's cost
   formula assumes. Each verify step accepts ``accepted`` tokens and, unless it accepted its
   whole deepest path, ends in one rejection, so ``a = A / (A + R)`` (accepted tokens over
   accepted tokens plus rejection events) is the maximum-likelihood estimate. A prior of
   ``prior_weight`` pseudo-tokens at ``prior_rate`` keeps it sane before data arrives.
-- ``calibration``: accepted / predicted, where predicted is the draft's own estimate
-  (``Draft.score``). Sources' count-based probabilities are optimistic or pessimistic in
-  their own ways; the policy multiplies node probabilities by this factor.
+  The adaptive policy prices a node at depth ``j`` at ``a^j`` times its draft's own path
+  probability (an accepted/predicted factor, used before, over-valued deep nodes).
 
 Old outcomes are forgotten exponentially (``decay`` per update): the policy changes during
 an RL run and acceptance drifts with it.
@@ -27,15 +26,13 @@ class AcceptanceStats:
     accepted: float = 0.0       # tokens accepted (bonus excluded)
     rejections: float = 0.0     # verify steps that stopped before the end of the draft
     drafted: float = 0.0        # nodes verified
-    predicted: float = 0.0      # sum of draft scores
     steps: int = 0
 
-    def add(self, draft_nodes: int, accepted: int, full: bool, predicted: float | None) -> None:
+    def add(self, draft_nodes: int, accepted: int, full: bool) -> None:
         d = self.decay
         self.accepted = self.accepted * d + accepted
         self.rejections = self.rejections * d + (0.0 if full else 1.0)
         self.drafted = self.drafted * d + draft_nodes
-        self.predicted = self.predicted * d + (accepted if predicted is None else predicted)
         self.steps += 1
 
     @property
@@ -43,8 +40,3 @@ class AcceptanceStats:
         w = self.prior_weight
         a = (self.accepted + w * self.prior_rate) / (self.accepted + self.rejections + w)
         return min(a, 0.99)
-
-    @property
-    def calibration(self) -> float:
-        """Accepted / predicted, shrunk toward 1 by one pseudo-token each side."""
-        return (self.accepted + 1.0) / (self.predicted + 1.0)

@@ -6,9 +6,10 @@ Per step, with ``B`` requests sampling and ``n`` of them holding a draft:
    time ``T0 = T(B, B)`` and the marginal cost ``c`` of one more verified token. One extra
    accepted token is worth ``tau = T0 / B`` seconds (what the batch spends per token now).
    A draft node with expected gain ``e`` (accepted tokens it brings) pays iff
-   ``e * tau >= c``. If even ``e = 1`` does not pay, or rule 2 gives ``g* = 0`` at the best
-   measured acceptance rate, ``max_paths`` returns 0 and nobody drafts (typically at batch
-   256, where verifying a token costs about as much as decoding one).
+   ``e * tau >= c``. If even ``e = 1`` does not pay, or rule 2 gives ``g* = 0`` at the gate
+   rate (``_gate_rate``: the best source's where verifying is cheap, the overall one
+   elsewhere), ``max_paths`` returns 0 and nobody drafts (typically at batch 256, where
+   verifying a token costs about as much as decoding one).
 2. *Budget (Seer).* With per-token acceptance ``a`` (the mean running estimate over this
    step's proposals: each request's own once measured, else its source's), draft depth ``g``
    gives ``E_g = (1 - a^(g+1)) / (1 - a)`` tokens per drafting request per step, and the time
@@ -291,7 +292,7 @@ class AdaptivePolicy:
         self._windows[rid] = min(2 * w, self.max_draft_tokens) if full else max(w // 2, self.min_draft_tokens)
         for st in (self.overall, self.by_source.setdefault(source, AcceptanceStats()),
                    self._by_request.setdefault(rid, AcceptanceStats())):
-            st.add(draft_nodes, accepted, full, predicted)
+            st.add(draft_nodes, accepted, full)
         self._step_accepted += accepted
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
