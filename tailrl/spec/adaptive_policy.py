@@ -124,16 +124,16 @@ class AdaptivePolicy:
         tau = self.cost.predict(batch_size, batch_size) / batch_size
         return self.cost.slope(batch_size) / tau
 
-    def _can_pay(self, batch_size: int) -> bool:
-        """False when no draft can pay at this batch size.
+    def _gate_depth(self, batch_size: int) -> int:
+        """Seer's g* with every request drafting at the gate rate; 0 = no draft can pay here.
 
-        Off when a certain token does not pay (rule 1) or when Seer's g* is 0 at the gate rate
+        0 when a certain token does not pay (rule 1) or when g* is 0 at the gate rate
         (``_gate_rate``; rule 2 with every request drafting: the ratio of gained tokens to
         verification cost does not depend on how many draft).
         """
         if self._gain_threshold(batch_size) >= 1.0:
-            return False
-        return self.best_depth(batch_size, batch_size, self._gate_rate(batch_size)) > 0
+            return 0
+        return self.best_depth(batch_size, batch_size, self._gate_rate(batch_size))
 
     def _gate_rate(self, batch_size: int) -> float:
         """The acceptance rate that decides whether to draft at all. Where a verified token
@@ -160,13 +160,15 @@ class AdaptivePolicy:
         self._step_depth = self.max_draft_tokens
         if self.max_spec_batch and batch_size > self.max_spec_batch:
             return 0
-        if self._can_pay(batch_size):
-            bucket = self._bucket(batch_size)
-            streak = self._spec_streak.get(bucket, 0) + 1
-            self._spec_streak[bucket] = streak % self.plain_every
-            if self.plain_every and streak >= self.plain_every:
-                return 0                   # a plain step now and then keeps rule 7's baseline measured
-            self._step_depth = max(self.best_depth(batch_size, batch_size, self._gate_rate(batch_size)), self.min_draft_tokens)
+        depth = self._gate_depth(batch_size)
+        if depth > 0:
+            if self.plain_every:
+                bucket = self._bucket(batch_size)
+                streak = self._spec_streak.get(bucket, 0) + 1
+                self._spec_streak[bucket] = streak % self.plain_every
+                if streak >= self.plain_every:
+                    return 0               # a plain step now and then keeps rule 7's baseline measured
+            self._step_depth = max(depth, self.min_draft_tokens)
             # side branches hold the less likely tokens: worth verifying only where a verified
             # token costs under a tenth of a decoded one (small batches); chains elsewhere
             return self.max_tree_paths if self._gain_threshold(batch_size) < 0.1 else 1
@@ -227,7 +229,7 @@ class AdaptivePolicy:
             for i in probe:
                 alloc[i] = min(self.min_draft_tokens, len(proposals[i][1]))
             return alloc
-        if n == 0 or (self.max_spec_batch and batch_size > self.max_spec_batch) or not self._can_pay(batch_size):
+        if n == 0 or (self.max_spec_batch and batch_size > self.max_spec_batch) or not self._gate_depth(batch_size):
             return alloc
         a = sum(self._rate(req, d.source) for req, d in proposals) / n   # the drafts at hand
         g = self.best_depth(max(batch_size, n), n, a)

@@ -95,21 +95,27 @@ class Speculator:
 
     # ---- per step ---------------------------------------------------------------------
     def best_draft(self, req: Any, max_paths: int) -> Draft | None:
-        best = None
+        """The draft the policy sees for ``req``: at most its ``draft_limit`` nodes (a longer
+        chain's untruncated form is kept in ``_full`` for the carry)."""
         limit = min(self.max_draft_tokens, self.policy.draft_limit(req))
         if limit <= 0:
             return None
+        best = None
         carry = self._carry.pop(req.request_id, None)
         out = req.output_token_ids
         if carry is not None and max_paths == 1 and out and out[-1] == carry.tokens[0]:
-            return Draft.chain(carry.tokens[1:], carry.probs[1:], carry.source)
-        ask = self.max_draft_tokens if max_paths == 1 else limit   # a chain's rest is cheap and may be carried
-        for s in self.sources:
-            d = s.propose(req, ask, max_paths)
-            if d is not None and len(d) > 0 and (best is None or d.score > best.score):
-                best = d
-                if best.score >= limit - 1e-9:       # a certain full-length draft: unbeatable
-                    break
+            best = Draft.chain(carry.tokens[1:], carry.probs[1:], carry.source)
+        else:
+            ask = self.max_draft_tokens if max_paths == 1 else limit   # a chain's rest is cheap and may be carried
+            for s in self.sources:
+                d = s.propose(req, ask, max_paths)
+                if d is not None and len(d) > 0 and (best is None or d.score > best.score):
+                    best = d
+                    if best.score >= limit - 1e-9:       # a certain full-length draft: unbeatable
+                        break
+        if best is not None and len(best) > limit and best.is_chain:
+            self._full[req.request_id] = best
+            best = best.truncate(limit)
         return best
 
     def propose(self, requests: list[Any], batch_size: int,
@@ -128,10 +134,6 @@ class Speculator:
         for req in requests:
             d = self.best_draft(req, paths)
             if d is not None:
-                limit = self.policy.draft_limit(req)
-                if len(d) > limit and d.is_chain:       # the policy sees its limit; the rest may be carried
-                    self._full[req.request_id] = d
-                    d = d.truncate(limit)
                 proposals.append((req, d))
         self._asked += len(requests)
         self._found += len(proposals)

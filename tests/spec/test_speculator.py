@@ -168,12 +168,17 @@ class CountingSource(RecordingSource):
         return Draft.chain(self.stream[n:n + max_tokens], source=self.name)
 
 
-def test_a_fully_accepted_chain_carries_its_rest_to_the_next_step():
+def carrying_speculator():
+    """Chains of 3 verified out of 8 drafted from a known stream, for one request."""
     stream = list(range(100, 140))
     src = CountingSource(stream)
     spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=1), sources=[src],
                       policy=FixedPolicy(3, paths=1))
-    r = FakeRequest("x", [1])
+    return stream, src, spec, FakeRequest("x", [1])
+
+
+def test_a_fully_accepted_chain_carries_its_rest_to_the_next_step():
+    stream, src, spec, r = carrying_speculator()
     d = spec.propose([r], 1)["x"]
     assert d.tokens == stream[:3] and src.asked == [(8, 1)]        # drafted 8, verifies 3
     spec.record_verification(r, d, 3)
@@ -187,11 +192,7 @@ def test_a_fully_accepted_chain_carries_its_rest_to_the_next_step():
 
 
 def test_a_carried_rest_is_dropped_when_the_bonus_token_differs():
-    stream = list(range(100, 140))
-    src = CountingSource(stream)
-    spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=1), sources=[src],
-                      policy=FixedPolicy(3, paths=1))
-    r = FakeRequest("x", [1])
+    stream, src, spec, r = carrying_speculator()
     d = spec.propose([r], 1)["x"]
     spec.record_verification(r, d, 3)
     emit(spec, r, stream[:3] + [5])                                  # the bonus token is not the rest's
