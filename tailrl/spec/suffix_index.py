@@ -24,11 +24,20 @@ cost ~1 ms per draft on the workload, which ate the gain of speculation):
   match length of every occurrence, with no scan of the sequences.
 - The draft walks the matched occurrences forward in their own sequences (the sequences
   *are* the tree's paths), splitting them by next token at each node.
+
+Two implementations of this contract: ``PySuffixIndex`` (the reference, pure Python) and
+``NativeSuffixIndex`` (the C++ extension ``_suffix_index.cpp``, built by ``pip install``;
+same results, tested equal on random sequences). ``SuffixIndex`` is the native one when the
+extension is built, else the reference (``NATIVE`` says which; ``TAILRL_PURE_PYTHON=1``
+forces the reference). Measured on the workload rollout (``benchmarks/draft_cost.py``):
+indexing and drafting cost ~X in Python, ~Y native.
 """
 from __future__ import annotations
 
 import heapq
+import logging
 import math
+import os
 from collections import Counter
 from typing import Iterable, Sequence
 
@@ -49,7 +58,9 @@ def key_lengths(min_match_len: int, max_match_len: int) -> tuple[int, ...]:
     return tuple(keys)
 
 
-class SuffixIndex:
+class PySuffixIndex:
+    """The reference implementation (pure Python)."""
+
     def __init__(self, min_match_len: int = 2, max_match_len: int = 16, max_occurrences: int = 32) -> None:
         self.keys = key_lengths(min_match_len, max_match_len)
         # a key's most recent occurrences only: repetitive text (a sort's passes, a search's
@@ -238,3 +249,59 @@ class SuffixIndex:
         if not tokens:
             return None
         return Draft(tokens, list(range(-1, len(tokens) - 1)), probs, source, match_len=m)
+
+
+class NativeSuffixIndex:
+    """The same index in C++ (``_suffix_index.cpp``): equal results, a fraction of the cost."""
+
+    def __init__(self, min_match_len: int = 2, max_match_len: int = 16, max_occurrences: int = 32) -> None:
+        self.keys = key_lengths(min_match_len, max_match_len)
+        self.max_occurrences = max_occurrences
+        self.min_match_len, self.max_match_len = min_match_len, max_match_len
+        self._core = _native.Index(list(self.keys), min_match_len, max_match_len, min(max_occurrences, 2**62))
+
+    def __len__(self) -> int:
+        return self._core.size()
+
+    @property
+    def num_tokens(self) -> int:
+        return self._core.num_tokens()
+
+    def add(self, tokens: Iterable[int] = ()) -> int:
+        return self._core.add(list(tokens))
+
+    def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
+        self._core.extend(seq_id, list(tokens))
+
+    def tokens(self, seq_id: int) -> list[int]:
+        return self._core.tokens(seq_id)
+
+    def match(self, context: Sequence[int], exclude: int | None = None) -> tuple[int, list[tuple[int, int]]]:
+        return self._core.match(list(context), -1 if exclude is None else exclude)
+
+    def continuations(self, context: Sequence[int], exclude: int | None = None) -> dict[int, int]:
+        return self._core.continuations(list(context), -1 if exclude is None else exclude)
+
+    def propose(self, context: Sequence[int], max_tokens: int, max_paths: int = 1, *,
+                min_token_prob: float = 0.1, tokens_per_match: float = 0.0, source: str = "suffix",
+                exclude: int | None = None) -> Draft | None:
+        r = self._core.propose(list(context), max_tokens, max_paths, min_token_prob, tokens_per_match,
+                               -1 if exclude is None else exclude)
+        if r is None:
+            return None
+        tokens, parents, probs, m = r
+        return Draft(tokens, parents, probs, source, match_len=m)
+
+
+try:
+    if os.environ.get("TAILRL_PURE_PYTHON"):
+        raise ImportError("TAILRL_PURE_PYTHON is set")
+    from tailrl.spec import _suffix_index as _native
+    NATIVE = True
+except ImportError as exc:                 # not built (no compiler at install time): the reference
+    logging.getLogger(__name__).warning("tailrl.spec: native suffix index unavailable (%s); using the "
+                                        "pure-Python reference (slower drafting)", exc)
+    _native = None
+    NATIVE = False
+
+SuffixIndex = NativeSuffixIndex if NATIVE else PySuffixIndex

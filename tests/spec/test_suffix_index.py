@@ -1,10 +1,17 @@
-"""SuffixIndex against a brute-force reference on random token strings."""
+"""Both SuffixIndex implementations (Python reference, native) against a brute-force reference."""
 import random
 from collections import Counter
 
 import pytest
 
-from tailrl.spec.suffix_index import SuffixIndex, key_lengths
+from tailrl.spec.suffix_index import NATIVE, NativeSuffixIndex, PySuffixIndex, key_lengths
+
+IMPLS = [PySuffixIndex] + ([NativeSuffixIndex] if NATIVE else [])
+
+
+@pytest.fixture(params=IMPLS, ids=lambda c: c.__name__)
+def SuffixIndex(request):
+    return request.param
 
 
 def occurrences(seqs, s):
@@ -26,7 +33,7 @@ def ref_match(seqs, ctx, lo, hi, exclude=None):
     return best
 
 
-def build(rng, lo, hi, n_seqs, length, vocab, interleave):
+def build(SuffixIndex, rng, lo, hi, n_seqs, length, vocab, interleave):
     index = SuffixIndex(lo, hi, max_occurrences=10**9)       # exact counts: no cap
     seqs = [[rng.randrange(vocab) for _ in range(length)] for _ in range(n_seqs)]
     if interleave:        # grow all sequences live, token by token (the group source's case)
@@ -51,9 +58,9 @@ def test_key_lengths_grow_fourfold_up_to_the_longest_match():
 
 @pytest.mark.parametrize("seed,vocab,interleave,lo,hi", [(0, 3, False, 2, 8), (1, 4, True, 1, 6),
                                                          (2, 8, True, 2, 16), (3, 2, False, 3, 5)])
-def test_match_and_continuations_match_brute_force(seed, vocab, interleave, lo, hi):
+def test_match_and_continuations_match_brute_force(seed, vocab, interleave, lo, hi, SuffixIndex):
     rng = random.Random(seed)
-    index, seqs = build(rng, lo, hi, 3, 60, vocab, interleave)
+    index, seqs = build(SuffixIndex, rng, lo, hi, 3, 60, vocab, interleave)
     for _ in range(200):
         q = seqs[rng.randrange(len(seqs))]
         j = rng.randrange(len(q))
@@ -65,9 +72,9 @@ def test_match_and_continuations_match_brute_force(seed, vocab, interleave, lo, 
         assert index.continuations(ctx, exclude) == want, ctx
 
 
-def test_proposal_follows_real_occurrences():
+def test_proposal_follows_real_occurrences(SuffixIndex):
     rng = random.Random(7)
-    index, seqs = build(rng, 2, 6, 4, 120, 4, interleave=True)
+    index, seqs = build(SuffixIndex, rng, 2, 6, 4, 120, 4, interleave=True)
     for _ in range(100):
         ctx = [rng.randrange(4) for _ in range(8)]
         d = index.propose(ctx, 8, 3, min_token_prob=0.05)
@@ -90,7 +97,7 @@ def test_proposal_follows_real_occurrences():
         assert conts[d.tokens[0]] == max(conts.values())
 
 
-def test_one_token_match_proposes_nothing():
+def test_one_token_match_proposes_nothing(SuffixIndex):
     index = SuffixIndex(2, 8)
     index.add([5, 1, 2, 3, 4])
     assert index.propose([9, 5], 4) is None        # only "5" matches
@@ -101,7 +108,7 @@ def test_one_token_match_proposes_nothing():
     assert d.tokens == [2, 3, 4] and d.is_chain and d.score == pytest.approx(3.0)
 
 
-def test_tokens_per_match_caps_short_matches():
+def test_tokens_per_match_caps_short_matches(SuffixIndex):
     index = SuffixIndex(2, 8)
     index.add([1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert index.propose([1, 2], 8, tokens_per_match=1.0).tokens == [3, 4]
@@ -109,7 +116,7 @@ def test_tokens_per_match_caps_short_matches():
     assert index.propose([1, 2, 3], 8).tokens == [4, 5, 6, 7, 8, 9]
 
 
-def test_min_token_prob_stops_the_draft():
+def test_min_token_prob_stops_the_draft(SuffixIndex):
     index = SuffixIndex(2, 8)
     for nxt in range(10):                  # "1 2" followed by ten different tokens
         index.add([1, 2, 100 + nxt, 7])
@@ -118,7 +125,7 @@ def test_min_token_prob_stops_the_draft():
     assert len(d) == 2 and d.probs[0] == pytest.approx(0.1)
 
 
-def test_tree_takes_the_likeliest_branches():
+def test_tree_takes_the_likeliest_branches(SuffixIndex):
     index = SuffixIndex(2, 8)
     for tail in ([3, 4], [3, 4], [3, 5], [6, 7]):
         index.add([1, 2] + tail)
@@ -131,7 +138,7 @@ def test_tree_takes_the_likeliest_branches():
     assert chain.tokens == [3, 4] and chain.path_probs == pytest.approx([0.75, 0.5])
 
 
-def test_exclude_ignores_one_sequence():
+def test_exclude_ignores_one_sequence(SuffixIndex):
     index = SuffixIndex(2, 8)
     a = index.add([1, 2, 3, 1, 2, 3])       # this request's own tokens
     assert index.propose([3, 1, 2], 4) is not None
@@ -143,7 +150,7 @@ def test_exclude_ignores_one_sequence():
     assert index.continuations([1, 2], exclude=a) == {9: 1}
 
 
-def test_counts_come_from_the_most_recent_occurrences():
+def test_counts_come_from_the_most_recent_occurrences(SuffixIndex):
     index = SuffixIndex(2, 8, max_occurrences=4)
     index.add([1, 2, 3] * 10 + [1, 2, 9] * 4)   # "1 2" is followed by 3 ten times, then 9 four times
     assert index.continuations([1, 2]) == {9: 4}
