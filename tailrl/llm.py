@@ -51,7 +51,7 @@ class LLM:
         self.engine = LLMEngine(config, speculator)
         if speculator is not None:                      # measure this machine's step cost up front
             speculator.calibrate(self.engine.runner.synthetic_step, batch_sizes=(1, 8, 64, 256),
-                                 extra_per_request=(0, 4), repeats=1, contexts=(128, 512))
+                                 extra_per_request=(0, 1, 4), repeats=1, contexts=(128, 512))
         self.tokenizer = load_tokenizer(model)
         self.seed = seed
         self.last_metrics: dict[str, float] = {}

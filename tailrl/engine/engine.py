@@ -87,7 +87,7 @@ class LLMEngine:
             # (and a step that grew the KV cache paid a one-time copy)
             unusual = len(batch.input_ids) - batch.num_draft_tokens > len(sched.rows) or self.kv.data is not kv_before
             self.speculator.observe_step(len(batch.plans), len(batch.input_ids), t3 - t0, batch.meta.work,
-                                         prefill=unusual)
+                                         prefill=unusual, reads=batch.meta.reads)
         return finished
 
     def _propose(self, sched: SchedulerOutput) -> dict:

@@ -40,6 +40,12 @@ class AttentionMeta:
         """(query slot, key position) pairs the step's attention computes per head: its cost."""
         return self.num_rows * self.tq * self.kv_len + sum(n * (start + n) for _, _, n, start in self.alone)
 
+    @property
+    def reads(self) -> int:
+        """(row, key position) pairs whose K/V the step's attention reads: what decode
+        attention costs, whatever the number of query slots per row."""
+        return self.num_rows * self.kv_len + sum(start + n for _, _, n, start in self.alone)
+
 
 def stack_groups(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """[B, H, T, D] -> [B, KV, G*T, D]: heads h = k*G + g share KV head k (HF's repeat_kv order)."""

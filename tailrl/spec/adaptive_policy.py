@@ -182,15 +182,15 @@ class AdaptivePolicy:
         self._exploring = streak >= self.explore_every
         return self.max_tree_paths if self._exploring else 0
 
-    def best_depth(self, batch_size: int, n: int, a: float) -> int:
-        """Seer's g* for ``n`` drafting requests out of ``batch_size`` at acceptance ``a``; a
+    def best_depth(self, batch_size: int, n: int, a: float, max_depth: int | None = None) -> int:
+        """Seer's g* (at most ``max_depth``) for ``n`` drafting requests out of ``batch_size`` at acceptance ``a``; a
         depth must beat plain decoding by ``min_gain`` (the models' error: measured at batch
         64-256, predicted gains under ~10% turned into losses)."""
         B = batch_size
         plain_err = self._plain_error.get(self._bucket(B), 1.0)
         best_g, best_t = 0, plain_err * self.cost.predict(B, B) / B * (1.0 - self.min_gain)
         err = self._error.get(self._bucket(B), 1.0)
-        for g in range(1, self.max_draft_tokens + 1):
+        for g in range(1, (max_depth or self.max_draft_tokens) + 1):
             tokens = (1 - a ** (g + 1)) / (1 - a)
             t = err * (self.draft_seconds * B + self.cost.predict(B, B + g * n)) / (B - n + n * tokens)
             if t < best_t:
@@ -208,9 +208,12 @@ class AdaptivePolicy:
         st = self._stats(req, source)
         return st.rate if st is not None else AcceptanceStats().rate
 
-    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
+    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int,
+                 max_tokens: int | None = None) -> list[int]:
+        """Draft nodes per proposal; ``max_tokens`` caps their sum (the step's token budget):
+        depth, budget, prediction and clock check are all for the step that really runs."""
         exploring = self._exploring
-        alloc = self._allocate(proposals, batch_size)
+        alloc = self._allocate(proposals, batch_size, max_tokens)
         nodes = sum(alloc)
         if nodes and not exploring:        # what this step should cost and yield, for the clock check
             B = batch_size
@@ -218,7 +221,7 @@ class AdaptivePolicy:
                              B + self._expected_gain)
         return alloc
 
-    def _allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
+    def _allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int, max_tokens: int | None) -> list[int]:
         self._expected_gain = 0.0
         n = len(proposals)
         alloc = [0] * n
@@ -232,11 +235,12 @@ class AdaptivePolicy:
         if n == 0 or (self.max_spec_batch and batch_size > self.max_spec_batch) or not self._gate_depth(batch_size):
             return alloc
         a = sum(self._rate(req, d.source) for req, d in proposals) / n   # the drafts at hand
-        g = self.best_depth(max(batch_size, n), n, a)
-        self.last_depth, self.last_budget = g, g * n
-        if g == 0:
+        cap = self.max_draft_tokens if max_tokens is None else max(min(max_tokens // n, self.max_draft_tokens), 1)
+        g = self.best_depth(max(batch_size, n), n, a, cap)
+        budget = g * n if max_tokens is None else min(g * n, max_tokens)
+        self.last_depth, self.last_budget = g, budget
+        if budget <= 0:
             return alloc
-        budget = g * n
         threshold = self._gain_threshold(batch_size)
         ranks = sorted(range(n), key=lambda i: self.priority_fn(proposals[i][0]))
         weight = [0.0] * n

@@ -85,7 +85,8 @@ class BanditPolicy:
         arm = self.current_arm()
         return max(k for k, _ in self.arms) if arm is None else arm[0]
 
-    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
+    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int,
+                 max_tokens: int | None = None) -> list[int]:
         if self._off(batch_size):
             return [0] * len(proposals)
         if self._pending is None or self._pending[2] != batch_size:

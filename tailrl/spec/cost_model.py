@@ -7,18 +7,23 @@ the plain step time ``predict(B, B)`` and the marginal cost of one more verified
 
 Model, per batch-size bucket (powers of two):
 
-    t = a + b * tokens + c * attention,    attention = query slots x key positions / 1000
+    t = a + b * tokens + c * reads + d * work
+    reads = rows x key positions / 1000         (K/V read once per row, whatever its queries)
+    work  = query slots x key positions / 1000  (scores computed)
 
-``attention`` is the work of the batched attention call (rows x padded query slots x the
-longest context), which the engine reports with each step. Without it the model is
-confounded: verify steps run late in a rollout, over long contexts, so a line in tokens
-alone blames the contexts' cost on the step's intercept and over-values every saved step
-(measured: 16-node drafts at batch 64-256 that cost more than they saved). Predictions use
-the context of the current step (``context``, set by the speculator; the plain step reads
-``B x 1 x context`` positions, a verify step ``B x (1 + g) x context``).
+Decode attention reads every row's K/V once for all of the row's query slots, so its cost
+grows with ``reads`` and only a little with the number of queries; the ``work`` term prices
+the extra queries of a verify step. A model with ``work`` alone cannot fit both (measured
+at batch 256: 46 ms for a plain step at 128 positions and 110 ms at 512, but 155 ms and 244
+ms with 4 draft tokens per row; its fit predicted the plain step at 69 ms, the verify
+steps too cheap, and the policy speculated where it lost 10-25%). Without any attention term
+the model is confounded worse: verify steps run late in a rollout, over long contexts.
+Predictions use the context of the current step (``context``, set by the speculator: a
+plain step reads and scores ``B x context`` positions, a verify step reads as many and
+scores ``B x (1 + g) x context``).
 
 Each bucket is fitted by exponentially-forgotten least squares (recent steps weigh more:
-contexts grow during a rollout); ``b`` and ``c`` are ridge-regularised toward prior slopes, so
+contexts grow during a rollout); the slopes are ridge-regularised toward prior slopes, so
 a bucket that has only seen plain decode steps still has a sane model: its intercept comes
 from data, its slopes from the priors. Between buckets, coefficients interpolate linearly in
 log2(batch size); outside the observed range the nearest bucket's are used. Before any data,
@@ -40,81 +45,82 @@ logger = logging.getLogger(__name__)
 
 
 class _Line:
-    """Weighted least squares of y on (x1, x2) with forgetting; slopes ridge-regularised."""
+    """Weighted least squares of y on k regressors with forgetting; slopes ridge-regularised."""
 
-    __slots__ = ("w", "s")
+    __slots__ = ("w", "sx", "sy", "sxx", "sxy")
 
-    def __init__(self) -> None:
+    def __init__(self, k: int) -> None:
         self.w = 0.0
-        self.s = np.zeros(8)        # sums of x1, x2, y, x1x1, x1x2, x2x2, x1y, x2y
+        self.sx, self.sy = np.zeros(k), 0.0
+        self.sxx, self.sxy = np.zeros((k, k)), np.zeros(k)
 
-    def add(self, x1: float, x2: float, y: float, decay: float) -> None:
+    def add(self, x: np.ndarray, y: float, decay: float) -> None:
         self.w = self.w * decay + 1.0
-        self.s *= decay
-        self.s += (x1, x2, y, x1 * x1, x1 * x2, x2 * x2, x1 * y, x2 * y)
+        self.sx = self.sx * decay + x
+        self.sy = self.sy * decay + y
+        self.sxx = self.sxx * decay + np.outer(x, x)
+        self.sxy = self.sxy * decay + x * y
 
-    def fit(self, prior: tuple[float, float], ridge: tuple[float, float]) -> tuple[float, float, float]:
-        """(intercept, slope1, slope2); slopes shrink toward ``prior`` with weights ``ridge``."""
-        w = self.w
-        s1, s2, sy, s11, s12, s22, s1y, s2y = self.s
-        m1, m2, my = s1 / w, s2 / w, sy / w
-        c11 = max(s11 - w * m1 * m1, 0.0) + ridge[0]          # centred sums
-        c22 = max(s22 - w * m2 * m2, 0.0) + ridge[1]
-        c12 = s12 - w * m1 * m2
-        r1 = s1y - w * m1 * my + ridge[0] * prior[0]
-        r2 = s2y - w * m2 * my + ridge[1] * prior[1]
-        det = c11 * c22 - c12 * c12
-        b1 = max((r1 * c22 - r2 * c12) / det, 0.0)
-        b2 = max((r2 * c11 - r1 * c12) / det, 0.0)
-        return my - b1 * m1 - b2 * m2, b1, b2
+    def fit(self, prior: np.ndarray, ridge: np.ndarray) -> tuple[float, ...]:
+        """(intercept, slope_1, ..., slope_k); slopes shrink toward ``prior`` with weights
+        ``ridge`` and are clipped at 0 (time never falls with more work)."""
+        m, my = self.sx / self.w, self.sy / self.w
+        cov = self.sxx - self.w * np.outer(m, m) + np.diag(ridge)      # centred sums
+        rhs = self.sxy - self.w * m * my + ridge * prior
+        beta = np.maximum(np.linalg.solve(cov, rhs), 0.0)
+        return (float(my - beta @ m), *map(float, beta))
 
 
 class CostModel:
     def __init__(self, prior_base: float = 5e-3, prior_per_token: float = 5e-5,
                  decay: float = 0.995, prior_weight: float = 4.0, max_bucket: int = 12,
-                 prior_per_kpair: float = 0.0, context: int = 128) -> None:
+                 prior_per_kread: float = 0.0, prior_per_kpair: float = 0.0, context: int = 128) -> None:
         self.prior_base = prior_base            # seconds per forward before any data
         self.prior_per_token = prior_per_token  # seconds per token before any data
-        self.prior_per_kpair = prior_per_kpair  # seconds per 1000 attention (query, key) pairs
+        self.prior_per_kread = prior_per_kread  # seconds per 1000 (row, key position) reads
+        self.prior_per_kpair = prior_per_kpair  # seconds per 1000 (query slot, key position) pairs
         self.context = context                  # key positions of the current step (the longest context)
         self.decay = decay
         self.prior_weight = prior_weight        # pseudo-observations behind the prior slope
         self.max_bucket = max_bucket            # buckets 2**0 .. 2**max_bucket
         self._lines: dict[int, _Line] = {}
-        self._cache: dict[int, tuple[float, float, float]] = {}
+        self._cache: dict[int, tuple[float, ...]] = {}
         self.num_observations = 0
 
     def _bucket(self, batch_size: int) -> int:
         return min(max(round(math.log2(max(batch_size, 1))), 0), self.max_bucket)
 
-    def observe(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0) -> None:
-        """One forward: ``attention`` = query slots x key positions of its attention calls."""
+    def observe(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0,
+                reads: float = 0.0) -> None:
+        """One forward: ``attention`` = query slots x key positions of its attention calls,
+        ``reads`` = rows x key positions (0, 0: unknown, the slopes' priors price them)."""
         if batch_size < 1 or num_tokens < 1 or not seconds > 0 or not math.isfinite(seconds):
             return
         k = self._bucket(batch_size)
         line = self._lines.get(k)
         if line is None:
-            line = self._lines[k] = _Line()
-        line.add(float(num_tokens), attention / 1000.0, float(seconds), self.decay)
+            line = self._lines[k] = _Line(3)
+        line.add(np.array([float(num_tokens), reads / 1000.0, attention / 1000.0]), float(seconds), self.decay)
         self.num_observations += 1
         self._cache.clear()
 
-    def _line(self, k: int) -> tuple[float, float, float]:
+    def _line(self, k: int) -> tuple[float, ...]:
         # ridge: prior_weight observations spread one batch width apart (tokens), and one
-        # batch width times a 128-position context (attention)
+        # batch width times a 128-position context (reads, attention)
         width = float(2 ** k)
-        ridge = (self.prior_weight * width ** 2, self.prior_weight * (width * 0.128) ** 2)
-        return self._lines[k].fit((self.prior_per_token, self.prior_per_kpair), ridge)
+        ridge = self.prior_weight * np.array([width ** 2, (width * 0.128) ** 2, (width * 0.128) ** 2])
+        prior = np.array([self.prior_per_token, self.prior_per_kread, self.prior_per_kpair])
+        return self._lines[k].fit(prior, ridge)
 
-    def _coeffs(self, batch_size: int) -> tuple[float, float, float]:
+    def _coeffs(self, batch_size: int) -> tuple[float, ...]:
         c = self._cache.get(batch_size)            # policies ask many times between two steps
         if c is None:
             c = self._cache[batch_size] = self._fit_coeffs(batch_size)
         return c
 
-    def _fit_coeffs(self, batch_size: int) -> tuple[float, float, float]:
+    def _fit_coeffs(self, batch_size: int) -> tuple[float, ...]:
         if not self._lines:
-            return self.prior_base, self.prior_per_token, self.prior_per_kpair
+            return self.prior_base, self.prior_per_token, self.prior_per_kread, self.prior_per_kpair
         x = math.log2(max(batch_size, 1))
         below = [k for k in self._lines if k <= x]
         above = [k for k in self._lines if k >= x]
@@ -131,14 +137,14 @@ class CostModel:
     def predict(self, batch_size: int, num_tokens: int) -> float:
         """Expected seconds of one forward over ``num_tokens`` tokens of ``batch_size`` requests
         (``ceil(num_tokens / batch_size)`` query slots per row) at the current ``context``."""
-        a, b, c = self._coeffs(batch_size)
+        a, b, c, d = self._coeffs(batch_size)
         slots = batch_size * -(-num_tokens // max(batch_size, 1))
-        return max(a + b * num_tokens + c * slots * self.context / 1000.0, 1e-9)
+        return max(a + b * num_tokens + (c * batch_size + d * slots) * self.context / 1000.0, 1e-9)
 
     def slope(self, batch_size: int) -> float:
         """Seconds per additional verified token in a forward of ``batch_size`` requests."""
-        _, b, c = self._coeffs(batch_size)
-        return b + c * self.context / 1000.0
+        _, b, _, d = self._coeffs(batch_size)
+        return b + d * self.context / 1000.0
 
     def calibrate(self, forward_fn: Callable[..., object],
                   batch_sizes: tuple[int, ...] = (1, 4, 16, 64),
@@ -161,6 +167,7 @@ class CostModel:
                     for _ in range(repeats):
                         t0 = time.perf_counter()
                         forward_fn(*args)
-                        self.observe(bs, n, time.perf_counter() - t0, attention=float(n * keys))
+                        self.observe(bs, n, time.perf_counter() - t0, attention=float(n * keys),
+                                     reads=float(bs * keys))
         logger.info("cost model calibrated: %s", {bs: (round(self.predict(bs, bs) * 1e3, 2),
                                                        round(self.slope(bs) * 1e3, 3)) for bs in batch_sizes})

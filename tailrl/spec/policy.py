@@ -35,7 +35,8 @@ class SpecPolicy(Protocol):
 
     def draft_limit(self, req: Any) -> int: ...
 
-    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]: ...
+    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int,
+                 max_tokens: int | None = None) -> list[int]: ...
 
     def observe_draft(self, seconds: float, requests: int = 1) -> None: ...
 
@@ -69,7 +70,8 @@ class FixedPolicy:
     def draft_limit(self, req: Any) -> int:
         return self.k
 
-    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int) -> list[int]:
+    def allocate(self, proposals: list[tuple[Any, Draft]], batch_size: int,
+                 max_tokens: int | None = None) -> list[int]:
         if not self._on(batch_size):
             return [0] * len(proposals)
         return [min(self.k, len(d)) for _, d in proposals]

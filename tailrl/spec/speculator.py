@@ -17,9 +17,9 @@ Per engine step:
    verified draft (``accepted`` excludes the bonus token) and ``observe(req, new_tokens)``
    for every request that gained tokens (drafted or not: the group and self indexes need
    all tokens);
-3. ``observe_step(batch_size, num_tokens, seconds, attention)`` after every step
+3. ``observe_step(batch_size, num_tokens, seconds, attention, reads=...)`` after every step
    (``seconds``: the whole step, drafting included; ``attention``: the step's (query slot,
-   key position) pairs, see ``CostModel``).
+   key position) pairs; ``reads``: its (row, key position) pairs; see ``CostModel``).
 
 ``calibrate(forward_fn)`` (optional, once at start-up) times synthetic forwards so the cost
 model is measured before the first step. ``start(req)`` / ``finish(req)`` bracket a request's stay in the engine.
@@ -137,7 +137,7 @@ class Speculator:
                 proposals.append((req, d))
         self._asked += len(requests)
         self._found += len(proposals)
-        alloc = self.policy.allocate(proposals, batch_size)
+        alloc = self.policy.allocate(proposals, batch_size, max_total_tokens)
         left = max_total_tokens if max_total_tokens is not None else float("inf")
         out: dict[str, Draft] = {}
         for (req, d), k in zip(proposals, alloc):
@@ -169,13 +169,13 @@ class Speculator:
         self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth, predicted=draft.score)
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0,
-                     prefill: bool = False) -> None:
+                     prefill: bool = False, reads: float = 0.0) -> None:
         """``seconds``: the whole step; this step's drafting time is taken out (the policy
         prices drafting per request asked, separately). Steps with prefill chunks do not
         teach the cost model, which prices decode and verify steps."""
         draft_s, self._step_draft_s = self._step_draft_s, 0.0
         if not prefill:
-            self.cost_model.observe(batch_size, num_tokens, seconds - draft_s, attention)
+            self.cost_model.observe(batch_size, num_tokens, seconds - draft_s, attention, reads)
             self.policy.observe_step(batch_size, num_tokens, seconds)
 
     # ---- metrics ------------------------------------------------------------------------

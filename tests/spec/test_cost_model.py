@@ -60,3 +60,21 @@ def test_calibrate_measures_forward_time():
     assert sorted(set(calls)) == [(1, 1), (1, 9), (4, 4), (4, 36)]
     assert cm.num_observations == 4
     assert cm.slope(4) > 5e-4                                # measured, not the zero prior
+
+
+def test_separates_kv_reads_from_query_work():
+    """Decode attention reads each row's K/V once whatever its query slots: a model in query
+    work alone mispriced plain steps against verify steps (see the module docstring)."""
+    a, b, c, d = 0.002, 1e-4, 6e-4, 1e-4            # per token; per 1000 reads; per 1000 pairs
+    cm = CostModel()
+    for ctx in (64, 128, 256, 512):
+        for e in (0, 1, 4):
+            n, keys = 256 * (1 + e), ctx + 1 + e
+            for _ in range(10):
+                cm.observe(256, n, a + b * n + (c * 256 * keys + d * n * keys) / 1000, attention=n * keys,
+                           reads=256 * keys)
+    for ctx in (100, 400):
+        cm.context = ctx
+        assert cm.predict(256, 256) == pytest.approx(a + b * 256 + (c + d) * 256 * ctx / 1000, rel=0.08)
+        assert cm.predict(256, 1280) == pytest.approx(a + b * 1280 + (c * 256 + d * 1280) * ctx / 1000, rel=0.08)
+        assert cm.slope(256) == pytest.approx(b + d * ctx / 1000, rel=0.08)

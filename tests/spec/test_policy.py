@@ -206,3 +206,21 @@ def test_the_clock_check_turns_off_a_bucket_whose_steps_run_slow():
         pol.observe_step(4, 4 + sum(alloc), 5 * predicted)
     assert pol.max_paths(4) == 0 or sum(pol.allocate(props, 4)) == 0
     assert pol._error[pol._bucket(4)] > 1.3
+
+
+def test_allocation_respects_the_step_token_budget():
+    """Depth, budget and the clock check's prediction are for the nodes that really run."""
+    cm = CostModel()
+    for _ in range(10):
+        for e in (0, 1, 3, 7):
+            cm.observe(8, 8 * (1 + e), 0.010 + 1e-5 * 8 * (1 + e))        # verifying is nearly free
+    pol = AdaptivePolicy(cm, initial_window=16)
+    props = [(r, Draft.chain(list(range(16)))) for r in reqs(8)]
+    assert pol.max_paths(8) > 0
+    free = pol.allocate(props, 8)
+    assert sum(free) > 20
+    assert pol.max_paths(8) > 0
+    capped = pol.allocate(props, 8, max_tokens=20)
+    assert sum(capped) <= 20 and pol.last_budget <= 20
+    assert pol.max_paths(8) > 0
+    assert pol.allocate(props, 8, max_tokens=0) == [0] * 8
