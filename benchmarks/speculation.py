@@ -2,12 +2,13 @@
 
 Rollout: 64 held-out prompts x 8 samples at temperature 1.0. History = the same prompts'
 responses from a previous sampling round (other seeds), as the previous epoch in RL. Reports:
-- makespan, tokens/s, tail time; mean accepted length overall, in the tail, and per source;
-  share of responses identical with speculation on and off (float32; float64 is exact);
+- makespan, tokens/s, tail time (off and on rollouts back to back, ``--rollout-pairs`` times;
+  the speedup is the mean of the pairs', the other figures are the first pair's); mean
+  accepted length overall, in the tail, and per source; share of responses identical with speculation on and off (float32; float64 is exact);
 - acceptance vs number of finished sibling references (0, 1, 3, 7), chain vs 4-path tree, by
   exact replay of the rollout's responses (tailrl/spec/replay.py): the shape of Seer's Table 2;
-- tokens/s at fixed batch sizes (EOS ignored so the batch stays full) off vs on, the engines
-  alternating, best of 2 each (a run at batch 64 lasts about a second: one run is noise).
+- tokens/s at fixed batch sizes (EOS ignored so the batch stays full) off vs on: after a
+  warm-up run of each, three alternating pairs, the median of the pairs' ratios.
 The last line is one JSON object: {"rollout": {...}, "by_references": {...}, "fixed_batch": {...}}.
 Usage: python benchmarks/speculation.py [--model small] [--prompts 64] [--n 8] [--quick]
 """
@@ -53,7 +54,11 @@ def by_references(prompts, groups, ks=(0, 1, 3, 7), depth: int = 8) -> dict:
     return out
 
 
-def fixed_batch(model_dir: str, prompts, history, sizes, tokens: int, spec_cfg: dict, repeats: int = 2) -> dict:
+def fixed_batch(model_dir: str, prompts, history, sizes, tokens: int, spec_cfg: dict, pairs: int = 3) -> dict:
+    """Per batch size: one unmeasured run of each engine (warm-up; the policy learns this
+    batch size as it would over an RL run), then ``pairs`` alternating off/on runs; the
+    ratio is the median of the pairs' ratios (absolute speeds drift by +-30% between minutes
+    on this machine, a pair's two runs are seconds apart)."""
     res = {}
     plain = LLM(model_dir, seed=0)
     spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(**spec_cfg))
@@ -61,20 +66,27 @@ def fixed_batch(model_dir: str, prompts, history, sizes, tokens: int, spec_cfg: 
         n = min(b, 8)
         sel = [prompts[i % len(prompts)] for i in range(max(b // n, 1))]
         pids = [f"p{i % len(prompts)}" for i in range(len(sel))]
-        for i, pid in enumerate(pids):
-            spec.history.record(pid, history[i % len(prompts)])
         sp = SamplingParams(n=n, temperature=1.0, top_k=-1, max_tokens=tokens, ignore_eos=True, seed=7)
-        rates = {"off": 0.0, "on": 0.0}
-        for name, llm in (("off", plain), ("on", spec)) * repeats:      # alternating, best of `repeats`
+
+        def run(llm: LLM) -> float:
+            # every run drafts from the previous sampling round; `generate` records its own
+            # responses as the next history, and a repeat (same seed) would then draft from
+            # the very tokens it is about to sample
+            for i, pid in enumerate(pids):
+                spec.history.record(pid, history[i % len(prompts)])
             t = time.perf_counter()
             outs = llm.generate(sel, sp, prompt_ids=pids, use_tqdm=False)
-            rate = sum(len(c.token_ids) for o in outs for c in o.outputs) / (time.perf_counter() - t)
-            rates[name] = max(rates[name], rate)
-        res[str(b)] = {"off_tok_s": round(rates["off"], 1), "on_tok_s": round(rates["on"], 1),
-                       "ratio": round(rates["on"] / rates["off"], 3),
+            return sum(len(c.token_ids) for o in outs for c in o.outputs) / (time.perf_counter() - t)
+
+        run(plain), run(spec)
+        rates = [(run(plain), run(spec)) for _ in range(pairs)]
+        ratio = float(np.median([on / off for off, on in rates]))
+        off, on = float(np.median([r[0] for r in rates])), float(np.median([r[1] for r in rates]))
+        res[str(b)] = {"off_tok_s": round(off, 1), "on_tok_s": round(on, 1), "ratio": round(ratio, 3),
+                       "pair_ratios": [round(y / x, 3) for x, y in rates],
                        "accept_length": round(spec.last_metrics.get("rollout/spec_accept_length", 0.0), 2)}
-        print(f"batch {b:>4}: off {rates['off']:8.0f} tok/s, on {rates['on']:8.0f} tok/s, "
-              f"ratio {rates['on'] / rates['off']:.3f}", flush=True)
+        print(f"batch {b:>4}: off {off:8.0f} tok/s, on {on:8.0f} tok/s, ratio {ratio:.3f} "
+              f"(pairs {', '.join(f'{y / x:.2f}' for x, y in rates)})", flush=True)
     return res
 
 
@@ -86,6 +98,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=960)
     ap.add_argument("--batch-sizes", default="1,4,16,64,256")
     ap.add_argument("--fixed-tokens", type=int, default=128)
+    ap.add_argument("--rollout-pairs", type=int, default=2, help="off/on rollout pairs (speedup: their mean)")
     ap.add_argument("--quick", action="store_true", help="16 prompts, batch sizes 1,16")
     ap.add_argument("--spec", default="{}", help='SpeculativeConfig fields as JSON, e.g. \'{"max_spec_batch": 8}\'')
     a = ap.parse_args()
@@ -100,18 +113,23 @@ def main() -> None:
 
     plain = LLM(model_dir, seed=0)
     history, _ = rollout(plain, prompts, a.n, 10_000, a.max_tokens)          # the "previous epoch"
-    off_out, off = rollout(plain, prompts, a.n, 20_000, a.max_tokens)
     spec_cfg = {"method": "suffix", **json.loads(a.spec)}
     spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(**spec_cfg))
     spec.engine.kv.reserve(plain.engine.kv.rows, plain.engine.kv.cap)   # as warm as plain's cache
-    for i, h in enumerate(history):
-        spec.history.record(f"p{i}", h)
-    on_out, on = rollout(spec, prompts, a.n, 20_000, a.max_tokens)
+    pairs = []                 # (off, on) rollouts back to back; the first "on" meets a fresh policy
+    for _ in range(a.rollout_pairs):
+        off_out, off = rollout(plain, prompts, a.n, 20_000, a.max_tokens)
+        for i, h in enumerate(history):              # generate() recorded the last call's responses
+            spec.history.record(f"p{i}", h)
+        on_out, on = rollout(spec, prompts, a.n, 20_000, a.max_tokens)
+        pairs.append((off_out, off, on_out, on))
+    off_out, off, on_out, on = pairs[0]
+    speedups = [p[1]["timing_s/gen"] / p[3]["timing_s/gen"] for p in pairs]
     same = np.mean([x == y for gx, gy in zip(off_out, on_out) for x, y in zip(gx, gy)])
     sources = sorted({k.split("/")[-1] for k in on if k.startswith("rollout/spec_accept_length/")})
     r = {
         "makespan_off_s": off["timing_s/gen"], "makespan_on_s": on["timing_s/gen"],
-        "speedup": off["timing_s/gen"] / on["timing_s/gen"],
+        "speedup": float(np.mean(speedups)), "pair_speedups": [round(x, 3) for x in speedups],
         "tokens_per_s_off": off["perf/tokens_per_s"], "tokens_per_s_on": on["perf/tokens_per_s"],
         "tail_s_off": off.get("rollout/tail_s", 0.0), "tail_s_on": on.get("rollout/tail_s", 0.0),
         "accept_length": on.get("rollout/spec_accept_length", 0.0),
@@ -124,7 +142,7 @@ def main() -> None:
         **{f"accepted_tokens/{s}": on[f"rollout/spec_accepted_tokens/{s}"] for s in sources},
     }
     print(f"rollout {a.prompts}x{a.n}: makespan off {r['makespan_off_s']:.1f}s, on {r['makespan_on_s']:.1f}s "
-          f"({r['speedup']:.2f}x); tokens/s {r['tokens_per_s_off']:.0f} -> {r['tokens_per_s_on']:.0f}; "
+          f"({speedups[0]:.2f}x; pairs {', '.join(f'{x:.2f}' for x in speedups)}, mean {r['speedup']:.2f}x); tokens/s {r['tokens_per_s_off']:.0f} -> {r['tokens_per_s_on']:.0f}; "
           f"tail {r['tail_s_off']:.1f}s -> {r['tail_s_on']:.1f}s")
     print(f"accepted length per verify step: {r['accept_length']:.2f} overall, {r['accept_length_tail']:.2f} in "
           f"the tail; " + ", ".join(f"{s} {r[f'accept_length/{s}']:.2f}" for s in sources))
