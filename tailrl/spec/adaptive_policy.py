@@ -183,9 +183,9 @@ class AdaptivePolicy:
         return self.max_tree_paths if self._exploring else 0
 
     def best_depth(self, batch_size: int, n: int, a: float, max_depth: int | None = None) -> int:
-        """Seer's g* (at most ``max_depth``) for ``n`` drafting requests out of ``batch_size`` at acceptance ``a``; a
-        depth must beat plain decoding by ``min_gain`` (the models' error: measured at batch
-        64-256, predicted gains under ~10% turned into losses)."""
+        """Seer's g* (at most ``max_depth``) for ``n`` drafting requests out of ``batch_size``
+        at acceptance ``a``; a depth must beat plain decoding by ``min_gain`` (the models'
+        error: measured at batch 64-256, predicted gains under ~10% turned into losses)."""
         B = batch_size
         plain_err = self._plain_error.get(self._bucket(B), 1.0)
         best_g, best_t = 0, plain_err * self.cost.predict(B, B) / B * (1.0 - self.min_gain)
