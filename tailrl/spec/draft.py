@@ -29,6 +29,7 @@ class Draft:
     source: str                       # which draft source produced it
     match_len: int = 0                # length of the context suffix the draft was matched on
     _path: list[float] | None = field(default=None, init=False, repr=False, compare=False)
+    _chain: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -51,9 +52,21 @@ class Draft:
         probs = [1.0] * len(tokens) if probs is None else list(probs)
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), probs, source)
 
+    @classmethod
+    def unchecked(cls, tokens: list[int], parents: list[int], probs: list[float], source: str,
+                  match_len: int = 0, chain: bool | None = None) -> "Draft":
+        """A draft from code that builds valid ones (the native index, ``truncate``), without
+        ``__post_init__``'s per-node checks: drafting runs for every request at every step."""
+        d = object.__new__(cls)
+        d.tokens, d.parents, d.probs, d.source, d.match_len = tokens, parents, probs, source, match_len
+        d._path, d._chain = None, chain
+        return d
+
     @property
     def is_chain(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents))
+        if self._chain is None:
+            self._chain = all(p == i - 1 for i, p in enumerate(self.parents))
+        return self._chain
 
     @property
     def depths(self) -> list[int]:
@@ -102,6 +115,9 @@ class Draft:
             return self
         if k <= 0:
             return Draft([], [], [], self.source, self.match_len)
+        if self.is_chain:                               # the first k nodes
+            return Draft.unchecked(self.tokens[:k], self.parents[:k], self.probs[:k], self.source,
+                                   self.match_len, chain=True)
         children: list[list[int]] = [[] for _ in range(n + 1)]   # slot n = root
         for i, p in enumerate(self.parents):
             children[p if p >= 0 else n].append(i)

@@ -10,9 +10,10 @@ Members that finish stay in the group index (finished siblings are the best refe
 a member that ``start``s again (a resumed chunk) continues its old sequence. The group is
 dropped when no member is live; ``propose`` starts unknown ones.
 
-Indexing is lazy: each member keeps a reference to its request, and ``propose`` first
-catches the group index up with every member's output tokens (live or finished). ``observe``
-does nothing, so groups that finish before speculation turns on are never indexed.
+Indexing is lazy: each member keeps a reference to its request; ``observe`` only marks its
+group stale, and the first ``propose`` of a step in a stale group catches the index up with
+every member's output tokens (live or finished): one pass per group and step, not one per
+member, and groups that finish before speculation turns on are never indexed.
 """
 from __future__ import annotations
 
@@ -34,12 +35,13 @@ class _Member:
 
 
 class _Group:
-    __slots__ = ("index", "members", "live")
+    __slots__ = ("index", "members", "live", "stale")
 
     def __init__(self, index: SuffixIndex) -> None:
         self.index = index
         self.members: dict[str, _Member] = {}
         self.live = 0
+        self.stale = True            # some member has tokens the index has not seen
 
 
 class GroupSource:
@@ -68,7 +70,7 @@ class GroupSource:
         m.req = req
         m.live = True
         g.live += 1
-        self._sync(g, m)
+        g.stale = True
 
     @staticmethod
     def _sync(g: _Group, m: _Member) -> None:
@@ -90,7 +92,10 @@ class GroupSource:
         return g, m
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
-        """Nothing to do: ``propose`` reads every member's tokens when a draft is asked for."""
+        """Mark the group stale: ``propose`` reads the members' tokens when a draft is asked for."""
+        g = self._groups.get(req.group_id) if req.group_id else None
+        if g is not None:
+            g.stale = True
 
     def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
         gm = self._member(req)
@@ -99,8 +104,10 @@ class GroupSource:
         g, m = gm
         if len(g.members) < 2:
             return None
-        for member in g.members.values():
-            self._sync(g, member)
+        if g.stale:
+            for member in g.members.values():
+                self._sync(g, member)
+            g.stale = False
         return propose_from(g.index, req, self.params, max_tokens, max_paths, self.name, exclude=m.seq_id)
 
     def finish(self, req: Any) -> None:

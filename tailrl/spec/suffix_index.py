@@ -292,7 +292,7 @@ class NativeSuffixIndex:
         if r is None:
             return None
         tokens, parents, probs, m = r
-        return Draft(tokens, parents, probs, source, match_len=m)
+        return Draft.unchecked(tokens, parents, probs, source, m, chain=True if max_paths == 1 else None)
 
 
 try:
