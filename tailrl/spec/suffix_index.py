@@ -37,6 +37,7 @@ around the call), the speculator's whole drafting per request and step 46 -> 26 
 from __future__ import annotations
 
 import heapq
+import importlib
 import logging
 import math
 import os
@@ -298,7 +299,7 @@ class NativeSuffixIndex:
 try:
     if os.environ.get("TAILRL_PURE_PYTHON"):
         raise ImportError("TAILRL_PURE_PYTHON is set")
-    from tailrl.spec import _suffix_index as _native
+    _native = importlib.import_module("tailrl.spec._suffix_index")
     NATIVE = True
 except ImportError as exc:                 # not built (no compiler at install time): the reference
     logging.getLogger(__name__).warning("tailrl.spec: native suffix index unavailable (%s); using the "
