@@ -2,13 +2,14 @@
 
 Rollout: 64 held-out prompts x 8 samples at temperature 1.0. History = the same prompts'
 responses from a previous sampling round (other seeds), as the previous epoch in RL. Reports:
-- makespan, tokens/s, tail time (off and on rollouts back to back, ``--rollout-pairs`` times;
-  the speedup is the mean of the pairs', the other figures are the first pair's); mean
-  accepted length overall, in the tail, and per source; share of responses identical with speculation on and off (float32; float64 is exact);
+- makespan, tokens/s, tail time (off and on rollouts back to back in ABBA order,
+  ``--rollout-pairs`` times; the speedup is the mean of the pairs', the other figures are the
+  first pair's); mean accepted length overall, in the tail, and per source; share of
+  responses identical with speculation on and off (float32; float64 is exact);
 - acceptance vs number of finished sibling references (0, 1, 3, 7), chain vs 4-path tree, by
   exact replay of the rollout's responses (tailrl/spec/replay.py): the shape of Seer's Table 2;
 - tokens/s at fixed batch sizes (EOS ignored so the batch stays full) off vs on: after a
-  warm-up run of each, three alternating pairs, the median of the pairs' ratios.
+  warm-up run of each, three pairs in ABBA order, the median of the pairs' ratios.
 The last line is one JSON object: {"rollout": {...}, "by_references": {...}, "fixed_batch": {...}}.
 Usage: python benchmarks/speculation.py [--model small] [--prompts 64] [--n 8] [--quick]
 """
@@ -79,7 +80,14 @@ def fixed_batch(model_dir: str, prompts, history, sizes, tokens: int, spec_cfg: 
             return sum(len(c.token_ids) for o in outs for c in o.outputs) / (time.perf_counter() - t)
 
         run(plain), run(spec)
-        rates = [(run(plain), run(spec)) for _ in range(pairs)]
+        rates = []
+        for k in range(pairs):       # ABBA order: the machine drifts (measured: 15-20% slower
+            if k % 2 == 0:           # after a minute of back-to-back runs), a fixed order would
+                off = run(plain)     # favour whichever engine runs first
+                rates.append((off, run(spec)))
+            else:
+                on = run(spec)
+                rates.append((run(plain), on))
         ratio = float(np.median([on / off for off, on in rates]))
         off, on = float(np.median([r[0] for r in rates])), float(np.median([r[1] for r in rates]))
         res[str(b)] = {"off_tok_s": round(off, 1), "on_tok_s": round(on, 1), "ratio": round(ratio, 3),
@@ -117,11 +125,14 @@ def main() -> None:
     spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(**spec_cfg))
     spec.engine.kv.reserve(plain.engine.kv.rows, plain.engine.kv.cap)   # as warm as plain's cache
     pairs = []                 # (off, on) rollouts back to back; the first "on" meets a fresh policy
-    for _ in range(a.rollout_pairs):
-        off_out, off = rollout(plain, prompts, a.n, 20_000, a.max_tokens)
+    for k in range(a.rollout_pairs):                 # ABBA order (see fixed_batch)
+        if k % 2 == 0:
+            off_out, off = rollout(plain, prompts, a.n, 20_000, a.max_tokens)
         for i, h in enumerate(history):              # generate() recorded the last call's responses
             spec.history.record(f"p{i}", h)
         on_out, on = rollout(spec, prompts, a.n, 20_000, a.max_tokens)
+        if k % 2 == 1:
+            off_out, off = rollout(plain, prompts, a.n, 20_000, a.max_tokens)
         pairs.append((off_out, off, on_out, on))
     off_out, off, on_out, on = pairs[0]
     speedups = [p[1]["timing_s/gen"] / p[3]["timing_s/gen"] for p in pairs]
