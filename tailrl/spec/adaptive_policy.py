@@ -190,9 +190,10 @@ class AdaptivePolicy:
         plain_err = self._plain_error.get(self._bucket(B), 1.0)
         best_g, best_t = 0, plain_err * self.cost.predict(B, B) / B * (1.0 - self.min_gain)
         err = self._error.get(self._bucket(B), 1.0)
-        for g in range(1, (max_depth or self.max_draft_tokens) + 1):
+        depths = range(1, (max_depth or self.max_draft_tokens) + 1)
+        for g, step in zip(depths, self.cost.predict_many(B, [B + g * n for g in depths])):
             tokens = (1 - a ** (g + 1)) / (1 - a)
-            t = err * (self.draft_seconds * B + self.cost.predict(B, B + g * n)) / (B - n + n * tokens)
+            t = err * (self.draft_seconds * B + step) / (B - n + n * tokens)
             if t < best_t:
                 best_g, best_t = g, t
         return best_g

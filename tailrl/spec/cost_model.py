@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -84,7 +84,8 @@ class CostModel:
         self.prior_weight = prior_weight        # pseudo-observations behind the prior slope
         self.max_bucket = max_bucket            # buckets 2**0 .. 2**max_bucket
         self._lines: dict[int, _Line] = {}
-        self._cache: dict[int, tuple[float, ...]] = {}
+        self._cache: dict[int, tuple[float, ...]] = {}     # per batch size, interpolated
+        self._fits: dict[int, tuple[float, ...]] = {}      # per bucket: a step refits only its own
         self.num_observations = 0
 
     def _bucket(self, batch_size: int) -> int:
@@ -102,9 +103,16 @@ class CostModel:
             line = self._lines[k] = _Line(3)
         line.add(np.array([float(num_tokens), reads / 1000.0, attention / 1000.0]), float(seconds), self.decay)
         self.num_observations += 1
+        self._fits.pop(k, None)
         self._cache.clear()
 
     def _line(self, k: int) -> tuple[float, ...]:
+        fit = self._fits.get(k)
+        if fit is None:
+            fit = self._fits[k] = self._fit_line(k)
+        return fit
+
+    def _fit_line(self, k: int) -> tuple[float, ...]:
         # ridge: prior_weight observations spread one batch width apart (tokens), and one
         # batch width times a 128-position context (reads, attention)
         width = float(2 ** k)
@@ -137,9 +145,14 @@ class CostModel:
     def predict(self, batch_size: int, num_tokens: int) -> float:
         """Expected seconds of one forward over ``num_tokens`` tokens of ``batch_size`` requests
         (``ceil(num_tokens / batch_size)`` query slots per row) at the current ``context``."""
+        return self.predict_many(batch_size, (num_tokens,))[0]
+
+    def predict_many(self, batch_size: int, num_tokens: Sequence[int]) -> list[float]:
+        """``predict`` for several token counts at once (the policies scan draft depths)."""
         a, b, c, d = self._coeffs(batch_size)
-        slots = batch_size * -(-num_tokens // max(batch_size, 1))
-        return max(a + b * num_tokens + (c * batch_size + d * slots) * self.context / 1000.0, 1e-9)
+        bs, kpos = max(batch_size, 1), self.context / 1000.0
+        base = a + c * batch_size * kpos
+        return [max(base + b * n + d * bs * -(-n // bs) * kpos, 1e-9) for n in num_tokens]
 
     def slope(self, batch_size: int) -> float:
         """Seconds per additional verified token in a forward of ``batch_size`` requests."""
