@@ -166,7 +166,7 @@ class Speculator:
             # all verified: the chain's unverified rest is next step's draft if the bonus token
             # the engine samples now equals its first token (checked in ``best_draft``)
             self._carry[req.request_id] = Draft.chain(full.tokens[n:], full.probs[n:], full.source)
-        self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth, predicted=draft.score)
+        self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth)
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0,
                      prefill: bool = False, reads: float = 0.0) -> None:

@@ -78,7 +78,7 @@ def test_unlikely_nodes_get_nothing_when_verification_is_not_free():
     assert pol.last_depth == 1                     # prior acceptance 0.5: Seer's g* is small
     assert AdaptivePolicy(cm).best_depth(8, 1, 0.5) == 0   # a gain that small is within the margin
     for _ in range(30):                            # measured: drafts are accepted in full
-        pol.update(other, 3, 3, "self", predicted=3.0)
+        pol.update(other, 3, 3, "self")
     assert pol.allocate([(r, Draft.chain([1, 2, 3], [0.95, 0.95, 0.2], source="self"))], 8) == [2]
     assert pol.last_depth >= 2
 
@@ -157,7 +157,7 @@ def test_a_poor_source_does_not_silence_an_unmeasured_one():
     pol = AdaptivePolicy(cpu_like_cost())
     a, b = reqs(2)
     for _ in range(40):
-        pol.update(a, 4, 0, "group", predicted=2.0)
+        pol.update(a, 4, 0, "group")
     poor = pol.allocate([(b, Draft.chain([1, 2, 3, 4], [0.9] * 4, source="group"))], 1)[0]
     fresh = pol.allocate([(b, Draft.chain([1, 2, 3, 4], [0.9] * 4, source="history"))], 1)[0]
     assert poor <= 1 and fresh == 4                    # batch 1: a cheap token is still tried
@@ -175,7 +175,7 @@ def test_expected_time_per_token_never_exceeds_plain_decoding(seed):
     pol = AdaptivePolicy(cm, initial_window=16, explore_every=0)
     warm = FakeRequest("warm", [1])
     for _ in range(50):                  # measured acceptance is high: Seer's budget is generous,
-        pol.update(warm, 8, 8, "self", predicted=8.0)      # only the per-node rule can say no
+        pol.update(warm, 8, 8, "self")      # only the per-node rule can say no
     for B in (1, 3, 8, 20, 64, 256):
         n = rng.randint(1, B)
         props = []
