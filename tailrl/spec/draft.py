@@ -62,6 +62,11 @@ class Draft:
         d._path, d._chain = None, chain
         return d
 
+    def rest(self, n: int) -> "Draft":
+        """A chain's nodes from ``n`` on, as a chain (the unverified rest after ``n`` accepted)."""
+        k = len(self.tokens) - n
+        return Draft.unchecked(self.tokens[n:], list(range(-1, k - 1)), self.probs[n:], self.source, chain=True)
+
     @property
     def is_chain(self) -> bool:
         if self._chain is None:

@@ -57,8 +57,8 @@ class Speculator:
                  cost_model: CostModel | None = None, seed: int = 0) -> None:
         self.config = config if config is not None else SpeculativeConfig()
         if cost_model is None:                 # a given policy's own cost model is the one to feed
-            cost_model = getattr(policy, "cost", None) if isinstance(getattr(policy, "cost", None), CostModel) \
-                else CostModel()
+            own = getattr(policy, "cost", None)
+            cost_model = own if isinstance(own, CostModel) else CostModel()
         self.cost_model = cost_model
         self.sources = list(sources) if sources is not None else make_sources(self.config, history_store)
         self.policy = policy if policy is not None else make_policy(self.config, self.cost_model,
@@ -104,7 +104,7 @@ class Speculator:
         carry = self._carry.pop(req.request_id, None)
         out = req.output_token_ids
         if carry is not None and max_paths == 1 and out and out[-1] == carry.tokens[0]:
-            best = Draft.chain(carry.tokens[1:], carry.probs[1:], carry.source)
+            best = carry.rest(1)
         else:
             ask = self.max_draft_tokens if max_paths == 1 else limit   # a chain's rest is cheap and may be carried
             for s in self.sources:
@@ -165,7 +165,7 @@ class Speculator:
         if full is not None and accepted == n and draft.is_chain and len(full) > n + 1:
             # all verified: the chain's unverified rest is next step's draft if the bonus token
             # the engine samples now equals its first token (checked in ``best_draft``)
-            self._carry[req.request_id] = Draft.chain(full.tokens[n:], full.probs[n:], full.source)
+            self._carry[req.request_id] = full.rest(n)
         self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth)
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0,
