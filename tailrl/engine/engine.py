@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from tailrl.config import EngineConfig
+from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.kv_cache import KVCache
 from tailrl.engine.metrics import EngineMetrics
@@ -19,12 +19,17 @@ from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import accept_draft
 from tailrl.model.loader import DTYPES, load_model, read_args
+from tailrl.spec.history import HistoryStore
 
 log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, speculator=None):
+    """``speculative`` turns speculative decoding on (``history``: the store history drafts
+    read); ``speculator`` injects a ready-made one instead (tests, ablations)."""
+
+    def __init__(self, config: EngineConfig, speculative: SpeculativeConfig | None = None,
+                 history: HistoryStore | None = None, *, speculator=None):
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -38,9 +43,19 @@ class LLMEngine:
         self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, lambda: self.kv.data)
+        if speculator is None and speculative is not None:
+            if speculative.method != "suffix":
+                raise ValueError(f"speculative.method {speculative.method!r} is not available yet "
+                                 "(the learned drafter has not landed); use method='suffix'")
+            from tailrl.spec.speculator import Speculator
+            speculator = Speculator(speculative, history)
+            # measure this machine's step cost up front
+            speculator.calibrate(self.runner.synthetic_step, batch_sizes=(1, 8, 64, 256),
+                                 extra_per_request=(0, 1, 4), repeats=1, contexts=(128, 512))
         self.speculator = speculator
         self.requests: dict[str, Request] = {}
         self.metrics = EngineMetrics()
+        self._rollout_start = self.metrics.snapshot()
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -59,8 +74,28 @@ class LLMEngine:
         self._finish(req, RequestStatus.FINISHED_ABORTED)
         return req
 
+    def release(self, request_id: str) -> Request | None:
+        """Forget a request (aborting it first if it is unfinished); returns it."""
+        req = self.abort(request_id)
+        self.requests.pop(request_id, None)
+        return req
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
+
+    # ---- metrics of one rollout (a generate call) --------------------------------------------
+    def begin_rollout(self) -> None:
+        """Start counting a rollout: ``rollout_counters`` and ``spec_metrics`` cover what follows."""
+        self.metrics.trace.clear()
+        self._rollout_start = self.metrics.snapshot()
+        if self.speculator is not None:
+            self.speculator.reset_metrics()
+
+    def rollout_counters(self) -> EngineMetrics:
+        return self.metrics.since(self._rollout_start)
+
+    def spec_metrics(self) -> dict[str, float]:
+        return self.speculator.metrics() if self.speculator is not None else {}
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[Request]:

@@ -37,6 +37,8 @@ class Request:
     group_id: str = ""                   # the n samples of one prompt share it
     prompt_id: str = ""                  # stable id of the prompt across calls (RL uid)
     index: int = 0                       # sample index inside the group
+    priority: float = 0.0                # expected length (context / history / oracle estimate):
+                                         # higher is admitted first and drafted for first
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

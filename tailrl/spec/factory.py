@@ -52,7 +52,7 @@ def make_sources(config: SpeculativeConfig, history_store: HistoryStore | None =
 
 def expected_length_fn(history: HistoryStore) -> Callable[[Any], float]:
     def expected_length(req: Any) -> float:
-        return float(max(len(req.output_token_ids), max(history.lengths(req.prompt_id), default=0)))
+        return float(max(req.priority, len(req.output_token_ids), max(history.lengths(req.prompt_id), default=0)))
     return expected_length
 
 
