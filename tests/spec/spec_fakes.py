@@ -9,6 +9,7 @@ class FakeRequest:
     group_id: str = ""
     prompt_id: str = ""
     output_token_ids: list[int] = field(default_factory=list)
+    priority: float = 0.0
 
     def emit(self, sources, tokens):
         """Append tokens and tell every source, as the engine does after a step."""
