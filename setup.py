@@ -1,12 +1,28 @@
-"""Build of the native suffix index (tailrl/spec/_suffix_index.cpp); metadata is in pyproject.toml.
+"""Build of the native parts; metadata is in pyproject.toml.
 
-``optional=True``: without a C++ compiler the install still succeeds and tailrl drafts with
-the pure-Python reference index (slower; ``tailrl.spec.suffix_index.NATIVE`` is False).
+- ``tailrl.spec._suffix_index`` (``_suffix_index.cpp``): the suffix index drafts come from.
+- ``tailrl.model._attention`` (``_attention.cpp``): row attention for decode, verify and
+  prefill steps (OpenMP; torch's own libgomp is the one loaded at run time).
+
+Both are ``optional=True``: without a C++ compiler the install still succeeds and tailrl uses
+the pure-Python references (slower; ``tailrl.spec.suffix_index.NATIVE`` and
+``tailrl.model.row_attention.NATIVE`` tell which is in use). ``TAILRL_PORTABLE_BUILD=1``
+compiles for any x86-64 instead of this machine's instruction set (e.g. a shared install
+used by machines of several kinds).
 """
+import os
+
 import pybind11
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(
-    "tailrl.spec._suffix_index", ["tailrl/spec/_suffix_index.cpp"],
-    include_dirs=[pybind11.get_include()], language="c++",
-    extra_compile_args=["-O2", "-std=c++17"], optional=True)])
+ARCH = [] if os.environ.get("TAILRL_PORTABLE_BUILD") else ["-march=native"]
+
+setup(ext_modules=[
+    Extension("tailrl.spec._suffix_index", ["tailrl/spec/_suffix_index.cpp"],
+              include_dirs=[pybind11.get_include()], language="c++",
+              extra_compile_args=["-O2", "-std=c++17"], optional=True),
+    Extension("tailrl.model._attention", ["tailrl/model/_attention.cpp"],
+              include_dirs=[pybind11.get_include()], language="c++",
+              extra_compile_args=["-O3", "-std=c++17", "-fopenmp", *ARCH], extra_link_args=["-fopenmp"],
+              optional=True),
+])

@@ -42,16 +42,13 @@ class LLMEngine:
             self.args.kv_bytes_per_token * torch.tensor([], dtype=dtype).element_size()))
         self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, lambda: self.kv.data)
+        self.runner = ModelRunner(self.model, self.kv)
         if speculator is None and speculative is not None:
             if speculative.method != "suffix":
                 raise ValueError(f"speculative.method {speculative.method!r} is not available yet "
                                  "(the learned drafter has not landed); use method='suffix'")
             from tailrl.spec.speculator import Speculator
-            speculator = Speculator(speculative, history)
-            # measure this machine's step cost up front
-            speculator.calibrate(self.runner.synthetic_step, batch_sizes=(1, 8, 64, 256),
-                                 extra_per_request=(0, 1, 4), repeats=1, contexts=(128, 512))
+            speculator = Speculator(speculative, history)     # its cost model learns from real steps
         self.speculator = speculator
         self.requests: dict[str, Request] = {}
         self.metrics = EngineMetrics()

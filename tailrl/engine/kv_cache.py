@@ -1,9 +1,14 @@
-"""Per-row KV cache: one tensor [L, 2, rows, KV, cap, D], one row per running request.
+"""Per-row KV cache: one tensor [L, 2, rows, KV, cap * D], one row per running request.
 
 Running requests occupy rows 0..R-1 with no holes (a leaving request's row is filled by the
 last row), so every attention call reads plain views of the cache instead of gathering.
 Rows and capacity grow by doubling; their product is bounded by a budget in token slots.
 When a step needs more than the budget allows, `reserve` says no and the scheduler preempts.
+
+Layout: a row's keys are stored transposed, [KV, D, cap] (``keys``), its values [KV, cap, D]
+(``values``): attention scores a block of consecutive positions against a query with one
+contiguous read per head dimension, and weighs values with one contiguous read per position.
+Exports and imports use the plain [L, 2, KV, n, D] layout.
 """
 from __future__ import annotations
 
@@ -34,7 +39,9 @@ class KVCache:
 
     def _alloc(self, rows: int, cap: int) -> torch.Tensor:
         a = self.args
-        return torch.zeros(a.num_layers, 2, rows, a.num_kv_heads, cap, a.head_dim, dtype=self.dtype, device=self.device)
+        self._cap = cap
+        return torch.zeros(a.num_layers, 2, rows, a.num_kv_heads, cap * a.head_dim, dtype=self.dtype,
+                           device=self.device)
 
     @property
     def rows(self) -> int:
@@ -42,7 +49,27 @@ class KVCache:
 
     @property
     def cap(self) -> int:
-        return self.data.shape[4]
+        return self._cap
+
+    @staticmethod
+    def _views(data: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys [L, rows, KV, D, cap], values [L, rows, KV, cap, D]) of a data tensor."""
+        l, _, rows, kv, flat = data.shape
+        d = flat // cap
+        return data[:, 0].view(l, rows, kv, d, cap), data[:, 1].view(l, rows, kv, cap, d)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self._views(self.data, self.cap)[0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._views(self.data, self.cap)[1]
+
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys [rows, KV, D, cap], values [rows, KV, cap, D]): what the model writes and reads."""
+        k, v = self._views(self.data, self.cap)
+        return list(zip(k.unbind(0), v.unbind(0)))
 
     @property
     def bytes(self) -> int:
@@ -64,27 +91,32 @@ class KVCache:
         for new_rows, new_cap in ((grown_rows, grown_cap), (rows, grown_cap), (grown_rows, length), (rows, length)):
             if new_rows * new_cap <= self.budget_tokens:
                 break
-        data = self._alloc(new_rows, new_cap)
+        old_k, old_v = self.keys, self.values
         keep_rows, keep_cap = min(self.rows, new_rows), min(self.cap, new_cap)
-        data[:, :, :keep_rows, :, :keep_cap] = self.data[:, :, :keep_rows, :, :keep_cap]
-        self.data = data
+        self.data = self._alloc(new_rows, new_cap)
+        k, v = self.keys, self.values
+        k[:, :keep_rows, :, :, :keep_cap] = old_k[:, :keep_rows, :, :, :keep_cap]
+        v[:, :keep_rows, :, :keep_cap] = old_v[:, :keep_rows, :, :keep_cap]
         return True
 
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.data[i, 0], self.data[i, 1]
-
     def move_row(self, src: int, dst: int, length: int) -> None:
-        self.data[:, :, dst, :, :length] = self.data[:, :, src, :, :length]
+        k, v = self.keys, self.values
+        k[:, dst, :, :, :length] = k[:, src, :, :, :length]
+        v[:, dst, :, :length] = v[:, src, :, :length]
 
     def move_positions(self, row: int, src: list[int], dst: list[int]) -> None:
         """Copy K/V of positions src -> dst inside one row (accepted tree-draft nodes)."""
         s = torch.tensor(src, device=self.device)
         d = torch.tensor(dst, device=self.device)
-        self.data[:, :, row, :, d] = self.data[:, :, row, :, s]
+        k, v = self.keys, self.values
+        k[:, row, :, :, d] = k[:, row, :, :, s]
+        v[:, row, :, d] = v[:, row, :, s]
 
     def export_row(self, row: int, length: int) -> torch.Tensor:
         """[L, 2, KV, length, D], a copy on the CPU."""
-        return self.data[:, :, row, :, :length].detach().to("cpu", copy=True)
+        k = self.keys[:, row, :, :, :length].transpose(-1, -2)
+        v = self.values[:, row, :, :length]
+        return torch.stack([k, v], dim=1).detach().to("cpu", copy=True)
 
     def check_shape(self, kv: torch.Tensor) -> None:
         a = self.args
@@ -94,4 +126,7 @@ class KVCache:
 
     def import_row(self, row: int, kv: torch.Tensor) -> None:
         self.check_shape(kv)
-        self.data[:, :, row, :, :kv.shape[3]] = kv.to(self.data)
+        n = kv.shape[3]
+        kv = kv.to(self.data)
+        self.keys[:, row, :, :, :n] = kv[:, 0].transpose(-1, -2)
+        self.values[:, row, :, :n] = kv[:, 1]

@@ -42,8 +42,8 @@ class DecoderLayer(nn.Module):
             qk = F.rms_norm(qk, (a.head_dim,), None, a.rms_norm_eps) * self.qk_norm
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
-        k_cache[meta.write_rows, :, meta.write_pos] = k                     # [N, KV, D] into [rows, KV, cap, D]
-        v_cache[meta.write_rows, :, meta.write_pos] = v
+        k_cache[meta.write_rows, :, :, meta.write_pos] = k                  # [N, KV, D] into [rows, KV, D, cap]
+        v_cache[meta.write_rows, :, meta.write_pos] = v                     # [N, KV, D] into [rows, KV, cap, D]
         x = x + self.o(attend(q, k_cache, v_cache, meta))
         h = F.rms_norm(x, (a.hidden_size,), self.post_norm, a.rms_norm_eps)
         gate, up = self.gate_up(h).chunk(2, dim=-1)
@@ -64,14 +64,15 @@ class Transformer(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor,
-                meta: AttentionMeta) -> torch.Tensor:
-        """input_ids, positions: [N]; kv: [L, 2, rows, KV, cap, D]. Returns normed hidden [N, hidden]."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMeta) -> torch.Tensor:
+        """input_ids, positions: [N]; caches: per layer (keys [rows, KV, D, cap], values
+        [rows, KV, cap, D]) (``KVCache.layers()``). Returns normed hidden [N, hidden]."""
         x = self.embed(input_ids)
         cos = self.cos[positions].unsqueeze(1)                              # [N, 1, D]
         sin = self.sin[positions].unsqueeze(1)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv[i, 0], kv[i, 1], meta)
+        for layer, (k_cache, v_cache) in zip(self.layers, caches):
+            x = layer(x, cos, sin, k_cache, v_cache, meta)
         return F.rms_norm(x, (self.args.hidden_size,), self.norm, self.args.rms_norm_eps)
 
     @torch.inference_mode()

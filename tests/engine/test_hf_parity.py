@@ -24,8 +24,8 @@ def our_logits(path: str, tokens: list[int]) -> torch.Tensor:
     kv.reserve(1, len(tokens))
     req = Request("r", tokens, SamplingParams(), 0)
     a = model.args
-    batch = build_batch([(req, len(tokens))], {}, a.num_heads // a.num_kv_heads, "cpu")
-    hidden = model(batch.input_ids, batch.positions, kv.data, batch.meta)
+    batch = build_batch([(req, len(tokens))], {}, "cpu")
+    hidden = model(batch.input_ids, batch.positions, kv.layers(), batch.meta)
     return model.logits(hidden)
 
 

@@ -20,7 +20,7 @@ def test_tree_logits_equal_feeding_each_path(ckpt_dir):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     model = load_model(path)
     kv = KVCache(model.args, torch.float32, "cpu", 4096, 4, 512)
-    runner = ModelRunner(model, lambda: kv.data)
+    runner = ModelRunner(model, kv)
     prompts = [[5, 6, 7, 8, 9, 10], [11, 3, 3]]
     reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(prompts)]
     kv.reserve(2, 64)
