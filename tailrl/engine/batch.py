@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tailrl.engine.kv_cache import KVCache
 from tailrl.engine.request import Request
-from tailrl.engine.sampler import uniform
+from tailrl.engine.sampler import uniforms
 from tailrl.model.attention import AttentionMeta
 from tailrl.model.transformer import Transformer
 
@@ -48,7 +49,7 @@ class Batch:
     temperature: list[float]        # [M] sampling params of each sampled position
     top_k: list[int]
     top_p: list[float]
-    u: list[float]                  # [M] counter-based uniforms
+    u: np.ndarray                   # [M] counter-based uniforms
     num_draft_tokens: int
 
 
@@ -66,7 +67,8 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
     temps: list[float] = []
     topk: list[int] = []
     topp: list[float] = []
-    us: list[float] = []
+    keys: list[int] = []                                     # noise of each sampled position: (seed key,
+    upos: list[int] = []                                     # output position) -> uniforms()
     num_draft = reads = work = 0
     for r, (req, n) in enumerate(rows):
         start = req.num_computed_tokens
@@ -117,7 +119,9 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
             temps += [p.temperature] * k
             topk += [p.top_k] * k
             topp += [p.top_p] * k
-            us += [uniform(req.seed_key, t0 + d) for d in [0] + depths]
+            keys += [req.seed_key] * k
+            upos.append(t0)
+            upos += [t0 + d for d in depths]
     as_long = dict(dtype=torch.long, device=device)
     as_int = dict(dtype=torch.int32, device=device)
     meta = AttentionMeta(torch.tensor(wrow, **as_long), torch.tensor(wpos, **as_long), torch.tensor(wrow, **as_int),
@@ -125,7 +129,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
                          torch.tensor(ecount, **as_int), torch.tensor(extra or [0], **as_int),
                          max(wpos, default=-1) + 1, reads, work)
     return Batch(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), meta,
-                 torch.tensor(sample_idx, **as_long), plans, temps, topk, topp, us, num_draft)
+                 torch.tensor(sample_idx, **as_long), plans, temps, topk, topp, uniforms(keys, upos), num_draft)
 
 
 class ModelRunner:

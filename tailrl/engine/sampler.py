@@ -8,6 +8,7 @@ token was drafted (speculative verification recomputes exactly the same function
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 MASK64 = (1 << 64) - 1
@@ -33,6 +34,20 @@ def uniform(key: int, position: int) -> float:
     return (splitmix64(key ^ splitmix64(position)) >> 11) * (1.0 / (1 << 53))
 
 
+def _splitmix64_np(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(keys: list[int], positions: list[int]) -> np.ndarray:
+    """``uniform`` of many (key, position) pairs at once (uint64 arithmetic wraps as in Python's & MASK64)."""
+    k = np.array(keys, dtype=np.uint64)
+    p = np.array(positions, dtype=np.uint64)
+    return (_splitmix64_np(k ^ _splitmix64_np(p)) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 def _filter_sorted(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
     """Sort each row descending and mask tokens outside top-k / the top-p nucleus.
     Returns (sorted filtered logits [M, V], sort indices [M, V])."""
@@ -54,14 +69,17 @@ def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
     logits may hold -inf (filtered tokens)."""
     mx = logits.amax(dim=-1, keepdim=True)
     cdf = (logits - mx).exp_().cumsum_(dim=-1)                        # [M, V], unnormalised
-    total = cdf[:, -1]
+    total = cdf[:, -1].contiguous()
     target = (u.to(cdf.dtype) * total).unsqueeze(1)
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
-    return idx, mx.squeeze(1) + total.log()
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    # u * total can round up to total (u within 2^-25 of 1 in float32): never go past the last
+    # token with probability mass, which is where the cdf first reaches its total
+    last = torch.searchsorted(cdf, total.unsqueeze(1), right=False).squeeze(1)
+    return torch.minimum(idx, last), mx.squeeze(1) + total.log()
 
 
 def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
-           u: list[float]) -> tuple[list[int], list[float]]:
+           u: list[float] | np.ndarray) -> tuple[list[int], list[float]]:
     """logits [M, V] -> (token per row, logprob of it under log_softmax(logits / T)).
     Temperature 0 is greedy (argmax, logprob at T = 1). Filtered rows (top-k / top-p) sample
     from the filtered distribution; their logprob is still the unfiltered tempered one (what a
@@ -83,7 +101,7 @@ def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top
         lse[g] = scaled[g].logsumexp(dim=-1)
     if sampled:
         rows = torch.tensor(sampled, device=dev) if len(sampled) < m else slice(None)
-        uu = torch.tensor([u[i] for i in sampled], dtype=torch.float64, device=dev)
+        uu = torch.as_tensor(np.asarray(u, dtype=np.float64)[sampled], device=dev)
         tokens[rows], lse[rows] = _inverse_cdf(scaled[rows], uu)
         filt = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1]
         if filt:
@@ -91,7 +109,7 @@ def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top
             k = torch.tensor([top_k[i] for i in filt], device=dev)
             p = torch.tensor([top_p[i] for i in filt], dtype=logits.dtype, device=dev)
             vals, idx = _filter_sorted(scaled[rows], k, p)
-            pick, _ = _inverse_cdf(vals, torch.tensor([u[i] for i in filt], dtype=torch.float64, device=dev))
+            pick, _ = _inverse_cdf(vals, torch.as_tensor(np.asarray(u, dtype=np.float64)[filt], device=dev))
             tokens[rows] = idx.gather(1, pick[:, None]).squeeze(1)
     # log p(token) = scaled[token] - logsumexp(scaled): the target's log-softmax, never a draft's
     lp = scaled.gather(1, tokens[:, None]).squeeze(1) - lse

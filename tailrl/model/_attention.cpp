@@ -171,7 +171,7 @@ inline void gather_keys(const T* k, int64_t ksd, const int64_t* pos, int64_t nb,
 // its prefix. Phase 2: each query with extras gathers the rest of its visible keys (the
 // prefix's tail, then the extras) into blocks of its own, aligned as in phase 1.
 template <typename T, typename A>
-void row_head(const T* q, const T* k, const T* v, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
+void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
               const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
               A scale, std::vector<A>& buf, std::vector<Query<A>>& st, std::vector<int64_t>& shared_end) {
     const int64_t D = L.dim, G = L.heads / L.kv_heads, nq = (t1 - t0) * G;
@@ -187,8 +187,8 @@ void row_head(const T* q, const T* k, const T* v, T* out, const Layout& L, int64
         const int64_t end = ecount[t] ? (pre / BLOCK) * BLOCK : pre;
         for (int64_t g = 0; g < G; ++g) {
             const int64_t i = (t - t0) * G + g;
-            const T* qh = q + t * L.q_s0 + (kh * G + g) * L.q_s1;
-            for (int64_t d = 0; d < D; ++d) qs[i * D + d] = load(qh + d) * scale;
+            const A* qh = q + (t * L.heads + kh * G + g) * D;
+            for (int64_t d = 0; d < D; ++d) qs[i * D + d] = qh[d] * scale;
             for (int64_t d = 0; d < D; ++d) accs[i * D + d] = 0;
             st[i] = Query<A>{qs + i * D, accs + i * D, 0, 0, false};
             shared_end[i] = end;
@@ -232,11 +232,11 @@ void row_head(const T* q, const T* k, const T* v, T* out, const Layout& L, int64
     }
 }
 
-template <typename T>
-void run(const T* q, const T* k, const T* v, T* out, const Layout& L, const int32_t* qrow,
-         const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-         double scale, int threads) {
-    using A = typename Acc<T>::type;
+// Attention of every query (q: [N, H, D] contiguous, in the accumulation type) over its row.
+template <typename T, typename A>
+void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, const int32_t* qrow,
+               const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
+               double scale, int threads) {
     // Queries are grouped by row (flat order: row after row); find each row's span.
     std::vector<int64_t> span_start, span_end;
     for (int64_t t = 0; t < L.n; ++t) {
@@ -266,9 +266,7 @@ void run(const T* q, const T* k, const T* v, T* out, const Layout& L, const int3
 
 template <typename T> T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
 
-void attend(int dtype, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
-            uintptr_t qrow, uintptr_t prefix, uintptr_t estart, uintptr_t ecount, uintptr_t extra,
-            double scale, int threads) {
+Layout layout(py::tuple shape, py::tuple strides) {
     Layout L{};
     L.n = shape[0].cast<int64_t>();
     L.heads = shape[1].cast<int64_t>();
@@ -280,27 +278,148 @@ void attend(int dtype, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, py:
     L.k_s0 = st[2]; L.k_s1 = st[3]; L.k_s2 = st[4];
     L.v_s0 = st[5]; L.v_s1 = st[6]; L.v_s2 = st[7];
     L.o_s0 = st[8]; L.o_s1 = st[9];
-    auto* qr = ptr<const int32_t>(qrow);
-    auto* pf = ptr<const int32_t>(prefix);
-    auto* es = ptr<const int32_t>(estart);
-    auto* ec = ptr<const int32_t>(ecount);
-    auto* ex = ptr<const int32_t>(extra);
+    return L;
+}
+
+struct Visibility {
+    const int32_t *qrow, *prefix, *estart, *ecount, *extra;
+};
+
+Visibility visibility(py::tuple vis) {
+    return Visibility{ptr<const int32_t>(vis[0].cast<uintptr_t>()), ptr<const int32_t>(vis[1].cast<uintptr_t>()),
+                      ptr<const int32_t>(vis[2].cast<uintptr_t>()), ptr<const int32_t>(vis[3].cast<uintptr_t>()),
+                      ptr<const int32_t>(vis[4].cast<uintptr_t>())};
+}
+
+// q (type T, strided) -> the accumulation type, then attention.
+template <typename T>
+void attend_t(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, const Layout& L, const Visibility& V,
+              double scale, int threads) {
+    using A = typename Acc<T>::type;
+    std::vector<A> qa(static_cast<size_t>(L.n * L.heads * L.dim));
+    const T* qt = ptr<const T>(q);
+    for (int64_t t = 0; t < L.n; ++t)
+        for (int64_t h = 0; h < L.heads; ++h)
+            for (int64_t d = 0; d < L.dim; ++d)
+                qa[(t * L.heads + h) * L.dim + d] = load(qt + t * L.q_s0 + h * L.q_s1 + d);
+    attention<T, A>(qa.data(), ptr<const T>(k), ptr<const T>(v), ptr<T>(out), L, V.qrow, V.prefix, V.estart,
+                    V.ecount, V.extra, scale, threads);
+}
+
+void attend(int dtype, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
+            py::tuple vis, double scale, int threads) {
+    const Layout L = layout(shape, strides);
+    const Visibility V = visibility(vis);
     py::gil_scoped_release release;
-    if (dtype == 0)
-        run<uint16_t>(ptr<const uint16_t>(q), ptr<const uint16_t>(k), ptr<const uint16_t>(v), ptr<uint16_t>(out),
-                      L, qr, pf, es, ec, ex, scale, threads);
-    else if (dtype == 1)
-        run<float>(ptr<const float>(q), ptr<const float>(k), ptr<const float>(v), ptr<float>(out),
-                   L, qr, pf, es, ec, ex, scale, threads);
-    else
-        run<double>(ptr<const double>(q), ptr<const double>(k), ptr<const double>(v), ptr<double>(out),
-                    L, qr, pf, es, ec, ex, scale, threads);
+    if (dtype == 0) attend_t<uint16_t>(q, k, v, out, L, V, scale, threads);
+    else if (dtype == 1) attend_t<float>(q, k, v, out, L, V, scale, threads);
+    else attend_t<double>(q, k, v, out, L, V, scale, threads);
+}
+
+// Rotary embedding ("rotate half") of one head x (D values) at a position's cos/sin rows.
+template <typename T, typename A>
+inline void rope(const T* x, const A* c, const A* s, int64_t D, A* y) {
+    const int64_t half = D / 2;
+    for (int64_t d = 0; d < half; ++d) y[d] = load(x + d) * c[d] - load(x + d + half) * s[d];
+    for (int64_t d = half; d < D; ++d) y[d] = load(x + d) * c[d] + load(x + d - half) * s[d];
+}
+
+// One layer's attention from its fused projection qkv [N, (H + 2 KV) * D] (row stride
+// qkv_s0): RoPE on the query and key heads (in the accumulation type, at cos/sin [pos, D]),
+// this step's keys and values written into the caches at (write_row, write_pos), then
+// attention. Phase 1 runs over tokens, phase 2 (after every write) over (row, KV head).
+template <typename T>
+void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, const int64_t* positions,
+                   const int64_t* wrow, const int64_t* wpos, uintptr_t k, uintptr_t v, uintptr_t out,
+                   const Layout& L, const Visibility& V, double scale, int threads) {
+    using A = typename Acc<T>::type;
+    const int64_t D = L.dim, H = L.heads, KV = L.kv_heads;
+    std::vector<A> qa(static_cast<size_t>(L.n * H * D));
+    const T* x = ptr<const T>(qkv);
+    const A* ct = ptr<const A>(cos);
+    const A* st = ptr<const A>(sin);
+    T* kc = ptr<T>(k);
+    T* vc = ptr<T>(v);
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<A> y(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < L.n; ++t) {
+            const T* row = x + t * qkv_s0;
+            const A* c = ct + positions[t] * D;
+            const A* s = st + positions[t] * D;
+            for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, D, qa.data() + (t * H + h) * D);
+            for (int64_t kh = 0; kh < KV; ++kh) {
+                rope(row + (H + kh) * D, c, s, D, y.data());
+                T* kd = kc + wrow[t] * L.k_s0 + kh * L.k_s1 + wpos[t];
+                for (int64_t d = 0; d < D; ++d) store(kd + d * L.k_s2, y[d]);
+                const T* vs = row + (H + KV + kh) * D;
+                T* vd = vc + wrow[t] * L.v_s0 + kh * L.v_s1 + wpos[t] * L.v_s2;
+                for (int64_t d = 0; d < D; ++d) vd[d] = vs[d];
+            }
+        }
+    }
+    attention<T, A>(qa.data(), kc, vc, ptr<T>(out), L, V.qrow, V.prefix, V.estart, V.ecount, V.extra, scale,
+                    threads);
+}
+
+void rope_attend(int dtype, uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, uintptr_t positions,
+                 uintptr_t wrow, uintptr_t wpos, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape,
+                 py::tuple strides, py::tuple vis, double scale, int threads) {
+    const Layout L = layout(shape, strides);
+    const Visibility V = visibility(vis);
+    auto* pos = ptr<const int64_t>(positions);
+    auto* wr = ptr<const int64_t>(wrow);
+    auto* wp = ptr<const int64_t>(wpos);
+    py::gil_scoped_release release;
+    if (dtype == 0) rope_attend_t<uint16_t>(qkv, qkv_s0, cos, sin, pos, wr, wp, k, v, out, L, V, scale, threads);
+    else if (dtype == 1) rope_attend_t<float>(qkv, qkv_s0, cos, sin, pos, wr, wp, k, v, out, L, V, scale, threads);
+    else rope_attend_t<double>(qkv, qkv_s0, cos, sin, pos, wr, wp, k, v, out, L, V, scale, threads);
+}
+
+// RMS norm of each row of x [N, C] (row stride xs0) times w [C], in the accumulation type:
+// sum of squares in LANES partials, then a fixed pairwise reduction (row-local: batch invariant).
+template <typename T>
+void rms_norm_t(uintptr_t xp, int64_t xs0, uintptr_t wp, uintptr_t outp, int64_t n, int64_t C, double eps,
+                int threads) {
+    using A = typename Acc<T>::type;
+    const T* x = ptr<const T>(xp);
+    const T* w = ptr<const T>(wp);
+    T* out = ptr<T>(outp);
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * C > 32768)
+    for (int64_t r = 0; r < n; ++r) {
+        const T* xr = x + r * xs0;
+        A part[LANES] = {};
+        int64_t c = 0;
+        for (; c + LANES <= C; c += LANES)
+#pragma omp simd
+            for (int i = 0; i < LANES; ++i) part[i] += load(xr + c + i) * load(xr + c + i);
+        for (int wdt = LANES / 2; wdt > 0; wdt /= 2)
+            for (int i = 0; i < wdt; ++i) part[i] += part[i + wdt];
+        A ss = part[0];
+        for (; c < C; ++c) ss += load(xr + c) * load(xr + c);
+        const A inv = A(1) / std::sqrt(ss / A(C) + A(eps));
+        T* o = out + r * C;
+#pragma omp simd
+        for (int64_t i = 0; i < C; ++i) store(o + i, load(xr + i) * inv * load(w + i));
+    }
+}
+
+void rms_norm(int dtype, uintptr_t x, int64_t xs0, uintptr_t w, uintptr_t out, int64_t n, int64_t C, double eps,
+              int threads) {
+    py::gil_scoped_release release;
+    if (dtype == 0) rms_norm_t<uint16_t>(x, xs0, w, out, n, C, eps, threads);
+    else if (dtype == 1) rms_norm_t<float>(x, xs0, w, out, n, C, eps, threads);
+    else rms_norm_t<double>(x, xs0, w, out, n, C, eps, threads);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_attention, m) {
-    m.doc() = "Row attention over a per-row KV cache (see tailrl/model/row_attention.py)";
-    m.def("attend", &attend, "dtype (0 bf16, 1 f32, 2 f64), pointers, shape (N, H, KV, D), strides, "
-          "per-query row / prefix / extra start / extra count, extra positions, scale, threads");
+    m.doc() = "Row attention over a per-row KV cache, and the fused steps around it (see attention.py)";
+    m.def("attend", &attend, "dtype (0 bf16, 1 f32, 2 f64), q, k, v, out pointers, shape (N, H, KV, D), "
+          "strides, visibility pointers (row, prefix, extra start, extra count, extras), scale, threads");
+    m.def("rope_attend", &rope_attend, "dtype, qkv pointer and row stride, cos, sin, positions, write rows, "
+          "write positions, k, v, out, shape, strides, visibility, scale, threads");
+    m.def("rms_norm", &rms_norm, "dtype, x pointer and row stride, weight, out, rows, columns, eps, threads");
 }

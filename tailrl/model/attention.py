@@ -58,25 +58,71 @@ class AttentionMeta:
         return self.write_rows.shape[0]
 
 
+def _vis(meta: AttentionMeta) -> tuple[int, ...]:
+    return (meta.q_row.data_ptr(), meta.prefix.data_ptr(), meta.estart.data_ptr(), meta.ecount.data_ptr(),
+            meta.extra.data_ptr())
+
+
+def _strides(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, q_strides=(0, 0)) -> tuple[int, ...]:
+    return (*q_strides, *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1))
+
+
+def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("attend: the keys' positions and the values' head dimension must be contiguous")
+
+
+def use_native(dtype: torch.dtype, native: bool | None = None) -> bool:
+    return (NATIVE if native is None else native) and dtype in _DTYPE_CODE
+
+
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
            native: bool | None = None) -> torch.Tensor:
     """q: [N, H, D] (RoPE applied, last dim contiguous); k_cache [rows, KV, D, cap] and v_cache
     [rows, KV, cap, D] already hold this step's K/V. Returns [N, H*D]."""
     n, heads, d = q.shape
-    if not (NATIVE if native is None else native) or q.dtype not in _DTYPE_CODE:
+    if not use_native(q.dtype, native):
         return reference_attend(q, k_cache, v_cache, meta)
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("attend: q's head dimension, the keys' positions and the values' head dimension "
-                         "must be contiguous")
+    if q.stride(-1) != 1:
+        raise ValueError("attend: q's head dimension must be contiguous")
+    _check_caches(k_cache, v_cache)
     out = torch.empty(n, heads, d, dtype=q.dtype, device=q.device)
     if n:
-        strides = (q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-                   out.stride(0), out.stride(1))
         _native.attend(_DTYPE_CODE[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                       (n, heads, k_cache.shape[1], d), strides, meta.q_row.data_ptr(), meta.prefix.data_ptr(),
-                       meta.estart.data_ptr(), meta.ecount.data_ptr(), meta.extra.data_ptr(), d ** -0.5,
-                       torch.get_num_threads())
+                       (n, heads, k_cache.shape[1], d), _strides(k_cache, v_cache, out, (q.stride(0), q.stride(1))),
+                       _vis(meta), d ** -0.5, torch.get_num_threads())
     return out.view(n, heads * d)
+
+
+def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta, heads: int) -> torch.Tensor:
+    """A layer's attention from its fused projection ``qkv`` [N, (H + 2 KV) * D] in one native
+    call: RoPE on query and key heads (``cos``/``sin`` [max_len, D] in float32, float64 for a
+    float64 model), this step's K/V written at (``meta.write_rows``, ``meta.write_pos``), then
+    ``attend``. Returns [N, H*D]. Needs the native extension (``NATIVE``)."""
+    n = qkv.shape[0]
+    kv_heads, d = k_cache.shape[1], k_cache.shape[2]
+    if qkv.stride(-1) != 1 or positions.dtype != torch.long:
+        raise ValueError("rope_attend: qkv rows must be contiguous and positions int64")
+    _check_caches(k_cache, v_cache)
+    out = torch.empty(n, heads, d, dtype=qkv.dtype, device=qkv.device)
+    if n:
+        _native.rope_attend(_DTYPE_CODE[qkv.dtype], qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
+                            positions.data_ptr(), meta.write_rows.data_ptr(), meta.write_pos.data_ptr(),
+                            k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), (n, heads, kv_heads, d),
+                            _strides(k_cache, v_cache, out), _vis(meta), d ** -0.5, torch.get_num_threads())
+    return out.view(n, heads * d)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over the last dim of a 2-D ``x`` (row-local, so batch invariant): native when
+    built, else PyTorch's."""
+    if not use_native(x.dtype) or x.dim() != 2 or x.stride(-1) != 1 or not weight.is_contiguous():
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _native.rms_norm(_DTYPE_CODE[x.dtype], x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
+                     x.shape[0], x.shape[1], eps, torch.get_num_threads())
+    return out
 
 
 def visibility(meta: AttentionMeta) -> torch.Tensor:

@@ -81,3 +81,15 @@ def test_top_k_1_is_greedy(ckpt_dir):
     greedy = llm.generate([[7, 7, 1]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
     topk1 = llm.generate([[7, 7, 1]], SamplingParams(temperature=1.0, top_k=1, max_tokens=20, ignore_eos=True))[0]
     assert greedy.outputs[0].token_ids == topk1.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_noise_next_to_one_never_picks_a_filtered_token(dtype):
+    """u * total may round up to total: the pick must stay on a token with probability mass,
+    not fall on the last vocabulary id (here filtered out by top-k, top-p, or -inf)."""
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.5], [0.0, 5.0, 1.0, 2.0], [1.0, 2.0, 3.0, float("-inf")]]).to(dtype)
+    u = [1.0 - 2.0 ** -30] * 3
+    tokens, _ = sample(logits.float(), [1.0] * 3, [2, -1, -1], [1.0, 0.5, 1.0], u)
+    assert tokens[0] in (0, 1)            # top-k 2 keeps ids 0 and 1
+    assert tokens[1] == 1                 # top-p 0.5 keeps the argmax only
+    assert tokens[2] == 2                 # the last id has no mass
