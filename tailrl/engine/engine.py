@@ -1,6 +1,6 @@
 """One engine instance: requests in, tokens out, one step at a time.
 
-    step = schedule -> propose drafts -> one batched forward -> sample/verify -> postprocess
+    step = schedule -> propose drafts -> one batched forward -> sample -> verify/commit/finish
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.sampler import sample
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.transfer import RequestState
-from tailrl.engine.verify import accept_draft
+from tailrl.engine.verify import commit
 from tailrl.model.loader import DTYPES, load_model, read_args
 from tailrl.spec.history import HistoryStore
 
@@ -96,30 +96,36 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Run one forward for the scheduled requests. Returns the requests that finished."""
-        t0 = time.perf_counter()
-        kv_before = self.kv.data
-        sched = self.scheduler.schedule()
+        """One step for every scheduled request. Returns the requests that finished."""
+        clock = [time.perf_counter()]
+        grew = self.kv.data
+        sched = self.scheduler.schedule()                                  # 1. schedule
         if sched.num_tokens == 0:
             if self.scheduler.has_work():
                 raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
             return []
-        drafts = self._propose(sched)
-        batch = self.runner.build(sched.rows, drafts)
-        t1 = time.perf_counter()
+        clock.append(time.perf_counter())
+        drafts = self._propose(sched)                                      # 2. propose drafts
+        clock.append(time.perf_counter())
+        batch = self.runner.build(sched.rows, drafts)                      # 3. one batched forward
+        clock.append(time.perf_counter())
         logits = self.runner.run(batch)
-        t2 = time.perf_counter()
-        finished, verify_rows, accepted = self._postprocess(batch, sched, logits)
-        t3 = time.perf_counter()
+        clock.append(time.perf_counter())
+        for req, n in sched.rows:
+            req.num_computed_tokens += n
+        tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)   # 4. sample
+        clock.append(time.perf_counter())
+        finished, accepted = self._postprocess(batch, tokens, logprobs)    # 5. verify, commit, finish
+        clock.append(time.perf_counter())
+        stages = [b - a for a, b in zip(clock, clock[1:])]
+        verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
-                                 len(sched.preempted), t1 - t0, t2 - t1, t3 - t2, verify_rows, accepted)
+                                 len(sched.preempted), stages, verify_rows, accepted)
         if self.speculator is not None:
-            # the whole step (batch building, sampling, verification included): what a step costs;
-            # steps with prefill chunks are priced differently (big matmuls, per-row attention)
-            # (and a step that grew the KV cache paid a one-time copy)
-            unusual = len(batch.input_ids) - batch.num_draft_tokens > len(sched.rows) or self.kv.data is not kv_before
-            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), t3 - t0, batch.meta.work,
-                                         prefill=unusual, reads=batch.meta.reads)
+            # a step with prefill chunks, or one that grew the KV cache, is not a decode step's cost
+            decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows) and self.kv.data is grew
+            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), clock[-1] - clock[0],
+                                         batch.meta.work, prefill=not decode, reads=batch.meta.reads)
         return finished
 
     def _propose(self, sched: SchedulerOutput) -> dict:
@@ -139,56 +145,26 @@ class LLMEngine:
             return {}                                   # drafts never cost a preemption
         return drafts
 
-    def _postprocess(self, batch: Batch, sched: SchedulerOutput,
-                     logits: torch.Tensor) -> tuple[list[Request], int, int]:
-        """Sample, verify drafts, append tokens. Returns (finished, verify rows, accepted drafts)."""
-        for req, n in sched.rows:
-            req.num_computed_tokens += n
-        tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)
+    def _postprocess(self, batch: Batch, tokens: list[int], logprobs: list[float]) -> tuple[list[Request], int]:
+        """Verify and commit every sampling row, then finish the requests that stopped.
+        Returns (finished, draft tokens accepted)."""
         finished: list[Request] = []
-        verify_rows = total_accepted = 0
+        total_accepted = 0
         for plan in batch.plans:
-            req, e = plan.req, plan.entry
-            targets = tokens[e:e + 1 + len(plan.draft_tokens)]
-            emitted, accepted = accept_draft(plan.parents, plan.draft_tokens, targets)
+            emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
             if plan.draft_tokens:
-                verify_rows += 1
-                total_accepted += len(accepted)
-                self._keep_accepted_kv(req, plan, accepted)
-                self.speculator.record_verification(req, plan.draft, len(accepted))
-            entries = [e] + [e + 1 + j for j in accepted]
-            for tok, k in zip(emitted, entries):
-                status = self._append(req, tok, logprobs[k])
-                if status is not None:
-                    req.status = status
-                    finished.append(req)
-                    break
+                total_accepted += accepted
+                self.speculator.record_verification(plan.req, plan.draft, accepted)
+            if status is not None:
+                plan.req.status = status
+                finished.append(plan.req)
             if self.speculator is not None:
-                self.speculator.observe(req, emitted)
+                self.speculator.observe(plan.req, emitted)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above
         # had to commit (and move its accepted draft K/V) before any row moves.
         for req in finished:
             self._finish(req, req.status)
-        return finished, verify_rows, total_accepted
-
-    def _keep_accepted_kv(self, req: Request, plan, accepted: list[int]) -> None:
-        """Accepted node j sits at cache position base + j; it belongs at base + depth - 1."""
-        base = req.num_computed_tokens
-        src = [base + j for j in accepted]
-        dst = list(range(base, base + len(accepted)))
-        if src != dst:
-            self.kv.move_positions(req.row, src, dst)
-        req.num_computed_tokens += len(accepted)
-
-    def _append(self, req: Request, tok: int, logprob: float) -> RequestStatus | None:
-        req.output_token_ids.append(tok)
-        req.output_logprobs.append(logprob)
-        p = req.params
-        if (not p.ignore_eos and tok in self.args.eos_token_ids) or (p.stop_token_ids and tok in p.stop_token_ids):
-            return RequestStatus.FINISHED_STOPPED
-        if req.remaining_tokens <= 0:
-            return RequestStatus.FINISHED_LENGTH
-        return None
+        return finished, total_accepted
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.scheduler.remove(req)

@@ -15,18 +15,23 @@ class EngineMetrics:
     num_draft_tokens: int = 0
     num_preemptions: int = 0
     sum_batch_size: int = 0
-    schedule_s: float = 0.0
+    schedule_s: float = 0.0              # the step's stages (see LLMEngine.step)
+    draft_s: float = 0.0
+    build_s: float = 0.0
     forward_s: float = 0.0
-    postprocess_s: float = 0.0
+    sample_s: float = 0.0
+    postprocess_s: float = 0.0           # verification, commit, finishing
     num_verify_rows: int = 0             # rows that verified a draft
     num_accepted_tokens: int = 0         # draft tokens accepted (bonus tokens excluded)
     # per step (perf_counter at its end, batch size, verify rows, accepted tokens); the caller
     # clears it per rollout, so tail metrics can be computed after the fact
     trace: list[tuple[float, int, int, int]] = field(default_factory=list, repr=False)
 
+    STAGES = ("schedule_s", "draft_s", "build_s", "forward_s", "sample_s", "postprocess_s")
+
     def record_step(self, batch_size: int, tokens: int, draft_tokens: int, preemptions: int,
-                    schedule_s: float, forward_s: float, postprocess_s: float,
-                    verify_rows: int = 0, accepted: int = 0) -> None:
+                    stages: list[float], verify_rows: int = 0, accepted: int = 0) -> None:
+        """``stages``: seconds of each of ``STAGES``, in order."""
         self.trace.append((time.perf_counter(), batch_size, verify_rows, accepted))
         self.num_verify_rows += verify_rows
         self.num_accepted_tokens += accepted
@@ -35,9 +40,8 @@ class EngineMetrics:
         self.num_draft_tokens += draft_tokens
         self.num_preemptions += preemptions
         self.sum_batch_size += batch_size
-        self.schedule_s += schedule_s
-        self.forward_s += forward_s
-        self.postprocess_s += postprocess_s
+        for name, seconds in zip(self.STAGES, stages):
+            setattr(self, name, getattr(self, name) + seconds)
 
     def snapshot(self) -> "EngineMetrics":
         return EngineMetrics(**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"})
@@ -69,9 +73,7 @@ def rollout_metrics(lengths: list[int], prompt_lengths: list[int], finish_times:
         "rollout/batched_tokens": float(engine.num_batched_tokens),
         "rollout/mean_batch_size": engine.sum_batch_size / max(engine.num_forward, 1),
         "rollout/preemptions": float(engine.num_preemptions),
-        "timing_s/forward": engine.forward_s,
-        "timing_s/schedule": engine.schedule_s,
-        "timing_s/postprocess": engine.postprocess_s,
+        **{f"timing_s/{name[:-2]}": getattr(engine, name) for name in EngineMetrics.STAGES},
     }
     for q in (50, 90, 99):
         m[f"response_length/p{q}"] = float(np.percentile(lens, q)) if lens.size else 0.0

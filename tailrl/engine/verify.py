@@ -1,4 +1,8 @@
-"""Accept/reject for speculative drafts (chains and trees): a pure function over token lists.
+"""Verification of speculative drafts (chains and trees): the rule and its bookkeeping.
+
+``accept_draft`` is the rule, a pure function over token lists; ``commit`` applies it to one
+row of a step: which tokens the request keeps, where the accepted nodes' K/V go, and when the
+request stops.
 
 Math. Let y_t = S(p(. | x_<t), u_t) be the token plain decoding emits at position t, where S
 is the sampler (sampler.py) and u_t the counter-based uniform of (request, t). The verification
@@ -11,6 +15,14 @@ target's at any temperature / top-k / top-p. For a deterministic draft token x t
 with probability p(x), the same as standard rejection sampling with a point-mass proposal.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tailrl.engine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from tailrl.engine.batch import RowPlan
+    from tailrl.engine.kv_cache import KVCache
 
 
 def accept_draft(parents: list[int], draft_tokens: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
@@ -31,3 +43,44 @@ def accept_draft(parents: list[int], draft_tokens: list[int], targets: list[int]
             return emitted, accepted
         accepted.append(nxt)
         node = nxt
+
+
+def commit(plan: "RowPlan", tokens: list[int], logprobs: list[float], kv: "KVCache",
+           eos_token_ids: tuple[int, ...]) -> tuple[list[int], int, RequestStatus | None]:
+    """Apply one row's sampled targets to its request. ``tokens``/``logprobs``: the step's
+    sampled positions; the row's root is at ``plan.entry``, its draft nodes follow. Returns
+    (tokens appended, draft nodes accepted, finish status or None).
+
+    The row's committed tokens are already counted in ``req.num_computed_tokens``. Accepted
+    node j was written at cache position base + j (base = the first position after the
+    committed tokens); it belongs at base + depth - 1, so a tree's accepted path is moved
+    down (a chain's is already in place) and counted as computed. Tokens are appended in
+    order until a stop token or the length limit: the request ends there even inside an
+    accepted run, and the rest of the run is dropped (its K/V lies past the end, unused)."""
+    req, e = plan.req, plan.entry
+    emitted, accepted = accept_draft(plan.parents, plan.draft_tokens, tokens[e:e + 1 + len(plan.draft_tokens)])
+    if accepted:
+        base = req.num_computed_tokens
+        src = [base + j for j in accepted]
+        dst = list(range(base, base + len(accepted)))
+        if src != dst:
+            kv.move_positions(req.row, src, dst)
+        req.num_computed_tokens += len(accepted)
+    entries = [e] + [e + 1 + j for j in accepted]
+    for k, (tok, i) in enumerate(zip(emitted, entries)):
+        status = append_token(req, tok, logprobs[i], eos_token_ids)
+        if status is not None:
+            return emitted[:k + 1], len(accepted), status
+    return emitted, len(accepted), None
+
+
+def append_token(req: Request, tok: int, logprob: float, eos_token_ids: tuple[int, ...]) -> RequestStatus | None:
+    """Append one sampled token; the finish status if it ends the request."""
+    req.output_token_ids.append(tok)
+    req.output_logprobs.append(logprob)
+    p = req.params
+    if (not p.ignore_eos and tok in eos_token_ids) or (p.stop_token_ids and tok in p.stop_token_ids):
+        return RequestStatus.FINISHED_STOPPED
+    if req.remaining_tokens <= 0:
+        return RequestStatus.FINISHED_LENGTH
+    return None
