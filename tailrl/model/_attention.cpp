@@ -117,17 +117,27 @@ inline void block_update(Query<A>& st, const K* kb, int64_t ksd, const T* v, int
 #pragma omp simd
         for (int j = 0; j < BLOCK; ++j) s[j] += qd * load(kd + j);
     }
-    A bm = s[0];
-    for (int64_t j = 1; j < nb; ++j) bm = s[j] > bm ? s[j] : bm;
+    // block max over lanes < nb (exact in any order): lanes past nb repeat lane 0, then an
+    // elementwise max of the two halves, down to one
+    for (int64_t j = nb; j < BLOCK; ++j) s[j] = s[0];
+    alignas(64) A mx[BLOCK];
+    for (int j = 0; j < BLOCK; ++j) mx[j] = s[j];
+    for (int w = BLOCK / 2; w > 0; w /= 2)
+#pragma omp simd
+        for (int j = 0; j < w; ++j) mx[j] = mx[j] > mx[j + w] ? mx[j] : mx[j + w];
+    const A bm = mx[0];
     const A mnew = st.started ? std::max(st.m, bm) : bm;
     const A c = st.started ? fast_exp(st.m - mnew) : A(0);
     alignas(64) A p[BLOCK];
 #pragma omp simd
     for (int j = 0; j < BLOCK; ++j) p[j] = fast_exp(s[j] - mnew);
-    A part[8] = {};
-    for (int64_t j = 0; j < nb; ++j) part[j & 7] += p[j];
-    A lb = 0;
-    for (int i = 0; i < 8; ++i) lb += part[i];
+    for (int64_t j = nb; j < BLOCK; ++j) p[j] = 0;
+    alignas(64) A ps[BLOCK];                    // block sum: a fixed pairwise reduction
+    for (int j = 0; j < BLOCK; ++j) ps[j] = p[j];
+    for (int w = BLOCK / 2; w > 0; w /= 2)
+#pragma omp simd
+        for (int j = 0; j < w; ++j) ps[j] += ps[j + w];
+    const A lb = ps[0];
     st.l = st.l * c + lb;
     // acc = acc * c + sum_j p[j] V[j], each element in j order; LANES elements at a time in
     // a local array, so they stay in registers across the j loop
