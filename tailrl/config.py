@@ -102,7 +102,7 @@ class EngineConfig:
     """One engine instance."""
 
     model: str                                    # Hugging Face checkpoint directory
-    dtype: str = "float32"
+    dtype: str = "bfloat16"                       # exact with and without speculation (batch-invariant kernels)
     device: str = "cpu"
     seed: int = 0
     max_num_seqs: int = 256                       # running requests at once

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class LLM:
     def __init__(self, model: str, speculative: SpeculativeConfig | dict | None = None,
-                 max_num_seqs: int = 256, dtype: str = "float32", seed: int = 0, device: str = "cpu",
+                 max_num_seqs: int = 256, dtype: str = "bfloat16", seed: int = 0, device: str = "cpu",
                  **engine_kwargs):
         config = EngineConfig(model=model, dtype=dtype, seed=seed, device=device, max_num_seqs=max_num_seqs,
                               **engine_kwargs)

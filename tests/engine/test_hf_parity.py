@@ -48,7 +48,7 @@ def test_greedy_matches_hf_generate(ckpt_dir, variant):
     path = ckpt_dir(arch, **kw)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompts = [[3, 5, 7, 11, 13], [2, 4, 6], list(range(10, 50))]
-    outs = LLM(path).generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    outs = LLM(path, dtype="float32").generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     for p, o in zip(prompts, outs):
         ref = hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                           pad_token_id=0)[0, len(p):].tolist()

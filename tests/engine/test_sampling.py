@@ -65,7 +65,7 @@ def test_logprobs_are_hf_log_softmax_at_temperature(ckpt_dir):
     path = ckpt_dir("qwen2")
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = [4, 8, 15, 16, 23, 42]
-    out = LLM(path).generate([prompt], SamplingParams(temperature=0.7, top_k=5, max_tokens=20, ignore_eos=True))[0]
+    out = LLM(path, dtype="float32").generate([prompt], SamplingParams(temperature=0.7, top_k=5, max_tokens=20, ignore_eos=True))[0]
     toks = out.outputs[0].token_ids
     with torch.no_grad():
         lp = (hf(torch.tensor([prompt + toks])).logits[0] / 0.7).log_softmax(-1)

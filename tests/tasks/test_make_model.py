@@ -43,7 +43,7 @@ def test_transformers_and_llm_agree(test_model):
     tok = AutoTokenizer.from_pretrained(test_model)
     hf = AutoModelForCausalLM.from_pretrained(test_model, dtype=torch.float32).eval()
     prompts = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(3)]
-    llm = LLM(model=test_model, seed=0)
+    llm = LLM(model=test_model, seed=0, dtype="float32")
     sampled = llm.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=20, ignore_eos=True))
     for prompt, out in zip(prompts, sampled):
         for o in out.outputs:
