@@ -61,8 +61,15 @@ def test_mixed_sampling_params_in_one_batch_and_a_second_call(model):
     assert spec[1]["rollout/spec_draft_tokens/history"] > 0     # the first call's responses drafted
 
 
+def greedy_and_sampled(n: int) -> list[SamplingParams]:
+    """Greedy prompts repeat their responses, so the second call's history drafts of them are
+    accepted whenever the policy verifies them; sampled prompts check the noise positions."""
+    return [SamplingParams(n=2, temperature=0 if i % 2 == 0 else 1.0, max_tokens=50, ignore_eos=True)
+            for i in range(n)]
+
+
 def test_preemption_under_a_small_kv_budget(model):
-    sp = SamplingParams(n=2, max_tokens=50, ignore_eos=True)
+    sp = greedy_and_sampled(len(PROMPTS))
     # (max_model_len 520: the smallest the start-up cost calibration's 512-token contexts allow)
     plain, spec = run_both(model, PROMPTS, sp, max_model_len=520, kv_cache_tokens=520)
     assert all(m["rollout/preemptions"] > 0 for m in plain + spec)
@@ -70,8 +77,8 @@ def test_preemption_under_a_small_kv_budget(model):
 
 
 def test_chunked_prefill_of_long_prompts(model):
-    sp = SamplingParams(n=2, max_tokens=50, ignore_eos=True)
     prompts = [LONG, LONG[:45], [5, 6, 7]]
+    sp = greedy_and_sampled(len(prompts))
     plain, spec = run_both(model, prompts, sp, max_num_batched_tokens=16)
     # 90 + 45 + 3 prompt tokens in chunks of at most 16 tokens per forward
     assert plain[0]["rollout/num_forward"] >= (90 + 45 + 3) // 16
