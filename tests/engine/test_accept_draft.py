@@ -83,15 +83,20 @@ def model(ckpt_dir):
     return ckpt_dir("qwen2", init_std=1.0, max_pos=1024)
 
 
+@pytest.mark.parametrize("stop_by", ["stop_token_ids", "eos"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_stop_token_inside_an_accepted_run_cuts_the_run(model, temperature):
+def test_stop_token_inside_an_accepted_run_cuts_the_run(ckpt_dir, model, temperature, stop_by):
     free = _plain(model, SamplingParams(temperature=temperature, max_tokens=40, ignore_eos=True))
     out = free.output_token_ids
     # a stop token whose first occurrence is at output position 2..7: inside the first
     # speculative step's run (position 0 comes from the prefill step, drafts are 8 long)
     stop = next(t for k, t in enumerate(out) if 2 <= k <= 7 and t not in out[:k])
     cut = out.index(stop) + 1
-    sp = SamplingParams(temperature=temperature, max_tokens=40, stop_token_ids=[stop])
+    if stop_by == "eos":                  # the same weights, with the stop token as the model's EOS
+        model = ckpt_dir("qwen2", init_std=1.0, max_pos=1024, eos_token_id=stop)
+        sp = SamplingParams(temperature=temperature, max_tokens=40)
+    else:
+        sp = SamplingParams(temperature=temperature, max_tokens=40, stop_token_ids=[stop])
     plain = _plain(model, sp)
     assert plain.output_token_ids == out[:cut] and plain.finish_reason == "stop"
     req, steps = _speculative(model, sp, history=[out])       # the history is the very continuation
