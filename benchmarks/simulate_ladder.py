@@ -160,7 +160,7 @@ def measure_rho(prompts: int, n: int, seed: int, rollouts: list[str]) -> dict:
 
     from tailrl.tasks import mixture
     from tailrl.tasks.models import get_model
-    from tailrl.tasks.sampling import sample
+    from tailrl.workload_sampling import sample
 
     torch.set_num_threads(1)
     model_dir = get_model("small")

@@ -5,9 +5,17 @@ which is what history drafts and history scheduling feed on). Step s takes promp
 s*B .. s*B+B-1 of the endless sequence epoch 0, epoch 1, ...; epoch e is a permutation drawn
 from a generator keyed by (seed, e). The order is a pure function of (seed, step), so a
 resumed run sees exactly the prompts the uninterrupted run would have seen.
+
+When B does not divide the number of prompts, a batch spans two epochs: it takes the end of
+epoch e and the start of epoch e + 1. A prompt in both parts would form two GRPO groups with
+the same uid in one batch, so epoch e + 1's permutation is repaired: each of its first
+positions (those in the spanning batch) holding a prompt from epoch e's part is swapped with
+the next position after them holding one that is not. Every epoch stays a permutation and no
+batch repeats a prompt.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import random
 from dataclasses import dataclass, field
@@ -74,15 +82,38 @@ def load_dataset(cfg: TrainConfig) -> list[Prompt]:
 
 
 def batch_indices(step: int, batch_size: int, num_prompts: int, seed: int, shuffle: bool) -> list[int]:
-    """Indices into the prompt list for ``step`` (0-based)."""
-    out = []
-    for k in range(step * batch_size, (step + 1) * batch_size):
-        epoch, pos = divmod(k, num_prompts)
-        order = list(range(num_prompts))
-        if shuffle:
-            random.Random(f"rl-epoch/{seed}/{epoch}").shuffle(order)
-        out.append(order[pos])
-    return out
+    """Indices into the prompt list for ``step`` (0-based); never the same prompt twice."""
+    if not 1 <= batch_size <= num_prompts:
+        raise ValueError(f"batch_size ({batch_size}) must be in [1, number of prompts ({num_prompts})]: "
+                         "a batch never holds the same prompt twice")
+    first, last = divmod(step * batch_size, num_prompts)[0], divmod((step + 1) * batch_size - 1, num_prompts)[0]
+    for e in range(last + 1):               # fills the cache epoch by epoch (each repair reads the previous)
+        _epoch_order(e, batch_size, num_prompts, seed, shuffle)
+    seq = [i for e in range(first, last + 1) for i in _epoch_order(e, batch_size, num_prompts, seed, shuffle)]
+    start = step * batch_size - first * num_prompts
+    return seq[start:start + batch_size]
+
+
+@functools.lru_cache(maxsize=4096)
+def _epoch_order(epoch: int, batch_size: int, num_prompts: int, seed: int, shuffle: bool) -> tuple[int, ...]:
+    """Epoch ``epoch``'s permutation, repaired so that the batch spanning its start repeats no
+    prompt of the previous epoch's end (see the module docstring)."""
+    order = list(range(num_prompts))
+    if shuffle:
+        random.Random(f"rl-epoch/{seed}/{epoch}").shuffle(order)
+    head = -epoch * num_prompts % batch_size      # this epoch's positions in the spanning batch
+    if epoch == 0 or head == 0:
+        return tuple(order)
+    prev = _epoch_order(epoch - 1, batch_size, num_prompts, seed, shuffle)
+    taken = set(prev[num_prompts - (batch_size - head):])       # the previous epoch's part of that batch
+    j = head
+    for i in range(head):
+        if order[i] in taken:
+            while order[j] in taken:          # batch_size <= num_prompts: enough free prompts exist
+                j += 1
+            order[i], order[j] = order[j], order[i]
+            j += 1
+    return tuple(order)
 
 
 # ---- rewards ------------------------------------------------------------------------------

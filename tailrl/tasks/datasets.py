@@ -35,13 +35,6 @@ class PromptRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def prompt_text(self) -> str:
-        """Plain text for a model without a chat template: the message contents joined."""
-        if isinstance(self.prompt, str):
-            return self.prompt
-        return "\n".join(m["content"] for m in self.prompt)
-
-    @property
     def ground_truth(self) -> str:
         """The final answer: ``#### x`` / ``\\boxed{x}`` solutions reduced to ``x``."""
         if "####" in self.answer or "\\boxed" in self.answer:

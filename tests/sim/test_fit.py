@@ -1,6 +1,5 @@
 import math
 
-import numpy as np
 import pytest
 
 from tailrl.sim.fit import group_correlation, tail_clustering

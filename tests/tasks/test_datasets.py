@@ -16,7 +16,7 @@ def test_jsonl_prompt_answer_and_question_ground_truth(tmp_path):
             {"question": "What is 6*7?", "ground_truth": 42},
             {"question": "Q", "answer": "work...\n#### 1,024"}]
     recs = load_prompts(_jsonl(tmp_path / "d.jsonl", rows))
-    assert [r.prompt_text for r in recs] == ["add 1 2\n", "What is 6*7?", "Q"]
+    assert [r.prompt for r in recs] == ["add 1 2\n", "What is 6*7?", "Q"]
     assert [r.ground_truth for r in recs] == ["3", "42", "1,024"]
     assert recs[0].extra == {"family": "add"}
 
@@ -36,7 +36,6 @@ def test_verl_parquet_layout(tmp_path):
     r = recs[0]
     assert r.data_source == "openai/gsm8k" and r.ground_truth == "2"
     assert r.prompt == [{"role": "system", "content": "Think."}, {"role": "user", "content": "1+1?"}]
-    assert r.prompt_text == "Think.\n1+1?"
     assert r.extra["ability"] == "math" and r.extra["extra_info"]["index"] == 0
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tailrl.tasks import mixture
-from tailrl.tasks.report import main, summarize
+from tailrl.workload_report import main, summarize
 
 
 def test_summarize_counts_right_and_wrong_answers():

@@ -24,7 +24,7 @@ import numpy as np
 
 from tailrl.tasks import mixture
 from tailrl.tasks.base import Example
-from tailrl.tasks.sampling import Responses, sample
+from tailrl.workload_sampling import Responses, sample
 from tailrl.tasks.similarity import group_similarity
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,126 @@
+"""The default path: ``LLM(model, speculative=SpeculativeConfig())`` (real draft sources, the
+default policy) gives the outputs of plain ``LLM(model)``, in float64: tokens and finish
+reasons identical, logprobs to rounding (batch composition changes float64 sums by ~1e-13).
+
+The model has peaked logits (large init_std) so that history, group and self drafts get
+accepted; each test checks that speculation really ran. Whether the default policy drafts
+at a given step depends on measured costs; its exploration steps draft even where it judges
+speculation not worth it, so drafting happens on any machine.
+"""
+import pytest
+
+from tailrl import LLM, EngineConfig, SamplingParams, SpeculativeConfig
+from tailrl.engine.engine import LLMEngine
+from tailrl.engine.request import Request
+from tailrl.engine.sampler import mix
+from tailrl.spec.history import HistoryStore
+
+LONG = [(7 * i) % 89 + 1 for i in range(90)]
+PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], LONG[:60], [4, 4]]
+
+
+@pytest.fixture(scope="module")
+def model(ckpt_dir):
+    # max_pos 1024: the engine's start-up cost calibration runs synthetic 512-token contexts
+    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
+
+
+def assert_same(plain, spec):
+    for a, b in zip(plain, spec, strict=True):
+        for ca, cb in zip(a.outputs, b.outputs, strict=True):
+            assert cb.token_ids == ca.token_ids
+            assert cb.finish_reason == ca.finish_reason
+            assert cb.logprobs == pytest.approx(ca.logprobs, abs=1e-9)
+
+
+def run_both(model, prompts, params, calls=2, **engine_kw):
+    """``calls`` generate calls on a plain and a speculative LLM; every call's outputs must
+    match. Returns both LLMs' metrics per call."""
+    plain = LLM(model, dtype="float64", **engine_kw)
+    spec = LLM(model, speculative=SpeculativeConfig(), dtype="float64", **engine_kw)
+    plain_m, spec_m = [], []
+    for _ in range(calls):
+        assert_same(plain.generate(prompts, params), spec.generate(prompts, params))
+        plain_m.append(plain.last_metrics)
+        spec_m.append(spec.last_metrics)
+    return plain_m, spec_m
+
+
+def assert_speculated(m):
+    assert m["rollout/spec_draft_tokens"] > 0 and m["rollout/spec_accepted_tokens"] > 0
+    assert m["rollout/spec_accept_length"] > 1
+
+
+def test_mixed_sampling_params_in_one_batch_and_a_second_call(model):
+    params = [SamplingParams(n=3, top_k=5, max_tokens=60, ignore_eos=True),
+              SamplingParams(n=3, top_p=0.8, max_tokens=60, ignore_eos=True),
+              SamplingParams(n=3, temperature=0, max_tokens=60, ignore_eos=True),
+              SamplingParams(n=3, temperature=0.7, max_tokens=60, ignore_eos=True)]
+    _, spec = run_both(model, PROMPTS, params)
+    assert_speculated(spec[1])
+    assert spec[1]["rollout/spec_draft_tokens/history"] > 0     # the first call's responses drafted
+
+
+def greedy_and_sampled(n: int) -> list[SamplingParams]:
+    """Greedy prompts repeat their responses, so the second call's history drafts of them are
+    accepted whenever the policy verifies them; sampled prompts check the noise positions."""
+    return [SamplingParams(n=2, temperature=0 if i % 2 == 0 else 1.0, max_tokens=50, ignore_eos=True)
+            for i in range(n)]
+
+
+def test_preemption_under_a_small_kv_budget(model):
+    sp = greedy_and_sampled(len(PROMPTS))
+    # (max_model_len 520: the smallest the start-up cost calibration's 512-token contexts allow)
+    plain, spec = run_both(model, PROMPTS, sp, max_model_len=520, kv_cache_tokens=520)
+    assert all(m["rollout/preemptions"] > 0 for m in plain + spec)
+    assert_speculated(spec[1])
+
+
+def test_chunked_prefill_of_long_prompts(model):
+    prompts = [LONG, LONG[:45], [5, 6, 7]]
+    sp = greedy_and_sampled(len(prompts))
+    plain, spec = run_both(model, prompts, sp, max_num_batched_tokens=16)
+    # 90 + 45 + 3 prompt tokens in chunks of at most 16 tokens per forward
+    assert plain[0]["rollout/num_forward"] >= (90 + 45 + 3) // 16
+    assert_speculated(spec[1])
+
+
+def _request(rid: str, prompt: list[int], seed: int, sp: SamplingParams) -> Request:
+    return Request(rid, list(prompt), sp, mix(0, seed), group_id=rid, prompt_id=rid)
+
+
+def _run(engine: LLMEngine) -> None:
+    while engine.has_unfinished():
+        engine.step()
+
+
+def test_export_import_mid_speculation(model):
+    sp = SamplingParams(temperature=1.0, max_tokens=80, ignore_eos=True)
+    config = EngineConfig(model=model, dtype="float64")
+    plain = LLMEngine(config)
+    ref = _request("x", [7, 1, 7, 2], 5, sp)
+    plain.add_request(ref)
+    earlier = [_request(f"h{s}", [7, 1, 7, 2], s, sp) for s in (1, 2)]   # the previous epoch
+    for r in earlier:
+        plain.add_request(r)
+    _run(plain)
+    history = HistoryStore()
+    history.record("x", [r.output_token_ids for r in earlier])
+    src = LLMEngine(EngineConfig(model=model, dtype="float64", seed=1), SpeculativeConfig(), history)
+    dst = LLMEngine(EngineConfig(model=model, dtype="float64", seed=2), SpeculativeConfig(), history)
+    moved = _request("x", [7, 1, 7, 2], 5, sp)
+    src.add_request(moved)
+    src.add_request(_request("other", [5, 5, 5], 3, sp))
+    speculated = False                    # a step gave the moved request more than one token
+    while not speculated or moved.num_output_tokens < 10:
+        assert moved.remaining_tokens > 10, "no draft of the request was accepted before it was nearly done"
+        before = moved.num_output_tokens
+        src.step()
+        speculated |= moved.num_output_tokens - before > 1
+    state = src.export_request("x")
+    resumed = dst.import_request(state)
+    _run(dst)
+    _run(src)
+    assert resumed.output_token_ids == ref.output_token_ids
+    assert resumed.output_logprobs == pytest.approx(ref.output_logprobs, abs=1e-9)
+    assert resumed.finish_reason == ref.finish_reason == "length"
