@@ -2,10 +2,11 @@
 
 Rollout: 64 held-out prompts x 8 samples at temperature 1.0. History = the same prompts'
 responses from a previous sampling round (other seeds), as the previous epoch in RL. Reports:
-- makespan, tokens/s, tail time (off and on rollouts back to back in ABBA order,
+- makespan, tokens/s, tail time, and the makespan over the no-tail bound (total tokens / the
+  plain engine's full-batch throughput, measured in the same run); off and on rollouts back to back in ABBA order,
   ``--rollout-pairs`` times; the speedup is the mean of the pairs', the other figures are the
   first pair's); mean accepted length overall, in the tail, and per source; share of
-  responses identical with speculation on and off (float32; float64 is exact);
+  responses identical with speculation on and off (``--dtype``, bfloat16 by default);
 - acceptance vs number of finished sibling references (0, 1, 3, 7), chain vs 4-path tree, by
   exact replay of the rollout's responses (tailrl/spec/replay.py): the shape of Seer's Table 2;
 - tokens/s at fixed batch sizes (EOS ignored so the batch stays full) off vs on: after a
@@ -41,6 +42,18 @@ def rollout(llm: LLM, prompts, n: int, seed0: int, max_tokens: int, **kw):
     return [[c.token_ids for c in o.outputs] for o in outs], dict(llm.last_metrics)
 
 
+def full_batch_throughput(model_dir: str, prompts, dtype: str, rows: int = 256, tokens: int = 200) -> float:
+    """Best of two runs: tokens/s of the plain engine with a full batch (EOS ignored). Total
+    tokens / this is the rollout's no-tail bound: no schedule or draft beats it on this CPU."""
+    llm = LLM(model_dir, seed=0, dtype=dtype)
+    sel = [prompts[i % len(prompts)] for i in range(rows // 8)]
+    best = 0.0
+    for _ in range(2):
+        llm.generate(sel, SamplingParams(n=8, max_tokens=tokens, ignore_eos=True, seed=3), use_tqdm=False)
+        best = max(best, llm.last_metrics["perf/tokens_per_s"])
+    return best
+
+
 def by_references(prompts, groups, ks=(0, 1, 3, 7), depth: int = 8) -> dict:
     """Mean tokens per verify step when drafting from k finished siblings (+ self), chain vs tree."""
     out = {}
@@ -55,14 +68,15 @@ def by_references(prompts, groups, ks=(0, 1, 3, 7), depth: int = 8) -> dict:
     return out
 
 
-def fixed_batch(model_dir: str, prompts, history, sizes, tokens: int, spec_cfg: dict, pairs: int = 3) -> dict:
+def fixed_batch(model_dir: str, prompts, history, sizes, tokens: int, spec_cfg: dict, dtype: str,
+                pairs: int = 3) -> dict:
     """Per batch size: one unmeasured run of each engine (warm-up; the policy learns this
     batch size as it would over an RL run), then ``pairs`` alternating off/on runs; the
     ratio is the median of the pairs' ratios (absolute speeds drift by +-30% between minutes
     on this machine, a pair's two runs are seconds apart)."""
     res = {}
-    plain = LLM(model_dir, seed=0)
-    spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(**spec_cfg))
+    plain = LLM(model_dir, seed=0, dtype=dtype)
+    spec = LLM(model_dir, seed=0, dtype=dtype, speculative=SpeculativeConfig(**spec_cfg))
     for b in sizes:
         n = min(b, 8)
         sel = [prompts[i % len(prompts)] for i in range(max(b // n, 1))]
@@ -108,6 +122,7 @@ def main() -> None:
     ap.add_argument("--fixed-tokens", type=int, default=128)
     ap.add_argument("--rollout-pairs", type=int, default=2, help="off/on rollout pairs (speedup: their mean)")
     ap.add_argument("--quick", action="store_true", help="16 prompts, batch sizes 1,16")
+    ap.add_argument("--dtype", default="bfloat16", help="engine dtype (float32 responses may differ by near-ties)")
     ap.add_argument("--spec", default="{}", help='SpeculativeConfig fields as JSON, e.g. \'{"max_spec_batch": 8}\'')
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -119,10 +134,10 @@ def main() -> None:
         model_dir = get_model(a.model)
     prompts = load_prompts(model_dir, a.prompts)
 
-    plain = LLM(model_dir, seed=0)
+    plain = LLM(model_dir, seed=0, dtype=a.dtype)
     history, _ = rollout(plain, prompts, a.n, 10_000, a.max_tokens)          # the "previous epoch"
     spec_cfg = {"method": "suffix", **json.loads(a.spec)}
-    spec = LLM(model_dir, seed=0, speculative=SpeculativeConfig(**spec_cfg))
+    spec = LLM(model_dir, seed=0, dtype=a.dtype, speculative=SpeculativeConfig(**spec_cfg))
     spec.engine.kv.reserve(plain.engine.kv.rows, plain.engine.kv.cap)   # as warm as plain's cache
     pairs = []                 # (off, on) rollouts back to back; the first "on" meets a fresh policy
     for k in range(a.rollout_pairs):                 # ABBA order (see fixed_batch)
@@ -134,7 +149,10 @@ def main() -> None:
         if k % 2 == 1:
             off_out, off = rollout(plain, prompts, a.n, 20_000, a.max_tokens)
         pairs.append((off_out, off, on_out, on))
+    full = full_batch_throughput(model_dir, prompts, a.dtype)
     off_out, off, on_out, on = pairs[0]
+    total = sum(len(x) for g in off_out for x in g)
+    bound = total / full
     speedups = [p[1]["timing_s/gen"] / p[3]["timing_s/gen"] for p in pairs]
     same = np.mean([x == y for gx, gy in zip(off_out, on_out) for x, y in zip(gx, gy)])
     sources = sorted({k.split("/")[-1] for k in on if k.startswith("rollout/spec_accept_length/")})
@@ -145,7 +163,9 @@ def main() -> None:
         "tail_s_off": off.get("rollout/tail_s", 0.0), "tail_s_on": on.get("rollout/tail_s", 0.0),
         "accept_length": on.get("rollout/spec_accept_length", 0.0),
         "accept_length_tail": on.get("rollout/spec_accept_length_tail", 0.0),
-        "identical_responses": float(same),
+        "identical_responses": float(same), "dtype": a.dtype,
+        "total_tokens": total, "full_batch_tokens_per_s": full, "no_tail_bound_s": bound,
+        "bound_ratio_off": off["timing_s/gen"] / bound, "bound_ratio_on": on["timing_s/gen"] / bound,
         "draft_s": on.get("timing_s/draft", 0.0) + on.get("timing_s/draft_index", 0.0),
         "forward_s_off": off["timing_s/forward"], "forward_s_on": on["timing_s/forward"],
         "num_forward_off": off["rollout/num_forward"], "num_forward_on": on["rollout/num_forward"],
@@ -157,13 +177,15 @@ def main() -> None:
           f"tail {r['tail_s_off']:.1f}s -> {r['tail_s_on']:.1f}s")
     print(f"accepted length per verify step: {r['accept_length']:.2f} overall, {r['accept_length_tail']:.2f} in "
           f"the tail; " + ", ".join(f"{s} {r[f'accept_length/{s}']:.2f}" for s in sources))
-    print(f"identical responses with speculation on/off (float32): {same:.1%}; drafting {r['draft_s']:.2f}s "
+    print(f"identical responses with speculation on/off ({a.dtype}): {same:.1%}; drafting {r['draft_s']:.2f}s "
           f"vs forward {r['forward_s_on']:.1f}s")
+    print(f"no-tail bound: {total} tokens / {full:.0f} tok/s (full batch) = {bound:.2f}s; makespan / bound: "
+          f"off {r['bound_ratio_off']:.2f}, on {r['bound_ratio_on']:.2f}")
     refs = by_references(prompts, off_out)
     print("tokens per verify step vs finished sibling references (replay): " +
           ", ".join(f"{k} {v:.2f}" for k, v in refs.items()))
     sizes = [int(s) for s in a.batch_sizes.split(",")]
-    fixed = fixed_batch(model_dir, prompts, history, sizes, a.fixed_tokens, spec_cfg)
+    fixed = fixed_batch(model_dir, prompts, history, sizes, a.fixed_tokens, spec_cfg, a.dtype)
     print(json.dumps({"model": model_dir, "spec": spec_cfg, "rollout": r, "by_references": refs, "fixed_batch": fixed}))
 
 
