@@ -111,7 +111,7 @@ def test_speculation_on_and_off_sample_identical_responses_float64(tmp_path):
 @pytest.mark.parametrize("old_logprobs", ["recompute", "engine"])
 def test_several_minibatches_move_the_ratio_and_log_the_engine_gap(tmp_path, old_logprobs):
     cfg = tiny_config(tmp_path, old_logprobs, total_steps=1, ppo_minibatches=2, lr=1e-2, old_logprobs=old_logprobs,
-                      checkpoint_every=0, save_rollouts=False)
+                      checkpoint_every=0, save_rollouts=False, dtype="float32")   # engine = trainer dtype
     m = Trainer(cfg, reward_fn=brevity_reward).train()[0]
     assert 0 <= m["actor/rollout_logprob_diff"] < 1e-3        # engine and trainer agree to rounding
     assert m["actor/grad_norm"] > 0

@@ -135,7 +135,8 @@ def test_fixed_policy_and_factory():
     assert pol.allocate([(r, Draft.chain([1, 2, 3, 4]))], 8) == [0]
     assert isinstance(make_policy(SpeculativeConfig(policy="fixed")), FixedPolicy)
     assert isinstance(make_policy(SpeculativeConfig(policy="bandit")), BanditPolicy)
-    ad = make_policy(SpeculativeConfig(max_draft_tokens=8, min_draft_tokens=4))
+    assert isinstance(make_policy(SpeculativeConfig()), FixedPolicy)          # the default
+    ad = make_policy(SpeculativeConfig(policy="adaptive", max_draft_tokens=8, min_draft_tokens=4))
     assert isinstance(ad, AdaptivePolicy) and ad.max_draft_tokens == 8 and ad.window(r) == 4
 
 
