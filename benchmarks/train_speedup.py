@@ -2,8 +2,8 @@
 
 Prints the rollout time per step and the end-to-end step time of each run, the ratios
 accelerated / plain, the reward curves side by side, and whether the two runs sampled the
-same responses at every step (with ``--dtype float64`` they should be identical; in
-float32 the share of identical responses and the largest reward difference are reported).
+same responses at every step (in bfloat16, the default, and float64 they should be
+identical; the share of identical responses and the largest reward difference are reported).
 Ends with one line of JSON:
   steps, rollout_s_per_step_spec, rollout_s_per_step_plain, rollout_ratio (spec / plain),
   step_s_spec, step_s_plain, step_ratio, tail_s_per_step_spec, tail_s_per_step_plain,
@@ -34,8 +34,7 @@ def run(config: str, overrides: list[str], out: Path, speculative: bool) -> list
     cfg = load_config(config, overrides + extra)
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
-    print(f"[{name}] setup {time.perf_counter() - t0:.1f} s (model load, engine start"
-          f"{', speculator calibration' if speculative else ''})", flush=True)
+    print(f"[{name}] setup {time.perf_counter() - t0:.1f} s (model load, engine start)", flush=True)
     trainer.train(log_fn=lambda line: print(f"[{name}] {line}", flush=True))
     return load_metrics(out / name)
 

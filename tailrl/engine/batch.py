@@ -67,8 +67,8 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
     temps: list[float] = []
     topk: list[int] = []
     topp: list[float] = []
-    keys: list[int] = []                                     # noise of each sampled position: (seed key,
-    upos: list[int] = []                                     # output position) -> uniforms()
+    keys: list[int] = []                # noise of each sampled position: (seed key, output position)
+    upos: list[int] = []
     num_draft = reads = work = 0
     for r, (req, n) in enumerate(rows):
         start = req.num_computed_tokens
@@ -86,42 +86,24 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
         prefix += range(start + 1, start + n + 1)           # committed token at p sees [0, p]
         estart += [0] * n
         ecount += [0] * n
-        depths: list[int] = []
+        depths = node_depths(draft.parents) if dtoks else []
         if dtoks:
-            parents = draft.parents
-            depths = node_depths(parents)
             ids += dtoks
             pos += [start + n - 1 + d for d in depths]
             num_draft += len(dtoks)
-            base = start + n                                 # cache position of node 0
-            if draft.is_chain:                               # cache order is visible order
-                prefix += range(base + 1, base + len(dtoks) + 1)
-                estart += [0] * len(dtoks)
-                ecount += [0] * len(dtoks)
-            else:                                            # committed prefix, then the path to the node
-                for j in range(len(dtoks)):
-                    path = [j]
-                    while parents[path[-1]] >= 0:
-                        path.append(parents[path[-1]])
-                    prefix.append(base)
-                    estart.append(len(extra))
-                    ecount.append(len(path))
-                    extra += [base + a for a in reversed(path)]
+            _draft_visibility(start + n, draft.parents, draft.is_chain, prefix, estart, ecount, extra)
         reads += start + cnt
         work += sum(prefix[flat0:]) + sum(ecount[flat0:])
         if samples:
             plans.append(RowPlan(req, n, list(draft.parents) if dtoks else [], list(dtoks), len(sample_idx), draft))
             sample_idx.append(flat0 + n - 1)
             sample_idx += range(flat0 + n, flat0 + cnt)
-            p = req.params
-            t0 = req.num_output_tokens
-            k = 1 + len(dtoks)
+            k, p, t0 = 1 + len(dtoks), req.params, req.num_output_tokens
             temps += [p.temperature] * k
             topk += [p.top_k] * k
             topp += [p.top_p] * k
             keys += [req.seed_key] * k
-            upos.append(t0)
-            upos += [t0 + d for d in depths]
+            upos += [t0] + [t0 + d for d in depths]
     as_long = dict(dtype=torch.long, device=device)
     as_int = dict(dtype=torch.int32, device=device)
     meta = AttentionMeta(torch.tensor(wrow, **as_long), torch.tensor(wpos, **as_long), torch.tensor(wrow, **as_int),
@@ -130,6 +112,27 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
                          max(wpos, default=-1) + 1, reads, work)
     return Batch(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), meta,
                  torch.tensor(sample_idx, **as_long), plans, temps, topk, topp, uniforms(keys, upos), num_draft)
+
+
+def _draft_visibility(base: int, parents: list[int], chain: bool, prefix: list[int], estart: list[int],
+                      ecount: list[int], extra: list[int]) -> None:
+    """Append what each draft node sees (node j sits at cache position base + j). A chain's
+    cache order is its visible order: node j sees [0, base + j]. A tree node sees the
+    committed prefix [0, base), then its ancestors and itself, root first."""
+    d = len(parents)
+    if chain:
+        prefix += range(base + 1, base + d + 1)
+        estart += [0] * d
+        ecount += [0] * d
+        return
+    for j in range(d):
+        path = [j]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        prefix.append(base)
+        estart.append(len(extra))
+        ecount.append(len(path))
+        extra += [base + a for a in reversed(path)]
 
 
 class ModelRunner:

@@ -5,7 +5,7 @@
   max_draft_tokens`` from the config; ``max_match_len`` (16) is not a config field.
   ``method="drafter"`` has no suffix sources (the learned drafter lives with the engine's
   model); ``"hybrid"`` returns the suffix sources and the engine adds its drafter.
-- ``make_policy``: ``adaptive`` / ``bandit`` / ``fixed`` (``max_draft_tokens`` for everyone).
+- ``make_spec_policy``: ``adaptive`` / ``bandit`` / ``fixed`` (``max_draft_tokens`` for everyone).
   With a history store, the adaptive policy's priority is the request's expected length:
   the longer of its output so far and the prompt's longest previous response (Seer
   estimates a group's length by its longest finished sibling; RhymeRL by history).
@@ -56,7 +56,7 @@ def expected_length_fn(history: HistoryStore) -> Callable[[Any], float]:
     return expected_length
 
 
-def make_policy(config: SpeculativeConfig, cost_model: CostModel | None = None,
+def make_spec_policy(config: SpeculativeConfig, cost_model: CostModel | None = None,
                 history_store: HistoryStore | None = None, seed: int = 0) -> SpecPolicy:
     if config.policy == "fixed":
         return FixedPolicy(config.max_draft_tokens, config.max_tree_paths, config.max_spec_batch)

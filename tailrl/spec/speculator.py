@@ -42,7 +42,7 @@ from typing import Any, Callable
 from tailrl.config import SpeculativeConfig
 from tailrl.spec.cost_model import CostModel
 from tailrl.spec.draft import Draft
-from tailrl.spec.factory import make_policy, make_sources
+from tailrl.spec.factory import make_spec_policy, make_sources
 from tailrl.spec.history import HistoryStore
 from tailrl.spec.policy import SpecPolicy
 from tailrl.spec.source import DraftSource
@@ -61,7 +61,7 @@ class Speculator:
             cost_model = own if isinstance(own, CostModel) else CostModel()
         self.cost_model = cost_model
         self.sources = list(sources) if sources is not None else make_sources(self.config, history_store)
-        self.policy = policy if policy is not None else make_policy(self.config, self.cost_model,
+        self.policy = policy if policy is not None else make_spec_policy(self.config, self.cost_model,
                                                                     history_store, seed)
         self.max_draft_tokens = self.config.max_draft_tokens
         self.max_tree_paths = self.config.max_tree_paths

@@ -5,7 +5,7 @@ from tailrl.spec.adaptive_policy import AdaptivePolicy
 from tailrl.spec.bandit_policy import BanditPolicy
 from tailrl.spec.cost_model import CostModel
 from tailrl.spec.draft import Draft
-from tailrl.spec.factory import make_policy
+from tailrl.spec.factory import make_spec_policy
 from tailrl.spec.policy import FixedPolicy, SpecPolicy
 
 from spec_fakes import FakeRequest
@@ -133,10 +133,10 @@ def test_fixed_policy_and_factory():
     pol = FixedPolicy(3, max_spec_batch=4)
     assert pol.allocate([(r, Draft.chain([1, 2, 3, 4])), (r, Draft.chain([1]))], 2) == [3, 1]
     assert pol.allocate([(r, Draft.chain([1, 2, 3, 4]))], 8) == [0]
-    assert isinstance(make_policy(SpeculativeConfig(policy="fixed")), FixedPolicy)
-    assert isinstance(make_policy(SpeculativeConfig(policy="bandit")), BanditPolicy)
-    assert isinstance(make_policy(SpeculativeConfig()), FixedPolicy)          # the default
-    ad = make_policy(SpeculativeConfig(policy="adaptive", max_draft_tokens=8, min_draft_tokens=4))
+    assert isinstance(make_spec_policy(SpeculativeConfig(policy="fixed")), FixedPolicy)
+    assert isinstance(make_spec_policy(SpeculativeConfig(policy="bandit")), BanditPolicy)
+    assert isinstance(make_spec_policy(SpeculativeConfig()), FixedPolicy)          # the default
+    ad = make_spec_policy(SpeculativeConfig(policy="adaptive", max_draft_tokens=8, min_draft_tokens=4))
     assert isinstance(ad, AdaptivePolicy) and ad.max_draft_tokens == 8 and ad.window(r) == 4
 
 
