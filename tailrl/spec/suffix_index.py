@@ -167,6 +167,11 @@ class PySuffixIndex:
             max_tokens = min(max_tokens, math.ceil(tokens_per_match * m))
         if max_paths == 1:
             return self._chain(occ, max_tokens, min_token_prob, source, m)
+        return self._tree(occ, max_tokens, max_paths, min_token_prob, source, m)
+
+    def _tree(self, occ: list[tuple[int, int]], max_tokens: int, max_paths: int, min_token_prob: float,
+              source: str, m: int) -> Draft | None:
+        """``propose`` with several paths: best-first by path probability."""
         tokens: list[int] = []
         parents: list[int] = []
         probs: list[float] = []
