@@ -43,17 +43,17 @@ def hf_generate(model, prompts: list[list[int]], max_tokens: int) -> int:
     return (out.shape[1] - width) * len(prompts)
 
 
-def bench(name: str, n_prompts: int, max_tokens: int, tmp: str, repeats: int = 2) -> dict:
+def bench(name: str, n_prompts: int, max_tokens: int, tmp: str, repeats: int = 2, dtype: str = "bfloat16") -> dict:
     import transformers
     cfg = MODELS[name]
     path = make_checkpoint(os.path.join(tmp, name), "qwen2", max_pos=2048, init_std=0.02, **cfg)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     params = sum(p.numel() for p in hf.parameters()) / 1e6
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, cfg["vocab_size"], (int(l),), generator=g).tolist()
                for l in torch.randint(16, 64, (n_prompts,), generator=g)]
     sp = SamplingParams(temperature=1.0, top_k=-1, max_tokens=max_tokens, ignore_eos=True)
-    llm = LLM(path, seed=0)
+    llm = LLM(path, seed=0, dtype=dtype)                                   # both engines in one dtype
     llm.generate(prompts[:4], sp.clone(max_tokens=8), use_tqdm=False)          # warm-up
     hf_generate(hf, prompts[:4], 8)
     res = {"params_m": round(params, 1)}
@@ -82,17 +82,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--models", default="4m,100m")
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per engine; the best counts")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="of both engines")
     a = ap.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
-            results[name] = bench(name, a.prompts, a.tokens, tmp, a.repeats)
+            results[name] = bench(name, a.prompts, a.tokens, tmp, a.repeats, a.dtype)
             r = results[name]
             print(f"{name:>5} ({r['params_m']}M): batch {a.prompts}x{a.tokens}: tailrl {r['tailrl_tok_s']:.0f} tok/s, "
                   f"HF {r['hf_tok_s']:.0f} tok/s, {r['speedup']:.2f}x | single request: tailrl "
                   f"{r['tailrl_single_tok_s']:.0f} tok/s, HF {r['hf_single_tok_s']:.0f} tok/s, "
                   f"{r['single_speedup']:.2f}x", flush=True)
-    print(json.dumps({"models": results, "num_prompts": a.prompts, "max_tokens": a.tokens}))
+    print(json.dumps({"models": results, "num_prompts": a.prompts, "max_tokens": a.tokens, "dtype": a.dtype}))
 
 
 if __name__ == "__main__":
