@@ -76,10 +76,6 @@ class Request:
         """New tokens it may still generate (max_tokens and the context window)."""
         return min(self.params.max_tokens - self.num_output_tokens, self.max_model_len - self.num_tokens)
 
-    def token_at(self, i: int) -> int:
-        p = len(self.prompt_token_ids)
-        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
-
     def tokens(self, start: int, stop: int) -> list[int]:
         p = len(self.prompt_token_ids)
         if stop <= p:

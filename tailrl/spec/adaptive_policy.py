@@ -63,7 +63,7 @@ import heapq
 from typing import Any, Callable
 
 from tailrl.spec.acceptance import AcceptanceStats
-from tailrl.spec.cost_model import CostModel
+from tailrl.spec.cost_model import CostModel, batch_bucket
 from tailrl.spec.draft import Draft
 
 
@@ -163,7 +163,7 @@ class AdaptivePolicy:
         depth = self._gate_depth(batch_size)
         if depth > 0:
             if self.plain_every:
-                bucket = self._bucket(batch_size)
+                bucket = batch_bucket(batch_size)
                 streak = self._spec_streak.get(bucket, 0) + 1
                 self._spec_streak[bucket] = streak % self.plain_every
                 if streak >= self.plain_every:
@@ -174,7 +174,7 @@ class AdaptivePolicy:
             return self.max_tree_paths if self._gain_threshold(batch_size) < 0.1 else 1
         if self.explore_every <= 0:
             return 0
-        bucket = self._bucket(batch_size)
+        bucket = batch_bucket(batch_size)
         if bucket in self._error:          # an off bucket forgets its error slowly (no new evidence)
             self._error[bucket] = 0.99 * self._error[bucket] + 0.01
         streak = self._off_streak.get(bucket, 0) + 1
@@ -187,9 +187,9 @@ class AdaptivePolicy:
         at acceptance ``a``; a depth must beat plain decoding by ``min_gain`` (the models'
         error: measured at batch 64-256, predicted gains under ~10% turned into losses)."""
         B = batch_size
-        plain_err = self._plain_error.get(self._bucket(B), 1.0)
+        plain_err = self._plain_error.get(batch_bucket(B), 1.0)
         best_g, best_t = 0, plain_err * self.cost.predict(B, B) / B * (1.0 - self.min_gain)
-        err = self._error.get(self._bucket(B), 1.0)
+        err = self._error.get(batch_bucket(B), 1.0)
         depths = range(1, (max_depth or self.max_draft_tokens) + 1)
         for g, step in zip(depths, self.cost.predict_many(B, [B + g * n for g in depths])):
             tokens = (1 - a ** (g + 1)) / (1 - a)
@@ -218,7 +218,7 @@ class AdaptivePolicy:
         nodes = sum(alloc)
         if nodes and not exploring:        # what this step should cost and yield, for the clock check
             B = batch_size
-            self._pending = (self._bucket(B), self.draft_seconds * B + self.cost.predict(B, B + nodes),
+            self._pending = (batch_bucket(B), self.draft_seconds * B + self.cost.predict(B, B + nodes),
                              B + self._expected_gain)
         return alloc
 
@@ -314,13 +314,10 @@ class AdaptivePolicy:
             ratio = (seconds / (batch_size + accepted)) / (predicted / expected)
             self._error[bucket] = 0.8 * self._error.get(bucket, 1.0) + 0.2 * min(max(ratio, 0.25), 4.0)
         elif num_tokens == batch_size:     # a plain decode step: the baseline's own error
-            bucket = self._bucket(batch_size)
+            bucket = batch_bucket(batch_size)
             ratio = seconds / self.cost.predict(batch_size, num_tokens)
             self._plain_error[bucket] = 0.8 * self._plain_error.get(bucket, 1.0) + 0.2 * min(max(ratio, 0.25), 4.0)
 
-    @staticmethod
-    def _bucket(batch_size: int) -> int:
-        return max(batch_size, 1).bit_length()
 
     def finish(self, req: Any) -> None:
         self._windows.pop(req.request_id, None)

@@ -17,10 +17,10 @@ Deterministic given ``seed``: all randomness comes from one ``random.Random(seed
 """
 from __future__ import annotations
 
-import math
 import random
 from typing import Any
 
+from tailrl.spec.cost_model import batch_bucket
 from tailrl.spec.draft import Draft
 
 DEFAULT_ARMS = ((0, 1), (2, 1), (4, 1), (8, 1), (4, 4), (8, 4), (16, 4))
@@ -48,7 +48,7 @@ class BanditPolicy:
 
     @staticmethod
     def bucket(batch_size: int) -> int:
-        return max(0, math.ceil(math.log2(max(batch_size, 1))))
+        return batch_bucket(batch_size)
 
     def _off(self, batch_size: int) -> bool:
         return bool(self.max_spec_batch) and batch_size > self.max_spec_batch

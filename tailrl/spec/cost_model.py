@@ -44,6 +44,13 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 
+def batch_bucket(batch_size: int) -> int:
+    """The one batch-size bucketing of speculation control: the nearest power of two's exponent
+    (1 -> 0, 2 -> 1, 3-5 -> 2, 6-11 -> 3, ...). Step cost and acceptance change smoothly with
+    the batch size, so neighbouring sizes share what was learned."""
+    return max(round(math.log2(max(batch_size, 1))), 0)
+
+
 class _Line:
     """Weighted least squares of y on k regressors with forgetting; slopes ridge-regularised."""
 
@@ -89,7 +96,7 @@ class CostModel:
         self.num_observations = 0
 
     def _bucket(self, batch_size: int) -> int:
-        return min(max(round(math.log2(max(batch_size, 1))), 0), self.max_bucket)
+        return min(batch_bucket(batch_size), self.max_bucket)
 
     def observe(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0,
                 reads: float = 0.0) -> None:

@@ -3,7 +3,7 @@ import pytest
 from tailrl.config import SpeculativeConfig
 from tailrl.spec.adaptive_policy import AdaptivePolicy
 from tailrl.spec.bandit_policy import BanditPolicy
-from tailrl.spec.cost_model import CostModel
+from tailrl.spec.cost_model import CostModel, batch_bucket
 from tailrl.spec.draft import Draft
 from tailrl.spec.factory import make_spec_policy
 from tailrl.spec.policy import FixedPolicy, SpecPolicy
@@ -206,7 +206,7 @@ def test_the_clock_check_turns_off_a_bucket_whose_steps_run_slow():
         _, predicted, _ = pol._pending
         pol.observe_step(4, 4 + sum(alloc), 5 * predicted)
     assert pol.max_paths(4) == 0 or sum(pol.allocate(props, 4)) == 0
-    assert pol._error[pol._bucket(4)] > 1.3
+    assert pol._error[batch_bucket(4)] > 1.3
 
 
 def test_allocation_respects_the_step_token_budget():
