@@ -55,7 +55,7 @@ class ServerThread:
 def chat_model(tmp_path_factory) -> str:
     """Tiny random qwen2 whose EOS is the tokenizer's, with a chat template."""
     path = str(tmp_path_factory.mktemp("serve") / "tiny")
-    make_checkpoint(path, vocab_size=97, eos_token_id=2, max_pos=256)
+    make_checkpoint(path, vocab_size=97, eos_token_id=2, max_pos=1024)   # the speculator calibrates at 512
     save_char_tokenizer(path, chat_template=True)
     return path
 
@@ -80,7 +80,7 @@ def start_server(model: str, api_key: str | None = API_KEY, **cfg):
 
 @pytest.fixture(scope="module")
 def server(chat_model):
-    with start_server(chat_model, max_tokens_limit=64, max_request_bytes=4096, max_n=8) as s:
+    with start_server(chat_model, max_tokens_limit=64, max_request_bytes=16384, max_n=8) as s:
         yield s
 
 
