@@ -1,6 +1,5 @@
 """A real server on a free loopback port over a tiny random checkpoint with a local tokenizer."""
 import os
-import shutil
 import socket
 import threading
 import time
@@ -14,6 +13,7 @@ pytest.importorskip("openai")
 from checkpoints import make_checkpoint  # noqa: E402
 from text_tokenizer import save_char_tokenizer  # noqa: E402
 
+SMALL_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "small")
 API_KEY = "test-key"
 MODEL = "tiny"
 
@@ -57,15 +57,6 @@ def chat_model(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("serve") / "tiny")
     make_checkpoint(path, vocab_size=97, eos_token_id=2, max_pos=1024)   # the speculator calibrates at 512
     save_char_tokenizer(path, chat_template=True)
-    return path
-
-
-@pytest.fixture(scope="session")
-def plain_model(chat_model, tmp_path_factory) -> str:
-    """The same weights and tokenizer without a chat template (the 400 path)."""
-    path = str(tmp_path_factory.mktemp("serve") / "plain")
-    shutil.copytree(chat_model, path)
-    save_char_tokenizer(path, chat_template=False)
     return path
 
 
