@@ -100,7 +100,6 @@ class Server:
     def finish(self, run: GenerationRun) -> None:
         run.close()
         self.counters.generation_tokens += sum(len(c.token_ids) for c in run.choices)
-        self.counters.aborted_sequences += sum(c.finish_reason == "abort" for c in run.choices)
 
 
 def build_app(llm, cfg: ServeConfig, loop: EngineLoop | None = None):

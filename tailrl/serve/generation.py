@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 from tailrl.config import SamplingParams
 from tailrl.engine.sampler import mix
@@ -104,12 +105,16 @@ class GenerationRun:
 
     async def wait(self, request, poll_s: float = 0.25) -> None:
         """Until every choice finished; a disconnected client ends the wait (``close`` aborts)."""
+        checked = time.monotonic()
         while not self.done:
             try:
                 await self.next(poll_s)
             except asyncio.TimeoutError:
+                pass
+            if time.monotonic() - checked >= poll_s:     # updates may arrive every few ms: check by time
+                checked = time.monotonic()
                 if await request.is_disconnected():
-                    raise ConnectionError("client disconnected") from None
+                    raise ConnectionError("client disconnected")
 
     def close(self) -> None:
         self._loop.abort([r.request_id for r, c in zip(self.requests, self.choices) if not c.finished])

@@ -67,6 +67,7 @@ class EngineLoop:
         self._stats: dict[str, float] = {}
         self._stats_time = 0.0
         self._live = 0                       # sequences submitted and not yet reported finished
+        self.aborted_sequences = 0           # sequences that ended aborted (client left, stop string, error)
         self._live_lock = threading.Lock()
 
     # ---- any thread -------------------------------------------------------------------------
@@ -169,7 +170,9 @@ class EngineLoop:
     def _retire(self, g: _Group) -> None:
         for r in g.requests:
             self.engine.release(r.request_id)
-        if all(r.finish_reason != "abort" for r in g.requests):
+        aborted = sum(r.finish_reason == "abort" for r in g.requests)
+        self.aborted_sequences += aborted
+        if not aborted:
             # the responses become the prompt's history (previous epoch), as after LLM.generate
             self.llm.history.record(g.requests[0].prompt_id, [list(r.output_token_ids) for r in g.requests])
         with self._live_lock:
@@ -198,6 +201,7 @@ class EngineLoop:
         stats.update({k: float(v) for k, v in self.engine.spec_metrics().items()})
         stats["serve/live_sequences"] = float(self._live)
         stats["serve/running_groups"] = float(len(self._groups))
+        stats["serve/aborted_sequences"] = float(self.aborted_sequences)
         self._stats = stats
         if len(m.trace) > TRACE_LIMIT:           # the per-step trace would grow without bound
             self.engine.begin_rollout()

@@ -21,7 +21,6 @@ class ServeCounters:
     request_errors: int = 0              # answered with an error status
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    aborted_sequences: int = 0           # client disconnects and stop strings
 
 
 def prom_name(key: str) -> str:

@@ -30,6 +30,7 @@ class ServerThread:
     def __init__(self, app, port: int) -> None:
         import uvicorn
         self.port = port
+        self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
