@@ -91,11 +91,11 @@ class Server:
             raise APIError(400, str(e), param="messages") from None
         return ids
 
-    def start(self, groups: list[list], stop: list[str]) -> GenerationRun:
+    def start(self, groups: list[list], stop: list[str], stream: bool) -> GenerationRun:
         self.check_capacity(sum(len(g) for g in groups))
         self.counters.requests += 1
         self.counters.prompt_tokens += sum(len(g[0].prompt_token_ids) * len(g) for g in groups)
-        return GenerationRun(self.loop, groups, self.inputs.tokenizer, stop)
+        return GenerationRun(self.loop, groups, self.inputs.tokenizer, stop, stream)
 
     def finish(self, run: GenerationRun) -> None:
         run.close()

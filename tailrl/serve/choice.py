@@ -12,8 +12,9 @@ from __future__ import annotations
 
 
 class ChoiceState:
-    def __init__(self, index: int, tokenizer, stop: list[str] | None = None) -> None:
+    def __init__(self, index: int, tokenizer, stop: list[str] | None = None, incremental: bool = True) -> None:
         self.index = index
+        self.incremental = incremental      # keep ``text`` current after every update (streaming)
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
         self.token_ids: list[int] = []
@@ -44,7 +45,8 @@ class ChoiceState:
         if not self.stop:
             self.token_ids += token_ids
             self.logprobs += logprobs
-            self.text = self.decode(self.token_ids)
+            if self.incremental or finish_reason is not None:
+                self.text = self.decode(self.token_ids)
         else:
             for tok, lp in zip(token_ids, logprobs):
                 self.token_ids.append(tok)

@@ -65,15 +65,15 @@ def make_groups(inputs, token_lists: list[list[int]], params: SamplingParams, pr
 class GenerationRun:
     """The groups of one HTTP request, followed from the asyncio side."""
 
-    def __init__(self, loop: EngineLoop, groups: list[list], tokenizer, stop: list[str]) -> None:
+    def __init__(self, loop: EngineLoop, groups: list[list], tokenizer, stop: list[str], stream: bool) -> None:
         self._aloop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = loop
         self.requests = [r for g in groups for r in g]
-        self.choices = [ChoiceState(i, tokenizer, stop) for i in range(len(self.requests))]
+        self.choices = [ChoiceState(i, tokenizer, stop, incremental=stream) for i in range(len(self.requests))]
         self._by_id = {r.request_id: c for r, c in zip(self.requests, self.choices)}
         for g in groups:
-            loop.submit(g, self._sink)
+            loop.submit(g, self._sink, final_only=not stream and not stop)
 
     def _sink(self, updates: list[Update]) -> None:
         """Called in the engine-loop thread: hop onto the event loop."""

@@ -49,6 +49,7 @@ Sink = Callable[[list[Update]], None]
 class _Group:
     requests: list[Request]
     sink: Sink
+    final_only: bool = False                            # report each request once, when it finished
     sent: list[int] = field(default_factory=list)       # tokens already reported, per request
     reported: list[bool] = field(default_factory=list)  # finish already reported, per request
 
@@ -87,12 +88,14 @@ class EngineLoop:
     def live_sequences(self) -> int:
         return self._live
 
-    def submit(self, group: list[Request], sink: Sink) -> None:
+    def submit(self, group: list[Request], sink: Sink, final_only: bool = False) -> None:
         """Queue one prompt's requests (a group: group drafts see the siblings); ``sink`` gets
-        lists of ``Update`` from the loop thread and must not block."""
+        lists of ``Update`` from the loop thread and must not block. ``final_only``: a caller
+        that neither streams nor watches stop strings gets one update per request, at its end
+        (per-step updates of 200 requests would cost the engine thread the GIL for nothing)."""
         with self._live_lock:
             self._live += len(group)
-        self._inbox.put(("add", _Group(group, sink, [0] * len(group), [False] * len(group))))
+        self._inbox.put(("add", _Group(group, sink, final_only, [0] * len(group), [False] * len(group))))
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort unfinished requests (a client left, or a stop string matched): their KV is freed."""
@@ -155,6 +158,8 @@ class EngineLoop:
             updates = []
             for j, r in enumerate(g.requests):
                 n, done = len(r.output_token_ids), r.status.finished
+                if g.final_only and not done:
+                    continue
                 if n > g.sent[j] or (done and not g.reported[j]):
                     updates.append(Update(r.request_id, r.output_token_ids[g.sent[j]:n],
                                           r.output_logprobs[g.sent[j]:n], r.finish_reason if done else None))

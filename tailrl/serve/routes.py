@@ -45,7 +45,7 @@ def add_routes(app, server) -> None:
         params = sampling_params(req, req.max_tokens, server.cfg, server.inputs)
         pids = req.prompt_id if not isinstance(req.prompt_id, str) else [req.prompt_id] * len(ids)
         groups = make_groups(server.inputs, ids, params, pids)
-        run = server.start(groups, req.stop_list())
+        run = server.start(groups, req.stop_list(), req.stream)
         return await _respond(server, request, run, req, "cmpl", req.logprobs is not None)
 
     @app.post("/v1/chat/completions")
@@ -61,7 +61,7 @@ def add_routes(app, server) -> None:
         max_tokens = req.max_completion_tokens or req.max_tokens or min(server.cfg.max_tokens_limit, room)
         params = sampling_params(req, max_tokens, server.cfg, server.inputs)
         groups = make_groups(server.inputs, [ids], params, None if req.prompt_id is None else [req.prompt_id])
-        run = server.start(groups, req.stop_list())
+        run = server.start(groups, req.stop_list(), req.stream)
         return await _respond(server, request, run, req, "chatcmpl", req.logprobs)
 
 
