@@ -81,7 +81,7 @@ async def _respond(server, request, run: GenerationRun, req, kind: str, logprobs
     if run.error:
         raise APIError(500, run.error)
     body = (R.completion_body if kind == "cmpl" else R.chat_body)(rid, model, run.choices, run.usage(), logprobs)
-    return body
+    return responses.JSONResponse(body)
 
 
 async def _stream(server, run: GenerationRun, req, rid: str, kind: str, logprobs: bool):

@@ -61,11 +61,11 @@ def chat_model(tmp_path_factory) -> str:
     return path
 
 
-def start_server(model: str, api_key: str | None = API_KEY, **cfg):
+def start_server(model: str, api_key: str | None = API_KEY, speculative=None, **cfg):
     from tailrl import LLM
     from tailrl.serve.app import build_app
     from tailrl.serve.config import ServeConfig
-    llm = LLM(model, seed=0, max_num_seqs=64)
+    llm = LLM(model, seed=0, max_num_seqs=64, speculative=speculative)
     app = build_app(llm, ServeConfig(model_name=MODEL, api_key=api_key, **cfg))
     return ServerThread(app, free_port())
 

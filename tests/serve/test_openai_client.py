@@ -113,3 +113,40 @@ def test_metrics_exposes_engine_keys(server, client):
     assert "tailrl_rollout_num_forward_total" in text and "tailrl_serve_requests_total" in text
     value = [ln for ln in text.splitlines() if ln.startswith("tailrl_rollout_num_forward_total")][0]
     assert float(value.split()[-1]) > 0
+
+
+def test_prompt_id_groups_feed_history_and_speculation_is_lossless(chat_model, reference):
+    """A speculative server: the n samples of a prompt id become its history, and a second round
+    (history + group drafts) still returns exactly the plain engine's tokens."""
+    import openai
+
+    from conftest import API_KEY, start_server
+    with start_server(chat_model, speculative={"method": "suffix"}) as s:
+        client = openai.OpenAI(base_url=s.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        srv = s.app.state.server
+        kw = dict(model=MODEL, prompt="repeat abc abc", n=4, max_tokens=48, temperature=0.3,
+                  extra_body={"prompt_id": "task-9"})
+        first = client.completions.create(seed=1, **kw)
+        import time
+        deadline = time.monotonic() + 10
+        while "task-9" not in srv.llm.history and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.llm.history.get("task-9") == [c.model_extra["token_ids"] for c in first.choices]
+        second = client.completions.create(seed=2, **kw)
+        want = reference.generate(["repeat abc abc"], SamplingParams(n=4, max_tokens=48, temperature=0.3, seed=2))
+        assert [c.model_extra["token_ids"] for c in second.choices] == [c.token_ids for c in want[0].outputs]
+        time.sleep(0.6)
+        assert srv.loop.stats().get("rollout/spec_verify_rows", 0) > 0     # drafts were verified
+
+
+def test_missing_extra_names_the_fix():
+    from tailrl.serve import require
+    with pytest.raises(ImportError, match=r"pip install 'tailrl\[serve\]'"):
+        require("tailrl_no_such_module")
+
+
+def test_cli_dispatches_serve(capsys):
+    from tailrl.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    assert e.value.code == 0 and "--api-key" in capsys.readouterr().out
