@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 
 from tailrl.config import SamplingParams
 from tailrl.engine.sampler import mix
@@ -103,18 +102,28 @@ class GenerationRun:
         self._loop.abort(stopped)
         return list(changed.values())
 
-    async def wait(self, request, poll_s: float = 0.25) -> None:
-        """Until every choice finished; a disconnected client ends the wait (``close`` aborts)."""
-        checked = time.monotonic()
-        while not self.done:
-            try:
-                await self.next(poll_s)
-            except asyncio.TimeoutError:
+    async def wait(self, request) -> None:
+        """Until every choice finished. A client that disconnects ends the wait (``close`` then
+        aborts): the ASGI ``receive`` blocks until ``http.disconnect`` once the body is read, so
+        this watches without polling (polling 200 waiting requests costs the engine thread the GIL)."""
+        async def finished():
+            while not self.done:
+                await self.next()
+
+        async def gone():
+            while (await request.receive())["type"] != "http.disconnect":
                 pass
-            if time.monotonic() - checked >= poll_s:     # updates may arrive every few ms: check by time
-                checked = time.monotonic()
-                if await request.is_disconnected():
-                    raise ConnectionError("client disconnected")
+
+        work, watch = asyncio.ensure_future(finished()), asyncio.ensure_future(gone())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+        if not work.done() or work.cancelled():
+            raise ConnectionError("client disconnected")
+        work.result()                                  # re-raise an error from finished(), if any
 
     def close(self) -> None:
         self._loop.abort([r.request_id for r, c in zip(self.requests, self.choices) if not c.finished])

@@ -106,9 +106,6 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: StrictInt | None = None
     prompt_id: StrictStr | None = None
 
-    def unsupported(self) -> str | None:
-        return super().unsupported()
-
 
 def parse(model: type[BaseModel], data) -> BaseModel:
     """Validate a JSON body; the first problem becomes a 400 naming the field."""
