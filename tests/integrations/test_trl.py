@@ -10,6 +10,9 @@ from tailrl import LLM  # noqa: E402
 from tailrl.integrations.trl import TailRLRollout, collapse_repeats, prompt_key  # noqa: E402
 
 G = 4
+# The suffix speculator with the fixed policy: the adaptive one may decide that drafting does not
+# pay on a loaded CPU (its cost model is measured), and then the lossless path would go untested.
+SPECULATIVE = {"method": "suffix", "policy": "fixed", "max_draft_tokens": 4}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def test_two_grpo_steps_match_engine_output(model_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    llm = LLM(model_dir, speculative={"method": "suffix"}, seed=0)
+    llm = LLM(model_dir, speculative=SPECULATIVE, seed=0)
     rollout = TailRLRollout(llm, seed=123)
     records, verified = [], []
 

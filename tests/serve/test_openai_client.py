@@ -121,7 +121,8 @@ def test_prompt_id_groups_feed_history_and_speculation_is_lossless(chat_model, r
     import openai
 
     from conftest import API_KEY, start_server
-    with start_server(chat_model, speculative={"method": "suffix"}) as s:
+    # fixed policy: always draft (the adaptive one may not on a loaded CPU), so the check bites
+    with start_server(chat_model, speculative={"method": "suffix", "policy": "fixed", "max_draft_tokens": 4}) as s:
         client = openai.OpenAI(base_url=s.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
         srv = s.app.state.server
         kw = dict(model=MODEL, prompt="repeat abc abc", n=4, max_tokens=48, temperature=0.3,
