@@ -76,3 +76,21 @@ def test_disconnect_aborts_and_frees(big_server, stream):
     assert srv.loop.aborted_sequences - aborted == 8     # aborted, not run to max_tokens
     assert not srv.llm.engine.requests                      # released: nothing holds KV
     assert post(big_server.port, {"model": MODEL, "prompt": "still here", "max_tokens": 3})["choices"]
+
+
+def test_full_server_answers_429_and_recovers(chat_model):
+    from test_bad_requests import send
+    with start_server(chat_model, max_live_sequences=4) as s:
+        status, body = send(s.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 8})
+        assert status == 429 and body["error"]["type"] == "rate_limit_error"
+        status, body = send(s.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 4,
+                                                                 "max_tokens": 3})
+        assert status == 200 and len(body["choices"]) == 4
+
+
+def test_stream_usage_chunk(big_server):
+    import openai
+    client = openai.OpenAI(base_url=big_server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    chunks = list(client.completions.create(model=MODEL, prompt="u", max_tokens=5, n=2, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 10 and not chunks[-1].choices
