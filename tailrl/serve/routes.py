@@ -58,7 +58,8 @@ def add_routes(app, server) -> None:
                            "available", param="top_logprobs")
         ids = server.chat_tokens(req)
         room = server.inputs.max_model_len - len(ids)
-        max_tokens = req.max_completion_tokens or req.max_tokens or min(server.cfg.max_tokens_limit, room)
+        max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None),
+                          min(server.cfg.max_tokens_limit, room))
         params = sampling_params(req, max_tokens, server.cfg, server.inputs)
         groups = make_groups(server.inputs, [ids], params, None if req.prompt_id is None else [req.prompt_id])
         run = server.start(groups, req.stop_list(), req.stream)

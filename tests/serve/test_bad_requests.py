@@ -57,6 +57,7 @@ CASES = [
      {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, None, 400),
     ("chat content wrong type", "POST", "/v1/chat/completions",
      {**CHAT, "messages": [{"role": "user", "content": 5}]}, None, 400),
+    ("chat max_tokens zero", "POST", "/v1/chat/completions", {**CHAT, "max_tokens": 0}, None, 400),
     ("chat top_logprobs too many", "POST", "/v1/chat/completions", {**CHAT, "top_logprobs": 3}, None, 400),
     ("unknown route", "POST", "/v1/engines", body(), None, 404),
     ("wrong method", "GET", "/v1/completions", None, None, 405),
