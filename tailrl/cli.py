@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("tailrl.sim.cli", "main", "cluster-scale rollout simulator: compare scheduling policies"),
     "train": ("tailrl.rl.cli", "train_main", "GRPO training with accelerated rollouts"),
     "report": ("tailrl.rl.cli", "report_main", "plot the metrics of one or two training runs"),
+    "serve": ("tailrl.serve.cli", "main", "OpenAI-compatible HTTP server (extra: serve)"),
 }
 
 

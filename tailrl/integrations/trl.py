@@ -1,0 +1,123 @@
+"""tailrl as ``trl.GRPOTrainer``'s in-process rollout engine: ``GRPOTrainer(..., rollout_func=TailRLRollout(llm))``.
+
+Written against TRL 1.16 (the ``trl`` extra pins ``trl>=1.16,<1.17``), whose trainer calls
+``rollout_func(prompts, trainer)`` with the process's prompt slice *as its RepeatSampler drew it*:
+each prompt repeated ``num_generations`` times in a row, and expects one completion per entry.
+The adapter collapses each run of repeats into one prompt and generates its completions as one
+group (``n = num_generations``): the siblings feed group drafts, and a stable prompt id (a digest
+of the prompt) lets the history store feed history drafts on the next epoch. Before each
+rollout it copies the trainer's current weights into the engine (once per optimizer step), so
+the rollout samples from the policy being trained. It only uses the public ``LLM`` API.
+
+Seeds: prompt ``i`` of the ``k``-th rollout gets ``SamplingParams.seed = mix(seed, k, i)``;
+``last_rollout`` keeps the prompts, params and outputs, so the same tokens can be regenerated
+with ``LLM.generate`` (that is what the tests check).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+
+from tailrl.config import SamplingParams
+from tailrl.engine.sampler import mix
+
+log = logging.getLogger(__name__)
+
+
+def _require_trl():
+    try:
+        import trl
+    except ImportError as e:
+        raise ImportError("tailrl.integrations.trl needs TRL: pip install 'tailrl[trl]'") from e
+    return trl
+
+
+def prompt_key(prompt) -> str:
+    """A stable id for a TRL prompt (text or chat messages): the history store's key."""
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+    return "trl-" + hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def collapse_repeats(prompts: list, num_generations: int) -> list:
+    """TRL 1.16 hands each prompt ``num_generations`` times in a row; return each prompt once."""
+    if len(prompts) % num_generations:
+        raise ValueError(f"rollout_func got {len(prompts)} prompts, not a multiple of num_generations="
+                         f"{num_generations}: this adapter expects TRL 1.16's repeated prompts")
+    unique = prompts[::num_generations]
+    for i, p in enumerate(unique):
+        if any(q != p for q in prompts[i * num_generations:(i + 1) * num_generations]):
+            raise ValueError("rollout_func: prompts are not repeated num_generations times in a row "
+                             "(TRL version other than 1.16?)")
+    return unique
+
+
+@dataclass
+class Rollout:
+    """What one call generated (kept for checks and logging)."""
+
+    prompt_token_ids: list[list[int]]
+    params: list[SamplingParams]
+    prompt_ids: list[str]
+    outputs: list                          # list[RequestOutput]
+
+
+class TailRLRollout:
+    """A TRL ``rollout_func`` backed by an ``LLM`` in this process."""
+
+    def __init__(self, llm, seed: int = 0) -> None:
+        _require_trl()
+        self.llm = llm
+        self.seed = seed
+        self.calls = 0
+        self.last_rollout: Rollout | None = None
+        self._loaded_step: int | None = None
+
+    def __call__(self, prompts: list, trainer) -> dict[str, list]:
+        self.sync_weights(trainer)
+        g = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+        unique = collapse_repeats(list(prompts), g)
+        token_ids = self.tokenize(unique, trainer)
+        base = self.sampling_params(trainer, g)
+        params = [base.clone(seed=mix(self.seed, self.calls, i) & (2**62 - 1)) for i in range(len(unique))]
+        pids = [prompt_key(p) for p in unique]
+        self.calls += 1
+        outs = self.llm.generate(token_ids, params, prompt_ids=pids, use_tqdm=False)
+        self.last_rollout = Rollout(token_ids, params, pids, outs)
+        samples = [(o.prompt_token_ids, c) for o in outs for c in o.outputs]
+        return {"prompt_ids": [list(p) for p, _ in samples],
+                "completion_ids": [list(c.token_ids) for _, c in samples],
+                "logprobs": [list(c.logprobs) for _, c in samples]}
+
+    def sync_weights(self, trainer) -> None:
+        """Copy the policy's weights into the engine once per optimizer step (and before the first rollout)."""
+        step = trainer.state.global_step
+        if step == self._loaded_step:
+            return
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        self.llm.load_weights({k: v.detach() for k, v in model.state_dict().items()})
+        self._loaded_step = step
+        log.debug("loaded the trainer's weights of step %d into the engine", step)
+
+    @staticmethod
+    def tokenize(prompts: list, trainer) -> list[list[int]]:
+        """Token ids exactly as TRL 1.16 would make them (text as is, chats through the template)."""
+        tok = trainer.processing_class
+        if prompts and not isinstance(prompts[0], str):
+            enc = tok.apply_chat_template(conversation=prompts, add_generation_prompt=True, tokenize=True,
+                                          return_dict=True, chat_template=getattr(trainer, "chat_template", None),
+                                          **(getattr(trainer, "chat_template_kwargs", None) or {}))
+            return [list(ids) for ids in enc["input_ids"]]
+        return [list(ids) for ids in tok(text=prompts)["input_ids"]]
+
+    @staticmethod
+    def sampling_params(trainer, n: int) -> SamplingParams:
+        """The trainer's generation settings; ones the engine cannot honour are an error, not ignored."""
+        if trainer.repetition_penalty not in (None, 1.0):
+            raise ValueError("GRPOConfig.repetition_penalty is not supported by tailrl (use 1.0)")
+        if trainer.min_p not in (None, 0.0):
+            raise ValueError("GRPOConfig.min_p is not supported by tailrl (use None)")
+        return SamplingParams(n=n, temperature=float(trainer.temperature), top_p=float(trainer.top_p),
+                              top_k=trainer.top_k if trainer.top_k and trainer.top_k > 0 else -1,
+                              max_tokens=trainer.max_completion_length)

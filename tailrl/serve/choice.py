@@ -1,0 +1,82 @@
+"""One sequence as the client sees it: tokens, text, text stop strings, and what to stream next.
+
+The engine only knows stop *token* ids; OpenAI's ``stop`` strings are handled here. After each
+burst of accepted tokens the text is re-decoded token by token; the first stop string found
+truncates the text (the stop string itself is not returned, as in OpenAI), keeps the tokens up
+to the one that completed it, and the caller aborts the engine request so its KV is freed.
+While streaming, the last ``len(longest stop) - 1`` characters are held back, because they might
+be the start of a stop string that the next token completes; so is a trailing U+FFFD, which is
+half a multi-byte character.
+"""
+from __future__ import annotations
+
+
+class ChoiceState:
+    def __init__(self, index: int, tokenizer, stop: list[str] | None = None, incremental: bool = True) -> None:
+        self.index = index
+        self.incremental = incremental      # keep ``text`` current after every update (streaming)
+        self.tokenizer = tokenizer
+        self.stop = [s for s in (stop or []) if s]
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.sent_text = 0             # characters of ``text`` already streamed
+        self.sent_tokens = 0           # tokens already streamed
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def token_text(self, tok: int) -> str:
+        """How one token is shown in logprobs (a token-id model shows ``token_id:N``, as vLLM)."""
+        return self.tokenizer.decode([tok]) if self.tokenizer is not None else f"token_id:{tok}"
+
+    def feed(self, token_ids: list[int], logprobs: list[float], finish_reason: str | None,
+             error: str | None = None) -> bool:
+        """Take an engine update. Returns True when a stop string ended this choice just now
+        (the caller then aborts the engine request)."""
+        if self.finished:
+            return False                   # e.g. the abort that follows a stop-string match
+        if not self.stop:
+            self.token_ids += token_ids
+            self.logprobs += logprobs
+            if self.incremental or finish_reason is not None:
+                self.text = self.decode(self.token_ids)
+        else:
+            for tok, lp in zip(token_ids, logprobs):
+                self.token_ids.append(tok)
+                self.logprobs.append(lp)
+                text = self.decode(self.token_ids)
+                cut = self._find_stop(text)
+                if cut is not None:
+                    self.text, self.finish_reason = text[:cut], "stop"
+                    return True
+            self.text = self.decode(self.token_ids)
+        if finish_reason is not None:
+            self.finish_reason, self.error = finish_reason, error
+        return False
+
+    def _find_stop(self, text: str) -> int | None:
+        # only the tail can hold a new match: everything before was searched on earlier tokens
+        start = max(0, len(self.text) - max(len(s) for s in self.stop))
+        hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def take_delta(self) -> tuple[str, list[int], list[float]]:
+        """Text, tokens and logprobs not streamed yet (text held back as the module docstring says)."""
+        end = len(self.text)
+        if not self.finished:
+            if self.stop:
+                end -= max(len(s) for s in self.stop) - 1
+            while end > self.sent_text and self.text[end - 1] == "\ufffd":
+                end -= 1
+        end = max(end, self.sent_text)
+        delta = self.text[self.sent_text:end]
+        toks, lps = self.token_ids[self.sent_tokens:], self.logprobs[self.sent_tokens:]
+        self.sent_text, self.sent_tokens = end, len(self.token_ids)
+        return delta, toks, lps

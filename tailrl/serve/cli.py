@@ -1,0 +1,50 @@
+"""`tailrl serve --model DIR`: the OpenAI-compatible server (needs the ``serve`` extra).
+
+Binds to 127.0.0.1 unless ``--host`` says otherwise; ``--api-key`` (or ``TAILRL_API_KEY``)
+makes /v1/* and /metrics require ``Authorization: Bearer <key>``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from tailrl.serve import require
+
+log = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="tailrl serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    ap.add_argument("--served-model-name", default=None, help="the name clients send (default: the directory's)")
+    ap.add_argument("--speculative", choices=["off", "suffix"], default="off")
+    ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--api-key", default=os.environ.get("TAILRL_API_KEY"))
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
+    ap.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    ap.add_argument("--log-level", default="info")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    uvicorn = require("uvicorn")
+    from tailrl import LLM
+    from tailrl.serve.app import build_app
+    from tailrl.serve.config import ServeConfig
+    logging.basicConfig(level=a.log_level.upper())
+    cfg = ServeConfig(model_name=a.served_model_name or ServeConfig.default_model_name(a.model), host=a.host,
+                      port=a.port, api_key=a.api_key, max_tokens_limit=a.max_tokens_limit,
+                      max_request_bytes=a.max_request_bytes)
+    if a.host not in ("127.0.0.1", "localhost", "::1") and cfg.api_key is None:
+        log.warning("serving on %s without --api-key: anyone who can reach it can use it", a.host)
+    llm = LLM(a.model, speculative=None if a.speculative == "off" else {"method": a.speculative},
+              dtype=a.dtype, seed=a.seed, max_num_seqs=a.max_num_seqs)
+    uvicorn.run(build_app(llm, cfg), host=cfg.host, port=cfg.port, log_level=a.log_level)
+    return 0

@@ -1,0 +1,81 @@
+"""Two real TRL GRPO steps with tailrl's speculative engine as the rollout engine (CPU, offline)."""
+import pytest
+
+pytest.importorskip("trl")
+
+from checkpoints import make_checkpoint  # noqa: E402
+from text_tokenizer import save_char_tokenizer  # noqa: E402
+
+from tailrl import LLM  # noqa: E402
+from tailrl.integrations.trl import TailRLRollout, collapse_repeats, prompt_key  # noqa: E402
+
+G = 4
+# The suffix speculator with the fixed policy: the adaptive one may decide that drafting does not
+# pay on a loaded CPU (its cost model is measured), and then the lossless path would go untested.
+SPECULATIVE = {"method": "suffix", "policy": "fixed", "max_draft_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("trl") / "tiny")
+    make_checkpoint(path, vocab_size=97, eos_token_id=2, max_pos=1024)   # the speculator calibrates at 512
+    save_char_tokenizer(path, chat_template=True)
+    return path
+
+
+def length_reward(prompts, completions, **_):
+    """Varied rewards, so advantages are non-zero and the update changes the weights."""
+    return [float(len(c) % 5) for c in completions]
+
+
+def test_collapse_repeats():
+    assert collapse_repeats(["a", "a", "b", "b"], 2) == ["a", "b"]
+    with pytest.raises(ValueError, match="multiple"):
+        collapse_repeats(["a", "a", "b"], 2)
+    with pytest.raises(ValueError, match="repeated"):
+        collapse_repeats(["a", "b", "a", "b"], 2)
+    assert prompt_key("x") == prompt_key("x") != prompt_key("y")
+
+
+def test_two_grpo_steps_match_engine_output(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    llm = LLM(model_dir, speculative=SPECULATIVE, seed=0)
+    rollout = TailRLRollout(llm, seed=123)
+    records, verified = [], []
+
+    def rollout_func(prompts, trainer):
+        out = rollout(prompts, trainer)
+        weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        records.append((weights, rollout.last_rollout, out))
+        verified.append(llm.last_metrics.get("rollout/spec_verify_rows", 0.0))
+        return out
+
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2 * G, num_generations=G,
+                      max_completion_length=24, learning_rate=5e-2, beta=0.0, temperature=1.0, report_to="none",
+                      use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, seed=0,
+                      dataloader_num_workers=0)
+    data = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3*4=", "sort 3 1 2:", "max 7 9:"]])
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                          processing_class=AutoTokenizer.from_pretrained(model_dir), reward_funcs=length_reward,
+                          args=args, train_dataset=data, rollout_func=rollout_func)
+    trainer.train()
+
+    assert len(records) == 2
+    changed = any(not records[0][0][k].equal(records[1][0][k]) for k in records[0][0])
+    assert changed                                    # the step updated the policy and the engine got it
+    assert sum(verified) > 0, verified                # drafts were verified: the speculative path ran
+    for weights, roll, out in records:
+        assert len(out["completion_ids"]) == 2 * G and len(roll.outputs) == 2
+        assert roll.prompt_ids == [prompt_key(llm.tokenizer.decode(p)) for p in roll.prompt_token_ids]
+        ref = LLM(model_dir, seed=0)                  # plain engine, same seeds, same weights
+        ref.load_weights(weights)
+        want = ref.generate(roll.prompt_token_ids, roll.params, prompt_ids=roll.prompt_ids)
+        assert out["completion_ids"] == [c.token_ids for o in want for c in o.outputs]
+        assert out["prompt_ids"] == [o.prompt_token_ids for o in want for _ in o.outputs]
+        got_lp = [lp for seq in out["logprobs"] for lp in seq]
+        assert got_lp == pytest.approx([lp for o in want for c in o.outputs for lp in c.logprobs], abs=1e-4)

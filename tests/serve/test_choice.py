@@ -1,0 +1,46 @@
+"""Stop strings and streamed text of one choice, with a real (local) tokenizer."""
+import pytest
+
+from tailrl.serve.choice import ChoiceState
+
+
+@pytest.fixture(scope="module")
+def tok(chat_model):
+    from tailrl.engine.inputs import load_tokenizer
+    return load_tokenizer(chat_model)
+
+
+def feed_all(c: ChoiceState, tok, text: str, burst: int, finish: str = "length") -> list[bool]:
+    ids = tok.encode(text)
+    out = []
+    for i in range(0, len(ids), burst):
+        last = i + burst >= len(ids)
+        out.append(c.feed(ids[i:i + burst], [-0.5] * len(ids[i:i + burst]), finish if last else None))
+    return out
+
+
+@pytest.mark.parametrize("burst", [1, 3, 50])
+def test_stop_string_cuts_text_and_tokens(tok, burst):
+    c = ChoiceState(0, tok, stop=["END", "zz"])
+    hits = feed_all(c, tok, "abc ENx END more", burst)
+    assert any(hits) and c.text == "abc ENx " and c.finish_reason == "stop"
+    assert tok.decode(c.token_ids) == "abc ENx END"        # tokens up to the one that completed the stop
+    assert len(c.logprobs) == len(c.token_ids)
+    assert c.feed(tok.encode("later"), [0.0] * 5, "abort") is False and c.finish_reason == "stop"
+
+
+def test_streaming_holds_back_a_possible_stop_prefix(tok):
+    c = ChoiceState(0, tok, stop=["END"])
+    c.feed(tok.encode("abc EN"), [-1.0] * 6, None)
+    delta, toks, lps = c.take_delta()
+    assert delta == "abc " and len(toks) == 6 and len(lps) == 6    # "EN" may start "END": held back
+    c.feed(tok.encode("x"), [-1.0], "length")
+    assert c.take_delta()[0] == "ENx"                         # not a stop after all: released at the end
+
+
+def test_no_stop_final_only_decodes_at_the_end(tok):
+    c = ChoiceState(0, tok, incremental=False)
+    c.feed(tok.encode("ab"), [-1.0, -1.0], None)
+    assert c.text == "" and c.token_ids == tok.encode("ab")
+    c.feed(tok.encode("c"), [-1.0], "stop")
+    assert c.text == "abc" and c.finished
