@@ -37,6 +37,7 @@ namespace {
 
 constexpr int BLOCK = 32;   // keys per online-softmax block
 constexpr int LANES = 16;   // accumulator elements kept in registers at a time
+constexpr int CHAINS = 4;   // independent accumulation chains (FMA latency x throughput)
 
 inline float load(const uint16_t* p) {          // bfloat16 -> float: the high half of a float
     uint32_t u = static_cast<uint32_t>(*p) << 16;
@@ -109,14 +110,29 @@ struct Query {
 template <typename T, typename K, typename A>
 inline void block_update(Query<A>& st, const K* kb, int64_t ksd, const T* v, int64_t vs, const int64_t* pos,
                          int64_t nb, int64_t D) {
-    alignas(64) A s[BLOCK];
-    for (int j = 0; j < BLOCK; ++j) s[j] = 0;
-    for (int64_t d = 0; d < D; ++d) {
+    // scores: CHAINS interleaved partial sums over the head dimension (independent chains
+    // keep the FMA units busy; the order is fixed, so every path computes the same bits)
+    alignas(64) A sp[CHAINS][BLOCK];
+    for (int u = 0; u < CHAINS; ++u)
+        for (int j = 0; j < BLOCK; ++j) sp[u][j] = 0;
+    int64_t d = 0;
+    for (; d + CHAINS <= D; d += CHAINS) {
+        for (int u = 0; u < CHAINS; ++u) {
+            const A qd = st.q[d + u];
+            const K* kd = kb + (d + u) * ksd;
+#pragma omp simd
+            for (int j = 0; j < BLOCK; ++j) sp[u][j] += qd * load(kd + j);
+        }
+    }
+    for (; d < D; ++d) {
         const A qd = st.q[d];
         const K* kd = kb + d * ksd;
 #pragma omp simd
-        for (int j = 0; j < BLOCK; ++j) s[j] += qd * load(kd + j);
+        for (int j = 0; j < BLOCK; ++j) sp[0][j] += qd * load(kd + j);
     }
+    alignas(64) A s[BLOCK];
+#pragma omp simd
+    for (int j = 0; j < BLOCK; ++j) s[j] = (sp[0][j] + sp[1][j]) + (sp[2][j] + sp[3][j]);
     // block max over lanes < nb (exact in any order): lanes past nb repeat lane 0, then an
     // elementwise max of the two halves, down to one
     for (int64_t j = nb; j < BLOCK; ++j) s[j] = s[0];
@@ -142,17 +158,27 @@ inline void block_update(Query<A>& st, const K* kb, int64_t ksd, const T* v, int
     // acc = acc * c + sum_j p[j] V[j], each element in j order; LANES elements at a time in
     // a local array, so they stay in registers across the j loop
     A* acc = st.acc;
+    // (the block's weighted sum in CHAINS interleaved partial sums over j, for the same reason)
     int64_t d0 = 0;
     for (; d0 + LANES <= D; d0 += LANES) {
-        A a[LANES];
-        for (int i = 0; i < LANES; ++i) a[i] = acc[d0 + i] * c;
-        for (int64_t j = 0; j < nb; ++j) {
+        A a[CHAINS][LANES] = {};
+        int64_t j = 0;
+        for (; j + CHAINS <= nb; j += CHAINS) {
+            for (int u = 0; u < CHAINS; ++u) {
+                const A pj = p[j + u];
+                const T* vj = v + pos[j + u] * vs + d0;
+#pragma omp simd
+                for (int i = 0; i < LANES; ++i) a[u][i] += pj * load(vj + i);
+            }
+        }
+        for (; j < nb; ++j) {
             const A pj = p[j];
             const T* vj = v + pos[j] * vs + d0;
 #pragma omp simd
-            for (int i = 0; i < LANES; ++i) a[i] += pj * load(vj + i);
+            for (int i = 0; i < LANES; ++i) a[0][i] += pj * load(vj + i);
         }
-        for (int i = 0; i < LANES; ++i) acc[d0 + i] = a[i];
+#pragma omp simd
+        for (int i = 0; i < LANES; ++i) acc[d0 + i] = acc[d0 + i] * c + ((a[0][i] + a[1][i]) + (a[2][i] + a[3][i]));
     }
     for (; d0 < D; ++d0) {
         A a = acc[d0] * c;
