@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tailrl.rollout.buffer import RequestBuffer, RequestState, RequestStatus
+from tailrl.rollout.buffer import RequestBuffer, BufferEntry, EntryStatus
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class SchedulerPolicy:
         self._tickets: dict[int, int] = {}               # request -> its current queue ticket
         self._setup()
         for r in self._initial_order():
-            if r.status == RequestStatus.WAITING:
+            if r.status == EntryStatus.WAITING:
                 self._add_waiting(r, 0.0)
 
     def schedule(self, view: InstanceView, now: float) -> list[Assignment]:
@@ -152,11 +152,11 @@ class SchedulerPolicy:
     def _setup(self) -> None:
         """Build the queues (called by reset before requests are enqueued)."""
 
-    def _initial_order(self) -> list[RequestState]:
+    def _initial_order(self) -> list[BufferEntry]:
         """The order in which reset() enqueues the step's requests."""
         return list(self._buf())
 
-    def _enqueue(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         """Make a WAITING request findable by `_pop` (front: it lost its turn, not its place)."""
         raise NotImplementedError
 
@@ -164,17 +164,17 @@ class SchedulerPolicy:
         """Remove and return the next request for `instance`, or None."""
         raise NotImplementedError
 
-    def _chunk_tokens(self, r: RequestState, instance: int) -> int:
+    def _chunk_tokens(self, r: BufferEntry, instance: int) -> int:
         return self.config.chunk_tokens
 
-    def _growth(self, r: RequestState, n: int) -> int:
+    def _growth(self, r: BufferEntry, n: int) -> int:
         """KV tokens to reserve for a chunk of at most `n` tokens (the oracle knows better)."""
         return n
 
-    def _observe(self, r: RequestState, now: float) -> None:
+    def _observe(self, r: BufferEntry, now: float) -> None:
         """Learn from a finished chunk (context and history estimates)."""
 
-    def _stamp(self, r: RequestState) -> int:
+    def _stamp(self, r: BufferEntry) -> int:
         """A fresh ticket for `r`: queue entries with an older ticket are stale."""
         t = abs(self._tickets.get(r.request_id, 0)) + 1
         self._tickets[r.request_id] = t
@@ -186,7 +186,7 @@ class SchedulerPolicy:
         return self._tickets.get(request_id) == ticket
 
     # ---- internals ----
-    def _add_waiting(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _add_waiting(self, r: BufferEntry, now: float, front: bool = False) -> None:
         self.num_waiting += 1
         self._enqueue(r, now, front)
 
