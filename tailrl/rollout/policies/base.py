@@ -92,6 +92,7 @@ class SchedulerPolicy:
         self._running = [0] * num_instances             # requests running per instance
         self._holds: dict[int, tuple[int, int]] = {}    # request -> (instance, reserved)
         self._tickets: dict[int, int] = {}               # request -> its current queue ticket
+        self._lost: set[int] = set()                     # instances gone for the rest of the step
         self._setup()
         for r in self._initial_order():
             if r.status == EntryStatus.WAITING:
@@ -106,7 +107,8 @@ class SchedulerPolicy:
             budget = int(view.kv_capacity * (1 - self.config.watermark)) - view.kv_used
         room = view.free_slots
         if self.balance:
-            share = -(-(len(self._holds) + self.num_waiting) // self.num_instances)
+            alive = self.num_instances - len(self._lost)
+            share = -(-(len(self._holds) + self.num_waiting) // alive)
             room = min(room, max(share - self._running[i], 1 if self._running[i] == 0 else 0))
         out: list[Assignment] = []
         while len(out) < room and self.num_waiting > 0:
@@ -143,6 +145,15 @@ class SchedulerPolicy:
         self._release(request_id)
         r = self._buf().preempt(request_id, new_tokens)
         self._add_waiting(r, now, front=True)
+
+    def on_instance_lost(self, instance: int) -> None:
+        """`instance` is gone for the rest of the step (a real pool's process or actor died):
+        fair shares count the survivors only. Its running chunks come back via `on_preempt`."""
+        if not 0 <= instance < self.num_instances:
+            raise ValueError(f"instance must be in [0, {self.num_instances}), got {instance!r}")
+        self._lost.add(instance)
+        if len(self._lost) == self.num_instances:
+            raise RuntimeError(f"{self.name}: every instance is lost")
 
     def has_work_for(self, instance: int) -> bool:
         """Whether `instance` could get anything from `schedule` if it had room."""

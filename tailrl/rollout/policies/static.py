@@ -42,5 +42,17 @@ class StaticPolicy(SchedulerPolicy):
     def _chunk_tokens(self, r: BufferEntry, instance: int) -> int:
         return r.remaining  # no chunking: run to EOS or the length limit
 
+    def on_instance_lost(self, instance: int) -> None:
+        """The lost instance's share is dealt round-robin to the survivors (queued work moves
+        now; its running requests follow when they come back through `on_preempt`)."""
+        super().on_instance_lost(instance)
+        alive = [j for j in range(self.num_instances) if j not in self._lost]
+        moved = [rid for rid, home in self._home.items() if home == instance]
+        for k, rid in enumerate(moved):
+            self._home[rid] = alive[k % len(alive)]
+        for rid in self._queues[instance]:
+            self._queues[self._home[rid]].append(rid)
+        self._queues[instance].clear()
+
     def has_work_for(self, instance: int) -> bool:
         return bool(self._queues[instance])
