@@ -24,3 +24,25 @@ def assert_same(outs, ref) -> None:
 
 def lengths(outs) -> list[list[int]]:
     return [[len(c.token_ids) for c in o.outputs] for o in outs]
+
+
+# explicit seeds: repeated generate calls on one LLM give the same outputs
+SEEDED = [PARAMS.clone(seed=1000 + i) for i in range(len(PROMPTS))]
+
+
+class KillAt:
+    """Kill one instance once the pool has seen `fraction` of `total` tokens (a real kill:
+    SIGKILL for a local process, ray.kill for an actor), from the driver's progress hook."""
+
+    def __init__(self, instance, total: int, fraction: float = 0.3) -> None:
+        self.instance, self.limit, self.killed_at = instance, int(total * fraction), None
+
+    def __call__(self, driver) -> None:
+        if self.killed_at is None and driver.tokens >= self.limit:
+            self.killed_at = driver.tokens
+            if hasattr(self.instance, "kill"):
+                self.instance.kill()
+            else:
+                import os
+                import signal
+                os.kill(self.instance.pid, signal.SIGKILL)
