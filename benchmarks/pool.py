@@ -1,0 +1,161 @@
+"""Scheduling ladder on real engines: admission order in one engine, placement across two.
+
+Workload: held-out prompts of the workload model (64 x 8 samples, T = 1, max_tokens 960,
+the engine's default dtype). Runs, all with the same per-prompt seeds, so every run samples
+the same responses (the benchmark checks it):
+- a history round with other seeds (the previous epoch: what `history` reads);
+- the reference: one plain engine at the largest batch; its lengths are the oracle's
+  (realisable because sampling is counter-based; evaluation only);
+(a) one engine (`--threads`, default 1) at each `max_num_seqs`: FIFO (plain engine) and the context /
+    history / oracle policies ordering admissions (the pool with one in-process instance);
+(b) two instances (worker processes, one thread each): static / divided / context / history
+    / oracle placement, divided rollout in chunks of `--chunk` tokens.
+Per run: makespan, tail time (`rollout/tail_s`: after 90% of responses finished) and
+makespan / no-tail bound, the bound being total tokens / the best full-batch throughput
+measured in this run (a batch that never shrinks: EOS ignored). The last line is one JSON
+object: {"workload": {...}, "single": {...}, "pool": {...}, "targets": {...}}.
+Usage: python benchmarks/pool.py [--model models/small] [--quick]
+(run under `flock /tmp/tailrl_bench.lock` on a shared machine)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+from tailrl import LLM, SamplingParams
+
+log = logging.getLogger("benchmarks.pool")
+
+
+def load_prompts(model_dir: str, count: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+    from tailrl.tasks import mixture
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [tok.encode(ex.prompt) for ex in mixture.heldout_examples(count)]
+
+
+def params(n: int, count: int, seed0: int, max_tokens: int, **kw) -> list[SamplingParams]:
+    return [SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, seed=seed0 + i, **kw) for i in range(count)]
+
+
+def run(llm: LLM, prompts, sp, pids, true_lengths=None) -> tuple[list[list[list[int]]], dict]:
+    outs = llm.generate(prompts, sp, prompt_ids=pids, use_tqdm=False, true_lengths=true_lengths)
+    return [[c.token_ids for c in o.outputs] for o in outs], dict(llm.last_metrics)
+
+
+def full_batch_rate(llm: LLM, prompts, batch: int, tokens: int) -> float:
+    """Tokens/s of a batch that stays full (EOS ignored): the throughput a tail-free rollout gets."""
+    n = 8
+    sel = [prompts[i % len(prompts)] for i in range(max(batch // n, 1))]
+    llm.generate(sel[:1], SamplingParams(max_tokens=4, seed=3), use_tqdm=False)   # warm-up
+    outs = llm.generate(sel, SamplingParams(n=n, temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=3),
+                        use_tqdm=False)
+    return sum(len(c.token_ids) for o in outs for c in o.outputs) / llm.last_metrics["timing_s/gen"]
+
+
+def row(name: str, m: dict, bound: float, same: bool) -> dict:
+    r = {"makespan_s": round(m["timing_s/gen"], 2), "tail_s": round(m["rollout/tail_s"], 2),
+         "vs_bound": round(m["timing_s/gen"] / bound, 2), "identical": same}
+    for k in ("pool/migrations", "pool/local_resumes", "pool/chunks", "pool/kv_bytes_moved"):
+        if k in m:
+            r[k.split("/")[1]] = m[k]
+    busy = [v for k, v in m.items() if k.startswith("pool/busy_s/")]
+    if busy:
+        r["busy_s"] = [round(b, 1) for b in busy]
+    print(f"  {name:<10} makespan {r['makespan_s']:7.1f} s  tail {r['tail_s']:6.1f} s  "
+          f"makespan/bound {r['vs_bound']:5.2f}  identical {same}", flush=True)
+    return r
+
+
+def single_engine(a, prompts, sp, pids, ref, lengths, total: int) -> dict:
+    """(a) one engine, all cores: admission order at each max_num_seqs."""
+    out: dict = {}
+    rates = {s: full_batch_rate(LLM(a.model, max_num_seqs=s, num_threads=a.threads), prompts, s, a.rate_tokens)
+             for s in a.seqs}
+    bound = total / max(rates.values())
+    print(f"one engine: full-batch tok/s {({s: round(r) for s, r in rates.items()})}, bound {bound:.1f} s", flush=True)
+    for seqs in a.seqs:
+        print(f"one engine, max_num_seqs {seqs}:", flush=True)
+        plain = LLM(a.model, max_num_seqs=seqs, num_threads=a.threads)
+        res = {"full_batch_tok_s": round(rates[seqs], 1)}
+        toks, m = run(plain, prompts, sp, pids)
+        res["fifo"] = row("fifo", m, bound, toks == ref)
+        for sched in ("context", "history", "oracle"):
+            llm = LLM(a.model, max_num_seqs=seqs, num_threads=a.threads, scheduler=sched, pool={"processes": False})
+            for pid, g in a.history.items():
+                llm.history.record(pid, g)
+            toks, m = run(llm, prompts, sp, pids, lengths if sched == "oracle" else None)
+            res[sched] = row(sched, m, bound, toks == ref)
+        out[str(seqs)] = res
+    return out
+
+
+def two_instances(a, prompts, sp, pids, ref, lengths, total: int) -> dict:
+    """(b) two worker processes, one thread each: placement policies."""
+    out: dict = {}
+    rate = 0.0
+    for sched in ("static", "divided", "context", "history", "oracle"):
+        llm = LLM(a.model, max_num_seqs=a.pool_seqs, scheduler=sched,
+                  pool={"instances": 2, "threads_per_instance": 1, "chunk_tokens": a.chunk})
+        try:
+            if sched == "static":                    # both instances' batches full: the pool's best rate
+                rate = full_batch_rate(llm, prompts, 2 * a.pool_seqs, a.rate_tokens)
+                print(f"two instances: full-batch {rate:.0f} tok/s, bound {total / rate:.1f} s", flush=True)
+            for pid, g in a.history.items():
+                llm.history.record(pid, g)
+            toks, m = run(llm, prompts, sp, pids, lengths if sched == "oracle" else None)
+            out[sched] = row(sched, m, total / rate, toks == ref)
+        finally:
+            llm.close()
+    out["full_batch_tok_s"] = round(rate, 1)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/small")
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=960)
+    p.add_argument("--seqs", type=int, nargs="+", default=[32, 64, 256], help="(a) max_num_seqs values")
+    p.add_argument("--pool-seqs", type=int, default=256, help="(b) max_num_seqs per instance")
+    p.add_argument("--chunk", type=int, default=240, help="(b) divided rollout chunk tokens")
+    p.add_argument("--rate-tokens", type=int, default=64, help="tokens per request of the full-batch runs")
+    p.add_argument("--quick", action="store_true", help="16 prompts x 4, max_tokens 480, max_num_seqs 16 / 64")
+    p.add_argument("--threads", type=int, default=1,
+                   help="(a) torch threads of the one engine (1: robust on a shared machine, where "
+                        "spinning OpenMP threads of an oversubscribed engine make timings meaningless)")
+    p.add_argument("--skip-single", action="store_true", help="only (b)")
+    a = p.parse_args()
+    if a.quick:
+        a.prompts, a.n, a.max_tokens, a.seqs, a.pool_seqs, a.chunk, a.rate_tokens = 16, 4, 480, [16, 64], 64, 120, 32
+    logging.basicConfig(level=logging.WARNING)
+    t0 = time.perf_counter()
+    prompts = load_prompts(a.model, a.prompts)
+    pids = [f"p{i}" for i in range(len(prompts))]
+    sp = params(a.n, len(prompts), 1000, a.max_tokens)
+    hist, _ = run(LLM(a.model, num_threads=a.threads), prompts, params(a.n, len(prompts), 5000, a.max_tokens), pids)
+    a.history = dict(zip(pids, hist))                   # the previous epoch's responses
+    ref, _ = run(LLM(a.model, max_num_seqs=max(a.seqs), num_threads=a.threads), prompts, sp, pids)
+    lengths = [[len(t) for t in g] for g in ref]
+    total = sum(map(sum, lengths))
+    print(f"workload: {len(prompts)} prompts x {a.n}, max_tokens {a.max_tokens}: {total} tokens, "
+          f"mean {total / (len(prompts) * a.n):.0f}, max {max(map(max, lengths))}", flush=True)
+    single = {} if a.skip_single else single_engine(a, prompts, sp, pids, ref, lengths, total)
+    pool = two_instances(a, prompts, sp, pids, ref, lengths, total)
+    ms = {k: v["makespan_s"] for k, v in pool.items() if isinstance(v, dict)}
+    targets = {"context_speedup_vs_static": round(ms["static"] / ms["context"], 3),
+               "divided_speedup_vs_static": round(ms["static"] / ms["divided"], 3),
+               "context_vs_oracle": round(ms["context"] / ms["oracle"], 3)}
+    print(f"two instances: context {targets['context_speedup_vs_static']:.2f}x over static (target >= 1.25), "
+          f"{(targets['context_vs_oracle'] - 1) * 100:+.0f}% vs oracle (target within 15%); "
+          f"{time.perf_counter() - t0:.0f} s in all", flush=True)
+    workload = {"prompts": len(prompts), "n": a.n, "max_tokens": a.max_tokens, "total_tokens": total,
+                "max_length": max(map(max, lengths)), "chunk_tokens": a.chunk}
+    print(json.dumps({"workload": workload, "single": single, "pool": pool, "targets": targets}))
+
+
+if __name__ == "__main__":
+    main()
