@@ -107,6 +107,7 @@ def two_instances(a, prompts, sp, pids, ref, lengths, total: int) -> dict:
                 llm.history.record(pid, g)
             toks, m = run(llm, prompts, sp, pids, lengths if sched == "oracle" else None)
             out[sched] = row(sched, m, total / rate, toks == ref)
+            a.kv_bytes_per_token = llm.pool.info.kv_bytes_per_token
         finally:
             llm.close()
     out["full_batch_tok_s"] = round(rate, 1)
@@ -128,6 +129,7 @@ def main() -> None:
                    help="(a) torch threads of the one engine (1: robust on a shared machine, where "
                         "spinning OpenMP threads of an oversubscribed engine make timings meaningless)")
     p.add_argument("--skip-single", action="store_true", help="only (b)")
+    p.add_argument("--no-sim", action="store_true", help="skip the simulator's predictions of (b)")
     a = p.parse_args()
     if a.quick:
         a.prompts, a.n, a.max_tokens, a.seqs, a.pool_seqs, a.chunk, a.rate_tokens = 16, 4, 480, [16, 64], 64, 120, 32
@@ -154,7 +156,26 @@ def main() -> None:
           f"{time.perf_counter() - t0:.0f} s in all", flush=True)
     workload = {"prompts": len(prompts), "n": a.n, "max_tokens": a.max_tokens, "total_tokens": total,
                 "max_length": max(map(max, lengths)), "chunk_tokens": a.chunk}
-    print(json.dumps({"workload": workload, "single": single, "pool": pool, "targets": targets}))
+    sim = {} if a.no_sim else simulated(a, prompts, lengths, pool)
+    print(json.dumps({"workload": workload, "single": single, "pool": pool, "targets": targets, "sim": sim}))
+
+
+def simulated(a, prompts, lengths, pool: dict) -> dict:
+    """The simulator, calibrated here, predicting (b)'s makespans on the same trace."""
+    from pool_sim import calibrate, predict, trace_of
+    model, samples = calibrate(a.model, threads=1)
+    hist = [[len(t) for t in a.history[f"p{i}"]] for i in range(len(prompts))]
+    names = [k for k, v in pool.items() if isinstance(v, dict)]
+    pred = predict(trace_of(prompts, lengths, hist, a.max_tokens), model, names, 2, a.pool_seqs, a.chunk,
+                   a.kv_bytes_per_token)
+    out = {"step_model": {k: float(f"{getattr(model, k):.3g}") for k in ("c0", "c1", "c2", "c3")}}
+    print(f"simulator (calibrated on {len(samples)} measured steps) vs the real pool:", flush=True)
+    for name in names:
+        real = pool[name]["makespan_s"]
+        out[name] = {"sim_s": round(pred[name], 2), "real_s": real, "sim_over_real": round(pred[name] / real, 3)}
+        print(f"  {name:<10} sim {pred[name]:7.1f} s  real {real:7.1f} s  sim/real {pred[name] / real:5.2f}",
+              flush=True)
+    return out
 
 
 if __name__ == "__main__":

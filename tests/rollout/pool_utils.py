@@ -4,7 +4,7 @@ from __future__ import annotations
 from tailrl import SamplingParams
 
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], list(range(10, 40)), [4, 4], [7, 7, 7, 1], [3, 1, 4, 1, 5]]
-PARAMS = SamplingParams(n=3, temperature=1.0, max_tokens=60)
+PARAMS = SamplingParams(n=3, temperature=1.0, max_tokens=40)
 
 
 def pool_ckpt(ckpt_dir) -> str:
