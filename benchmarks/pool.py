@@ -20,6 +20,7 @@ Usage: python benchmarks/pool.py [--model models/small] [--quick]
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import time
@@ -41,6 +42,7 @@ def params(n: int, count: int, seed0: int, max_tokens: int, **kw) -> list[Sampli
 
 
 def run(llm: LLM, prompts, sp, pids, true_lengths=None) -> tuple[list[list[list[int]]], dict]:
+    gc.collect()        # earlier runs' engines (KV caches of GBs) must not be freed during this one
     outs = llm.generate(prompts, sp, prompt_ids=pids, use_tqdm=False, true_lengths=true_lengths)
     return [[c.token_ids for c in o.outputs] for o in outs], dict(llm.last_metrics)
 
