@@ -11,8 +11,9 @@ the same responses (the benchmark checks it):
 (b) two instances (worker processes, one thread each): static / divided / context / history
     / oracle placement, divided rollout in chunks of `--chunk` tokens.
 Per run: makespan, tail time (`rollout/tail_s`: after 90% of responses finished) and
-makespan / no-tail bound, the bound being total tokens / the best full-batch throughput
-measured in this run (a batch that never shrinks: EOS ignored). The last line is one JSON
+makespan / no-tail bound, the bound being T* = max(total tokens / the best full-batch
+throughput measured in this run (a batch that never shrinks: EOS ignored), longest response
+/ the single-stream rate measured in this run): no schedule beats it. The last line is one JSON
 object: {"workload": {...}, "single": {...}, "pool": {...}, "targets": {...}}.
 Usage: python benchmarks/pool.py [--model models/small] [--quick]
 (run under `flock /tmp/tailrl_bench.lock` on a shared machine)
@@ -57,6 +58,20 @@ def full_batch_rate(llm: LLM, prompts, batch: int, tokens: int) -> float:
     return sum(len(c.token_ids) for o in outs for c in o.outputs) / llm.last_metrics["timing_s/gen"]
 
 
+def single_stream_rate(llm: LLM, prompts, tokens: int) -> float:
+    """Tokens/s of one request alone: how fast the longest response can possibly go."""
+    outs = llm.generate(prompts[:1], SamplingParams(max_tokens=tokens, ignore_eos=True, seed=4), use_tqdm=False)
+    return len(outs[0].outputs[0].token_ids) / llm.last_metrics["timing_s/gen"]
+
+
+def no_tail_bound(total: int, longest: int, full_rate: float, single_rate: float, label: str) -> float:
+    """T* = max(total tokens / saturated throughput, longest response / single-stream rate)."""
+    bound = max(total / full_rate, longest / single_rate)
+    print(f"{label}: full-batch {full_rate:.0f} tok/s, single stream {single_rate:.0f} tok/s: bound "
+          f"max({total / full_rate:.1f}, {longest / single_rate:.1f}) = {bound:.1f} s", flush=True)
+    return bound
+
+
 def row(name: str, m: dict, bound: float, same: bool) -> dict:
     r = {"makespan_s": round(m["timing_s/gen"], 2), "tail_s": round(m["rollout/tail_s"], 2),
          "vs_bound": round(m["timing_s/gen"] / bound, 2), "identical": same}
@@ -76,8 +91,9 @@ def single_engine(a, prompts, sp, pids, ref, lengths, total: int) -> dict:
     out: dict = {}
     rates = {s: full_batch_rate(LLM(a.model, max_num_seqs=s, num_threads=a.threads), prompts, s, a.rate_tokens)
              for s in a.seqs}
-    bound = total / max(rates.values())
-    print(f"one engine: full-batch tok/s {({s: round(r) for s, r in rates.items()})}, bound {bound:.1f} s", flush=True)
+    single = single_stream_rate(LLM(a.model, num_threads=a.threads), prompts, 256)
+    print(f"one engine: full-batch tok/s by max_num_seqs {({s: round(r) for s, r in rates.items()})}", flush=True)
+    bound = no_tail_bound(total, a.longest, max(rates.values()), single, "one engine")
     for seqs in a.seqs:
         print(f"one engine, max_num_seqs {seqs}:", flush=True)
         plain = LLM(a.model, max_num_seqs=seqs, num_threads=a.threads)
@@ -104,15 +120,15 @@ def two_instances(a, prompts, sp, pids, ref, lengths, total: int) -> dict:
         try:
             if sched == "static":                    # both instances' batches full: the pool's best rate
                 rate = full_batch_rate(llm, prompts, 2 * a.pool_seqs, a.rate_tokens)
-                print(f"two instances: full-batch {rate:.0f} tok/s, bound {total / rate:.1f} s", flush=True)
+                bound = no_tail_bound(total, a.longest, rate, single_stream_rate(llm, prompts, 256), "two instances")
             for pid, g in a.history.items():
                 llm.history.record(pid, g)
             toks, m = run(llm, prompts, sp, pids, lengths if sched == "oracle" else None)
-            out[sched] = row(sched, m, total / rate, toks == ref)
+            out[sched] = row(sched, m, bound, toks == ref)
             a.kv_bytes_per_token = llm.pool.info.kv_bytes_per_token
         finally:
             llm.close()
-    out["full_batch_tok_s"] = round(rate, 1)
+    out["full_batch_tok_s"], out["bound_s"] = round(rate, 1), round(bound, 2)
     return out
 
 
@@ -145,6 +161,7 @@ def main() -> None:
     ref, _ = run(LLM(a.model, max_num_seqs=max(a.seqs), num_threads=a.threads), prompts, sp, pids)
     lengths = [[len(t) for t in g] for g in ref]
     total = sum(map(sum, lengths))
+    a.longest = max(map(max, lengths))
     print(f"workload: {len(prompts)} prompts x {a.n}, max_tokens {a.max_tokens}: {total} tokens, "
           f"mean {total / (len(prompts) * a.n):.0f}, max {max(map(max, lengths))}", flush=True)
     single = {} if a.skip_single else single_engine(a, prompts, sp, pids, ref, lengths, total)
