@@ -154,7 +154,14 @@ class RolloutPool:
             h.close()
 
 
+COUNT_WORDS = ("tokens", "rows", "steps")   # speculation metrics that are counts: summed, not averaged
+
+
 def _mean_spec(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Speculation metrics of the instances, averaged key by key (the instances that have them)."""
-    keys = {k for p in parts for k in p}
-    return {k: sum(p[k] for p in parts if k in p) / sum(k in p for p in parts) for k in sorted(keys)}
+    """Speculation metrics of the instances: counts summed, rates and lengths averaged over
+    the instances that report them."""
+    out = {}
+    for k in sorted({k for p in parts for k in p}):
+        vals = [p[k] for p in parts if k in p]
+        out[k] = sum(vals) if any(w in k for w in COUNT_WORDS) else sum(vals) / len(vals)
+    return out
