@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tailrl.rollout.buffer import RequestState
+from tailrl.rollout.buffer import BufferEntry
 from tailrl.rollout.policies import ContextPolicy, GroupOraclePolicy, PolicyConfig
 from tailrl.sim.fit import group_correlation, tail_clustering
 from tailrl.sim.metrics import table
@@ -60,7 +60,7 @@ class _KnownOnceStarted(ContextPolicy):
         super().__init__(config)
         self.true_lengths = true_lengths
 
-    def estimate(self, r: RequestState) -> int:
+    def estimate(self, r: BufferEntry) -> int:
         return self.true_lengths[r.request_id] if r.chunks > 0 else super().estimate(r)
 
 

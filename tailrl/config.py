@@ -128,3 +128,33 @@ class EngineConfig:
         _check(self.kv_cache_tokens is None or self.kv_cache_tokens >= 2, "kv_cache_tokens", "must be >= 2",
                self.kv_cache_tokens)
         _check(self.kv_cache_gib > 0, "kv_cache_gib", "must be > 0", self.kv_cache_gib)
+
+
+POOL_BACKENDS = ("local", "ray")
+POOL_SCHEDULERS = ("static", "divided", "context", "history", "oracle")
+
+
+@dataclass
+class PoolConfig:
+    """Many engine instances driven by one scheduler policy (``tailrl.rollout.pool``)."""
+
+    instances: int = 1
+    scheduler: str = "context"                    # a policy of tailrl/rollout/policies
+    backend: str = "local"                        # "local": this process (1) or worker processes; "ray"
+    address: str | None = None                    # ray: cluster to join (None: a local ray.init())
+    chunk_tokens: int = 8192                      # divided rollout: max new tokens per chunk
+    threads_per_instance: int | None = None       # None: the machine's cores split evenly
+    steps_per_call: int = 8                       # engine steps per worker message (at most; stops at a chunk end)
+    processes: bool | None = None                 # local: worker processes (None: when instances > 1)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.instances, int) and self.instances >= 1, "instances", "must be an integer >= 1",
+               self.instances)
+        _check(self.scheduler in POOL_SCHEDULERS, "scheduler", f"must be one of {POOL_SCHEDULERS}", self.scheduler)
+        _check(self.backend in POOL_BACKENDS, "backend", f"must be one of {POOL_BACKENDS}", self.backend)
+        _check(isinstance(self.chunk_tokens, int) and self.chunk_tokens >= 1, "chunk_tokens",
+               "must be an integer >= 1", self.chunk_tokens)
+        _check(self.threads_per_instance is None or self.threads_per_instance >= 1, "threads_per_instance",
+               "must be >= 1", self.threads_per_instance)
+        _check(isinstance(self.steps_per_call, int) and self.steps_per_call >= 1, "steps_per_call",
+               "must be an integer >= 1", self.steps_per_call)

@@ -6,7 +6,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from tailrl.config import EngineConfig, SamplingParams, SpeculativeConfig
+from tailrl.config import EngineConfig, PoolConfig, SamplingParams, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
 from tailrl.engine.inputs import InputProcessor, load_tokenizer
 from tailrl.engine.metrics import rollout_metrics
@@ -18,36 +18,59 @@ log = logging.getLogger(__name__)
 
 
 class LLM:
+    """One engine in this process, or a rollout pool (``tailrl.rollout.pool``) of several,
+    driven by a scheduler policy: ``instances > 1``, a ``scheduler``, ``backend="ray"`` or a
+    ``pool`` config (a `PoolConfig` or its fields as a dict) selects the pool. Either way
+    ``generate`` returns the same outputs; the pool adds ``pool/...`` metrics."""
+
     def __init__(self, model: str, speculative: SpeculativeConfig | dict | None = None,
                  max_num_seqs: int = 256, dtype: str = "bfloat16", seed: int = 0, device: str = "cpu",
-                 **engine_kwargs):
+                 instances: int = 1, scheduler: str | None = None, backend: str = "local",
+                 pool: PoolConfig | dict | None = None, **engine_kwargs):
         config = EngineConfig(model=model, dtype=dtype, seed=seed, device=device, max_num_seqs=max_num_seqs,
                               **engine_kwargs)
         self.speculative = SpeculativeConfig.coerce(speculative)
         self.history = HistoryStore()
-        self.engine = LLMEngine(config, self.speculative, self.history)
+        self.engine: LLMEngine | None = None
+        self.pool = None
+        pool_cfg = _pool_config(instances, scheduler, backend, pool)
+        if pool_cfg is None:
+            self.engine = LLMEngine(config, self.speculative, self.history)
+            vocab, max_len = self.engine.args.vocab_size, self.engine.max_model_len
+        else:
+            from tailrl.rollout.pool import RolloutPool
+            self.pool = RolloutPool(config, self.speculative, pool_cfg)
+            vocab, max_len = self.pool.info.vocab_size, self.pool.info.max_model_len
         self.tokenizer = load_tokenizer(model)
-        self.inputs = InputProcessor(self.engine.args.vocab_size, self.engine.max_model_len, self.tokenizer, seed)
+        self.inputs = InputProcessor(vocab, max_len, self.tokenizer, seed)
         self.seed = seed
         self.last_metrics: dict[str, float] = {}
         self._calls = 0
 
     # ---- generate -----------------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 prompt_ids: list | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:
+                 prompt_ids: list | None = None, use_tqdm: bool | None = None,
+                 true_lengths: list[list[int]] | None = None) -> list[RequestOutput]:
+        """``true_lengths`` (per prompt, per sample; e.g. from a first run with the same seeds)
+        feeds the ``oracle`` scheduler: for evaluation only, never in training."""
         texts, ids, pids, groups = self.inputs.requests(self._calls + 1, prompts, sampling_params, prompt_ids)
         self._calls += 1
         reqs = [r for g in groups for r in g]
-        self.engine.begin_rollout()
         start = time.perf_counter()
-        self._run(reqs, use_tqdm)
+        if self.pool is not None:
+            counters, spec, extra = self.pool.run(reqs, self.history, _by_request(groups, true_lengths))
+        else:
+            self.engine.begin_rollout()
+            self._run(reqs, use_tqdm)
+            counters, spec, extra = self.engine.rollout_counters(), self.engine.spec_metrics(), {}
         end = time.perf_counter()
         outputs = [self.inputs.output(g[0].group_id, texts[i], ids[i], pids[i], g) for i, g in enumerate(groups)]
         self._record_history(outputs)
         self.last_metrics = rollout_metrics(
             [r.num_output_tokens for r in reqs], [r.num_prompt_tokens for r in reqs],
-            [r.finish_time for r in reqs], start, end, self.engine.rollout_counters())
-        self.last_metrics.update(self.engine.spec_metrics())
+            [r.finish_time for r in reqs], start, end, counters)
+        self.last_metrics.update(spec)
+        self.last_metrics.update(extra)
         return outputs
 
     def _run(self, reqs: list[Request], use_tqdm: bool | None) -> None:
@@ -72,5 +95,37 @@ class LLM:
             self.history.record(pid, responses)
 
     def load_weights(self, hf_state_dict) -> None:
-        """Put new policy weights (Hugging Face names) into the engine without touching disk."""
-        self.engine.load_weights(hf_state_dict)
+        """Put new policy weights (Hugging Face names) into the engine, or every instance of
+        the pool, without touching disk."""
+        if self.pool is not None:
+            self.pool.load_weights(hf_state_dict)
+        else:
+            self.engine.load_weights(hf_state_dict)
+
+    def close(self) -> None:
+        """Stop the pool's worker processes or actors (an in-process engine needs nothing)."""
+        if self.pool is not None:
+            self.pool.close()
+
+
+def _pool_config(instances: int, scheduler: str | None, backend: str,
+                 pool: PoolConfig | dict | None) -> PoolConfig | None:
+    """The pool's config, or None for a single engine in this process."""
+    if isinstance(pool, PoolConfig):
+        return pool
+    if pool is not None and not isinstance(pool, dict):
+        raise ValueError(f"pool must be None, a PoolConfig or a dict, got {type(pool).__name__}")
+    if instances == 1 and scheduler is None and backend == "local" and not pool:
+        return None
+    fields = {"instances": instances, "backend": backend, **(pool or {})}
+    if scheduler is not None:
+        fields["scheduler"] = scheduler
+    return PoolConfig(**fields)
+
+
+def _by_request(groups: list[list[Request]], true_lengths: list[list[int]] | None) -> dict[str, int] | None:
+    if true_lengths is None:
+        return None
+    if len(true_lengths) != len(groups) or any(len(t) != len(g) for t, g in zip(true_lengths, groups)):
+        raise ValueError("true_lengths must have one list per prompt with one length per sample")
+    return {r.request_id: int(n) for g, t in zip(groups, true_lengths) for r, n in zip(g, t)}

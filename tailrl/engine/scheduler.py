@@ -37,9 +37,23 @@ class Scheduler:
         self._waiting_in_group: Counter[str] = Counter()
 
     def add(self, req: Request) -> None:
+        """Queue `req` by priority (expected length, longest first: Seer's and RhymeRL's order
+        when more requests wait than the batch runs). Equal priorities keep arrival order and
+        preempted requests stay ahead of everything (they already lost their place once)."""
         req.status = RequestStatus.WAITING
-        self.waiting.append(req)
+        self.waiting.insert(self._slot(req.priority), req)
         self._waiting_in_group[req.group_id] += 1
+
+    def _slot(self, priority: float) -> int:
+        """Where a new request of `priority` goes: after preempted requests and every waiting
+        request of at least its priority. O(1) in the common case (all priorities equal)."""
+        q = self.waiting
+        if not q or q[-1].status == RequestStatus.PREEMPTED or q[-1].priority >= priority:
+            return len(q)
+        for i, r in enumerate(q):
+            if r.status != RequestStatus.PREEMPTED and r.priority < priority:
+                return i
+        return len(q)
 
     def _prefill_chunk(self, req: Request, start: int, budget: int) -> int:
         """Tokens to compute from `start`. While siblings wait to share this prompt, stop at the

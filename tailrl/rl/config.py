@@ -11,13 +11,14 @@ from typing import Any
 
 import yaml
 
-from tailrl.config import SpeculativeConfig
+from tailrl.config import PoolConfig, SpeculativeConfig
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 REWARDS = ("auto", "task", "math")
 FAMILIES = ("add", "sort", "search")
 # Keys that may change between a run and its resume: they do not change what is computed.
-RESUMABLE_CHANGES = ("total_steps", "checkpoint_every", "log_tensorboard", "progress", "save_rollouts")
+RESUMABLE_CHANGES = ("total_steps", "checkpoint_every", "log_tensorboard", "progress", "save_rollouts",
+                     "instances", "scheduler", "backend", "chunk_tokens")   # the pool never changes outputs
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:
@@ -60,6 +61,11 @@ class TrainConfig:
     dtype: str = "bfloat16"               # engine dtype (spec on/off runs are identical in all three)
     train_dtype: str = "float32"          # policy dtype for the update
     num_threads: int | None = None        # torch threads (None = leave as is)
+    # ---- rollout pool (tailrl.rollout.pool; docs/pool.md) ----
+    instances: int = 1                    # engine instances; > 1 (or a scheduler) runs a rollout pool
+    scheduler: str | None = None          # static | divided | context | history (null: one plain engine)
+    backend: str = "local"                # local (worker processes) | ray
+    chunk_tokens: int = 8192              # divided rollout: max new tokens per chunk
     # ---- run ----
     seed: int = 0
     output_dir: str = "runs/demo"
@@ -109,6 +115,13 @@ class TrainConfig:
         _check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
                "num_threads", "must be null or an integer >= 1", self.num_threads)
         _check(isinstance(self.seed, int), "seed", "must be an int", self.seed)
+        # oracle needs true lengths from a run with the same seeds: evaluation only, never training
+        _check(self.scheduler in (None, "static", "divided", "context", "history"), "scheduler",
+               "must be null or one of static, divided, context, history", self.scheduler)
+        try:
+            self.pool_config()
+        except ValueError as e:
+            raise ValueError(f"config key {str(e).split()[0]!r}: {e}") from None
         _check(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 0, "checkpoint_every",
                "must be an integer >= 0", self.checkpoint_every)
         _check(isinstance(self.output_dir, str) and self.output_dir != "", "output_dir", "must be a directory",
@@ -117,6 +130,13 @@ class TrainConfig:
             self.speculative_config()
         except ValueError as e:
             raise ValueError(f"config key 'speculative': {e}") from None
+
+    def pool_config(self) -> PoolConfig | None:
+        """The rollout pool's config, or None for one plain engine."""
+        if self.instances == 1 and self.scheduler is None and self.backend == "local":
+            return None
+        return PoolConfig(instances=self.instances, scheduler=self.scheduler or "context", backend=self.backend,
+                          chunk_tokens=self.chunk_tokens, threads_per_instance=self.num_threads)
 
     def speculative_config(self) -> SpeculativeConfig | None:
         if self.speculative is None or self.speculative is False:

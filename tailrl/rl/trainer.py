@@ -77,8 +77,10 @@ class Trainer:
         self.policy = load_policy(str(start_dir or self.model_dir), cfg.train_dtype)
         self.ref = frozen_copy(self.policy) if cfg.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # a pool when configured: weights go to every instance after each update (load_weights),
+        # and the history policy reads the lengths that each generate records in llm.history
         self.llm = LLM(model=self.model_dir, speculative=cfg.speculative_config(), dtype=cfg.dtype,
-                       seed=cfg.seed)
+                       seed=cfg.seed, pool=cfg.pool_config())
         if self.llm.tokenizer is None:
             raise ValueError(f"config key 'model': {self.model_dir} has no tokenizer files")
         self.pad_id = self.llm.tokenizer.pad_token_id or 0

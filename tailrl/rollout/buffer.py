@@ -1,4 +1,4 @@
-"""The global request buffer of divided rollout (Seer): one `RequestState` per response.
+"""The global request buffer of divided rollout (Seer): one `BufferEntry` per response.
 
 Every response of a rollout step is one request. Between chunks a request sits in the
 buffer (WAITING) with the tokens it has generated so far and the instance that holds its KV
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 
-class RequestStatus(enum.IntEnum):
+class EntryStatus(enum.IntEnum):
     WAITING = 0    # in the buffer, schedulable
     RUNNING = 1    # a chunk of it is running on `instance`
     FINISHED = 2   # hit EOS or its max_tokens
 
 
 @dataclass
-class RequestState:
+class BufferEntry:
     """Scheduling view of one response (no tokens: the engine owns those)."""
 
     request_id: int
@@ -33,7 +33,7 @@ class RequestState:
     prompt_len: int
     max_tokens: int             # the request's original limit on generated tokens
     generated: int = 0          # tokens generated so far, over all chunks
-    status: RequestStatus = RequestStatus.WAITING
+    status: EntryStatus = EntryStatus.WAITING
     location: int | None = None  # instance holding its KV (None: must prefill)
     instance: int | None = None  # instance running the current chunk (RUNNING only)
     chunk_max_tokens: int = 0    # max_tokens of the current / last chunk
@@ -59,14 +59,14 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
+        return self.status == EntryStatus.FINISHED
 
 
 class RequestBuffer:
     """All requests of one rollout step, indexed by id and by group."""
 
-    def __init__(self, requests: Iterable[RequestState]) -> None:
-        self._reqs: dict[int, RequestState] = {}
+    def __init__(self, requests: Iterable[BufferEntry]) -> None:
+        self._reqs: dict[int, BufferEntry] = {}
         self._groups: dict[int, list[int]] = {}
         for r in requests:
             if r.request_id in self._reqs:
@@ -78,13 +78,13 @@ class RequestBuffer:
     def __len__(self) -> int:
         return len(self._reqs)
 
-    def __iter__(self) -> Iterator[RequestState]:
+    def __iter__(self) -> Iterator[BufferEntry]:
         return iter(self._reqs.values())
 
-    def __getitem__(self, request_id: int) -> RequestState:
+    def __getitem__(self, request_id: int) -> BufferEntry:
         return self._reqs[request_id]
 
-    def group(self, group_id: int) -> list[RequestState]:
+    def group(self, group_id: int) -> list[BufferEntry]:
         """Members of a group, in insertion order (the first is the group's probe)."""
         return [self._reqs[i] for i in self._groups[group_id]]
 
@@ -96,21 +96,21 @@ class RequestBuffer:
         return self.num_finished == len(self._reqs)
 
     # ---- transitions (policies call start; drivers' reports reach complete / preempt) ----
-    def start(self, request_id: int, instance: int, max_tokens: int) -> RequestState:
+    def start(self, request_id: int, instance: int, max_tokens: int) -> BufferEntry:
         """WAITING -> RUNNING on `instance` for a chunk of at most `max_tokens` tokens."""
         r = self._reqs[request_id]
-        if r.status != RequestStatus.WAITING:
+        if r.status != EntryStatus.WAITING:
             raise ValueError(f"request {request_id} is {r.status.name}, not WAITING")
         if not 1 <= max_tokens <= r.remaining:
             raise ValueError(f"max_tokens must be in [1, {r.remaining}] for request {request_id}, "
                              f"got {max_tokens}")
         if r.location is not None and r.location != instance:
             r.migrations += 1
-        r.status, r.instance, r.chunk_max_tokens = RequestStatus.RUNNING, instance, max_tokens
+        r.status, r.instance, r.chunk_max_tokens = EntryStatus.RUNNING, instance, max_tokens
         r.chunks += 1
         return r
 
-    def complete(self, request_id: int, new_tokens: int, finished: bool) -> RequestState:
+    def complete(self, request_id: int, new_tokens: int, finished: bool) -> BufferEntry:
         """RUNNING -> WAITING (chunk boundary, KV stays on the instance) or FINISHED."""
         r = self._running(request_id)
         if not 0 <= new_tokens <= r.chunk_max_tokens:
@@ -122,22 +122,22 @@ class RequestBuffer:
             raise ValueError(f"request {request_id} stopped early ({new_tokens} < "
                              f"{r.chunk_max_tokens} tokens) without finishing")
         r.location, r.instance = r.instance, None
-        r.status = RequestStatus.FINISHED if finished else RequestStatus.WAITING
+        r.status = EntryStatus.FINISHED if finished else EntryStatus.WAITING
         self.num_finished += finished
         return r
 
-    def preempt(self, request_id: int, new_tokens: int) -> RequestState:
+    def preempt(self, request_id: int, new_tokens: int) -> BufferEntry:
         """RUNNING -> WAITING with its KV dropped (recompute preemption)."""
         r = self._running(request_id)
         if not 0 <= new_tokens < r.chunk_max_tokens:
             raise ValueError(f"new_tokens must be in [0, {r.chunk_max_tokens}), got {new_tokens}")
         r.generated += new_tokens
-        r.status, r.instance, r.location = RequestStatus.WAITING, None, None
+        r.status, r.instance, r.location = EntryStatus.WAITING, None, None
         r.preemptions += 1
         return r
 
-    def _running(self, request_id: int) -> RequestState:
+    def _running(self, request_id: int) -> BufferEntry:
         r = self._reqs[request_id]
-        if r.status != RequestStatus.RUNNING:
+        if r.status != EntryStatus.RUNNING:
             raise ValueError(f"request {request_id} is {r.status.name}, not RUNNING")
         return r

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tailrl.rollout.buffer import RequestBuffer, RequestState
+from tailrl.rollout.buffer import RequestBuffer, BufferEntry
 from tailrl.rollout.policies import InstanceView, SchedulerPolicy
 from tailrl.sim.instance import SimInstance
 from tailrl.sim.metrics import SimResult
@@ -71,7 +71,7 @@ def _rates(trace: Trace, cfg: SimConfig) -> np.ndarray:
 
 
 def make_buffer(trace: Trace) -> RequestBuffer:
-    return RequestBuffer(RequestState(i, int(g), int(p), int(pl), int(mt)) for i, (g, p, pl, mt) in
+    return RequestBuffer(BufferEntry(i, int(g), int(p), int(pl), int(mt)) for i, (g, p, pl, mt) in
                          enumerate(zip(trace.group_id.tolist(), trace.prompt_id.tolist(),
                                        trace.prompt_len.tolist(), trace.max_tokens.tolist())))
 

@@ -1,10 +1,10 @@
 import pytest
 
-from tailrl.rollout.buffer import RequestBuffer, RequestState, RequestStatus
+from tailrl.rollout.buffer import RequestBuffer, BufferEntry, EntryStatus
 
 
 def make_buffer(n=4, group_size=2, prompt_len=10, max_tokens=100):
-    return RequestBuffer(RequestState(i, i // group_size, f"p{i // group_size}", prompt_len, max_tokens)
+    return RequestBuffer(BufferEntry(i, i // group_size, f"p{i // group_size}", prompt_len, max_tokens)
                          for i in range(n))
 
 
@@ -17,9 +17,9 @@ def test_groups_keep_insertion_order():
 def test_chunk_cycle_keeps_kv_location_and_counts_migrations():
     buf = make_buffer()
     r = buf.start(0, instance=2, max_tokens=30)
-    assert r.status == RequestStatus.RUNNING and r.instance == 2
+    assert r.status == EntryStatus.RUNNING and r.instance == 2
     buf.complete(0, 30, finished=False)
-    assert r.status == RequestStatus.WAITING and r.location == 2 and r.generated == 30
+    assert r.status == EntryStatus.WAITING and r.location == 2 and r.generated == 30
     assert r.context_len == 40 and r.remaining == 70
     buf.start(0, instance=2, max_tokens=30)       # same instance: no migration
     buf.complete(0, 30, finished=False)
@@ -54,14 +54,14 @@ def test_preempt_drops_kv_and_keeps_tokens():
     buf = make_buffer()
     buf.start(0, 3, 100)
     r = buf.preempt(0, 42)
-    assert r.status == RequestStatus.WAITING and r.location is None
+    assert r.status == EntryStatus.WAITING and r.location is None
     assert r.generated == 42 and r.preemptions == 1
 
 
 def test_bad_request_fields_and_duplicates():
     with pytest.raises(ValueError, match="max_tokens"):
-        RequestState(0, 0, 0, 10, 0)
+        BufferEntry(0, 0, 0, 10, 0)
     with pytest.raises(ValueError, match="prompt_len"):
-        RequestState(0, 0, 0, -1, 10)
+        BufferEntry(0, 0, 0, -1, 10)
     with pytest.raises(ValueError, match="twice"):
-        RequestBuffer([RequestState(0, 0, 0, 1, 1), RequestState(0, 0, 0, 1, 1)])
+        RequestBuffer([BufferEntry(0, 0, 0, 1, 1), BufferEntry(0, 0, 0, 1, 1)])

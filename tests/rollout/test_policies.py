@@ -1,7 +1,7 @@
 """Hand-checkable orders of service for each policy, driven by a fake pool (no simulator)."""
 import pytest
 
-from tailrl.rollout.buffer import RequestBuffer, RequestState
+from tailrl.rollout.buffer import RequestBuffer, BufferEntry
 from tailrl.rollout.policies import (ContextPolicy, DividedPolicy, GroupOraclePolicy, HistoryPolicy, InstanceView,
                                      OraclePolicy, PolicyConfig, StaticPolicy, make_policy)
 
@@ -9,7 +9,7 @@ BIG = 10 ** 9
 
 
 def buffer(n, group_size=1, max_tokens=1000, prompt_len=10):
-    return RequestBuffer(RequestState(i, i // group_size, i // group_size, prompt_len, max_tokens)
+    return RequestBuffer(BufferEntry(i, i // group_size, i // group_size, prompt_len, max_tokens)
                          for i in range(n))
 
 

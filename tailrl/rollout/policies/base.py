@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tailrl.rollout.buffer import RequestBuffer, RequestState, RequestStatus
+from tailrl.rollout.buffer import RequestBuffer, BufferEntry, EntryStatus
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +92,10 @@ class SchedulerPolicy:
         self._running = [0] * num_instances             # requests running per instance
         self._holds: dict[int, tuple[int, int]] = {}    # request -> (instance, reserved)
         self._tickets: dict[int, int] = {}               # request -> its current queue ticket
+        self._lost: set[int] = set()                     # instances gone for the rest of the step
         self._setup()
         for r in self._initial_order():
-            if r.status == RequestStatus.WAITING:
+            if r.status == EntryStatus.WAITING:
                 self._add_waiting(r, 0.0)
 
     def schedule(self, view: InstanceView, now: float) -> list[Assignment]:
@@ -106,7 +107,8 @@ class SchedulerPolicy:
             budget = int(view.kv_capacity * (1 - self.config.watermark)) - view.kv_used
         room = view.free_slots
         if self.balance:
-            share = -(-(len(self._holds) + self.num_waiting) // self.num_instances)
+            alive = self.num_instances - len(self._lost)
+            share = -(-(len(self._holds) + self.num_waiting) // alive)
             room = min(room, max(share - self._running[i], 1 if self._running[i] == 0 else 0))
         out: list[Assignment] = []
         while len(out) < room and self.num_waiting > 0:
@@ -144,6 +146,15 @@ class SchedulerPolicy:
         r = self._buf().preempt(request_id, new_tokens)
         self._add_waiting(r, now, front=True)
 
+    def on_instance_lost(self, instance: int) -> None:
+        """`instance` is gone for the rest of the step (a real pool's process or actor died):
+        fair shares count the survivors only. Its running chunks come back via `on_preempt`."""
+        if not 0 <= instance < self.num_instances:
+            raise ValueError(f"instance must be in [0, {self.num_instances}), got {instance!r}")
+        self._lost.add(instance)
+        if len(self._lost) == self.num_instances:
+            raise RuntimeError(f"{self.name}: every instance is lost")
+
     def has_work_for(self, instance: int) -> bool:
         """Whether `instance` could get anything from `schedule` if it had room."""
         return self.num_waiting > 0
@@ -152,11 +163,11 @@ class SchedulerPolicy:
     def _setup(self) -> None:
         """Build the queues (called by reset before requests are enqueued)."""
 
-    def _initial_order(self) -> list[RequestState]:
+    def _initial_order(self) -> list[BufferEntry]:
         """The order in which reset() enqueues the step's requests."""
         return list(self._buf())
 
-    def _enqueue(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         """Make a WAITING request findable by `_pop` (front: it lost its turn, not its place)."""
         raise NotImplementedError
 
@@ -164,17 +175,17 @@ class SchedulerPolicy:
         """Remove and return the next request for `instance`, or None."""
         raise NotImplementedError
 
-    def _chunk_tokens(self, r: RequestState, instance: int) -> int:
+    def _chunk_tokens(self, r: BufferEntry, instance: int) -> int:
         return self.config.chunk_tokens
 
-    def _growth(self, r: RequestState, n: int) -> int:
+    def _growth(self, r: BufferEntry, n: int) -> int:
         """KV tokens to reserve for a chunk of at most `n` tokens (the oracle knows better)."""
         return n
 
-    def _observe(self, r: RequestState, now: float) -> None:
+    def _observe(self, r: BufferEntry, now: float) -> None:
         """Learn from a finished chunk (context and history estimates)."""
 
-    def _stamp(self, r: RequestState) -> int:
+    def _stamp(self, r: BufferEntry) -> int:
         """A fresh ticket for `r`: queue entries with an older ticket are stale."""
         t = abs(self._tickets.get(r.request_id, 0)) + 1
         self._tickets[r.request_id] = t
@@ -186,7 +197,7 @@ class SchedulerPolicy:
         return self._tickets.get(request_id) == ticket
 
     # ---- internals ----
-    def _add_waiting(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _add_waiting(self, r: BufferEntry, now: float, front: bool = False) -> None:
         self.num_waiting += 1
         self._enqueue(r, now, front)
 

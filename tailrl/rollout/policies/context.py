@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from tailrl.rollout.buffer import RequestState
+from tailrl.rollout.buffer import BufferEntry
 from tailrl.rollout.policies.base import SchedulerPolicy
 from tailrl.rollout.policies.ranked import RankedQueue
 
@@ -44,15 +44,15 @@ class ContextPolicy(SchedulerPolicy):
         self._waits: list[tuple[float, int, int, int]] = []  # (waiting since, seq, ticket, rid)
         self._since: dict[int, tuple[int, float]] = {}       # rid -> (chunks started, waiting since)
 
-    def estimate(self, r: RequestState) -> int:
+    def estimate(self, r: BufferEntry) -> int:
         """Estimated total length of `r` (tokens), as the order of service uses it."""
         est = self._estimate.get(r.group_id)
         return r.max_tokens if est is None or r.generated >= est else est
 
-    def is_probe(self, r: RequestState) -> bool:
+    def is_probe(self, r: BufferEntry) -> bool:
         return self._probe_of[r.group_id] == r.request_id and r.group_id not in self._estimate
 
-    def _enqueue(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         t, seq = self._stamp(r), next(self._seq)
         if self.is_probe(r):
             heapq.heappush(self._probes, (r.generated, seq, t, r.request_id))
@@ -78,7 +78,7 @@ class ContextPolicy(SchedulerPolicy):
                 return entry[-1]
         return self._main.pop(instance)
 
-    def _observe(self, r: RequestState, now: float) -> None:
+    def _observe(self, r: BufferEntry, now: float) -> None:
         if not r.finished or r.generated <= self._estimate.get(r.group_id, -1):
             return
         self._estimate[r.group_id] = r.generated

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from tailrl.rollout.buffer import RequestState
+from tailrl.rollout.buffer import BufferEntry
 from tailrl.rollout.policies.base import SchedulerPolicy
 
 
@@ -23,7 +23,7 @@ class DividedPolicy(SchedulerPolicy):
         self._global: deque[tuple[int, int]] = deque()            # (ticket, request) FIFO
         self._local: list[deque[tuple[int, int]]] = [deque() for _ in range(self.num_instances)]
 
-    def _enqueue(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         entry = (self._stamp(r), r.request_id)
         queues = [self._global] + ([self._local[r.location]] if r.location is not None else [])
         for q in queues:

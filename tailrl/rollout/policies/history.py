@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from tailrl.rollout.buffer import RequestState
+from tailrl.rollout.buffer import BufferEntry
 from tailrl.rollout.policies.base import PolicyConfig, SchedulerPolicy
 from tailrl.rollout.policies.ranked import RankedQueue
 
@@ -41,7 +41,7 @@ class HistoryPolicy(SchedulerPolicy):
         self.history = history            # prompt id -> previous epoch's response lengths
         self.shortest_first = shortest_first
 
-    def estimate(self, r: RequestState) -> int:
+    def estimate(self, r: BufferEntry) -> int:
         """Expected total length from history (max length when unknown or outrun)."""
         past = self.history.get(r.prompt_id)
         if not past or r.request_id in self._outliers:
@@ -54,7 +54,7 @@ class HistoryPolicy(SchedulerPolicy):
         # (key, -generated, seq, ticket, rid); key = -estimate (longest first) or +estimate
         self._queue = RankedQueue(self.num_instances, self._live)
 
-    def _enqueue(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         est = self.estimate(r)
         key = est if self.shortest_first and r.request_id not in self._outliers else -est
         self._queue.push((key, -r.generated, next(self._seq), self._stamp(r), r.request_id), r.location)
@@ -62,15 +62,15 @@ class HistoryPolicy(SchedulerPolicy):
     def _pop(self, instance: int, now: float) -> int | None:
         return self._queue.pop(instance)
 
-    def _budget(self, r: RequestState) -> int:
+    def _budget(self, r: BufferEntry) -> int:
         """Tokens a request may make before it counts as an outlier."""
         return math.ceil(self.estimate(r) * self.config.outlier_factor)
 
-    def _chunk_tokens(self, r: RequestState, instance: int) -> int:
+    def _chunk_tokens(self, r: BufferEntry, instance: int) -> int:
         if r.request_id in self._outliers:
             return self.config.chunk_tokens
         return max(1, min(self.config.chunk_tokens, self._budget(r) - r.generated))
 
-    def _observe(self, r: RequestState, now: float) -> None:
+    def _observe(self, r: BufferEntry, now: float) -> None:
         if not r.finished and r.generated >= self._budget(r):
             self._outliers.add(r.request_id)   # it ran far past its history

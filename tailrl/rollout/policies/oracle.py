@@ -8,7 +8,7 @@ gap between `context` and `oracle` is the cost of not knowing the lengths when o
 """
 from __future__ import annotations
 
-from tailrl.rollout.buffer import RequestState
+from tailrl.rollout.buffer import BufferEntry
 from tailrl.rollout.policies.base import PolicyConfig, SchedulerPolicy
 from tailrl.rollout.policies.ranked import RankedQueue
 
@@ -26,10 +26,10 @@ class OraclePolicy(SchedulerPolicy):
             raise ValueError(f"true_lengths is missing {len(missing)} requests, e.g. {missing[:3]}")
         self._queue = RankedQueue(self.num_instances, self._live)  # (-true remaining, ticket, rid)
 
-    def _true_remaining(self, r: RequestState) -> int:
+    def _true_remaining(self, r: BufferEntry) -> int:
         return max(1, min(self.true_lengths[r.request_id], r.max_tokens) - r.generated)
 
-    def _enqueue(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         self._queue.push((-self._true_remaining(r), self._stamp(r), r.request_id), r.location)
 
     def _pop(self, instance: int, now: float) -> int | None:
@@ -62,6 +62,6 @@ class GroupOraclePolicy(OraclePolicy):
         self._group_len = {g: pick([min(self.true_lengths[r.request_id], r.max_tokens) for r in buf.group(g)])
                            for g in buf.group_ids()}
 
-    def _true_remaining(self, r: RequestState) -> int:
+    def _true_remaining(self, r: BufferEntry) -> int:
         est = self._group_len[r.group_id]
         return max(1, round(est - r.generated)) if r.generated < est else r.max_tokens - r.generated

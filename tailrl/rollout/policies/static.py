@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from tailrl.rollout.buffer import RequestState
+from tailrl.rollout.buffer import BufferEntry
 from tailrl.rollout.policies.base import SchedulerPolicy
 
 
@@ -31,7 +31,7 @@ class StaticPolicy(SchedulerPolicy):
         """The request ids assigned to `instance` (for tests and reports)."""
         return [rid for rid, home in self._home.items() if home == instance]
 
-    def _enqueue(self, r: RequestState, now: float, front: bool = False) -> None:
+    def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         q = self._queues[self._home[r.request_id]]
         q.appendleft(r.request_id) if front else q.append(r.request_id)
 
@@ -39,8 +39,20 @@ class StaticPolicy(SchedulerPolicy):
         q = self._queues[instance]
         return q.popleft() if q else None
 
-    def _chunk_tokens(self, r: RequestState, instance: int) -> int:
+    def _chunk_tokens(self, r: BufferEntry, instance: int) -> int:
         return r.remaining  # no chunking: run to EOS or the length limit
+
+    def on_instance_lost(self, instance: int) -> None:
+        """The lost instance's share is dealt round-robin to the survivors (queued work moves
+        now; its running requests follow when they come back through `on_preempt`)."""
+        super().on_instance_lost(instance)
+        alive = [j for j in range(self.num_instances) if j not in self._lost]
+        moved = [rid for rid, home in self._home.items() if home == instance]
+        for k, rid in enumerate(moved):
+            self._home[rid] = alive[k % len(alive)]
+        for rid in self._queues[instance]:
+            self._queues[self._home[rid]].append(rid)
+        self._queues[instance].clear()
 
     def has_work_for(self, instance: int) -> bool:
         return bool(self._queues[instance])

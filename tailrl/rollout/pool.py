@@ -1,0 +1,167 @@
+"""The rollout pool: N engine instances run one rollout step under one scheduler policy.
+
+`LLM(model, instances=2, scheduler="context")` routes its requests here; the pool answers
+with the same tokens a single engine would produce (sampling noise is keyed by request and
+position, so placement, chunking, migration and recomputation change nothing), plus the
+`pool/...` metrics. Decisions come from the policy objects the simulator uses
+(``tailrl.rollout.policies``); `driver.Rollout` executes them.
+
+Per step the pool builds the request buffer (one entry per response), gives the policy what
+it reads (``history``: the previous epoch's lengths per prompt from the LLM's history store;
+``oracle``: true lengths from an earlier run with the same seeds, for evaluation only),
+syncs every instance's history store (what its history drafts read), and runs the driver.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from tailrl.config import EngineConfig, PoolConfig, SpeculativeConfig
+from tailrl.engine.metrics import EngineMetrics
+from tailrl.engine.request import Request
+from tailrl.rollout.backends import InstanceDied, LocalBackend
+from tailrl.rollout.buffer import BufferEntry, RequestBuffer
+from tailrl.rollout.driver import PoolCounters, Rollout
+from tailrl.rollout.policies import PolicyConfig, SchedulerPolicy, make_policy
+from tailrl.rollout.worker import WorkerInfo, merge_counters
+from tailrl.spec.history import HistoryStore
+
+log = logging.getLogger(__name__)
+
+
+def _backend(cfg: PoolConfig):
+    if cfg.backend == "ray":
+        from tailrl.rollout.ray_backend import RayBackend
+        return RayBackend(cfg.address)
+    processes = cfg.instances > 1 if cfg.processes is None else cfg.processes
+    return LocalBackend(processes)
+
+
+def _instance_config(config: EngineConfig, cfg: PoolConfig, separate: bool) -> EngineConfig:
+    """Each instance in its own process gets its share of the cores (torch threads)."""
+    threads = cfg.threads_per_instance or config.num_threads
+    if threads is None and separate:
+        threads = max(1, (os.cpu_count() or 1) // cfg.instances)
+    return EngineConfig(**{**vars(config), "num_threads": threads})
+
+
+def expected_length(policy: SchedulerPolicy):
+    """What an engine should take as a request's expected length (`Request.priority`)."""
+    if hasattr(policy, "estimate"):
+        return lambda e: policy.estimate(e)
+    if hasattr(policy, "true_lengths"):
+        return lambda e: policy.true_lengths[e.request_id]
+    return lambda e: 0.0
+
+
+class RolloutPool:
+    def __init__(self, config: EngineConfig, speculative: SpeculativeConfig | None, cfg: PoolConfig) -> None:
+        self.cfg = cfg
+        self.backend = _backend(cfg)
+        separate = cfg.backend == "ray" or getattr(self.backend, "processes", False)
+        self.instances = self.backend.start(_instance_config(config, cfg, separate), speculative, cfg.instances)
+        self.info: WorkerInfo = self.instances[0].call("info")
+        self._synced: list[dict[str, int]] = [{} for _ in self.instances]   # prompt -> history version sent
+        self.on_progress = None        # called with the driver after each report (tests, progress bars)
+        self.last_counters = PoolCounters()
+
+    @property
+    def alive(self) -> list:
+        return [h for h in self.instances if h.alive]
+
+    def run(self, reqs: list[Request], history: HistoryStore,
+            true_lengths: dict[str, int] | None = None) -> tuple[EngineMetrics, dict[str, float], dict[str, float]]:
+        """Generate every request to the end (filling its tokens, logprobs, status, finish time).
+        Returns (engine counters summed over instances, speculation metrics, pool metrics)."""
+        buffer = self._buffer(reqs)
+        lengths = {r.prompt_id: history.lengths(r.prompt_id) for r in reqs}
+        oracle = None if true_lengths is None else {k: true_lengths[r.request_id] for k, r in enumerate(reqs)}
+        policy = make_policy(self.cfg.scheduler, PolicyConfig(chunk_tokens=self.cfg.chunk_tokens),
+                             history={p: v for p, v in lengths.items() if v}, true_lengths=oracle)
+        self._each("begin")
+        self._sync_history(history, {r.prompt_id for r in reqs})
+        rollout = Rollout(self.instances, self.backend, policy, buffer, reqs, self.info.max_num_seqs,
+                          self.info.kv_capacity, self.cfg.steps_per_call, expected_length(policy), self.on_progress)
+        counters = rollout.run()
+        self.last_counters = counters
+        parts = [h.call("counters") for h in self.alive]
+        engine = merge_counters([p[0] for p in parts])
+        return engine, _mean_spec([p[1] for p in parts]), self._metrics(counters)
+
+    def _buffer(self, reqs: list[Request]) -> RequestBuffer:
+        groups: dict[str, int] = {}
+        entries = []
+        for k, r in enumerate(reqs):
+            g = groups.setdefault(r.group_id, len(groups))
+            limit = min(r.params.max_tokens, self.info.max_model_len - r.num_prompt_tokens)
+            entries.append(BufferEntry(k, g, r.prompt_id, r.num_prompt_tokens, limit))
+        return RequestBuffer(entries)
+
+    def _sync_history(self, history: HistoryStore, prompt_ids: set[str]) -> None:
+        """Send each instance the histories of this step's prompts that changed since it last
+        heard (what `generate` recorded and what `history.record` set)."""
+        for k, h in enumerate(self.instances):
+            if not h.alive:
+                continue
+            seen = self._synced[k]
+            delta = {p: history.get(p) for p in prompt_ids if seen.get(p, 0) != history.version(p)}
+            if delta:
+                self._call(h, "history", delta)
+                seen.update({p: history.version(p) for p in delta})
+
+    def load_weights(self, hf_state_dict) -> None:
+        """New policy weights to every live instance."""
+        self._each("load_weights", hf_state_dict)
+
+    def _each(self, op: str, payload=None) -> None:
+        """The same message to every live instance, answered in parallel."""
+        sent = []
+        for h in self.alive:
+            try:
+                h.submit(op, payload)
+                sent.append(h)
+            except InstanceDied as e:
+                log.warning("rollout pool: %s", e)
+        for h in sent:
+            try:
+                h.result()
+            except InstanceDied as e:
+                log.warning("rollout pool: %s", e)
+        if not self.alive:
+            raise RuntimeError("rollout pool: every instance has died")
+
+    def _call(self, h, op: str, payload=None):
+        try:
+            return h.call(op, payload)
+        except InstanceDied as e:
+            log.warning("rollout pool: %s", e)
+            if not self.alive:
+                raise RuntimeError("rollout pool: every instance has died") from e
+            return None
+
+    def _metrics(self, c: PoolCounters) -> dict[str, float]:
+        m = {"pool/instances": float(len(self.instances)), "pool/instances_alive": float(len(self.alive)),
+             "pool/chunks": float(c.chunks), "pool/local_resumes": float(c.local_resumes),
+             "pool/migrations": float(c.migrations), "pool/kv_bytes_moved": float(c.kv_bytes_moved),
+             "pool/recomputes": float(c.recomputes), "pool/recomputed_tokens": float(c.recomputed_tokens),
+             "pool/banked_chunks": float(c.banked), "pool/faults": float(c.faults)}
+        for i, s in enumerate(c.busy_s):
+            m[f"pool/busy_s/{i}"] = s
+        return m
+
+    def close(self) -> None:
+        for h in self.instances:
+            h.close()
+
+
+COUNT_WORDS = ("tokens", "rows", "steps")   # speculation metrics that are counts: summed, not averaged
+
+
+def _mean_spec(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Speculation metrics of the instances: counts summed, rates and lengths averaged over
+    the instances that report them."""
+    out = {}
+    for k in sorted({k for p in parts for k in p}):
+        vals = [p[k] for p in parts if k in p]
+        out[k] = sum(vals) if any(w in k for w in COUNT_WORDS) else sum(vals) / len(vals)
+    return out

@@ -1,0 +1,209 @@
+"""One engine instance of the rollout pool: runs the chunks the pool's driver hands it.
+
+The worker is the same object in every backend (in this process, in a local worker process,
+in a Ray actor); backends only carry its messages. It never decides anything: the scheduler
+policy, in the driver, says which request runs where and for how many tokens.
+
+A chunk ends when a request has ``target`` output tokens. The engine keeps generating with
+the request's real ``max_tokens``, so a speculative step may overshoot the target by a few
+accepted draft tokens: those are kept ("banked") and reported; they are exactly the tokens
+the request would produce next anyway (sampling noise is keyed by position), and the driver
+accounts for them when the request's next chunk starts. The engine never finishes a request
+at a chunk boundary, which is what lets its K/V survive the boundary.
+
+After a chunk ends the request stays in the engine until the next command says what to do
+with it: continue here (a new target, K/V untouched), export it (tokens + K/V, to another
+instance), or, by default, park it: take it out of the engine with its K/V into this
+worker's host memory (Seer's global KV pool, local part), from which it resumes without
+re-prefill, here or elsewhere.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from tailrl.config import EngineConfig, SpeculativeConfig
+from tailrl.engine.engine import LLMEngine
+from tailrl.engine.metrics import EngineMetrics
+from tailrl.engine.transfer import RequestState
+from tailrl.spec.history import HistoryStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Chunk:
+    """Run `request_id` until it has `target` output tokens (or finishes)."""
+
+    request_id: str
+    target: int                       # total output tokens at which this chunk ends
+    priority: float = 0.0             # expected length: engine admission and drafting order
+    state: RequestState | None = None  # None: this worker already holds the request
+
+
+@dataclass
+class Command:
+    """What the driver wants from one worker before its next steps."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    exports: list[str] = field(default_factory=list)   # held requests to hand over (tokens + K/V)
+    max_steps: int = 8                                  # engine steps at most, stopping at the first event
+
+
+@dataclass
+class Delta:
+    """New tokens of one running request since the last report."""
+
+    request_id: str
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str | None = None   # set when the engine finished it ("stop", "length")
+
+
+@dataclass
+class Report:
+    deltas: list[Delta]
+    exported: list[RequestState]
+    ended: list[str]        # chunks that reached their target (request held here, unfinished)
+    busy_s: float           # wall time spent in engine steps
+    steps: int
+
+
+@dataclass
+class WorkerInfo:
+    vocab_size: int
+    max_model_len: int
+    kv_capacity: int        # KV token slots
+    max_num_seqs: int
+    kv_bytes_per_token: int
+
+
+class EngineWorker:
+    """An `LLMEngine` plus the chunk bookkeeping of divided rollout."""
+
+    def __init__(self, config: EngineConfig, speculative: SpeculativeConfig | None = None) -> None:
+        self.history = HistoryStore()   # what this instance's history drafts read (synced by the pool)
+        self.engine = LLMEngine(config, speculative, self.history)
+        self.targets: dict[str, int] = {}            # live chunks: request -> target
+        self.reported: dict[str, int] = {}           # output tokens already reported
+        self.ended: set[str] = set()                 # chunk ended, still in the engine
+        self.parked: dict[str, RequestState] = {}    # chunk ended, out of the engine with its K/V
+
+    def handle(self, op: str, payload=None):
+        """The one entry point every backend calls."""
+        if op == "run":
+            return self.run(payload)
+        if op == "info":
+            return self.info()
+        if op == "begin":
+            return self.begin()
+        if op == "counters":
+            return self.engine.rollout_counters(), self.engine.spec_metrics()
+        if op == "history":
+            for prompt_id, responses in payload.items():
+                self.history.record(prompt_id, responses)
+            return None
+        if op == "load_weights":
+            self.engine.load_weights(payload)
+            return None
+        raise ValueError(f"unknown worker op {op!r}")
+
+    def info(self) -> WorkerInfo:
+        e = self.engine
+        per_token = e.args.kv_bytes_per_token * e.kv.dtype.itemsize      # args count elements
+        return WorkerInfo(e.args.vocab_size, e.max_model_len, e.kv.budget_tokens, e.config.max_num_seqs, per_token)
+
+    def begin(self) -> None:
+        """Start a rollout: forget the previous one's leftovers (an aborted run leaves some)."""
+        for rid in list(self.engine.requests):
+            self.engine.release(rid)
+        self.targets.clear()
+        self.reported.clear()
+        self.ended.clear()
+        self.parked.clear()
+        self.engine.begin_rollout()
+
+    def run(self, cmd: Command) -> Report:
+        exported = [self._export(rid) for rid in cmd.exports]
+        for c in cmd.chunks:
+            self._start(c)
+        for rid in list(self.ended):                  # nobody continued them here: park
+            self.parked[rid] = self.engine.export_request(rid)
+            self.ended.discard(rid)
+        deltas: dict[str, Delta] = {}
+        ended: list[str] = []
+        busy, steps = 0.0, 0
+        while self.targets and steps < cmd.max_steps:
+            t0 = time.perf_counter()
+            self.engine.step()
+            busy += time.perf_counter() - t0
+            steps += 1
+            if self._collect(deltas, ended):
+                break
+        return Report(list(deltas.values()), exported, ended, busy, steps)
+
+    def _start(self, c: Chunk) -> None:
+        rid = c.request_id
+        if c.state is not None:
+            self._add(c.state, c.priority)
+        elif rid in self.parked:
+            self._add(self.parked.pop(rid), c.priority)
+        elif rid in self.ended:
+            self.ended.discard(rid)                   # continues in place, K/V untouched
+        else:
+            raise ValueError(f"worker does not hold request {rid!r}")
+        self.targets[rid] = c.target
+        self.reported.setdefault(rid, len(self.engine.requests[rid].output_token_ids))
+
+    def _add(self, state: RequestState, priority: float) -> None:
+        req = state.to_request()
+        req.priority = priority
+        if req.pending_kv is not None:
+            self.engine.kv.check_shape(req.pending_kv)
+        self.engine.add_request(req)
+        self.reported[req.request_id] = req.num_output_tokens
+
+    def _export(self, rid: str) -> RequestState:
+        if rid in self.parked:
+            return self.parked.pop(rid)
+        if rid not in self.ended:
+            raise ValueError(f"worker holds no ended chunk of request {rid!r}")
+        self.ended.discard(rid)
+        self.reported.pop(rid, None)
+        return self.engine.export_request(rid)
+
+    def _collect(self, deltas: dict[str, Delta], ended: list[str]) -> bool:
+        """Gather new tokens of live chunks; end chunks at their target. True on any event."""
+        event = False
+        for rid, target in list(self.targets.items()):
+            req = self.engine.requests[rid]
+            out, seen = req.output_token_ids, self.reported[rid]
+            if len(out) > seen:
+                d = deltas.setdefault(rid, Delta(rid, [], []))
+                d.tokens.extend(out[seen:])
+                d.logprobs.extend(req.output_logprobs[seen:])
+                self.reported[rid] = len(out)
+            if req.status.finished:
+                deltas.setdefault(rid, Delta(rid, [], [])).finish_reason = req.finish_reason
+                del self.targets[rid], self.reported[rid]
+                self.engine.release(rid)
+                event = True
+            elif len(out) >= target:
+                del self.targets[rid]
+                self.ended.add(rid)
+                ended.append(rid)
+                event = True
+        return event
+
+
+def merge_counters(parts: list[EngineMetrics]) -> EngineMetrics:
+    """Sum the per-instance counters of one rollout (traces interleaved by time)."""
+    total = EngineMetrics()
+    for m in parts:
+        for name, value in vars(m).items():
+            if name != "trace":
+                setattr(total, name, getattr(total, name) + value)
+        total.trace.extend(m.trace)
+    total.trace.sort(key=lambda s: s[0])
+    return total

@@ -1,0 +1,84 @@
+"""The rollout pool gives a single engine's outputs for every policy, instance count and
+speculation setting; chunks, K/V moves and recomputation are counted."""
+import os
+
+import pytest
+from safetensors.torch import load_file
+
+from tailrl import LLM
+from tailrl.config import PoolConfig
+
+from pool_utils import PARAMS, PROMPTS, assert_same, lengths, pool_ckpt
+
+POLICIES = ("static", "divided", "context", "history", "oracle")
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt_dir):
+    path = pool_ckpt(ckpt_dir)
+    llm = LLM(path, dtype="float64")
+    ref = llm.generate(PROMPTS, PARAMS)
+    assert len({n for g in lengths(ref) for n in g}) > 3      # varied lengths: something to schedule
+    return path, ref
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_matches_one_engine(reference, policy, instances):
+    path, ref = reference
+    llm = LLM(path, dtype="float64", instances=instances, scheduler=policy,
+              pool={"chunk_tokens": 7, "processes": False})
+    if policy == "history":
+        for o in ref:                          # the previous epoch's responses (what history reads)
+            llm.history.record(o.prompt_id, [c.token_ids for c in o.outputs])
+    outs = llm.generate(PROMPTS, PARAMS, true_lengths=lengths(ref))
+    assert_same(outs, ref)
+    m = llm.last_metrics
+    assert m["pool/instances"] == instances
+    assert m["response_length/mean"] == pytest.approx(sum(map(sum, lengths(ref))) / (len(PROMPTS) * PARAMS.n))
+    if policy != "static":                     # divided rollout: requests came back between chunks
+        assert m["pool/chunks"] > len(PROMPTS) * PARAMS.n
+        assert m["pool/local_resumes"] > 0
+    assert all(m[f"pool/busy_s/{i}"] > 0 for i in range(instances))
+
+
+def test_speculation_in_the_pool_matches_plain_decoding(reference):
+    path, ref = reference
+    llm = LLM(path, dtype="float64", instances=2, scheduler="context", speculative={"method": "suffix"},
+              pool={"chunk_tokens": 9, "processes": False})
+    for o in ref:                              # history drafts: the instances' stores get this
+        llm.history.record(o.prompt_id, [c.token_ids for c in o.outputs])
+    assert_same(llm.generate(PROMPTS, PARAMS), ref)
+    m = llm.last_metrics
+    assert m["rollout/spec_verify_rows"] > 0 and m["rollout/spec_accept_length"] > 1
+    assert m["pool/banked_chunks"] > 0         # speculative steps overshot chunk ends: kept, not lost
+    for h in llm.pool.instances:               # each worker's history store is in sync
+        assert h.worker.history.get(ref[0].prompt_id) == [c.token_ids for c in ref[0].outputs]
+
+
+def test_oracle_needs_true_lengths(reference):
+    path, _ = reference
+    llm = LLM(path, dtype="float64", scheduler="oracle")
+    with pytest.raises(ValueError, match="true_lengths"):
+        llm.generate(PROMPTS, PARAMS)
+    with pytest.raises(ValueError, match="true_lengths"):
+        llm.generate(PROMPTS, PARAMS, true_lengths=[[1]])
+
+
+def test_weights_reach_every_instance(reference):
+    path, _ = reference
+    single = LLM(path, dtype="float64")
+    pool = LLM(path, dtype="float64", instances=2, scheduler="divided", pool={"chunk_tokens": 5, "processes": False})
+    sd = {k: v.double() * 1.01 for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
+    single.load_weights(sd)
+    pool.load_weights(sd)
+    assert_same(pool.generate(PROMPTS, PARAMS), single.generate(PROMPTS, PARAMS))
+
+
+def test_pool_config_is_validated():
+    with pytest.raises(ValueError, match="scheduler"):
+        PoolConfig(scheduler="fifo")
+    with pytest.raises(ValueError, match="backend"):
+        PoolConfig(backend="mpi")
+    with pytest.raises(ValueError, match="instances"):
+        PoolConfig(instances=0)

@@ -1,0 +1,34 @@
+"""The Ray backend: two actors on this machine give one engine's outputs, with and without a
+killed actor. One test (Ray's start-up is slow); the start-up time is logged."""
+import logging
+import time
+
+import pytest
+
+from tailrl import LLM
+
+from pool_utils import PROMPTS, SEEDED, KillAt, assert_same, lengths, pool_ckpt
+
+ray = pytest.importorskip("ray")
+log = logging.getLogger(__name__)
+
+
+def test_two_ray_actors_match_one_engine_and_survive_a_kill(ckpt_dir):
+    path = pool_ckpt(ckpt_dir)
+    ref = LLM(path, dtype="float64").generate(PROMPTS, SEEDED)
+    t0 = time.perf_counter()
+    llm = LLM(path, dtype="float64", instances=2, scheduler="divided", backend="ray",
+              pool={"chunk_tokens": 8, "threads_per_instance": 1, "steps_per_call": 2})
+    startup = time.perf_counter() - t0
+    try:
+        log.warning("ray backend start-up: %.1f s (ray.init %.1f s, actors %.1f s)", startup,
+                    llm.pool.backend.init_s, llm.pool.backend.start_s)
+        assert_same(llm.generate(PROMPTS, SEEDED), ref)
+        assert llm.last_metrics["pool/faults"] == 0
+        kill = KillAt(llm.pool.instances[0], sum(map(sum, lengths(ref))), 0.3)
+        llm.pool.on_progress = kill
+        assert_same(llm.generate(PROMPTS, SEEDED), ref)
+        assert kill.killed_at is not None and llm.last_metrics["pool/faults"] == 1
+    finally:
+        llm.close()
+        ray.shutdown()
