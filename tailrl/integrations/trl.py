@@ -21,17 +21,14 @@ import logging
 from dataclasses import dataclass
 
 from tailrl.config import SamplingParams
+from tailrl.extras import require
 from tailrl.engine.sampler import mix
 
 log = logging.getLogger(__name__)
 
 
 def _require_trl():
-    try:
-        import trl
-    except ImportError as e:
-        raise ImportError("tailrl.integrations.trl needs TRL: pip install 'tailrl[trl]'") from e
-    return trl
+    return require("trl", "trl")
 
 
 def prompt_key(prompt) -> str:

@@ -12,6 +12,7 @@ import os
 import time
 
 from tailrl.config import EngineConfig, SpeculativeConfig
+from tailrl.extras import require
 from tailrl.rollout.backends import InstanceDied
 from tailrl.rollout.worker import EngineWorker
 
@@ -19,11 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def _ray():
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError("backend='ray' needs Ray: pip install 'tailrl[ray]'") from e
-    return ray
+    return require("ray", "ray")
 
 
 class _Actor:

@@ -4,12 +4,9 @@ Importing this package is cheap; FastAPI, uvicorn and prometheus_client are impo
 modules that need them, through ``require`` so a missing extra names the fix."""
 from __future__ import annotations
 
-import importlib
+from tailrl.extras import require as _require
 
 
 def require(module: str, extra: str = "serve"):
-    """Import an optional dependency, or fail with the pip command that installs it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(f"{module} is needed for this feature: pip install 'tailrl[{extra}]'") from e
+    """``tailrl.extras.require`` with the server's extra as the default."""
+    return _require(module, extra)

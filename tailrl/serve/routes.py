@@ -38,9 +38,7 @@ def add_routes(app, server) -> None:
         server.check_auth(request)
         req = parse(CompletionRequest, await server.read_json(request))
         server.check_model(req.model)
-        if req.logprobs is not None and not 0 <= req.logprobs <= 1:
-            raise APIError(400, "field 'logprobs' must be 0 or 1: only the sampled token's logprob is "
-                           "available", param="logprobs")
+        _zero_or_one(req.logprobs, "logprobs")
         ids = server.prompt_tokens(req.prompt_list())
         params = sampling_params(req, req.max_tokens, server.cfg, server.inputs)
         pids = req.prompt_id if not isinstance(req.prompt_id, str) else [req.prompt_id] * len(ids)
@@ -53,9 +51,7 @@ def add_routes(app, server) -> None:
         server.check_auth(request)
         req = parse(ChatCompletionRequest, await server.read_json(request))
         server.check_model(req.model)
-        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 1:
-            raise APIError(400, "field 'top_logprobs' must be 0 or 1: only the sampled token's logprob is "
-                           "available", param="top_logprobs")
+        _zero_or_one(req.top_logprobs, "top_logprobs")
         ids = server.chat_tokens(req)
         room = server.inputs.max_model_len - len(ids)
         max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None),
@@ -107,3 +103,10 @@ async def _stream(server, run: GenerationRun, req, rid: str, kind: str, logprobs
         yield R.sse("[DONE]")
     finally:
         server.finish(run)
+
+
+def _zero_or_one(value: int | None, field: str) -> None:
+    """Only the sampled token's logprob exists: a request may ask for it (1) or not (0)."""
+    if value is not None and not 0 <= value <= 1:
+        raise APIError(400, f"field '{field}' must be 0 or 1: only the sampled token's logprob is available",
+                       param=field)
