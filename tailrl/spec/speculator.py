@@ -54,13 +54,13 @@ class Speculator:
 
     def __init__(self, config: SpeculativeConfig | None = None, history_store: HistoryStore | None = None, *,
                  sources: list[DraftSource] | None = None, policy: SpecPolicy | None = None,
-                 cost_model: CostModel | None = None, seed: int = 0) -> None:
+                 cost_model: CostModel | None = None, seed: int = 0, target: Any = None) -> None:
         self.config = config if config is not None else SpeculativeConfig()
         if cost_model is None:                 # a given policy's own cost model is the one to feed
             own = getattr(policy, "cost", None)
             cost_model = own if isinstance(own, CostModel) else CostModel()
         self.cost_model = cost_model
-        self.sources = list(sources) if sources is not None else make_sources(self.config, history_store)
+        self.sources = list(sources) if sources is not None else make_sources(self.config, history_store, target=target)
         self.policy = policy if policy is not None else make_spec_policy(self.config, self.cost_model,
                                                                     history_store, seed)
         self.max_draft_tokens = self.config.max_draft_tokens
@@ -131,6 +131,7 @@ class Speculator:
             return {}
         proposals = []
         self._full = {}
+        self._prepare(requests, paths)
         for req in requests:
             d = self.best_draft(req, paths)
             if d is not None:
@@ -152,6 +153,16 @@ class Speculator:
         self._step_draft_s = dt
         self.policy.observe_draft(dt, len(requests))
         return out
+
+    def _prepare(self, requests: list[Any], paths: int) -> None:
+        """Let batched sources (the drafter) draft for all ``requests`` at once, asked for
+        what ``best_draft`` asks each request (requests with a carry included: cheap)."""
+        ask = self.max_draft_tokens if paths == 1 else max(
+            min(self.max_draft_tokens, self.policy.draft_limit(r)) for r in requests)
+        for s in self.sources:
+            prepare = getattr(s, "prepare", None)
+            if prepare is not None:
+                prepare(requests, ask, paths)
 
     def record_verification(self, req: Any, draft: Draft, accepted: int) -> None:
         n = len(draft)

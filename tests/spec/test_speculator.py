@@ -149,7 +149,8 @@ def test_a_certain_full_draft_stops_the_search():
 
 def test_make_sources_follows_the_config():
     from tailrl.spec.factory import make_sources
-    assert make_sources(SpeculativeConfig(method="drafter")) == []
+    with pytest.raises(ValueError, match="drafter"):          # the learned drafter needs its checkpoint
+        SpeculativeConfig(method="drafter")
     srcs = make_sources(SpeculativeConfig(sources=("self", "group"), min_match_len=3, max_draft_tokens=6))
     assert [s.name for s in srcs] == ["self", "group"]
     assert srcs[0].params.min_match_len == 3 and srcs[0].params.max_draft_depth == 6
