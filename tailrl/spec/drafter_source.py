@@ -68,12 +68,14 @@ class DrafterSource:
         if not requests or max_tokens <= 0:
             return [None] * len(requests)
         width = max(1, max_paths)
+        feats = torch.stack([r.last_hidden for r in requests])                  # [B, H]
+        toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
+                             for r in requests])                                # [B]
+        if width == 1:
+            return self._chains(feats, toks, max_tokens)
         nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in requests]
         # frontier entries: (request index, node index (-1 = root), path prob); rows of feats/toks
-        frontier = [(b, -1, 1.0) for b in range(len(requests))]
-        feats = torch.stack([r.last_hidden for r in requests])                  # [F, H]
-        toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
-                             for r in requests])                                # [F]
+        frontier = [(b, -1, 1.0) for b in range(len(requests))]   # rows of feats / toks
         while frontier:
             out, logits = self.drafter.step(feats, toks)                        # [F, H], [F, V]
             top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
@@ -82,7 +84,26 @@ class DrafterSource:
             if not frontier:
                 break
             feats, toks = out[rows], torch.tensor(new_toks)
-        return [Draft.unchecked(t, p, q, self.name, chain=width == 1) if t else None for t, p, q in nodes]
+        return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
+
+    def _chains(self, feats: torch.Tensor, toks: torch.Tensor, max_tokens: int) -> list[Draft | None]:
+        """Greedy chains for all rows in tensor ops (the common case; no per-row Python per
+        depth). A chain ends before its first node whose path probability is below
+        ``min_path_prob``."""
+        tokens, probs = [], []
+        path = torch.ones(len(toks))
+        for _ in range(max_tokens):
+            feats, logits = self.drafter.step(feats, toks)
+            q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
+            tokens.append(toks)
+            probs.append(q)
+            path = path * q
+            if bool((path < self.min_path_prob).all()):
+                break
+        keep = (torch.stack(probs, 1).cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()   # [B]
+        t_rows, q_rows = torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist()
+        return [Draft.unchecked(t[:k], list(range(-1, k - 1)), q[:k], self.name, chain=True) if k else None
+                for t, q, k in zip(t_rows, q_rows, keep)]
 
     def _choose(self, frontier, probs, tokens, nodes, max_tokens: int, width: int) -> list[tuple]:
         """Per request, the ``width`` best children (by path probability) of its frontier

@@ -45,6 +45,11 @@ def test_drafts_are_valid_chains_and_trees(model, drafter_dir):
             depth1 = [t for t, p in zip(d.tokens, d.parents) if p < 0]
             assert len(depth1) == len(set(depth1)) <= paths
             assert 0 < d.score <= len(d)
+    cut = DrafterSource(src.drafter, min_path_prob=0.3)
+    for paths in (1, 3):
+        for r in reqs:                                          # unlikely paths are not drafted
+            d = cut.propose(r, 8, paths)
+            assert d is None or min(d.path_probs) >= 0.3
     reqs[0].output_token_ids.append(3)                          # the kept hidden state is stale now
     assert reqs[0].last_hidden is None and src.propose(reqs[0], 5, 1) is None
 
