@@ -9,7 +9,9 @@ Per engine step:
    accepted length; ties go to the earlier source in the list, and a draft scoring the
    policy's full limit stops the search), lets the policy allocate node counts, truncates
    (``Draft.truncate``) and drops empty drafts. ``max_total_tokens`` optionally caps the
-   step's total draft nodes (the engine's token budget). *Carry*: when a chain was accepted
+   step's total draft nodes (the engine's token budget). Sources with a ``prepare(requests,
+   max_tokens, max_paths)`` method (the learned drafter) draft for all requests at once
+   first, batched, and hand the results out from ``propose``. *Carry*: when a chain was accepted
    in full, its unverified rest is the request's next draft if the bonus token sampled after
    it equals the rest's first token; the sources are not asked (measured: drafting was ~15%
    of a speculative rollout's time).
