@@ -91,3 +91,32 @@ def test_a_drafter_for_another_model_is_refused(ckpt_dir, drafter_dir):
     other = ckpt_dir("qwen2", hidden_size=32, num_heads=2, num_kv_heads=1)
     with pytest.raises(ValueError, match="hidden_size"):
         LLM(other, speculative=dict(method="drafter", drafter=drafter_dir))
+
+
+def test_identical_under_preemption_and_after_migration(model, drafter_dir):
+    """Preempted (recomputed) requests keep drafting; a request exported mid-flight resumes in
+    another engine with no kept hidden state (it drafts again after its first sampled token)."""
+    from tailrl import EngineConfig
+    from tailrl.engine.engine import LLMEngine
+    sp = [SamplingParams(n=2, temperature=t, max_tokens=50, ignore_eos=True, seed=3) for t in (0.0, 1.0) * 2]
+    kw = dict(max_model_len=520, kv_cache_tokens=520)
+    cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
+    plain = LLM(model, dtype="float64", **kw).generate(PROMPTS, sp)
+    spec = LLM(model, dtype="float64", speculative=cfg, **kw)
+    assert_same(plain, spec.generate(PROMPTS, sp))
+    assert spec.last_metrics["rollout/preemptions"] > 0 and spec.last_metrics["rollout/spec_accepted_tokens"] > 0
+    engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(2)]
+    req = Request("x", PROMPTS[1], SamplingParams(max_tokens=40, ignore_eos=True), seed_key=11)
+    ref = Request("x", PROMPTS[1], SamplingParams(max_tokens=40, ignore_eos=True), seed_key=11)
+    engines[0].add_request(ref)
+    while engines[0].has_unfinished():
+        engines[0].step()
+    engines[0].release("x")
+    engines[1].add_request(req)
+    while req.num_output_tokens < 12:
+        engines[1].step()
+    moved = engines[0].import_request(engines[1].export_request("x"))
+    assert moved.last_hidden is None
+    while engines[0].has_unfinished():
+        engines[0].step()
+    assert moved.output_token_ids == ref.output_token_ids
