@@ -74,8 +74,8 @@ class DrafterSource:
         if width == 1:
             return self._chains(feats, toks, max_tokens)
         nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in requests]
-        # frontier entries: (request index, node index (-1 = root), path prob); rows of feats/toks
-        frontier = [(b, -1, 1.0) for b in range(len(requests))]   # rows of feats / toks
+        # frontier entries, one per row of feats / toks: (request index, node index (-1 = root), path prob)
+        frontier = [(b, -1, 1.0) for b in range(len(requests))]
         while frontier:
             out, logits = self.drafter.step(feats, toks)                        # [F, H], [F, V]
             top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
