@@ -19,8 +19,9 @@ few tokens from it, carrying its own state in the fed-back feature (a recurrence
 key, softmax attention is exactly ``o(v(x))``, folded here into one linear map ``mix``. In
 exchange the drafter keeps no K/V of its own: nothing to roll back on rejection, to move on
 preemption, or to ship with a migrating request; a step for a batch of requests is a few
-[B, H] matmuls. Attending over a window of past features is the natural next step if
-acceptance calls for it.
+[B, H] matmuls. The price, measured on the workload model: held-out first-token agreement
+0.61 (0.94 on training windows), since a next token that copies an earlier one cannot be
+looked up; attending over the request's past features (EAGLE) is the next step.
 
 The embedding and LM head are the target's (shared, frozen, never saved): a checkpoint is
 the trainable weights (``drafter.safetensors``) and ``drafter.json`` (sizes).
