@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "workload-report": ("tailrl.workload_report", "main", "accuracy, length tail and group similarity of a model"),
     "simulate": ("tailrl.sim.cli", "main", "cluster-scale rollout simulator: compare scheduling policies"),
     "train": ("tailrl.rl.cli", "train_main", "GRPO training with accelerated rollouts"),
+    "train-drafter": ("tailrl.rl.drafter_train", "main", "warm-start the learned drafter on the model's own responses"),
     "report": ("tailrl.rl.cli", "report_main", "plot the metrics of one or two training runs"),
     "serve": ("tailrl.serve.cli", "main", "OpenAI-compatible HTTP server (extra: serve)"),
 }

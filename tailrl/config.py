@@ -4,6 +4,7 @@ Every invalid field raises ``ValueError`` naming the field, before any work is d
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 
@@ -58,6 +59,8 @@ class SpeculativeConfig:
 
     method: str = "suffix"                       # "suffix" | "drafter" | "hybrid" (contract)
     sources: tuple[str, ...] = SPEC_SOURCES       # suffix draft sources to consult
+    drafter: str | None = None                    # learned drafter directory (`tailrl train-drafter`);
+                                                  # required by "drafter" and "hybrid", unused by "suffix"
     # "fixed": every request drafts up to max_draft_tokens at every batch size up to
     # max_spec_batch. The default because it measured fastest on the benchmark rollout
     # (README, Speculation); "adaptive" (Seer's budget + RhymeRL's window; e.g. with
@@ -77,6 +80,11 @@ class SpeculativeConfig:
         self.sources = tuple(self.sources)
         _check(len(self.sources) > 0 and all(s in SPEC_SOURCES for s in self.sources),
                "sources", f"must be a non-empty subset of {SPEC_SOURCES}", self.sources)
+        needs = self.method in ("drafter", "hybrid")
+        _check(not needs or (isinstance(self.drafter, str) and os.path.isdir(self.drafter)), "drafter",
+               f"must be a drafter checkpoint directory for method {self.method!r}", self.drafter)
+        _check(needs or self.drafter is None, "drafter", "is only used by method 'drafter' or 'hybrid'",
+               self.drafter)
         _check(self.policy in SPEC_POLICIES, "policy", f"must be one of {SPEC_POLICIES}", self.policy)
         _check(1 <= self.max_draft_tokens <= 64, "max_draft_tokens", "must be in [1, 64]", self.max_draft_tokens)
         _check(1 <= self.min_draft_tokens <= self.max_draft_tokens, "min_draft_tokens",

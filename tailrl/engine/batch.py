@@ -37,6 +37,7 @@ class RowPlan:
     draft_tokens: list[int]
     entry: int                      # index of its root among the sampled positions; nodes follow
     draft: object = None            # the Draft it verifies (None = plain decode)
+    last: int = -1                  # sampled index of the last token commit appended (set by commit)
 
 
 @dataclass

@@ -44,12 +44,13 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv)
         if speculator is None and speculative is not None:
-            if speculative.method != "suffix":
-                raise ValueError(f"speculative.method {speculative.method!r} is not available yet "
-                                 "(the learned drafter has not landed); use method='suffix'")
             from tailrl.spec.speculator import Speculator
-            speculator = Speculator(speculative, history)     # its cost model learns from real steps
+            # its cost model learns from real steps; the drafter (if any) shares our embedding and head
+            speculator = Speculator(speculative, history, target=self.model)
         self.speculator = speculator
+        # keep each request's last hidden state only when a source reads it (no extra forward)
+        self.keep_hidden = speculator is not None and any(
+            getattr(s, "needs_hidden", False) for s in speculator.sources)
         self.requests: dict[str, Request] = {}
         self.metrics = EngineMetrics()
         self._rollout_start = self.metrics.snapshot()
@@ -109,13 +110,14 @@ class LLMEngine:
         clock.append(time.perf_counter())
         batch = self.runner.build(sched.rows, drafts)                      # 3. one batched forward
         clock.append(time.perf_counter())
-        logits = self.runner.run(batch)
+        logits, hidden = self.runner.run(batch, return_hidden=True) if self.keep_hidden else (
+            self.runner.run(batch), None)
         clock.append(time.perf_counter())
         for req, n in sched.rows:
             req.num_computed_tokens += n
         tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)   # 4. sample
         clock.append(time.perf_counter())
-        finished, accepted = self._postprocess(batch, tokens, logprobs)    # 5. verify, commit, finish
+        finished, accepted = self._postprocess(batch, tokens, logprobs, hidden)   # 5. verify, commit, finish
         clock.append(time.perf_counter())
         stages = [b - a for a, b in zip(clock, clock[1:])]
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
@@ -145,8 +147,11 @@ class LLMEngine:
             return {}                                   # drafts never cost a preemption
         return drafts
 
-    def _postprocess(self, batch: Batch, tokens: list[int], logprobs: list[float]) -> tuple[list[Request], int]:
+    def _postprocess(self, batch: Batch, tokens: list[int], logprobs: list[float],
+                     hidden: torch.Tensor | None = None) -> tuple[list[Request], int]:
         """Verify and commit every sampling row, then finish the requests that stopped.
+        ``hidden`` [M, H]: the sampled positions' hidden states; each running request keeps
+        the one that sampled its last token (a drafter continues from it).
         Returns (finished, draft tokens accepted)."""
         finished: list[Request] = []
         total_accepted = 0
@@ -158,6 +163,8 @@ class LLMEngine:
             if status is not None:
                 plan.req.status = status
                 finished.append(plan.req)
+            elif hidden is not None:
+                plan.req.keep_hidden(hidden[plan.last])
             if self.speculator is not None:
                 self.speculator.observe(plan.req, emitted)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above

@@ -49,6 +49,10 @@ class Request:
     pending_kv: object = None            # imported K/V waiting for a row (see engine.import_request)
     num_preemptions: int = 0
     finish_time: float = 0.0             # perf_counter() when it finished
+    # the target's normed hidden state at the position that sampled the last token, and
+    # num_tokens when it was kept (kept only when a draft source reads it: the drafter)
+    _hidden: object = field(default=None, repr=False)
+    _hidden_at: int = -1
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -83,6 +87,16 @@ class Request:
         if start >= p:
             return self.output_token_ids[start - p:stop - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[:stop - p]
+
+    def keep_hidden(self, hidden) -> None:
+        """Keep the hidden state [H] that sampled the request's current last token."""
+        self._hidden, self._hidden_at = hidden, self.num_tokens
+
+    @property
+    def last_hidden(self):
+        """The hidden state that sampled the last token, or None when none is current (not
+        kept, or the request gained tokens since, e.g. resumed in another engine)."""
+        return self._hidden if self._hidden_at == self.num_tokens else None
 
     @property
     def finish_reason(self) -> str | None:

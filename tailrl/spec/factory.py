@@ -3,8 +3,8 @@
 - ``make_sources``: the suffix sources named in ``config.sources`` (in that order), sharing
   one ``MatchParams``: ``min_match_len``, ``min_token_prob`` and ``max_draft_depth =
   max_draft_tokens`` from the config; ``max_match_len`` (16) is not a config field.
-  ``method="drafter"`` has no suffix sources (the learned drafter lives with the engine's
-  model); ``"hybrid"`` returns the suffix sources and the engine adds its drafter.
+  ``method="drafter"`` is the learned drafter alone (``DrafterSource`` over the engine's
+  model); ``"hybrid"`` is the suffix sources followed by the drafter.
 - ``make_spec_policy``: ``adaptive`` / ``bandit`` / ``fixed`` (``max_draft_tokens`` for everyone).
   With a history store, the adaptive policy's priority is the request's expected length:
   the longer of its output so far and the prompt's longest previous response (Seer
@@ -32,10 +32,14 @@ def match_params(config: SpeculativeConfig) -> MatchParams:
 
 
 def make_sources(config: SpeculativeConfig, history_store: HistoryStore | None = None,
-                 params: MatchParams | None = None) -> list[DraftSource]:
-    """``params`` overrides the matching parameters derived from ``config`` (ablations)."""
+                 params: MatchParams | None = None, target: Any = None) -> list[DraftSource]:
+    """``params`` overrides the matching parameters derived from ``config`` (ablations);
+    ``target``: the engine's ``Transformer``, whose embedding and LM head the drafter shares
+    (required by methods ``drafter`` and ``hybrid``). The drafter comes last: on equal
+    scores the speculator prefers the earlier, cheaper suffix drafts."""
+    drafter = drafter_source(config, target) if config.method in ("drafter", "hybrid") else None
     if config.method == "drafter":
-        return []
+        return [drafter]
     params = params if params is not None else match_params(config)
     out: list[DraftSource] = []
     for name in config.sources:
@@ -47,7 +51,17 @@ def make_sources(config: SpeculativeConfig, history_store: HistoryStore | None =
             out.append(SelfSource(params))
         else:                                   # config validation makes this unreachable
             raise ValueError(f"unknown draft source {name!r}")
-    return out
+    return out + ([drafter] if drafter is not None else [])
+
+
+def drafter_source(config: SpeculativeConfig, target: Any) -> DraftSource:
+    """The learned drafter in ``config.drafter`` over ``target``; its paths stop below
+    ``min_token_prob`` like the suffix sources'."""
+    if target is None:
+        raise ValueError(f"speculative.method {config.method!r} needs the target model (build it through LLMEngine)")
+    from tailrl.model.drafter import Drafter
+    from tailrl.spec.drafter_source import DrafterSource
+    return DrafterSource(Drafter.load(config.drafter, target), config.min_token_prob)
 
 
 def expected_length_fn(history: HistoryStore) -> Callable[[Any], float]:

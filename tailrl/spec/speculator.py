@@ -9,7 +9,9 @@ Per engine step:
    accepted length; ties go to the earlier source in the list, and a draft scoring the
    policy's full limit stops the search), lets the policy allocate node counts, truncates
    (``Draft.truncate``) and drops empty drafts. ``max_total_tokens`` optionally caps the
-   step's total draft nodes (the engine's token budget). *Carry*: when a chain was accepted
+   step's total draft nodes (the engine's token budget). Sources with a ``prepare(requests,
+   max_tokens, max_paths)`` method (the learned drafter) draft for all requests at once
+   first, batched, and hand the results out from ``propose``. *Carry*: when a chain was accepted
    in full, its unverified rest is the request's next draft if the bonus token sampled after
    it equals the rest's first token; the sources are not asked (measured: drafting was ~15%
    of a speculative rollout's time).
@@ -54,13 +56,13 @@ class Speculator:
 
     def __init__(self, config: SpeculativeConfig | None = None, history_store: HistoryStore | None = None, *,
                  sources: list[DraftSource] | None = None, policy: SpecPolicy | None = None,
-                 cost_model: CostModel | None = None, seed: int = 0) -> None:
+                 cost_model: CostModel | None = None, seed: int = 0, target: Any = None) -> None:
         self.config = config if config is not None else SpeculativeConfig()
         if cost_model is None:                 # a given policy's own cost model is the one to feed
             own = getattr(policy, "cost", None)
             cost_model = own if isinstance(own, CostModel) else CostModel()
         self.cost_model = cost_model
-        self.sources = list(sources) if sources is not None else make_sources(self.config, history_store)
+        self.sources = list(sources) if sources is not None else make_sources(self.config, history_store, target=target)
         self.policy = policy if policy is not None else make_spec_policy(self.config, self.cost_model,
                                                                     history_store, seed)
         self.max_draft_tokens = self.config.max_draft_tokens
@@ -94,29 +96,35 @@ class Speculator:
         self.policy.finish(req)
 
     # ---- per step ---------------------------------------------------------------------
-    def best_draft(self, req: Any, max_paths: int) -> Draft | None:
+    def best_draft(self, req: Any, max_paths: int, sources: list[DraftSource] | None = None,
+                   best: Draft | None = None) -> Draft | None:
         """The draft the policy sees for ``req``: at most its ``draft_limit`` nodes (a longer
-        chain's untruncated form is kept in ``_full`` for the carry)."""
+        chain's untruncated form is kept in ``_full`` for the carry). ``sources`` (default:
+        all) are asked unless the carry applies; ``best``: a draft to beat, found earlier."""
         limit = min(self.max_draft_tokens, self.policy.draft_limit(req))
         if limit <= 0:
             return None
-        best = None
         carry = self._carry.pop(req.request_id, None)
-        out = req.output_token_ids
-        if carry is not None and max_paths == 1 and out and out[-1] == carry.tokens[0]:
+        if self._carry_applies(req, carry, max_paths):
             best = carry.rest(1)
         else:
             ask = self.max_draft_tokens if max_paths == 1 else limit   # a chain's rest is cheap and may be carried
-            for s in self.sources:
+            for s in self.sources if sources is None else sources:
+                if best is not None and best.score >= limit - 1e-9:    # a certain full-length draft: unbeatable
+                    break
                 d = s.propose(req, ask, max_paths)
                 if d is not None and len(d) > 0 and (best is None or d.score > best.score):
                     best = d
-                    if best.score >= limit - 1e-9:       # a certain full-length draft: unbeatable
-                        break
+                    self._full.pop(req.request_id, None)
         if best is not None and len(best) > limit and best.is_chain:
             self._full[req.request_id] = best
             best = best.truncate(limit)
         return best
+
+    @staticmethod
+    def _carry_applies(req: Any, carry: Draft | None, max_paths: int) -> bool:
+        out = req.output_token_ids
+        return carry is not None and max_paths == 1 and bool(out) and out[-1] == carry.tokens[0]
 
     def propose(self, requests: list[Any], batch_size: int,
                 max_total_tokens: int | None = None) -> dict[str, Draft]:
@@ -129,12 +137,9 @@ class Speculator:
         if paths <= 0:
             self._off_steps += 1
             return {}
-        proposals = []
         self._full = {}
-        for req in requests:
-            d = self.best_draft(req, paths)
-            if d is not None:
-                proposals.append((req, d))
+        found = self._search(requests, paths)
+        proposals = [(req, found[req.request_id]) for req in requests if found[req.request_id] is not None]
         self._asked += len(requests)
         self._found += len(proposals)
         alloc = self.policy.allocate(proposals, batch_size, max_total_tokens)
@@ -152,6 +157,43 @@ class Speculator:
         self._step_draft_s = dt
         self.policy.observe_draft(dt, len(requests))
         return out
+
+    def _search(self, requests: list[Any], paths: int) -> dict[str, Draft | None]:
+        """Every request's best draft. Per-request sources first; then batched sources (the
+        drafter, ``prepare``) for the requests whose best draft so far is expected to accept
+        fewer tokens than the batched sources have accepted per verify step so far (a drafter
+        step costs a fraction of a target forward; a good suffix draft makes it wasted work).
+        A request served from the carry asks no source."""
+        single = [s for s in self.sources if not hasattr(s, "prepare")]
+        batched = [s for s in self.sources if hasattr(s, "prepare")]
+        found: dict[str, Draft | None] = {}
+        carried: set[str] = set()
+        for req in requests:
+            if self._carry_applies(req, self._carry.get(req.request_id), paths):
+                carried.add(req.request_id)
+            found[req.request_id] = self.best_draft(req, paths, single)
+        if batched:
+            bar = self._mean_accepted({s.name for s in batched})
+            weak = [r for r in requests if r.request_id not in carried and
+                    (found[r.request_id] is None or found[r.request_id].score < bar)]
+            if weak:
+                self._prepare(weak, paths, batched)
+                for req in weak:
+                    found[req.request_id] = self.best_draft(req, paths, batched, found[req.request_id])
+        return found
+
+    def _mean_accepted(self, names: set[str]) -> float:
+        """Draft tokens accepted per verify step by the sources ``names`` so far (inf before any)."""
+        steps = sum(self._steps.get(n, 0) for n in names)
+        return sum(self._accepted.get(n, 0) for n in names) / steps if steps else float("inf")
+
+    def _prepare(self, requests: list[Any], paths: int, sources: list[DraftSource]) -> None:
+        """Let batched ``sources`` (the drafter) draft for all ``requests`` at once, asked for
+        what ``best_draft`` asks each request."""
+        ask = self.max_draft_tokens if paths == 1 else max(
+            min(self.max_draft_tokens, self.policy.draft_limit(r)) for r in requests)
+        for s in sources:
+            s.prepare(requests, ask, paths)
 
     def record_verification(self, req: Any, draft: Draft, accepted: int) -> None:
         n = len(draft)

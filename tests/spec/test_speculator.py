@@ -149,7 +149,8 @@ def test_a_certain_full_draft_stops_the_search():
 
 def test_make_sources_follows_the_config():
     from tailrl.spec.factory import make_sources
-    assert make_sources(SpeculativeConfig(method="drafter")) == []
+    with pytest.raises(ValueError, match="drafter"):          # the learned drafter needs its checkpoint
+        SpeculativeConfig(method="drafter")
     srcs = make_sources(SpeculativeConfig(sources=("self", "group"), min_match_len=3, max_draft_tokens=6))
     assert [s.name for s in srcs] == ["self", "group"]
     assert srcs[0].params.min_match_len == 3 and srcs[0].params.max_draft_depth == 6
@@ -198,3 +199,40 @@ def test_a_carried_rest_is_dropped_when_the_bonus_token_differs():
     emit(spec, r, stream[:3] + [5])                                  # the bonus token is not the rest's
     spec.propose([r], 1)
     assert len(src.asked) == 2
+
+
+class SometimesSource(RecordingSource):
+    """A per-request source with a sure 4-token draft for request "sure" only."""
+    name = "suffix"
+
+    def propose(self, req, max_tokens, max_paths):
+        return Draft.chain([7] * max_tokens, source=self.name) if req.request_id == "sure" else None
+
+
+class BatchedSource(RecordingSource):
+    """A batched source (like the drafter): ``prepare`` once per step, then ``propose``."""
+    name = "batched"
+
+    def __init__(self, prob):
+        super().__init__()
+        self.prob, self.prepared = prob, []
+
+    def prepare(self, requests, max_tokens, max_paths):
+        self.prepared.append(sorted(r.request_id for r in requests))
+
+    def propose(self, req, max_tokens, max_paths):
+        return Draft.chain([3] * max_tokens, [self.prob] * max_tokens, source=self.name)
+
+
+def test_batched_sources_are_asked_only_where_the_others_draft_worse_than_they_accept():
+    batched = BatchedSource(0.5)
+    spec = Speculator(SpeculativeConfig(max_draft_tokens=4), sources=[SometimesSource(), batched],
+                      policy=FixedPolicy(4))
+    reqs = [FakeRequest("sure", [1]), FakeRequest("none", [1])]
+    first = spec.propose(reqs, 2)
+    assert batched.prepared == [["none", "sure"]]            # nothing measured yet: everyone is asked
+    assert first["sure"].source == "suffix" and first["none"].source == "batched"
+    spec.record_verification(reqs[1], first["none"], 2)      # the batched source accepts 2 per step
+    second = spec.propose(reqs, 2)
+    assert batched.prepared[-1] == ["none"]                   # "sure" has a 4-token certain draft
+    assert second["none"].source == "batched" and second["sure"].source == "suffix"

@@ -1,0 +1,168 @@
+"""Offline warm start of the learned drafter: ``tailrl train-drafter --model DIR --out DIR``.
+
+1. Sample the model's own responses to training prompts with ``LLM`` (temperature 1: the
+   drafter must predict what rollouts produce, not the dataset's reference answers).
+2. One teacher-forced forward of the target (Hugging Face's module, float32) per sequence
+   gives the normed hidden state h_t at every position.
+3. Train the drafter on windows starting at the last prompt position or later: from
+   (h_t, x_{t+1}) predict h_{t+1} (smooth-L1 regression) and the target's next-token
+   distribution softmax(head(h_{t+1})) (cross-entropy against those soft labels), as in
+   EAGLE / TLT. The drafter is unrolled ``unroll`` steps on its own features, later steps
+   weighted down, so that it also learns from the features it will really see deeper in a
+   draft (EAGLE trains one step; deeper drafts then drift).
+
+The online spot trainer (TLT: training on rollout hidden states while the tail idles) reuses
+``drafter_loss``; it is not part of this module.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from tailrl.model.drafter import Drafter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DrafterData:
+    """Teacher-forced features of many sequences, concatenated."""
+
+    hidden: torch.Tensor        # [N, H] normed hidden state at every position, float32
+    tokens: torch.Tensor        # [N] token at every position
+    starts: torch.Tensor        # [S] positions t whose window t .. t + unroll stays in one sequence's response
+
+
+@torch.no_grad()
+def teacher_forced(model_dir: str, sequences: list[tuple[list[int], list[int]]], unroll: int) -> DrafterData:
+    """``sequences``: (prompt ids, response ids) pairs. Window starts: the last prompt position
+    (it sampled the first response token) to the position ``unroll`` before the end."""
+    import transformers
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hidden, tokens, starts = [], [], []
+    offset = 0
+    for prompt, response in tqdm(sequences, desc="teacher-forced forward", leave=False):
+        ids = list(prompt) + list(response)
+        h = hf.model(torch.tensor([ids])).last_hidden_state[0]               # [T, H], after the final norm
+        hidden.append(h)
+        tokens.append(torch.tensor(ids))
+        first, last = len(prompt) - 1, len(ids) - 1 - unroll
+        starts += range(offset + first, offset + last + 1)
+        offset += len(ids)
+    if not starts:
+        raise ValueError("train-drafter: no response is long enough to train on (raise --max-tokens)")
+    return DrafterData(torch.cat(hidden), torch.cat(tokens), torch.tensor(starts))
+
+
+def drafter_loss(drafter: Drafter, data: DrafterData, idx: torch.Tensor, unroll: int,
+                 reg_weight: float = 1.0, decay: float = 0.7) -> tuple[torch.Tensor, float]:
+    """Loss over windows starting at ``idx`` [B]. Returns (loss, top-1 agreement of the first step
+    with the target's most likely token: a cheap proxy of chain acceptance)."""
+    feat = data.hidden[idx]                                                  # [B, H]
+    total = feat.new_zeros(())
+    agree = 0.0
+    for k in range(unroll):
+        nxt = data.hidden[idx + k + 1]                                       # [B, H] target feature
+        feat, logits = drafter.step(feat, data.tokens[idx + k + 1])
+        target_p = torch.softmax(F.linear(nxt, drafter.head), -1)            # [B, V] target's next token
+        ce = -(target_p * torch.log_softmax(logits, -1)).sum(-1).mean()
+        reg = F.smooth_l1_loss(feat, nxt)
+        total = total + decay ** k * (ce + reg_weight * reg)
+        if k == 0:
+            agree = (logits.argmax(-1) == target_p.argmax(-1)).float().mean().item()
+    return total, agree
+
+
+def train(drafter: Drafter, data: DrafterData, steps: int, batch: int = 256, lr: float = 1e-3,
+          unroll: int = 3, seed: int = 0) -> dict[str, float]:
+    """AdamW with cosine decay. Returns the final figures (loss, first-step agreement)."""
+    gen = torch.Generator().manual_seed(seed)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps))
+    drafter.train()
+    loss_v = agree = 0.0
+    bar = tqdm(range(steps), desc="train drafter", leave=False)
+    for _ in bar:
+        idx = data.starts[torch.randint(len(data.starts), (batch,), generator=gen)]
+        loss, agree = drafter_loss(drafter, data, idx, unroll)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        loss_v = loss.item()
+        bar.set_postfix(loss=f"{loss_v:.3f}", agree=f"{agree:.3f}")
+    drafter.eval()
+    return {"loss": loss_v, "agreement": agree}
+
+
+def sample_responses(model_dir: str, prompts: list[list[int]], n: int, max_tokens: int, seed: int,
+                     dtype: str = "bfloat16") -> list[tuple[list[int], list[int]]]:
+    """The model's own responses (temperature 1) to ``prompts``, ``n`` each."""
+    from tailrl import LLM, SamplingParams
+    llm = LLM(model_dir, dtype=dtype, seed=seed)
+    outs = llm.generate(prompts, SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, seed=seed))
+    return [(list(o.prompt_token_ids), list(c.token_ids)) for o in outs for c in o.outputs]
+
+
+def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 4, max_tokens: int = 512,
+               steps: int = 1000, batch: int = 256, lr: float = 1e-3, unroll: int = 3,
+               seed: int = 0) -> dict[str, float]:
+    """Sample, teacher-force, train and save a drafter for ``model_dir`` into ``out_dir``."""
+    from tailrl.model.loader import load_model
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    seqs = sample_responses(model_dir, prompts, n, max_tokens, seed)
+    t1 = time.perf_counter()
+    data = teacher_forced(model_dir, seqs, unroll)
+    drafter = Drafter.for_target(load_model(model_dir, "float32"))
+    t2 = time.perf_counter()
+    figures = train(drafter, data, steps, batch, lr, unroll, seed)
+    drafter.save(out_dir)
+    figures.update(sequences=float(len(seqs)), windows=float(len(data.starts)), sample_s=t1 - t0,
+                   train_s=time.perf_counter() - t2)
+    return figures
+
+
+def task_prompts(model_dir: str, count: int) -> list[list[int]]:
+    """The first ``count`` training prompts of the task mixture (never held-out ones), tokenised."""
+    from itertools import islice
+
+    from tailrl.engine.inputs import load_tokenizer
+    from tailrl.tasks import mixture
+    tok = load_tokenizer(model_dir)
+    if tok is None:
+        raise ValueError(f"model: {model_dir!r} has no tokenizer to encode the task prompts")
+    return [tok.encode(ex.prompt) for ex in islice(mixture.training_examples(), count)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tailrl train-drafter", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="target checkpoint directory")
+    ap.add_argument("--out", required=True, help="drafter directory to write")
+    ap.add_argument("--prompts", type=int, default=128, help="training prompts to sample")
+    ap.add_argument("--n", type=int, default=4, help="responses per prompt")
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--unroll", type=int, default=3, help="drafter steps trained on its own features")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    for name in ("prompts", "n", "max_tokens", "steps", "batch", "unroll"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    figures = warm_start(a.model, a.out, task_prompts(a.model, a.prompts), a.n, a.max_tokens, a.steps,
+                         a.batch, a.lr, a.unroll, a.seed)
+    log.info("drafter saved to %s", a.out)
+    print(json.dumps({"out": a.out, **figures}))
+    return 0

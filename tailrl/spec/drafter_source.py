@@ -1,0 +1,137 @@
+"""The learned drafter as a draft source: chains and trees grown from the target's hidden state.
+
+A request can be drafted for once the engine has kept the hidden state that sampled its last
+token (``req.last_hidden``; the engine keeps it when a source has ``needs_hidden``). The
+drafter steps from that state and the last token; the node probabilities of the draft are
+the drafter's own softmax probabilities, so the draft's score (expected accepted length) is
+what the drafter believes; at temperature 1 a point-mass draft token x is accepted with the
+target's p(x), which the drafter is trained to match.
+
+Tree shape (EAGLE-2-like, but with a fixed width): at each depth every frontier node offers
+its ``max_paths`` most likely children, and the ``max_paths`` candidates of highest path
+probability (within the node budget) become the next depth's nodes and frontier. With
+``max_paths == 1`` this is the greedy chain. A path stops when its probability falls below
+``min_path_prob`` (a node that unlikely costs a verify slot for almost nothing).
+
+Batching: ``prepare(requests, max_tokens, max_paths)`` (called by the speculator once per
+step) drafts for every ready request in one set of batched drafter steps; ``propose`` then
+hands out the prepared draft, or drafts that one request alone if it was not prepared.
+The source keeps no per-request state beyond this step's prepared drafts.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tailrl.model.drafter import Drafter
+from tailrl.spec.draft import Draft
+
+
+class DrafterSource:
+    name = "drafter"
+    needs_hidden = True
+
+    def __init__(self, drafter: Drafter, min_path_prob: float = 0.0):
+        self.drafter = drafter.eval()
+        self.min_path_prob = min_path_prob
+        self._ready: dict[str, tuple[int, int, Draft | None]] = {}   # id -> (num_tokens, paths, draft)
+
+    def start(self, req: Any) -> None:
+        pass
+
+    def observe(self, req: Any, new_tokens: list[int]) -> None:
+        pass
+
+    def finish(self, req: Any) -> None:
+        self._ready.pop(req.request_id, None)
+
+    def prepare(self, requests: list[Any], max_tokens: int, max_paths: int) -> None:
+        """Draft for all ``requests`` with a current hidden state, batched."""
+        ready = [r for r in requests if r.last_hidden is not None]
+        drafts = self.grow(ready, max_tokens, max_paths)
+        self._ready = {r.request_id: (r.num_tokens, max_paths, d) for r, d in zip(ready, drafts)}
+
+    def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
+        hit = self._ready.pop(req.request_id, None)
+        if hit is not None and hit[:2] == (req.num_tokens, max_paths):
+            d = hit[2]
+        elif req.last_hidden is not None:
+            d = self.grow([req], max_tokens, max_paths)[0]
+        else:
+            return None
+        return d.truncate(max_tokens) if d is not None else None
+
+    @torch.inference_mode()
+    def grow(self, requests: list[Any], max_tokens: int, max_paths: int) -> list[Draft | None]:
+        """One draft per request (None when no node clears ``min_path_prob``)."""
+        if not requests or max_tokens <= 0:
+            return [None] * len(requests)
+        width = max(1, max_paths)
+        feats = torch.stack([r.last_hidden for r in requests])                  # [B, H]
+        toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
+                             for r in requests])                                # [B]
+        if width == 1:
+            return self._chains(feats, toks, max_tokens)
+        nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in requests]
+        # frontier entries, one per row of feats / toks: (request index, node index (-1 = root), path prob)
+        frontier = [(b, -1, 1.0) for b in range(len(requests))]
+        while frontier:
+            out, logits = self.drafter.step(feats, toks)                        # [F, H], [F, V]
+            top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
+            chosen = self._choose(frontier, top_p.tolist(), top_t.tolist(), nodes, max_tokens, width)
+            frontier, rows, new_toks = self._append(chosen, nodes)
+            if not frontier:
+                break
+            feats, toks = out[rows], torch.tensor(new_toks)
+        return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
+
+    def _chains(self, feats: torch.Tensor, toks: torch.Tensor, max_tokens: int) -> list[Draft | None]:
+        """Greedy chains for all rows in tensor ops (the common case; no per-row Python per
+        depth). A chain ends before its first node whose path probability is below
+        ``min_path_prob``."""
+        tokens, probs = [], []
+        path = torch.ones(len(toks))
+        for _ in range(max_tokens):
+            feats, logits = self.drafter.step(feats, toks)
+            q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
+            tokens.append(toks)
+            probs.append(q)
+            path = path * q
+            if bool((path < self.min_path_prob).all()):
+                break
+        keep = (torch.stack(probs, 1).cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()   # [B]
+        t_rows, q_rows = torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist()
+        return [Draft.unchecked(t[:k], list(range(-1, k - 1)), q[:k], self.name, chain=True) if k else None
+                for t, q, k in zip(t_rows, q_rows, keep)]
+
+    def _choose(self, frontier, probs, tokens, nodes, max_tokens: int, width: int) -> list[tuple]:
+        """Per request, the ``width`` best children (by path probability) of its frontier
+        nodes that fit the node budget and clear ``min_path_prob``. Returns entries
+        (request index, frontier row, parent node, token, conditional prob, path prob)."""
+        cands: dict[int, list[tuple]] = {}
+        for row, (b, node, pp) in enumerate(frontier):
+            for q, t in zip(probs[row], tokens[row]):
+                if pp * q >= self.min_path_prob:
+                    cands.setdefault(b, []).append((b, row, node, t, q, pp * q))
+        chosen = []
+        for b, cs in cands.items():
+            room = max_tokens - len(nodes[b][0])
+            cs.sort(key=lambda c: -c[5])
+            chosen += cs[:min(width, room)]
+        return chosen
+
+    @staticmethod
+    def _append(chosen: list[tuple], nodes) -> tuple[list[tuple], list[int], list[int]]:
+        """Add the chosen children as draft nodes; they are the next frontier. Returns (frontier,
+        the drafter-output row each continues from, their tokens)."""
+        frontier, rows, toks = [], [], []
+        for b, row, parent, t, q, pp in chosen:
+            tokens, parents, probs = nodes[b]
+            tokens.append(t)
+            parents.append(parent)
+            probs.append(q)
+            frontier.append((b, len(tokens) - 1, pp))
+            rows.append(row)
+            toks.append(t)
+        return frontier, rows, toks

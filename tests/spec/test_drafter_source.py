@@ -1,0 +1,122 @@
+"""Speculation with the learned drafter is lossless: outputs with drafter (and hybrid) drafts
+equal plain outputs, in float64 and bfloat16, for chains and trees; drafts are valid and the
+configuration is checked. The drafter is warm-started for a few steps on the test model, so
+its drafts are partly accepted and partly rejected (both paths of verification run)."""
+import pytest
+import torch
+
+from tailrl import LLM, SamplingParams, SpeculativeConfig
+from tailrl.engine.request import Request
+from tailrl.model.drafter import Drafter
+from tailrl.model.loader import load_model
+from tailrl.rl.drafter_train import warm_start
+from tailrl.spec.draft import Draft
+from tailrl.spec.drafter_source import DrafterSource
+
+PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
+
+
+@pytest.fixture(scope="module")
+def model(ckpt_dir):
+    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(model, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("drafter"))
+    warm_start(model, out, PROMPTS, n=4, max_tokens=48, steps=40, batch=128, lr=3e-3, unroll=2)
+    return out
+
+
+def test_drafts_are_valid_chains_and_trees(model, drafter_dir):
+    target = load_model(model)
+    src = DrafterSource(Drafter.load(drafter_dir, target))
+    reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
+    assert src.propose(reqs[0], 6, 1) is None                 # no hidden state kept yet: nothing to draft from
+    for r in reqs:
+        r.keep_hidden(torch.randn(target.args.hidden_size))
+    for paths in (1, 3):
+        src.prepare(reqs[:3], 8, paths)
+        for r in reqs:                                          # r3 was not prepared: drafted alone
+            d = src.propose(r, 5, paths)
+            Draft(d.tokens, d.parents, d.probs, d.source)      # the checked constructor accepts it
+            assert 0 < len(d) <= 5 and d.source == "drafter"
+            assert d.is_chain == (paths == 1)
+            depth1 = [t for t, p in zip(d.tokens, d.parents) if p < 0]
+            assert len(depth1) == len(set(depth1)) <= paths
+            assert 0 < d.score <= len(d)
+    cut = DrafterSource(src.drafter, min_path_prob=0.3)
+    for paths in (1, 3):
+        for r in reqs:                                          # unlikely paths are not drafted
+            d = cut.propose(r, 8, paths)
+            assert d is None or min(d.path_probs) >= 0.3
+    reqs[0].output_token_ids.append(3)                          # the kept hidden state is stale now
+    assert reqs[0].last_hidden is None and src.propose(reqs[0], 5, 1) is None
+
+
+def assert_same(plain, spec):
+    for a, b in zip(plain, spec, strict=True):
+        for ca, cb in zip(a.outputs, b.outputs, strict=True):
+            assert cb.token_ids == ca.token_ids
+            assert cb.finish_reason == ca.finish_reason
+
+
+PARAMS = [SamplingParams(n=3, max_tokens=40, seed=1), SamplingParams(n=2, temperature=0, max_tokens=30),
+          SamplingParams(n=3, top_k=5, temperature=0.7, max_tokens=50, seed=2),
+          SamplingParams(n=2, top_p=0.8, max_tokens=40, ignore_eos=True)]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+@pytest.mark.parametrize("method,paths", [("drafter", 1), ("drafter", 3), ("hybrid", 2)])
+def test_outputs_identical_with_drafter_speculation(model, drafter_dir, dtype, method, paths):
+    plain = LLM(model, dtype=dtype)
+    spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(
+        method=method, drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
+    for _ in range(2):                                          # the second call: hybrid has history too
+        assert_same(plain.generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))
+    m = spec.last_metrics
+    drafted, accepted = m["rollout/spec_draft_tokens/drafter"], m["rollout/spec_accepted_tokens/drafter"]
+    assert 0 < accepted < drafted                               # acceptances and rejections both ran
+
+
+def test_config_names_the_drafter_field(drafter_dir, tmp_path):
+    for bad in (dict(method="drafter"), dict(method="hybrid", drafter=str(tmp_path / "missing")),
+                dict(method="suffix", drafter=drafter_dir), dict(method="drafter", drafter=3)):
+        with pytest.raises(ValueError, match="drafter"):
+            SpeculativeConfig(**bad)
+    assert SpeculativeConfig(method="hybrid", drafter=drafter_dir).drafter == drafter_dir
+
+
+def test_a_drafter_for_another_model_is_refused(ckpt_dir, drafter_dir):
+    other = ckpt_dir("qwen2", hidden_size=32, num_heads=2, num_kv_heads=1)
+    with pytest.raises(ValueError, match="hidden_size"):
+        LLM(other, speculative=dict(method="drafter", drafter=drafter_dir))
+
+
+def test_identical_under_preemption_and_after_migration(model, drafter_dir):
+    """Preempted (recomputed) requests keep drafting; a request exported mid-flight resumes in
+    another engine with no kept hidden state (it drafts again after its first sampled token)."""
+    from tailrl import EngineConfig
+    from tailrl.engine.engine import LLMEngine
+    sp = [SamplingParams(n=2, temperature=t, max_tokens=50, ignore_eos=True, seed=3) for t in (0.0, 1.0) * 2]
+    kw = dict(max_model_len=520, kv_cache_tokens=520)
+    cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
+    plain = LLM(model, dtype="float64", **kw).generate(PROMPTS, sp)
+    spec = LLM(model, dtype="float64", speculative=cfg, **kw)
+    assert_same(plain, spec.generate(PROMPTS, sp))
+    assert spec.last_metrics["rollout/preemptions"] > 0 and spec.last_metrics["rollout/spec_accepted_tokens"] > 0
+    engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(2)]
+    req = Request("x", PROMPTS[1], SamplingParams(max_tokens=40, ignore_eos=True), seed_key=11)
+    ref = Request("x", PROMPTS[1], SamplingParams(max_tokens=40, ignore_eos=True), seed_key=11)
+    engines[0].add_request(ref)
+    while engines[0].has_unfinished():
+        engines[0].step()
+    engines[0].release("x")
+    engines[1].add_request(req)
+    while req.num_output_tokens < 12:
+        engines[1].step()
+    moved = engines[0].import_request(engines[1].export_request("x"))
+    assert moved.last_hidden is None
+    while engines[0].has_unfinished():
+        engines[0].step()
+    assert moved.output_token_ids == ref.output_token_ids
