@@ -99,7 +99,7 @@ class LLMEngine:
     def step(self) -> list[Request]:
         """One step for every scheduled request. Returns the requests that finished."""
         clock = [time.perf_counter()]
-        grew = self.kv.data
+        kv_data = self.kv.data                                             # a step may grow the cache
         sched = self.scheduler.schedule()                                  # 1. schedule
         if sched.num_tokens == 0:
             if self.scheduler.has_work():
@@ -113,7 +113,7 @@ class LLMEngine:
         logits, hidden = self.runner.run(batch, return_hidden=True) if self.keep_hidden else (
             self.runner.run(batch), None)
         clock.append(time.perf_counter())
-        for req, n in sched.rows:
+        for req, n in sched.rows:                                          # the forward wrote their K/V
             req.num_computed_tokens += n
         tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)   # 4. sample
         clock.append(time.perf_counter())
@@ -125,7 +125,7 @@ class LLMEngine:
                                  len(sched.preempted), stages, verify_rows, accepted)
         if self.speculator is not None:
             # a step with prefill chunks, or one that grew the KV cache, is not a decode step's cost
-            decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows) and self.kv.data is grew
+            decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows) and self.kv.data is kv_data
             self.speculator.observe_step(len(batch.plans), len(batch.input_ids), clock[-1] - clock[0],
                                          batch.meta.work, prefill=not decode, reads=batch.meta.reads)
         return finished
