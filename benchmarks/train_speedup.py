@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/demo.yaml")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--dtype", choices=("bfloat16", "float32", "float64"), default="bfloat16")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="runs/train_speedup")
     args = p.parse_args(argv)
