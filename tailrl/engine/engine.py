@@ -207,3 +207,5 @@ class LLMEngine:
         """In-place weight update from Hugging Face parameter names (e.g. after an RL step).
         Cached K/V of running requests is stale afterwards; call between generate calls."""
         self.model.load_hf_state_dict(hf_state_dict)
+        if self.speculator is not None:
+            self.speculator.target_updated(self.model)

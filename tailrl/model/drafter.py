@@ -94,6 +94,13 @@ class Drafter(nn.Module):
         """A freshly initialised drafter over a target ``Transformer``."""
         return cls(DrafterConfig.from_target(model.args), *target_weights(model))
 
+    @torch.no_grad()
+    def share_target(self, model: nn.Module) -> None:
+        """Copy the target's current embedding and LM head (after an RL weight update)."""
+        embed, head = target_weights(model)
+        self.embed.copy_(embed.float())
+        self.head.copy_(head.float())
+
     def step(self, feature: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """feature [B, H], tokens [B] -> (next feature [B, H], logits [B, V])."""
         eps = self.cfg.rms_norm_eps

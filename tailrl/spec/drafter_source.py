@@ -46,6 +46,10 @@ class DrafterSource:
     def finish(self, req: Any) -> None:
         self._ready.pop(req.request_id, None)
 
+    def target_updated(self, model: Any) -> None:
+        """The target's weights changed: the drafter reads its embedding and head anew."""
+        self.drafter.share_target(model)
+
     def prepare(self, requests: list[Any], max_tokens: int, max_paths: int) -> None:
         """Draft for all ``requests`` with a current hidden state, batched."""
         ready = [r for r in requests if r.last_hidden is not None]

@@ -89,6 +89,13 @@ class Speculator:
             s.observe(req, new_tokens)
         self._index_s += time.perf_counter() - t0
 
+    def target_updated(self, model: Any) -> None:
+        """The target's weights changed (``LLM.load_weights``): sources that share them refresh."""
+        for s in self.sources:
+            refresh = getattr(s, "target_updated", None)
+            if refresh is not None:
+                refresh(model)
+
     def finish(self, req: Any) -> None:
         self._carry.pop(req.request_id, None)
         for s in self.sources:

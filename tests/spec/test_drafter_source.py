@@ -120,3 +120,19 @@ def test_identical_under_preemption_and_after_migration(model, drafter_dir):
     while engines[0].has_unfinished():
         engines[0].step()
     assert moved.output_token_ids == ref.output_token_ids
+
+
+def test_load_weights_refreshes_the_drafters_shared_embedding_and_head(model, drafter_dir):
+    """After an RL update the drafter must read the new embedding and head, not a stale copy."""
+    from tailrl.model.loader import load_state_dict
+    llm = LLM(model, dtype="float32", speculative=SpeculativeConfig(method="drafter", drafter=drafter_dir))
+    target = llm.engine.model
+    drafter = llm.engine.speculator.sources[0].drafter
+    sd = load_state_dict(model)                               # the checkpoint under HF names
+    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"] * 2.0
+    before = drafter.embed.clone()
+    llm.load_weights(sd)
+    assert not torch.equal(drafter.embed, before)
+    assert torch.equal(drafter.embed, target.embed.weight.float())
+    head = target.embed.weight if target.lm_head is None else target.lm_head.weight
+    assert torch.equal(drafter.head, head.float())
