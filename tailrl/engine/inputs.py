@@ -104,6 +104,11 @@ class InputProcessor:
             raise ValueError(f"prompt_ids has {n} entries for {len(ids)} prompts")
         return [str(p) for p in prompt_ids]
 
+    @staticmethod
+    def prompt_seed(params: SamplingParams, call: int, i: int) -> int:
+        """The prompt seed of the ``i``-th prompt of the ``call``-th batch (module docstring)."""
+        return params.seed if params.seed is not None else mix(call, i)
+
     def group(self, group_id: str, token_ids: list[int], params: SamplingParams, prompt_id: str,
               prompt_seed: int) -> list[Request]:
         """The ``params.n`` requests of one prompt (one GRPO group)."""
@@ -117,7 +122,7 @@ class InputProcessor:
         texts, ids = self.prompt_tokens(prompts)
         plist = self.sampling_params(sampling_params, len(ids))
         pids = self.prompt_ids(prompt_ids, ids)
-        groups = [self.group(f"{call}-{i}", toks, p, pids[i], p.seed if p.seed is not None else mix(call, i))
+        groups = [self.group(f"{call}-{i}", toks, p, pids[i], self.prompt_seed(p, call, i))
                   for i, (toks, p) in enumerate(zip(ids, plist))]
         return texts, ids, pids, groups
 

@@ -12,7 +12,6 @@ import asyncio
 import itertools
 
 from tailrl.config import SamplingParams
-from tailrl.engine.sampler import mix
 from tailrl.serve.choice import ChoiceState
 from tailrl.serve.config import ServeConfig
 from tailrl.serve.errors import APIError
@@ -56,8 +55,7 @@ def make_groups(inputs, token_lists: list[list[int]], params: SamplingParams, pr
     call = next(_calls)
     groups = []
     for i, toks in enumerate(token_lists):
-        seed = params.seed if params.seed is not None else mix(call, i)
-        groups.append(inputs.group(f"srv{call}-{i}", toks, params, pids[i], seed))
+        groups.append(inputs.group(f"srv{call}-{i}", toks, params, pids[i], inputs.prompt_seed(params, call, i)))
     return groups
 
 
