@@ -2,19 +2,21 @@
 
 Running requests occupy rows 0..R-1 with no holes (a leaving request's row is filled by the
 last row), so every attention call reads plain views of the cache instead of gathering.
-Rows and capacity grow by doubling; their product is bounded by a budget in token slots.
+Rows and capacity grow by doubling; their product is bounded by a budget in token slots
+(capacities are whole blocks of ``attention.BLOCK`` positions).
 When a step needs more than the budget allows, `reserve` says no and the scheduler preempts.
 
-Layout: a row's keys are stored transposed, [KV, D, cap] (``keys``), its values [KV, cap, D]
-(``values``): attention scores a block of consecutive positions against a query with one
-contiguous read per head dimension, and weighs values with one contiguous read per position.
-Exports and imports use the plain [L, 2, KV, n, D] layout.
+Layout (``tailrl.model.attention``): a row's keys are key blocks [KV, cap * D], its values
+[KV, cap, D]. Both keep position p's data inside the first blocks(p + 1) * D elements of a
+row, so growing, copying and moving rows copy flat prefixes. Exports and imports use the plain
+[L, 2, KV, n, D] layout.
 """
 from __future__ import annotations
 
 import torch
 
 from tailrl.model.args import ModelArgs
+from tailrl.model.attention import BLOCK, blocks, key_index
 
 MIN_CAP = 128
 
@@ -29,12 +31,12 @@ def _grow(current: int, needed: int, limit: int) -> int:
 class KVCache:
     def __init__(self, args: ModelArgs, dtype: torch.dtype, device: str | torch.device,
                  budget_tokens: int, max_rows: int, max_len: int):
-        if budget_tokens < max_len:
-            raise ValueError(f"kv_cache_tokens must be >= max_model_len ({max_len}) so one request always fits, "
-                             f"got {budget_tokens}")
+        if budget_tokens < blocks(max_len):
+            raise ValueError(f"kv_cache_tokens must be >= max_model_len rounded up to whole blocks of {BLOCK} "
+                             f"({blocks(max_len)}) so one request always fits, got {budget_tokens}")
         self.args, self.dtype, self.device = args, dtype, device
         self.budget_tokens, self.max_rows, self.max_len = budget_tokens, max_rows, max_len
-        cap = min(MIN_CAP, max_len)
+        cap = blocks(min(MIN_CAP, max_len))
         self.data = self._alloc(max(1, min(4, max_rows, budget_tokens // cap)), cap)   # within budget
 
     def _alloc(self, rows: int, cap: int) -> torch.Tensor:
@@ -51,32 +53,23 @@ class KVCache:
     def cap(self) -> int:
         return self._cap
 
-    @staticmethod
-    def _views(data: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(keys [L, rows, KV, D, cap], values [L, rows, KV, cap, D]) of a data tensor."""
-        l, _, rows, kv, flat = data.shape
-        d = flat // cap
-        return data[:, 0].view(l, rows, kv, d, cap), data[:, 1].view(l, rows, kv, cap, d)
-
-    @property
-    def keys(self) -> torch.Tensor:
-        return self._views(self.data, self.cap)[0]
-
     @property
     def values(self) -> torch.Tensor:
-        return self._views(self.data, self.cap)[1]
+        """[L, rows, KV, cap, D]."""
+        l, _, rows, kv, flat = self.data.shape
+        return self.data[:, 1].view(l, rows, kv, self.cap, flat // self.cap)
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (keys [rows, KV, D, cap], values [rows, KV, cap, D]): what the model writes and reads."""
-        k, v = self._views(self.data, self.cap)
-        return list(zip(k.unbind(0), v.unbind(0)))
+        """Per layer (key blocks [rows, KV, cap * D], values [rows, KV, cap, D]): what the model
+        writes and reads."""
+        return list(zip(self.data[:, 0].unbind(0), self.values.unbind(0)))
 
     @property
     def bytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
     def fits(self, rows: int, length: int) -> bool:
-        return rows <= self.max_rows and length <= self.max_len and rows * length <= self.budget_tokens
+        return rows <= self.max_rows and length <= self.max_len and rows * blocks(length) <= self.budget_tokens
 
     def reserve(self, rows: int, length: int) -> bool:
         """Make room for `rows` rows of `length` positions. False (and no change) if over budget."""
@@ -85,36 +78,40 @@ class KVCache:
         if not self.fits(rows, length):
             return False
         grown_rows = _grow(self.rows, rows, self.max_rows)
-        grown_cap = _grow(self.cap, length, self.max_len)
+        grown_cap = blocks(_grow(self.cap, length, self.max_len))
         # Prefer doubling (amortised copies); fall back to exact sizes near the budget. The caller
         # passes the longest length any occupied row needs, so shrinking to it loses nothing.
-        for new_rows, new_cap in ((grown_rows, grown_cap), (rows, grown_cap), (grown_rows, length), (rows, length)):
+        for new_rows, new_cap in ((grown_rows, grown_cap), (rows, grown_cap), (grown_rows, blocks(length)),
+                                 (rows, blocks(length))):
             if new_rows * new_cap <= self.budget_tokens:
                 break
-        old_k, old_v = self.keys, self.values
-        keep_rows, keep_cap = min(self.rows, new_rows), min(self.cap, new_cap)
+        old, keep_rows, keep = self.data, min(self.rows, new_rows), min(self.cap, new_cap) * self.args.head_dim
         self.data = self._alloc(new_rows, new_cap)
-        k, v = self.keys, self.values
-        k[:, :keep_rows, :, :, :keep_cap] = old_k[:, :keep_rows, :, :, :keep_cap]
-        v[:, :keep_rows, :, :keep_cap] = old_v[:, :keep_rows, :, :keep_cap]
+        self.data[:, :, :keep_rows, :, :keep] = old[:, :, :keep_rows, :, :keep]
         return True
 
     def move_row(self, src: int, dst: int, length: int) -> None:
-        k, v = self.keys, self.values
-        k[:, dst, :, :, :length] = k[:, src, :, :, :length]
-        v[:, dst, :, :length] = v[:, src, :, :length]
+        n = min(blocks(length), self.cap) * self.args.head_dim
+        self.data[:, :, dst, :, :n] = self.data[:, :, src, :, :n]
+
+    def _key_index(self, positions) -> torch.Tensor:
+        """Flat offsets [n * D] of these positions' keys inside a row's key blocks."""
+        return key_index(torch.as_tensor(positions, device=self.device), self.args.head_dim).flatten()
 
     def move_positions(self, row: int, src: list[int], dst: list[int]) -> None:
         """Copy K/V of positions src -> dst inside one row (accepted tree-draft nodes)."""
+        k = self.data[:, 0, row]
+        k[:, :, self._key_index(dst)] = k[:, :, self._key_index(src)]
         s = torch.tensor(src, device=self.device)
         d = torch.tensor(dst, device=self.device)
-        k, v = self.keys, self.values
-        k[:, row, :, :, d] = k[:, row, :, :, s]
+        v = self.values
         v[:, row, :, d] = v[:, row, :, s]
 
     def export_row(self, row: int, length: int) -> torch.Tensor:
         """[L, 2, KV, length, D], a copy on the CPU."""
-        k = self.keys[:, row, :, :, :length].transpose(-1, -2)
+        a = self.args
+        k = self.data[:, 0, row][:, :, self._key_index(range(length))]
+        k = k.view(a.num_layers, a.num_kv_heads, length, a.head_dim)
         v = self.values[:, row, :, :length]
         return torch.stack([k, v], dim=1).detach().to("cpu", copy=True)
 
@@ -128,5 +125,5 @@ class KVCache:
         self.check_shape(kv)
         n = kv.shape[3]
         kv = kv.to(self.data)
-        self.keys[:, row, :, :, :n] = kv[:, 0].transpose(-1, -2)
+        self.data[:, 0, row][:, :, self._key_index(range(n))] = kv[:, 0].flatten(-2)
         self.values[:, row, :, :n] = kv[:, 1]

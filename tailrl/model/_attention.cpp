@@ -17,14 +17,22 @@
 // than their depths sees the same sequence as plain decoding of that token, so it computes
 // the same bits; so does a query of a row batched with any other rows.
 //
+// Key layout. A row's keys for one KV head are stored in blocks of BLOCK consecutive positions,
+// each block [D/2][BLOCK][2]: pairs of head dimensions side by side for every key (key_at).
+// A block is one contiguous read, and on CPUs with AVX512-BF16 a bfloat16 block is scored with
+// one dot-product-of-pairs instruction per 16 keys and 2 dimensions (the query rounded to
+// bfloat16 once); values stay [cap][D] and are weighed in float.
+//
 // Accumulation is in float (double for float64 caches). Tensors are passed as raw pointers
 // with element strides; the Python side checks shapes, dtypes and bounds.
 #include <pybind11/pybind11.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #ifdef _OPENMP
@@ -63,10 +71,15 @@ template <> struct Acc<double> { using type = double; };
 struct Layout {
     int64_t n, heads, kv_heads, dim;
     int64_t q_s0, q_s1;              // q strides (token, head); dim stride 1
-    int64_t k_s0, k_s1, k_s2;        // key cache strides (row, kv head, dim); position stride 1
+    int64_t k_s0, k_s1;              // key cache strides (row, kv head); blocks inside (key_at)
     int64_t v_s0, v_s1, v_s2;        // value cache strides (row, kv head, position); dim stride 1
     int64_t o_s0, o_s1;
 };
+
+// Offset of key (dimension d, position p) inside one row and KV head's key blocks.
+inline int64_t key_at(int64_t d, int64_t p, int64_t D) {
+    return (p / BLOCK) * BLOCK * D + (d / 2) * (2 * BLOCK) + (p % BLOCK) * 2 + (d & 1);
+}
 
 // exp for softmax weights, branch-free so the compiler vectorises it: x = n ln2 + r,
 // e^r by a degree-6 polynomial (|r| <= ln2 / 2, relative error ~2e-7), times 2^n from the
@@ -97,42 +110,45 @@ inline double fast_exp(double x) { return std::exp(x); }
 template <typename A>
 struct Query {
     const A* q;          // [D] scaled query, in the accumulation type
-    A* acc;              // [D]
+    const uint32_t* qp;  // [D/2] the scaled query as bfloat16 pairs (bfloat16 fast path only)
+    A* acc;              // [D]; on the fast path, per 32 dimensions: the 16 even ones, then the odd ones
     A m, l;
     bool started;
 };
 
-// One block of nb visible keys for one query head. Key j's element d is kb[d * ksd + j] (the
-// cache itself for a full block of consecutive positions, else a gathered copy); values are
-// read at cache positions pos[j]. Lanes j >= nb are computed only where kb holds BLOCK
-// readable keys, and never used. The arithmetic for lane j depends only on that key and the
-// query, so a query computes the same bits whichever path, block or batch it is in.
-template <typename T, typename K, typename A>
-inline void block_update(Query<A>& st, const K* kb, int64_t ksd, const T* v, int64_t vs, const int64_t* pos,
-                         int64_t nb, int64_t D) {
-    // scores: CHAINS interleaved partial sums over the head dimension (independent chains
-    // keep the FMA units busy; the order is fixed, so every path computes the same bits)
+// Scores of one block against a query: kt is the block as [D][BLOCK] in the accumulation type.
+// CHAINS interleaved partial sums over the head dimension (independent chains keep the FMA
+// units busy; the order is fixed, so every path computes the same bits). Lane j depends only
+// on key j and the query.
+template <typename A>
+inline void block_scores(const A* q, const A* kt, int64_t D, A* s) {
     alignas(64) A sp[CHAINS][BLOCK];
     for (int u = 0; u < CHAINS; ++u)
         for (int j = 0; j < BLOCK; ++j) sp[u][j] = 0;
     int64_t d = 0;
     for (; d + CHAINS <= D; d += CHAINS) {
         for (int u = 0; u < CHAINS; ++u) {
-            const A qd = st.q[d + u];
-            const K* kd = kb + (d + u) * ksd;
+            const A qd = q[d + u];
+            const A* kd = kt + (d + u) * BLOCK;
 #pragma omp simd
-            for (int j = 0; j < BLOCK; ++j) sp[u][j] += qd * load(kd + j);
+            for (int j = 0; j < BLOCK; ++j) sp[u][j] += qd * kd[j];
         }
     }
     for (; d < D; ++d) {
-        const A qd = st.q[d];
-        const K* kd = kb + d * ksd;
+        const A qd = q[d];
+        const A* kd = kt + d * BLOCK;
 #pragma omp simd
-        for (int j = 0; j < BLOCK; ++j) sp[0][j] += qd * load(kd + j);
+        for (int j = 0; j < BLOCK; ++j) sp[0][j] += qd * kd[j];
     }
-    alignas(64) A s[BLOCK];
 #pragma omp simd
     for (int j = 0; j < BLOCK; ++j) s[j] = (sp[0][j] + sp[1][j]) + (sp[2][j] + sp[3][j]);
+}
+
+// Online softmax over one block's scores s (lanes >= nb are ignored): writes the block's
+// weights p (zero past nb), updates the running max and sum, returns the factor by which the
+// accumulator must be scaled.
+template <typename A>
+inline A softmax_block(Query<A>& st, A* s, int64_t nb, A* p) {
     // block max over lanes < nb (exact in any order): lanes past nb repeat lane 0, then an
     // elementwise max of the two halves, down to one
     for (int64_t j = nb; j < BLOCK; ++j) s[j] = s[0];
@@ -144,7 +160,6 @@ inline void block_update(Query<A>& st, const K* kb, int64_t ksd, const T* v, int
     const A bm = mx[0];
     const A mnew = st.started ? std::max(st.m, bm) : bm;
     const A c = st.started ? fast_exp(st.m - mnew) : A(0);
-    alignas(64) A p[BLOCK];
 #pragma omp simd
     for (int j = 0; j < BLOCK; ++j) p[j] = fast_exp(s[j] - mnew);
     for (int64_t j = nb; j < BLOCK; ++j) p[j] = 0;
@@ -153,12 +168,17 @@ inline void block_update(Query<A>& st, const K* kb, int64_t ksd, const T* v, int
     for (int w = BLOCK / 2; w > 0; w /= 2)
 #pragma omp simd
         for (int j = 0; j < w; ++j) ps[j] += ps[j + w];
-    const A lb = ps[0];
-    st.l = st.l * c + lb;
-    // acc = acc * c + sum_j p[j] V[j], each element in j order; LANES elements at a time in
-    // a local array, so they stay in registers across the j loop
-    A* acc = st.acc;
-    // (the block's weighted sum in CHAINS interleaved partial sums over j, for the same reason)
+    st.l = st.l * c + ps[0];
+    st.m = mnew;
+    st.started = true;
+    return c;
+}
+
+// acc = acc * c + sum_j p[j] V[pos[j]], each element in j order, in CHAINS interleaved partial
+// sums over j; LANES elements at a time in a local array, so they stay in registers.
+template <typename T, typename A>
+inline void weigh_values(A* acc, A c, const A* p, const T* v, int64_t vs, const int64_t* pos, int64_t nb,
+                         int64_t D) {
     int64_t d0 = 0;
     for (; d0 + LANES <= D; d0 += LANES) {
         A a[CHAINS][LANES] = {};
@@ -185,22 +205,158 @@ inline void block_update(Query<A>& st, const K* kb, int64_t ksd, const T* v, int
         for (int64_t j = 0; j < nb; ++j) a += p[j] * load(v + pos[j] * vs + d0);
         acc[d0] = a;
     }
-    st.m = mnew;
-    st.started = true;
 }
 
-// Keys at cache positions pos[0..nb) copied into kt ([D][BLOCK], converted, zero past nb).
+// One block of nb visible keys for one query head (generic path): kt [D][BLOCK] as above,
+// values read at cache positions pos[j].
 template <typename T, typename A>
-inline void gather_keys(const T* k, int64_t ksd, const int64_t* pos, int64_t nb, int64_t D, A* kt) {
+inline void block_update(Query<A>& st, const A* kt, const T* v, int64_t vs, const int64_t* pos, int64_t nb,
+                         int64_t D) {
+    alignas(64) A s[BLOCK];
+    alignas(64) A p[BLOCK];
+    block_scores(st.q, kt, D, s);
+    const A c = softmax_block(st, s, nb, p);
+    weigh_values(st.acc, c, p, v, vs, pos, nb, D);
+}
+
+// Keys at cache positions pos[0..nb) of one row and KV head, copied into kt ([D][BLOCK] in
+// the accumulation type, zero past nb).
+template <typename T, typename A>
+inline void gather_keys(const T* k, const int64_t* pos, int64_t nb, int64_t D, A* kt) {
     for (int64_t d = 0; d < D; ++d) {
-        const T* kd = k + d * ksd;
         A* out = kt + d * BLOCK;
-        for (int64_t j = 0; j < nb; ++j) out[j] = load(kd + pos[j]);
+        for (int64_t j = 0; j < nb; ++j) out[j] = load(k + key_at(d, pos[j], D));
         for (int64_t j = nb; j < BLOCK; ++j) out[j] = 0;
     }
 }
 
-// All queries of one row, one KV head (k: [D, cap] with position stride 1, v: [cap, D]).
+#ifdef __AVX512BF16__
+constexpr bool HAVE_BF16_DOT = true;
+// GCC 12's headers leave an "undefined" operand of the shift intrinsic uninitialised on purpose
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Scores of one bfloat16 block in the cache's own layout ([D/2][BLOCK][2]): per pair of
+// dimensions, one dot-product-of-pairs per 16 keys, in two chains (even and odd pairs).
+inline void block_scores_bf16(const uint32_t* qp, const uint16_t* kb, int64_t D, float* s) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    for (int64_t i = 0; i < D / 2; i += 2) {
+        const __m512bh q0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[i]));
+        const __m512bh q1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[i + 1]));
+        const uint16_t* k0 = kb + i * 2 * BLOCK;
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(k0), q0);
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(k0 + 32), q0);
+        b0 = _mm512_dpbf16_ps(b0, (__m512bh)_mm512_loadu_si512(k0 + 2 * BLOCK), q1);
+        b1 = _mm512_dpbf16_ps(b1, (__m512bh)_mm512_loadu_si512(k0 + 2 * BLOCK + 32), q1);
+    }
+    _mm512_store_ps(s, _mm512_add_ps(a0, b0));
+    _mm512_store_ps(s + 16, _mm512_add_ps(a1, b1));
+}
+
+// acc = acc * c + sum_j p[j] V[pos[j]] for bfloat16 values, 32 dimensions per load: the even
+// ones widened by a shift, the odd ones by a mask (acc holds them in that order), two chains.
+inline void weigh_values_bf16(float* acc, float c, const float* p, const uint16_t* v, int64_t vs,
+                              const int64_t* pos, int64_t nb, int64_t D) {
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const __m512 cc = _mm512_set1_ps(c);
+    for (int64_t g = 0; g < D; g += 32) {
+        __m512 e0 = _mm512_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;
+        int64_t j = 0;
+        for (; j + 2 <= nb; j += 2) {
+            const __m512i x0 = _mm512_loadu_si512(v + pos[j] * vs + g);
+            const __m512i x1 = _mm512_loadu_si512(v + pos[j + 1] * vs + g);
+            const __m512 p0 = _mm512_set1_ps(p[j]), p1 = _mm512_set1_ps(p[j + 1]);
+            e0 = _mm512_fmadd_ps(p0, _mm512_castsi512_ps(_mm512_slli_epi32(x0, 16)), e0);
+            o0 = _mm512_fmadd_ps(p0, _mm512_castsi512_ps(_mm512_and_si512(x0, high)), o0);
+            e1 = _mm512_fmadd_ps(p1, _mm512_castsi512_ps(_mm512_slli_epi32(x1, 16)), e1);
+            o1 = _mm512_fmadd_ps(p1, _mm512_castsi512_ps(_mm512_and_si512(x1, high)), o1);
+        }
+        if (j < nb) {
+            const __m512i x0 = _mm512_loadu_si512(v + pos[j] * vs + g);
+            const __m512 p0 = _mm512_set1_ps(p[j]);
+            e0 = _mm512_fmadd_ps(p0, _mm512_castsi512_ps(_mm512_slli_epi32(x0, 16)), e0);
+            o0 = _mm512_fmadd_ps(p0, _mm512_castsi512_ps(_mm512_and_si512(x0, high)), o0);
+        }
+        float* a = acc + g;
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), cc, _mm512_add_ps(e0, e1)));
+        _mm512_storeu_ps(a + 16, _mm512_fmadd_ps(_mm512_loadu_ps(a + 16), cc, _mm512_add_ps(o0, o1)));
+    }
+}
+
+inline void block_update_bf16(Query<float>& st, const uint16_t* kb, const uint16_t* v, int64_t vs,
+                              const int64_t* pos, int64_t nb, int64_t D) {
+    alignas(64) float s[BLOCK];
+    alignas(64) float p[BLOCK];
+    block_scores_bf16(st.qp, kb, D, s);
+    const float c = softmax_block(st, s, nb, p);
+    weigh_values_bf16(st.acc, c, p, v, vs, pos, nb, D);
+}
+#else
+constexpr bool HAVE_BF16_DOT = false;
+inline void block_update_bf16(Query<float>&, const uint16_t*, const uint16_t*, int64_t, const int64_t*, int64_t,
+                              int64_t) {}
+#endif
+
+// The fast path: bfloat16 caches, a head dimension in whole 32s, a CPU with AVX512-BF16.
+template <typename T>
+inline bool fast_path(int64_t D) {
+    return HAVE_BF16_DOT && std::is_same<T, uint16_t>::value && D % 32 == 0;
+}
+
+// Keys at cache positions pos[0..nb) copied raw into one block of the cache's layout (kb,
+// zero past nb): the fast path's gathered block.
+inline void gather_block(const uint16_t* k, const int64_t* pos, int64_t nb, int64_t D, uint16_t* kb) {
+    std::memset(kb, 0, sizeof(uint16_t) * BLOCK * D);
+    for (int64_t d = 0; d < D; ++d)
+        for (int64_t j = 0; j < nb; ++j) kb[key_at(d, j, D)] = k[key_at(d, pos[j], D)];
+}
+
+// Per-thread scratch of row_head.
+template <typename A>
+struct Scratch {
+    std::vector<A> buf;                 // gathered keys, scaled queries, accumulators
+    std::vector<uint32_t> qp;           // queries as bfloat16 pairs
+    std::vector<uint16_t> kb;           // a gathered bfloat16 block
+    std::vector<Query<A>> st;
+    std::vector<int64_t> shared_end;
+};
+
+// One block of nb keys for query state st: the fast path reads a block of the cache's layout
+// (kb: in place or gathered), the generic one a [D][BLOCK] copy (kt).
+template <typename T, typename A>
+inline void update(Query<A>& st, bool fast, const void* kb, const A* kt, const T* v, int64_t vs, const int64_t* pos,
+                   int64_t nb, int64_t D) {
+    if constexpr (std::is_same<T, uint16_t>::value) {
+        if (fast) {
+            block_update_bf16(st, static_cast<const uint16_t*>(kb), v, vs, pos, nb, D);
+            return;
+        }
+    }
+    block_update(st, kt, v, vs, pos, nb, D);
+}
+
+inline uint32_t bf16_bits(float f) {
+    uint16_t b;
+    store(&b, f);
+    return b;
+}
+
+// Where dimension d of a query's result sits in its accumulator.
+inline int64_t acc_at(int64_t d, bool fast) {
+    return fast ? (d / 32) * 32 + (d & 1) * 16 + (d % 32) / 2 : d;
+}
+
+// Ask for one block's keys and values (BLOCK * D elements each, contiguous) to be cached.
+template <typename T>
+inline void prefetch_block(const T* k, const T* v, int64_t D) {
+    const char* kc = reinterpret_cast<const char*>(k);
+    const char* vc = reinterpret_cast<const char*>(v);
+    for (int64_t off = 0; off < static_cast<int64_t>(sizeof(T)) * BLOCK * D; off += 64) {
+        __builtin_prefetch(kc + off);
+        __builtin_prefetch(vc + off);
+    }
+}
+
+// All queries of one row, one KV head (k: the row's key blocks, v: [cap, D]).
 // Phase 1: blocks of consecutive positions [0, most), read from memory once and from cache by
 // every other query head that sees them; a query without extras uses its blocks up to its
 // prefix (the last one partial), a query with extras stops at the last block boundary below
@@ -209,12 +365,15 @@ inline void gather_keys(const T* k, int64_t ksd, const int64_t* pos, int64_t nb,
 template <typename T, typename A>
 void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
               const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-              A scale, std::vector<A>& buf, std::vector<Query<A>>& st, std::vector<int64_t>& shared_end) {
+              A scale, Scratch<A>& sc, const T* next_k, const T* next_v) {
     const int64_t D = L.dim, G = L.heads / L.kv_heads, nq = (t1 - t0) * G;
-    buf.resize(static_cast<size_t>(BLOCK * D + 2 * nq * D));
-    st.resize(static_cast<size_t>(nq));
-    shared_end.resize(static_cast<size_t>(nq));
-    A* kt = buf.data();
+    const bool fast = fast_path<T>(D);
+    sc.buf.resize(static_cast<size_t>(BLOCK * D + 2 * nq * D));
+    sc.qp.resize(static_cast<size_t>(nq * D / 2 + 1));
+    sc.kb.resize(static_cast<size_t>(BLOCK * D));
+    sc.st.resize(static_cast<size_t>(nq));
+    sc.shared_end.resize(static_cast<size_t>(nq));
+    A* kt = sc.buf.data();
     A* qs = kt + BLOCK * D;
     A* accs = qs + nq * D;
     int64_t most = 0;
@@ -224,10 +383,15 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
         for (int64_t g = 0; g < G; ++g) {
             const int64_t i = (t - t0) * G + g;
             const A* qh = q + (t * L.heads + kh * G + g) * D;
-            for (int64_t d = 0; d < D; ++d) qs[i * D + d] = qh[d] * scale;
+            A* qi = qs + i * D;
+            for (int64_t d = 0; d < D; ++d) qi[d] = qh[d] * scale;
             for (int64_t d = 0; d < D; ++d) accs[i * D + d] = 0;
-            st[i] = Query<A>{qs + i * D, accs + i * D, 0, 0, false};
-            shared_end[i] = end;
+            uint32_t* qp = sc.qp.data() + i * D / 2;
+            if (fast)
+                for (int64_t d = 0; d + 1 < D; d += 2)
+                    qp[d / 2] = bf16_bits(static_cast<float>(qi[d])) | bf16_bits(static_cast<float>(qi[d + 1])) << 16;
+            sc.st[i] = Query<A>{qi, qp, accs + i * D, 0, 0, false};
+            sc.shared_end[i] = end;
         }
         most = std::max(most, end);
     }
@@ -235,16 +399,17 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
     for (int64_t b0 = 0; b0 < most; b0 += BLOCK) {
         const int64_t nb = std::min<int64_t>(BLOCK, most - b0);
         for (int64_t j = 0; j < nb; ++j) pos[j] = b0 + j;
-        // a full block is read in place, a partial one gathered (lanes past nb may lie past the cache)
-        const bool full = nb == BLOCK;
-        if (!full) gather_keys(k, L.k_s2, pos, nb, D, kt);
+        // the fast path reads the block in place (capacities are whole blocks, so a partial
+        // block's unused lanes are readable; they are never used), the generic one a copy
+        if (!fast) gather_keys(k, pos, nb, D, kt);
+        // ask for the next block's K and V, and for the next work item's block b0, while this
+        // block is computed (two streams in flight: decode attention is bound by memory latency)
+        if (b0 + BLOCK < most) prefetch_block(k + (b0 + BLOCK) * D, v + (b0 + BLOCK) * L.v_s2, D);
+        if (next_k) prefetch_block(next_k + b0 * D, next_v + b0 * L.v_s2, D);
         for (int64_t i = 0; i < nq; ++i) {
-            if (shared_end[i] <= b0) continue;
-            const int64_t n = std::min<int64_t>(nb, shared_end[i] - b0);
-            if (full)
-                block_update(st[i], k + b0, L.k_s2, v, L.v_s2, pos, n, D);
-            else
-                block_update(st[i], kt, BLOCK, v, L.v_s2, pos, n, D);
+            if (sc.shared_end[i] <= b0) continue;
+            const int64_t n = std::min<int64_t>(nb, sc.shared_end[i] - b0);
+            update<T, A>(sc.st[i], fast, k + b0 * D, kt, v, L.v_s2, pos, n, D);
         }
     }
     for (int64_t t = t0; t < t1; ++t) {
@@ -254,16 +419,20 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
         for (int64_t b0 = from; b0 < total; b0 += BLOCK) {
             const int64_t nb = std::min<int64_t>(BLOCK, total - b0);
             for (int64_t j = 0; j < nb; ++j) pos[j] = b0 + j < pre ? b0 + j : ex[b0 + j - pre];
-            gather_keys(k, L.k_s2, pos, nb, D, kt);
-            for (int64_t g = 0; g < G; ++g) block_update(st[(t - t0) * G + g], kt, BLOCK, v, L.v_s2, pos, nb, D);
+            if constexpr (std::is_same<T, uint16_t>::value) {
+                if (fast) gather_block(k, pos, nb, D, sc.kb.data());
+            }
+            if (!fast) gather_keys(k, pos, nb, D, kt);
+            for (int64_t g = 0; g < G; ++g)
+                update<T, A>(sc.st[(t - t0) * G + g], fast, sc.kb.data(), kt, v, L.v_s2, pos, nb, D);
         }
     }
     for (int64_t t = t0; t < t1; ++t) {
         for (int64_t g = 0; g < G; ++g) {
-            const Query<A>& s = st[(t - t0) * G + g];
+            const Query<A>& s = sc.st[(t - t0) * G + g];
             const A inv = s.l > 0 ? A(1) / s.l : A(0);
             T* o = out + t * L.o_s0 + (kh * G + g) * L.o_s1;
-            for (int64_t d = 0; d < D; ++d) store(o + d, s.acc[d] * inv);
+            for (int64_t d = 0; d < D; ++d) store(o + d, s.acc[acc_at(d, fast)] * inv);
         }
     }
 }
@@ -286,16 +455,23 @@ void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, cons
     const int64_t work = static_cast<int64_t>(span_start.size()) * L.kv_heads;
 #pragma omp parallel num_threads(threads)
     {
-        std::vector<A> buf;
-        std::vector<Query<A>> st;
-        std::vector<int64_t> shared_end;
+        Scratch<A> sc;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t w = 0; w < work; ++w) {
-            const int64_t sp = w / L.kv_heads, kh = w % L.kv_heads;
-            const int64_t row = qrow[span_start[sp]];
+            auto at = [&](int64_t item, int64_t& row, int64_t& kh) {
+                kh = item % L.kv_heads;
+                row = qrow[span_start[item / L.kv_heads]];
+            };
+            int64_t row, kh, next_row, next_kh;
+            at(w, row, kh);
+            const bool more = w + 1 < work;
+            if (more) at(w + 1, next_row, next_kh);
+            const int64_t sp = w / L.kv_heads;
             row_head<T, A>(q, k + row * L.k_s0 + kh * L.k_s1, v + row * L.v_s0 + kh * L.v_s1, out, L,
                            span_start[sp], span_end[sp], kh, prefix, estart, ecount, extra,
-                           static_cast<A>(scale), buf, st, shared_end);
+                           static_cast<A>(scale), sc,
+                           more ? k + next_row * L.k_s0 + next_kh * L.k_s1 : nullptr,
+                           more ? v + next_row * L.v_s0 + next_kh * L.v_s1 : nullptr);
         }
     }
 }
@@ -308,12 +484,12 @@ Layout layout(py::tuple shape, py::tuple strides) {
     L.heads = shape[1].cast<int64_t>();
     L.kv_heads = shape[2].cast<int64_t>();
     L.dim = shape[3].cast<int64_t>();
-    int64_t st[10];
-    for (int i = 0; i < 10; ++i) st[i] = strides[i].cast<int64_t>();
+    int64_t st[9];
+    for (int i = 0; i < 9; ++i) st[i] = strides[i].cast<int64_t>();
     L.q_s0 = st[0]; L.q_s1 = st[1];
-    L.k_s0 = st[2]; L.k_s1 = st[3]; L.k_s2 = st[4];
-    L.v_s0 = st[5]; L.v_s1 = st[6]; L.v_s2 = st[7];
-    L.o_s0 = st[8]; L.o_s1 = st[9];
+    L.k_s0 = st[2]; L.k_s1 = st[3];
+    L.v_s0 = st[4]; L.v_s1 = st[5]; L.v_s2 = st[6];
+    L.o_s0 = st[7]; L.o_s1 = st[8];
     return L;
 }
 
@@ -387,8 +563,8 @@ void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, 
             for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, D, qa.data() + (t * H + h) * D);
             for (int64_t kh = 0; kh < KV; ++kh) {
                 rope(row + (H + kh) * D, c, s, D, y.data());
-                T* kd = kc + wrow[t] * L.k_s0 + kh * L.k_s1 + wpos[t];
-                for (int64_t d = 0; d < D; ++d) store(kd + d * L.k_s2, y[d]);
+                T* kd = kc + wrow[t] * L.k_s0 + kh * L.k_s1;
+                for (int64_t d = 0; d < D; ++d) store(kd + key_at(d, wpos[t], D), y[d]);
                 const T* vs = row + (H + KV + kh) * D;
                 T* vd = vc + wrow[t] * L.v_s0 + kh * L.v_s1 + wpos[t] * L.v_s2;
                 for (int64_t d = 0; d < D; ++d) vd[d] = vs[d];

@@ -13,6 +13,12 @@ Each query token then attends to keys of its own row only, described per query b
 No mask tensor, no padding: a row's K/V is read once for all of its queries. The work is done
 by a native kernel (``_attention.cpp``, see its header for why and for batch invariance); the
 reference below (SDPA over gathered keys) is used when the extension is not built and in tests.
+
+Cache layout: values are [rows, KV, cap, D]; keys are [rows, KV, cap * D] in blocks of
+``BLOCK`` positions, each block [D/2][BLOCK][2] (pairs of dimensions side by side per key), so
+a block is one contiguous read and bfloat16 blocks are scored with pairwise dot products.
+``cap`` is a whole number of blocks. ``pack_keys`` / ``unpack_keys`` convert from / to the
+plain [rows, KV, D, cap] view; ``key_index`` addresses single positions.
 """
 from __future__ import annotations
 
@@ -36,6 +42,46 @@ except ImportError as exc:                 # not built (no compiler at install t
     NATIVE = False
 
 _DTYPE_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}
+BLOCK = 32                              # key positions per block (the kernel's BLOCK)
+
+
+def blocks(positions: int) -> int:
+    """``positions`` rounded up to whole key blocks."""
+    return -(-positions // BLOCK) * BLOCK
+
+
+def key_index(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """[n, D] offsets of each position's keys (dimension order) inside a row's key blocks."""
+    p = positions.long()[:, None]
+    d = torch.arange(dim, device=positions.device)[None, :]
+    return (p // BLOCK) * (BLOCK * dim) + (d // 2) * (2 * BLOCK) + (p % BLOCK) * 2 + d % 2
+
+
+def _blocked(k: torch.Tensor, dim: int) -> torch.Tensor:
+    """[..., cap * D] key blocks viewed as [..., D/2, 2, cap/BLOCK, BLOCK] (dimension pair and
+    half, block, lane): the plain [D, cap] layout up to two reshapes."""
+    *lead, flat = k.shape
+    n = len(lead)
+    v = k.view(*lead, flat // (BLOCK * dim), dim // 2, BLOCK, 2)         # block, pair, lane, half
+    return v.permute(*range(n), n + 1, n + 3, n, n + 2)
+
+
+def pack_keys(keys: torch.Tensor) -> torch.Tensor:
+    """Plain keys [..., D, cap] -> key blocks [..., blocks(cap) * D] (new tensor, zero-padded)."""
+    *lead, dim, cap = keys.shape
+    if dim % 2:
+        raise ValueError(f"pack_keys: the head dimension must be even, got {dim}")
+    out = keys.new_zeros(*lead, blocks(cap) * dim)
+    view = _blocked(out, dim)
+    view.copy_(F.pad(keys, (0, blocks(cap) - cap)).reshape(*view.shape))
+    return out
+
+
+def unpack_keys(k: torch.Tensor, dim: int) -> torch.Tensor:
+    """Key blocks [..., cap * D] -> plain keys [..., D, cap] (a copy)."""
+    view = _blocked(k, dim)
+    *lead, half, two, nb, lanes = view.shape
+    return view.reshape(*lead, half * two, nb * lanes)
 
 
 @dataclass
@@ -64,12 +110,22 @@ def _vis(meta: AttentionMeta) -> tuple[int, ...]:
 
 
 def _strides(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, q_strides=(0, 0)) -> tuple[int, ...]:
-    return (*q_strides, *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1))
+    return (*q_strides, *k_cache.stride()[:2], *v_cache.stride()[:3], out.stride(0), out.stride(1))
 
 
 def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    rows, kv, cap, dim = v_cache.shape
+    if k_cache.dim() != 3 or k_cache.shape != (rows, kv, cap * dim) or cap % BLOCK:
+        raise ValueError(f"attend: keys must be [rows, KV, cap * D] blocks for values [rows, KV, cap, D] with cap a "
+                         f"multiple of {BLOCK}, got keys {tuple(k_cache.shape)}, values {tuple(v_cache.shape)}")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("attend: the keys' positions and the values' head dimension must be contiguous")
+        raise ValueError("attend: the key blocks and the values' head dimension must be contiguous")
+
+
+def write_keys(k_cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor) -> None:
+    """k [N, KV, D] into key blocks [rows, KV, cap * D] at (rows, positions)."""
+    idx = key_index(positions, k.shape[-1])                             # [N, D]
+    k_cache[rows[:, None, None], torch.arange(k.shape[1])[None, :, None], idx[:, None, :]] = k
 
 
 def use_native(dtype: torch.dtype, native: bool | None = None) -> bool:
@@ -78,8 +134,8 @@ def use_native(dtype: torch.dtype, native: bool | None = None) -> bool:
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
            native: bool | None = None) -> torch.Tensor:
-    """q: [N, H, D] (RoPE applied, last dim contiguous); k_cache [rows, KV, D, cap] and v_cache
-    [rows, KV, cap, D] already hold this step's K/V. Returns [N, H*D]."""
+    """q: [N, H, D] (RoPE applied, last dim contiguous); k_cache [rows, KV, cap * D] (key blocks)
+    and v_cache [rows, KV, cap, D] already hold this step's K/V. Returns [N, H*D]."""
     n, heads, d = q.shape
     if not use_native(q.dtype, native):
         return reference_attend(q, k_cache, v_cache, meta)
@@ -101,7 +157,7 @@ def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positio
     float64 model), this step's K/V written at (``meta.write_rows``, ``meta.write_pos``), then
     ``attend``. Returns [N, H*D]. Needs the native extension (``NATIVE``)."""
     n = qkv.shape[0]
-    kv_heads, d = k_cache.shape[1], k_cache.shape[2]
+    kv_heads, d = v_cache.shape[1], v_cache.shape[3]
     if qkv.stride(-1) != 1 or positions.dtype != torch.long:
         raise ValueError("rope_attend: qkv rows must be contiguous and positions int64")
     _check_caches(k_cache, v_cache)
@@ -144,7 +200,7 @@ def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     kv = k_cache.shape[1]
     s = meta.kv_len
     rows = meta.q_row.long()
-    k = k_cache[rows, :, :, :s].transpose(-1, -2)                      # [N, KV, S, D]
+    k = unpack_keys(k_cache, d)[rows, :, :, :s].transpose(-1, -2)      # [N, KV, S, D]
     v = v_cache[rows, :, :s]
     mask = visibility(meta).to(q.device)[:, None, None, :]             # [N, 1, 1, S]
     o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, d), k, v, attn_mask=mask)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tailrl.model.args import ModelArgs
-from tailrl.model.attention import AttentionMeta, attend, rms_norm, rope_attend, use_native
+from tailrl.model.attention import AttentionMeta, attend, rms_norm, rope_attend, use_native, write_keys
 from tailrl.model.rope import apply_rope, rope_table
 
 
@@ -48,7 +48,7 @@ class DecoderLayer(nn.Module):
         else:
             qk = apply_rope(qkv[:, :nqk * a.head_dim].view(n, nqk, a.head_dim), rope.cos_at, rope.sin_at)
             q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
-            k_cache[meta.write_rows, :, :, meta.write_pos] = k              # [N, KV, D] into [rows, KV, D, cap]
+            write_keys(k_cache, meta.write_rows, meta.write_pos, k)          # [N, KV, D] into the key blocks
             v_cache[meta.write_rows, :, meta.write_pos] = qkv[:, nqk * a.head_dim:].view(n, a.num_kv_heads,
                                                                                         a.head_dim)
             att = attend(q, k_cache, v_cache, meta)
@@ -90,7 +90,7 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMeta) -> torch.Tensor:
-        """input_ids, positions: [N]; caches: per layer (keys [rows, KV, D, cap], values
+        """input_ids, positions: [N]; caches: per layer (key blocks [rows, KV, cap * D], values
         [rows, KV, cap, D]) (``KVCache.layers()``). Returns normed hidden [N, hidden]."""
         x = self.embed(input_ids)
         if use_native(x.dtype):

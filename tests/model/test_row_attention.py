@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tailrl.model import attention
-from tailrl.model.attention import AttentionMeta, attend, reference_attend
+from tailrl.model.attention import AttentionMeta, attend, pack_keys, reference_attend
 
 pytestmark = pytest.mark.skipif(not attention.NATIVE, reason="native row attention not built")
 
@@ -31,6 +31,7 @@ def make_meta(rows_queries: list[list[tuple[int, list[int]]]]) -> AttentionMeta:
 
 
 def caches(rows: int, cap: int, dtype, seed: int = 0):
+    """Plain keys [rows, KV, D, cap] and values [rows, KV, cap, D] (cap a multiple of 32)."""
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(rows, KV, D, cap, generator=g).to(dtype)
     v = torch.randn(rows, KV, cap, D, generator=g).to(dtype)
@@ -51,13 +52,13 @@ def random_queries(rng: random.Random, cap: int) -> list[tuple[int, list[int]]]:
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_native_matches_reference(dtype, tol):
     rng = random.Random(1)
-    cap = 150                                          # blocks of 32: full, partial, straddled
+    cap = 160                                          # blocks of 32: full, partial, straddled
     rows = [random_queries(rng, cap) for _ in range(12)]
     meta = make_meta(rows)
     k, v = caches(len(rows), cap, dtype)
     q = torch.randn(meta.num_tokens, KV * G, D).to(dtype)
-    got = attend(q, k, v, meta, native=True)
-    ref = reference_attend(q.double(), k.double(), v.double(), meta)
+    got = attend(q, pack_keys(k), v, meta, native=True)
+    ref = reference_attend(q.double(), pack_keys(k.double()), v.double(), meta)
     assert (got.double() - ref).abs().max().item() < tol
 
 
@@ -66,22 +67,22 @@ def test_query_bits_do_not_depend_on_the_batch(dtype):
     """A query's output is the same bits alone, next to other rows, next to other queries of
     its row, and as a tree node whose ancestors sit elsewhere in the cache: what makes
     speculative and plain decoding agree exactly in every dtype."""
-    cap = 200
+    cap = 192
     k, v = caches(3, cap, dtype, seed=2)
     q = torch.randn(1, KV * G, D).to(dtype)
     # the key sequence plain decoding sees at position 99: positions [0, 100)
-    alone = attend(q, k, v, make_meta([[(100, [])]]), native=True)
+    alone = attend(q, pack_keys(k), v, make_meta([[(100, [])]]), native=True)
     # the same keys for a tree node: committed prefix 70, ancestors copied to 150.., itself last
     k2, v2 = k.clone(), v.clone()
     extras = list(range(150, 180))
     k2[0, :, :, 150:180] = k[0, :, :, 70:100]
     v2[0, :, 150:180] = v[0, :, 70:100]
-    tree = attend(q, k2, v2, make_meta([[(70, extras)]]), native=True)
+    tree = attend(q, pack_keys(k2), v2, make_meta([[(70, extras)]]), native=True)
     # in a batch: other rows before it, another query of its row after it
     qs = torch.cat([torch.randn(2, KV * G, D).to(dtype), q, torch.randn(1, KV * G, D).to(dtype)])
     kb = torch.cat([k[1:], k[:1]])                     # our row is row 2 now
     vb = torch.cat([v[1:], v[:1]])
-    batch = attend(qs, kb, vb, make_meta([[(37, [])], [(150, [])], [(100, []), (101, [])]]), native=True)
+    batch = attend(qs, pack_keys(kb), vb, make_meta([[(37, [])], [(150, [])], [(100, []), (101, [])]]), native=True)
     assert torch.equal(alone[0], tree[0])
     assert torch.equal(alone[0], batch[2])
 
@@ -89,6 +90,9 @@ def test_query_bits_do_not_depend_on_the_batch(dtype):
 def test_empty_step_and_bad_layout():
     k, v = caches(1, 64, torch.float32)
     meta = make_meta([[(5, [])]])
-    assert attend(torch.zeros(0, KV * G, D), k, v, meta, native=True).shape == (0, KV * G * D)
+    assert attend(torch.zeros(0, KV * G, D), pack_keys(k), v, meta, native=True).shape == (0, KV * G * D)
+    with pytest.raises(ValueError, match="keys must be"):
+        attend(torch.randn(1, KV * G, D), k, v, meta, native=True)      # plain keys, not blocks
     with pytest.raises(ValueError, match="contiguous"):
-        attend(torch.randn(1, KV * G, D), k.transpose(-1, -2), v, meta, native=True)
+        attend(torch.randn(1, KV * G, D), pack_keys(k), v.transpose(-1, -2).contiguous().transpose(-1, -2),
+               meta, native=True)

@@ -99,7 +99,7 @@ def test_identical_under_preemption_and_after_migration(model, drafter_dir):
     from tailrl import EngineConfig
     from tailrl.engine.engine import LLMEngine
     sp = [SamplingParams(n=2, temperature=t, max_tokens=50, ignore_eos=True, seed=3) for t in (0.0, 1.0) * 2]
-    kw = dict(max_model_len=520, kv_cache_tokens=520)
+    kw = dict(max_model_len=512, kv_cache_tokens=512)
     cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
     plain = LLM(model, dtype="float64", **kw).generate(PROMPTS, sp)
     spec = LLM(model, dtype="float64", speculative=cfg, **kw)
