@@ -26,7 +26,7 @@ import json
 import logging
 import time
 
-from tailrl import LLM, SamplingParams
+from tailrl import LLM, SamplingParams, SpeculativeConfig
 
 log = logging.getLogger("benchmarks.pool")
 
@@ -116,7 +116,7 @@ def two_instances(a, prompts, sp, pids, ref, lengths, total: int) -> dict:
     out: dict = {}
     rate = 0.0
     for sched in a.placements:
-        llm = LLM(a.model, max_num_seqs=a.pool_seqs, scheduler=sched,
+        llm = LLM(a.model, max_num_seqs=a.pool_seqs, scheduler=sched, speculative=a.speculative,
                   pool={"instances": 2, "threads_per_instance": 1, "chunk_tokens": a.chunk})
         try:
             if sched == "static":                    # both instances' batches full: the pool's best rate
@@ -124,7 +124,9 @@ def two_instances(a, prompts, sp, pids, ref, lengths, total: int) -> dict:
                 bound = no_tail_bound(total, a.longest, rate, single_stream_rate(llm, prompts, 256), "two instances")
             for pid, g in a.history.items():
                 llm.history.record(pid, g)
+            llm.pool.step_log(True)
             toks, m = run(llm, prompts, sp, pids, lengths if sched == "oracle" else None)
+            a.step_logs[sched] = llm.pool.step_log(False)             # per instance
             out[sched] = row(sched, m, bound, toks == ref)
             a.kv_bytes_per_token = llm.pool.info.kv_bytes_per_token
         finally:
@@ -151,7 +153,13 @@ def main() -> None:
     p.add_argument("--placements", nargs="+", default=["static", "divided", "context", "history", "oracle"],
                    help="(b) policies (static first: it measures the full-batch rate)")
     p.add_argument("--no-sim", action="store_true", help="skip the simulator's predictions of (b)")
+    p.add_argument("--speculative", action="store_true", help="(b) with the default SpeculativeConfig()")
+    p.add_argument("--step-log", help="(b): write every run's engine steps to this JSON file "
+                   "({placement: [[steps of instance 0], [instance 1]]}; `tailrl simulate --step-times` "
+                   "reads a list of steps as {\"steps\": [...]})")
     a = p.parse_args()
+    a.speculative = SpeculativeConfig() if a.speculative else None
+    a.step_logs = {}                                    # (b): each run's engine steps, both instances
     if a.quick:
         a.prompts, a.n, a.max_tokens, a.seqs, a.pool_seqs, a.chunk, a.rate_tokens = 16, 4, 480, [16, 64], 64, 120, 32
     logging.basicConfig(level=logging.WARNING)
@@ -180,25 +188,38 @@ def main() -> None:
     print(f"{time.perf_counter() - t0:.0f} s in all", flush=True)
     workload = {"prompts": len(prompts), "n": a.n, "max_tokens": a.max_tokens, "total_tokens": total,
                 "max_length": max(map(max, lengths)), "chunk_tokens": a.chunk}
+    if a.step_log:
+        with open(a.step_log, "w") as f:
+            json.dump(a.step_logs, f)
     sim = {} if a.no_sim else simulated(a, prompts, lengths, pool)
     print(json.dumps({"workload": workload, "single": single, "pool": pool, "targets": targets, "sim": sim}))
 
 
 def simulated(a, prompts, lengths, pool: dict) -> dict:
-    """The simulator, calibrated here, predicting (b)'s makespans on the same trace."""
+    """The simulator predicting (b)'s makespans on the same trace, with two calibrations of its
+    step model: a grid of engine steps measured apart from the rollouts (two processes at once,
+    one thread each), and the steps the first placement's run made (then its prediction is a
+    fit, the others' are predictions)."""
     from pool_sim import calibrate, predict, trace_of
-    model, samples = calibrate(a.model, threads=1)
-    hist = [[len(t) for t in a.history[f"p{i}"]] for i in range(len(prompts))]
+    from tailrl.sim.step_model import CalibratedStepModel
+    grid, samples = calibrate(a.model, threads=1, instances=2)
     names = [k for k, v in pool.items() if isinstance(v, dict)]
-    pred = predict(trace_of(prompts, lengths, hist, a.max_tokens), model, names, 2, a.pool_seqs, a.chunk,
-                   a.kv_bytes_per_token)
-    out = {"step_model": {k: float(f"{getattr(model, k):.3g}") for k in ("c0", "c1", "c2", "c3")}}
-    print(f"simulator (calibrated on {len(samples)} measured steps) vs the real pool:", flush=True)
-    for name in names:
-        real = pool[name]["makespan_s"]
-        out[name] = {"sim_s": round(pred[name], 2), "real_s": real, "sim_over_real": round(pred[name] / real, 3)}
-        print(f"  {name:<10} sim {pred[name]:7.1f} s  real {real:7.1f} s  sim/real {pred[name] / real:5.2f}",
-              flush=True)
+    first = names[0]
+    steps = [s for inst in a.step_logs[first] for s in inst]
+    models = {"grid": grid, f"{first} steps": CalibratedStepModel.fit(steps)}
+    hist = [[len(t) for t in a.history[f"p{i}"]] for i in range(len(prompts))]
+    trace = trace_of(prompts, lengths, hist, a.max_tokens)
+    out: dict = {}
+    for label, model in models.items():
+        pred = predict(trace, model, names, 2, a.pool_seqs, a.chunk, a.kv_bytes_per_token)
+        res = out[label] = {"step_model": {k: float(f"{getattr(model, k):.3g}") for k in ("c0", "c1", "c2", "c3")}}
+        n = len(samples) if label == "grid" else len(steps)
+        print(f"simulator calibrated on {label} ({n} measured steps) vs the real pool:", flush=True)
+        for name in names:
+            real = pool[name]["makespan_s"]
+            res[name] = {"sim_s": round(pred[name], 2), "real_s": real, "sim_over_real": round(pred[name] / real, 3)}
+            print(f"  {name:<10} sim {pred[name]:7.1f} s  real {real:7.1f} s  sim/real {pred[name] / real:5.2f}",
+                  flush=True)
     return out
 
 

@@ -53,6 +53,9 @@ class LLMEngine:
             getattr(s, "needs_hidden", False) for s in speculator.sources)
         self.requests: dict[str, Request] = {}
         self.metrics = EngineMetrics()
+        # set to a list to record every step as {"batch", "new_tokens", "kv_tokens", "seconds"}
+        # (the simulator's calibration format: `tailrl simulate --step-times`, benchmarks/pool.py)
+        self.step_log: list[dict] | None = None
         self._rollout_start = self.metrics.snapshot()
 
     # ---- requests -------------------------------------------------------------------------
@@ -123,6 +126,9 @@ class LLMEngine:
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), stages, verify_rows, accepted)
+        if self.step_log is not None:
+            self.step_log.append({"batch": len(sched.rows), "new_tokens": len(batch.input_ids),
+                                  "kv_tokens": batch.meta.reads, "seconds": clock[-1] - clock[0]})
         if self.speculator is not None:
             # a step with prefill chunks, or one that grew the KV cache, is not a decode step's cost
             decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows) and self.kv.data is kv_data

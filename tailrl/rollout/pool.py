@@ -109,6 +109,11 @@ class RolloutPool:
                 self._call(h, "history", delta)
                 seen.update({p: history.version(p) for p in delta})
 
+    def step_log(self, record: bool) -> list[list[dict]]:
+        """Per live instance, its engine steps recorded since the last call (the simulator's
+        calibration format); ``record`` switches recording on (True) or off (False) from now."""
+        return [self._call(h, "step_log", record) or [] for h in self.alive]
+
     def load_weights(self, hf_state_dict) -> None:
         """New policy weights to every live instance."""
         self._each("load_weights", hf_state_dict)

@@ -104,6 +104,9 @@ class EngineWorker:
             for prompt_id, responses in payload.items():
                 self.history.record(prompt_id, responses)
             return None
+        if op == "step_log":        # payload True: record from now on; False: stop. Returns the records so far
+            log, self.engine.step_log = self.engine.step_log or [], [] if payload else None
+            return log
         if op == "load_weights":
             self.engine.load_weights(payload)
             return None

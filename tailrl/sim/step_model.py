@@ -118,8 +118,14 @@ class CalibratedStepModel:
                 raise ValueError(f"samples: a step lacks {missing}: {s!r}")
         X = np.array([[1.0, s["batch"], s["new_tokens"], s["kv_tokens"]] for s in samples])
         y = np.array([float(s["seconds"]) for s in samples])
-        coef = np.linalg.lstsq(X, y, rcond=None)[0]
-        return cls(*(max(float(c), 0.0) for c in coef))
+        # least squares on relative errors (step times span orders of magnitude: a 3 ms decode
+        # step must not be drowned by a 1 s prefill), then scaled so the samples' predicted total
+        # time is their measured total (relative fits run low on noisy steps; a makespan is a sum)
+        w = 1.0 / np.maximum(y, 1e-9)
+        coef = np.maximum(np.linalg.lstsq(X * w[:, None], y * w, rcond=None)[0], 0.0)
+        pred = float((X @ coef).sum())
+        coef = coef * (float(y.sum()) / pred if pred > 0 else 1.0)
+        return cls(*(float(c) for c in coef))
 
     @classmethod
     def from_json(cls, path: str | Path) -> "CalibratedStepModel":

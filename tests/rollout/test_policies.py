@@ -90,9 +90,11 @@ def test_context_serves_probes_then_longest_estimate_first():
     p.on_chunk_done(6, 50, True, 5.0)                    # group 2 estimate: 50
     p.on_chunk_done(0, 200, False, 5.0)                  # probe 0 goes on: group 0 unknown
     assert p.estimate(p.buffer[4]) == 100 and p.estimate(p.buffer[7]) == 50
-    # probe first, then group 1 (100), then group 2 (50); fair share (2 running + 5 waiting) / 2
-    assert ids(ask(p, 0, 10)) == [0, 4, 5, 7]
-    assert ids(ask(p, 1, 10)) == [8]
+    # probe first, then group 1 (100), then group 2 (50); fair shares are of expected work:
+    # instance 1 runs two members of the unknown group 0 (max length each), more than all
+    # that waits, so instance 0 takes everything
+    assert ids(ask(p, 0, 10)) == [0, 4, 5, 7, 8]
+    assert ids(ask(p, 1, 10)) == []
 
 
 def test_context_outrunning_the_estimate_counts_as_unknown_and_sorts_by_progress():
@@ -142,9 +144,10 @@ def test_history_serves_longest_history_first_and_migrates_outliers():
     p.reset(buffer(5, max_tokens=2000), 2)
     assert ask(p, 0, 1) == [(0, 1350)]                   # longest first; chunk to 1.5 x history
     assert ask(p, 1, 2) == [(1, 750), (2, 600)]          # the prompt's longest previous response
+    p.on_chunk_done(0, 900, True, 1.0)                   # instance 0 is free
     p.on_chunk_done(2, 600, False, 1.0)                  # ran past 1.5 x history: outlier
     assert p.estimate(p.buffer[2]) == 2000
-    # now the longest-estimated request: the next instance to ask takes it, off instance 1
+    # now the longest-estimated request: the idle instance takes it, off instance 1
     assert ask(p, 0, 1) == [(2, 1400)]
     assert p.buffer[2].migrations == 1
     assert ids(ask(p, 1, 5)) == [3, 4]
@@ -154,7 +157,9 @@ def test_history_shortest_first_and_no_history():
     hist = {0: [900], 1: [500], 2: [400], 3: [100], 4: [50]}
     p = HistoryPolicy(hist, PolicyConfig(chunk_tokens=100), shortest_first=True)
     p.reset(buffer(5), 2)
-    assert ids(ask(p, 0, 10)) == [4, 3, 2]               # reversed order (fair share 3)
+    # reversed order; the fair share is half the expected work (975 tokens): 50 + 100 + 400
+    # + 500 overshoots it by less than the 500 fills
+    assert ids(ask(p, 0, 10)) == [4, 3, 2, 1]
     p = HistoryPolicy({}, PolicyConfig(chunk_tokens=100))
     p.reset(buffer(6), 2)
     assert ids(ask(p, 0, 10)) == [0, 1, 2]               # all estimated at max length: FIFO
@@ -198,3 +203,15 @@ def test_make_policy_names():
         make_policy("oracle")
     with pytest.raises(ValueError, match="chunk_tokens"):
         PolicyConfig(chunk_tokens=0)
+
+
+def test_ranked_policies_share_expected_work_not_request_counts():
+    """Longest-first list scheduling: the first instance to ask takes the longest request but
+    only its share of the expected work, so the long ones do not pile up on one instance."""
+    truth = {0: 900, 1: 500, 2: 400, 3: 100, 4: 50, 5: 50}
+    p = make_policy("oracle", PolicyConfig(chunk_tokens=1000), true_lengths=truth)
+    p.reset(buffer(6), 2)
+    assert ids(ask(p, 0, 10)) == [0]                      # 900 of 2,000: its share is 1,000
+    assert ids(ask(p, 1, 10)) == [1, 2, 3]                # 500 + 400 + 100 of its 1,000
+    assert ids(ask(p, 1, 10)) == []                       # a 50 would only overshoot
+    assert ids(ask(p, 0, 10)) == [4, 5]                   # 900 + 50 + 50: its 1,000

@@ -90,7 +90,8 @@ class SchedulerPolicy:
         self.num_waiting = 0
         self._reserved = [0] * num_instances            # KV reserved per instance
         self._running = [0] * num_instances             # requests running per instance
-        self._holds: dict[int, tuple[int, int]] = {}    # request -> (instance, reserved)
+        self._holds: dict[int, tuple[int, int, float]] = {}   # request -> (instance, reserved, expected work)
+        self._work = [0.0] * num_instances              # expected remaining tokens running per instance
         self._tickets: dict[int, int] = {}               # request -> its current queue ticket
         self._lost: set[int] = set()                     # instances gone for the rest of the step
         self._setup()
@@ -105,8 +106,8 @@ class SchedulerPolicy:
             budget = view.kv_capacity - self._reserved[i]
         else:
             budget = int(view.kv_capacity * (1 - self.config.watermark)) - view.kv_used
-        room = view.free_slots
-        if self.balance:
+        room, work = view.free_slots, self._work_share(i)
+        if self.balance and work is None:
             alive = self.num_instances - len(self._lost)
             share = -(-(len(self._holds) + self.num_waiting) // alive)
             room = min(room, max(share - self._running[i], 1 if self._running[i] == 0 else 0))
@@ -119,16 +120,22 @@ class SchedulerPolicy:
             n = max(1, min(self._chunk_tokens(r, i), r.remaining))
             need = r.context_len + (self._growth(r, n) if self.reserve_chunk else 0)
             idle = not out and view.kv_used == 0 and self._reserved[i] == 0
-            if need > budget and not idle:   # head-of-line: keep the order, wait for room
+            expected = self._expected_remaining(r) if work is not None else 0.0
+            # past its share when taking it would overshoot more than it fills
+            over_share = work is not None and work < expected / 2 and (out or self._running[i] > 0)
+            if (need > budget and not idle) or over_share:   # keep the order, wait for room
                 self._enqueue(r, now, front=True)
                 break
+            if work is not None:
+                work -= expected
             budget -= need
             self.num_waiting -= 1
             self._tickets[rid] = -abs(self._tickets.get(rid, 0))   # its queue entries go stale
             buf.start(rid, i, n)
             self._reserved[i] += need
             self._running[i] += 1
-            self._holds[rid] = (i, need)
+            self._holds[rid] = (i, need, expected)
+            self._work[i] += expected
             out.append(Assignment(rid, n))
         return out
 
@@ -185,6 +192,24 @@ class SchedulerPolicy:
     def _observe(self, r: BufferEntry, now: float) -> None:
         """Learn from a finished chunk (context and history estimates)."""
 
+    def _expected_remaining(self, r: BufferEntry) -> float | None:
+        """Expected new tokens `r` still needs, for policies that estimate lengths (then
+        balance shares are shares of expected work); None: shares count requests."""
+        return None
+
+    def _work_share(self, instance: int) -> float | None:
+        """Expected work `instance` may still take on to reach its fair share of all running
+        and waiting work (longest-first list scheduling: the first instance to ask takes the
+        longest requests, but only its share of the work, not of the count), or None when
+        the policy has no estimates or does not balance."""
+        if not self.balance:
+            return None
+        waiting = [self._expected_remaining(r) for r in self._buf() if r.status == EntryStatus.WAITING]
+        if not waiting or waiting[0] is None:
+            return None
+        alive = self.num_instances - len(self._lost)
+        return (sum(waiting) + sum(self._work)) / alive - self._work[instance]
+
     def _stamp(self, r: BufferEntry) -> int:
         """A fresh ticket for `r`: queue entries with an older ticket are stale."""
         t = abs(self._tickets.get(r.request_id, 0)) + 1
@@ -202,8 +227,9 @@ class SchedulerPolicy:
         self._enqueue(r, now, front)
 
     def _release(self, request_id: int) -> None:
-        i, need = self._holds.pop(request_id)
+        i, need, expected = self._holds.pop(request_id)
         self._reserved[i] -= need
+        self._work[i] -= expected
         self._running[i] -= 1
 
     def _buf(self) -> RequestBuffer:

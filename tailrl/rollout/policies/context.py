@@ -49,6 +49,9 @@ class ContextPolicy(SchedulerPolicy):
         est = self._estimate.get(r.group_id)
         return r.max_tokens if est is None or r.generated >= est else est
 
+    def _expected_remaining(self, r: BufferEntry) -> float:
+        return max(1, self.estimate(r) - r.generated)
+
     def is_probe(self, r: BufferEntry) -> bool:
         return self._probe_of[r.group_id] == r.request_id and r.group_id not in self._estimate
 

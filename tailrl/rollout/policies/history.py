@@ -48,6 +48,9 @@ class HistoryPolicy(SchedulerPolicy):
             return r.max_tokens
         return max(1, min(max(past), r.max_tokens))
 
+    def _expected_remaining(self, r: BufferEntry) -> float:
+        return max(1, self.estimate(r) - r.generated)
+
     def _setup(self) -> None:
         self._outliers: set[int] = set()
         self._seq = itertools.count()

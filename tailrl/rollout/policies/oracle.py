@@ -29,6 +29,9 @@ class OraclePolicy(SchedulerPolicy):
     def _true_remaining(self, r: BufferEntry) -> int:
         return max(1, min(self.true_lengths[r.request_id], r.max_tokens) - r.generated)
 
+    def _expected_remaining(self, r: BufferEntry) -> float:
+        return self._true_remaining(r)
+
     def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         self._queue.push((-self._true_remaining(r), self._stamp(r), r.request_id), r.location)
 
