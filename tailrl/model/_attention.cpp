@@ -116,12 +116,12 @@ struct Query {
     bool started;
 };
 
-// Scores of one block against a query: kt is the block as [D][BLOCK] in the accumulation type.
+// Scores of one block (kb, in the cache's layout) against a query, in the accumulation type.
 // CHAINS interleaved partial sums over the head dimension (independent chains keep the FMA
 // units busy; the order is fixed, so every path computes the same bits). Lane j depends only
 // on key j and the query.
-template <typename A>
-inline void block_scores(const A* q, const A* kt, int64_t D, A* s) {
+template <typename T, typename A>
+inline void block_scores(const A* q, const T* kb, int64_t D, A* s) {
     alignas(64) A sp[CHAINS][BLOCK];
     for (int u = 0; u < CHAINS; ++u)
         for (int j = 0; j < BLOCK; ++j) sp[u][j] = 0;
@@ -129,16 +129,16 @@ inline void block_scores(const A* q, const A* kt, int64_t D, A* s) {
     for (; d + CHAINS <= D; d += CHAINS) {
         for (int u = 0; u < CHAINS; ++u) {
             const A qd = q[d + u];
-            const A* kd = kt + (d + u) * BLOCK;
+            const T* kd = kb + key_at(d + u, 0, D);
 #pragma omp simd
-            for (int j = 0; j < BLOCK; ++j) sp[u][j] += qd * kd[j];
+            for (int j = 0; j < BLOCK; ++j) sp[u][j] += qd * load(kd + 2 * j);
         }
     }
     for (; d < D; ++d) {
         const A qd = q[d];
-        const A* kd = kt + d * BLOCK;
+        const T* kd = kb + key_at(d, 0, D);
 #pragma omp simd
-        for (int j = 0; j < BLOCK; ++j) sp[0][j] += qd * kd[j];
+        for (int j = 0; j < BLOCK; ++j) sp[0][j] += qd * load(kd + 2 * j);
     }
 #pragma omp simd
     for (int j = 0; j < BLOCK; ++j) s[j] = (sp[0][j] + sp[1][j]) + (sp[2][j] + sp[3][j]);
@@ -207,27 +207,16 @@ inline void weigh_values(A* acc, A c, const A* p, const T* v, int64_t vs, const 
     }
 }
 
-// One block of nb visible keys for one query head (generic path): kt [D][BLOCK] as above,
+// One block of nb visible keys for one query head (generic path): kb in the cache's layout,
 // values read at cache positions pos[j].
 template <typename T, typename A>
-inline void block_update(Query<A>& st, const A* kt, const T* v, int64_t vs, const int64_t* pos, int64_t nb,
+inline void block_update(Query<A>& st, const T* kb, const T* v, int64_t vs, const int64_t* pos, int64_t nb,
                          int64_t D) {
     alignas(64) A s[BLOCK];
     alignas(64) A p[BLOCK];
-    block_scores(st.q, kt, D, s);
+    block_scores(st.q, kb, D, s);
     const A c = softmax_block(st, s, nb, p);
     weigh_values(st.acc, c, p, v, vs, pos, nb, D);
-}
-
-// Keys at cache positions pos[0..nb) of one row and KV head, copied into kt ([D][BLOCK] in
-// the accumulation type, zero past nb).
-template <typename T, typename A>
-inline void gather_keys(const T* k, const int64_t* pos, int64_t nb, int64_t D, A* kt) {
-    for (int64_t d = 0; d < D; ++d) {
-        A* out = kt + d * BLOCK;
-        for (int64_t j = 0; j < nb; ++j) out[j] = load(k + key_at(d, pos[j], D));
-        for (int64_t j = nb; j < BLOCK; ++j) out[j] = 0;
-    }
 }
 
 #ifdef __AVX512BF16__
@@ -302,36 +291,36 @@ inline bool fast_path(int64_t D) {
     return HAVE_BF16_DOT && std::is_same<T, uint16_t>::value && D % 32 == 0;
 }
 
-// Keys at cache positions pos[0..nb) copied raw into one block of the cache's layout (kb,
-// zero past nb): the fast path's gathered block.
-inline void gather_block(const uint16_t* k, const int64_t* pos, int64_t nb, int64_t D, uint16_t* kb) {
-    std::memset(kb, 0, sizeof(uint16_t) * BLOCK * D);
+// Keys at cache positions pos[0..nb) copied into one block of the cache's layout (kb, zero
+// past nb): a tree node's gathered block.
+template <typename T>
+inline void gather_block(const T* k, const int64_t* pos, int64_t nb, int64_t D, T* kb) {
+    std::memset(kb, 0, sizeof(T) * BLOCK * D);
     for (int64_t d = 0; d < D; ++d)
         for (int64_t j = 0; j < nb; ++j) kb[key_at(d, j, D)] = k[key_at(d, pos[j], D)];
 }
 
 // Per-thread scratch of row_head.
-template <typename A>
+template <typename T, typename A>
 struct Scratch {
-    std::vector<A> buf;                 // gathered keys, scaled queries, accumulators
+    std::vector<A> buf;                 // scaled queries, accumulators
     std::vector<uint32_t> qp;           // queries as bfloat16 pairs
-    std::vector<uint16_t> kb;           // a gathered bfloat16 block
+    std::vector<T> kb;                  // a gathered block
     std::vector<Query<A>> st;
     std::vector<int64_t> shared_end;
 };
 
-// One block of nb keys for query state st: the fast path reads a block of the cache's layout
-// (kb: in place or gathered), the generic one a [D][BLOCK] copy (kt).
+// One block of nb keys (kb: in the cache's layout, in place or gathered) for query state st.
 template <typename T, typename A>
-inline void update(Query<A>& st, bool fast, const void* kb, const A* kt, const T* v, int64_t vs, const int64_t* pos,
-                   int64_t nb, int64_t D) {
+inline void update(Query<A>& st, bool fast, const T* kb, const T* v, int64_t vs, const int64_t* pos, int64_t nb,
+                   int64_t D) {
     if constexpr (std::is_same<T, uint16_t>::value) {
         if (fast) {
-            block_update_bf16(st, static_cast<const uint16_t*>(kb), v, vs, pos, nb, D);
+            block_update_bf16(st, kb, v, vs, pos, nb, D);
             return;
         }
     }
-    block_update(st, kt, v, vs, pos, nb, D);
+    block_update(st, kb, v, vs, pos, nb, D);
 }
 
 inline uint32_t bf16_bits(float f) {
@@ -365,16 +354,15 @@ inline void prefetch_block(const T* k, const T* v, int64_t D) {
 template <typename T, typename A>
 void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
               const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-              A scale, Scratch<A>& sc, const T* next_k, const T* next_v) {
+              A scale, Scratch<T, A>& sc, const T* next_k, const T* next_v) {
     const int64_t D = L.dim, G = L.heads / L.kv_heads, nq = (t1 - t0) * G;
     const bool fast = fast_path<T>(D);
-    sc.buf.resize(static_cast<size_t>(BLOCK * D + 2 * nq * D));
+    sc.buf.resize(static_cast<size_t>(2 * nq * D));
     sc.qp.resize(static_cast<size_t>(nq * D / 2 + 1));
     sc.kb.resize(static_cast<size_t>(BLOCK * D));
     sc.st.resize(static_cast<size_t>(nq));
     sc.shared_end.resize(static_cast<size_t>(nq));
-    A* kt = sc.buf.data();
-    A* qs = kt + BLOCK * D;
+    A* qs = sc.buf.data();
     A* accs = qs + nq * D;
     int64_t most = 0;
     for (int64_t t = t0; t < t1; ++t) {
@@ -399,9 +387,8 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
     for (int64_t b0 = 0; b0 < most; b0 += BLOCK) {
         const int64_t nb = std::min<int64_t>(BLOCK, most - b0);
         for (int64_t j = 0; j < nb; ++j) pos[j] = b0 + j;
-        // the fast path reads the block in place (capacities are whole blocks, so a partial
-        // block's unused lanes are readable; they are never used), the generic one a copy
-        if (!fast) gather_keys(k, pos, nb, D, kt);
+        // the block is read in place (capacities are whole blocks, so a partial block's unused
+        // lanes are readable; they are never used)
         // ask for the next block's K and V, and for the next work item's block b0, while this
         // block is computed (two streams in flight: decode attention is bound by memory latency)
         if (b0 + BLOCK < most) prefetch_block(k + (b0 + BLOCK) * D, v + (b0 + BLOCK) * L.v_s2, D);
@@ -409,7 +396,7 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
         for (int64_t i = 0; i < nq; ++i) {
             if (sc.shared_end[i] <= b0) continue;
             const int64_t n = std::min<int64_t>(nb, sc.shared_end[i] - b0);
-            update<T, A>(sc.st[i], fast, k + b0 * D, kt, v, L.v_s2, pos, n, D);
+            update<T, A>(sc.st[i], fast, k + b0 * D, v, L.v_s2, pos, n, D);
         }
     }
     for (int64_t t = t0; t < t1; ++t) {
@@ -419,12 +406,9 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
         for (int64_t b0 = from; b0 < total; b0 += BLOCK) {
             const int64_t nb = std::min<int64_t>(BLOCK, total - b0);
             for (int64_t j = 0; j < nb; ++j) pos[j] = b0 + j < pre ? b0 + j : ex[b0 + j - pre];
-            if constexpr (std::is_same<T, uint16_t>::value) {
-                if (fast) gather_block(k, pos, nb, D, sc.kb.data());
-            }
-            if (!fast) gather_keys(k, pos, nb, D, kt);
+            gather_block(k, pos, nb, D, sc.kb.data());
             for (int64_t g = 0; g < G; ++g)
-                update<T, A>(sc.st[(t - t0) * G + g], fast, sc.kb.data(), kt, v, L.v_s2, pos, nb, D);
+                update<T, A>(sc.st[(t - t0) * G + g], fast, sc.kb.data(), v, L.v_s2, pos, nb, D);
         }
     }
     for (int64_t t = t0; t < t1; ++t) {
@@ -455,7 +439,7 @@ void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, cons
     const int64_t work = static_cast<int64_t>(span_start.size()) * L.kv_heads;
 #pragma omp parallel num_threads(threads)
     {
-        Scratch<A> sc;
+        Scratch<T, A> sc;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t w = 0; w < work; ++w) {
             auto at = [&](int64_t item, int64_t& row, int64_t& kh) {
