@@ -76,6 +76,9 @@ class SchedulerPolicy:
     # so when work runs short it spreads over the instances instead of piling up on the
     # first to ask (Seer: place by KV location "while load stays balanced").
     balance: ClassVar[bool] = True
+    # True: the policy estimates lengths (`_expected_remaining`), so fair shares are shares of
+    # expected work rather than of request counts
+    ranked: ClassVar[bool] = False
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
@@ -90,8 +93,10 @@ class SchedulerPolicy:
         self.num_waiting = 0
         self._reserved = [0] * num_instances            # KV reserved per instance
         self._running = [0] * num_instances             # requests running per instance
-        self._holds: dict[int, tuple[int, int, float]] = {}   # request -> (instance, reserved, expected work)
-        self._work = [0.0] * num_instances              # expected remaining tokens running per instance
+        self._holds: dict[int, tuple[int, int, int]] = {}     # request -> (instance, reserved, expected work)
+        self._work = [0] * num_instances                # expected remaining tokens running per instance
+        self._waiting_work: dict[int, int] = {}          # waiting request -> its expected remaining tokens
+        self._waiting_sum = 0
         self._tickets: dict[int, int] = {}               # request -> its current queue ticket
         self._lost: set[int] = set()                     # instances gone for the rest of the step
         self._setup()
@@ -120,7 +125,7 @@ class SchedulerPolicy:
             n = max(1, min(self._chunk_tokens(r, i), r.remaining))
             need = r.context_len + (self._growth(r, n) if self.reserve_chunk else 0)
             idle = not out and view.kv_used == 0 and self._reserved[i] == 0
-            expected = self._expected_remaining(r) if work is not None else 0.0
+            expected = self._waiting_work.get(rid, 0)
             # past its share when taking it would overshoot more than it fills
             over_share = work is not None and work < expected / 2 and (out or self._running[i] > 0)
             if (need > budget and not idle) or over_share:   # keep the order, wait for room
@@ -130,6 +135,7 @@ class SchedulerPolicy:
                 work -= expected
             budget -= need
             self.num_waiting -= 1
+            self._waiting_sum -= self._waiting_work.pop(rid, 0)
             self._tickets[rid] = -abs(self._tickets.get(rid, 0))   # its queue entries go stale
             buf.start(rid, i, n)
             self._reserved[i] += need
@@ -192,23 +198,24 @@ class SchedulerPolicy:
     def _observe(self, r: BufferEntry, now: float) -> None:
         """Learn from a finished chunk (context and history estimates)."""
 
-    def _expected_remaining(self, r: BufferEntry) -> float | None:
-        """Expected new tokens `r` still needs, for policies that estimate lengths (then
-        balance shares are shares of expected work); None: shares count requests."""
-        return None
+    def _expected_remaining(self, r: BufferEntry) -> int:
+        """Expected new tokens `r` still needs (policies with `ranked = True`)."""
+        raise NotImplementedError
+
+    def _requeue(self, r: BufferEntry, now: float) -> None:
+        """Queue a waiting request again after its estimate changed (the old entry goes stale)."""
+        self._count_waiting(r)
+        self._enqueue(r, now)
 
     def _work_share(self, instance: int) -> float | None:
         """Expected work `instance` may still take on to reach its fair share of all running
         and waiting work (longest-first list scheduling: the first instance to ask takes the
         longest requests, but only its share of the work, not of the count), or None when
         the policy has no estimates or does not balance."""
-        if not self.balance:
-            return None
-        waiting = [self._expected_remaining(r) for r in self._buf() if r.status == EntryStatus.WAITING]
-        if not waiting or waiting[0] is None:
+        if not (self.balance and self.ranked):
             return None
         alive = self.num_instances - len(self._lost)
-        return (sum(waiting) + sum(self._work)) / alive - self._work[instance]
+        return (self._waiting_sum + sum(self._work)) / alive - self._work[instance]
 
     def _stamp(self, r: BufferEntry) -> int:
         """A fresh ticket for `r`: queue entries with an older ticket are stale."""
@@ -224,7 +231,15 @@ class SchedulerPolicy:
     # ---- internals ----
     def _add_waiting(self, r: BufferEntry, now: float, front: bool = False) -> None:
         self.num_waiting += 1
+        self._count_waiting(r)
         self._enqueue(r, now, front)
+
+    def _count_waiting(self, r: BufferEntry) -> None:
+        """Keep the waiting requests' expected work (`_waiting_sum`) current for `r`."""
+        if self.ranked:
+            e = self._expected_remaining(r)
+            self._waiting_sum += e - self._waiting_work.get(r.request_id, 0)
+            self._waiting_work[r.request_id] = e
 
     def _release(self, request_id: int) -> None:
         i, need, expected = self._holds.pop(request_id)

@@ -32,6 +32,7 @@ from tailrl.rollout.policies.ranked import RankedQueue
 
 class ContextPolicy(SchedulerPolicy):
     name = "context"
+    ranked = True
 
     def _setup(self) -> None:
         buf = self._buf()
@@ -49,7 +50,7 @@ class ContextPolicy(SchedulerPolicy):
         est = self._estimate.get(r.group_id)
         return r.max_tokens if est is None or r.generated >= est else est
 
-    def _expected_remaining(self, r: BufferEntry) -> float:
+    def _expected_remaining(self, r: BufferEntry) -> int:
         return max(1, self.estimate(r) - r.generated)
 
     def is_probe(self, r: BufferEntry) -> bool:
@@ -88,4 +89,4 @@ class ContextPolicy(SchedulerPolicy):
         # the group's order changed: requeue its waiting members (old entries go stale)
         for m in self._buf().group(r.group_id):
             if m.status == m.status.WAITING:
-                self._enqueue(m, now)
+                self._requeue(m, now)

@@ -34,6 +34,7 @@ from tailrl.rollout.policies.ranked import RankedQueue
 
 class HistoryPolicy(SchedulerPolicy):
     name = "history"
+    ranked = True
 
     def __init__(self, history: dict[int | str, list[int]], config: PolicyConfig | None = None,
                  shortest_first: bool = False) -> None:
@@ -48,7 +49,7 @@ class HistoryPolicy(SchedulerPolicy):
             return r.max_tokens
         return max(1, min(max(past), r.max_tokens))
 
-    def _expected_remaining(self, r: BufferEntry) -> float:
+    def _expected_remaining(self, r: BufferEntry) -> int:
         return max(1, self.estimate(r) - r.generated)
 
     def _setup(self) -> None:

@@ -15,6 +15,7 @@ from tailrl.rollout.policies.ranked import RankedQueue
 
 class OraclePolicy(SchedulerPolicy):
     name = "oracle"
+    ranked = True
 
     def __init__(self, true_lengths: dict[int, int], config: PolicyConfig | None = None) -> None:
         super().__init__(config)
@@ -29,7 +30,7 @@ class OraclePolicy(SchedulerPolicy):
     def _true_remaining(self, r: BufferEntry) -> int:
         return max(1, min(self.true_lengths[r.request_id], r.max_tokens) - r.generated)
 
-    def _expected_remaining(self, r: BufferEntry) -> float:
+    def _expected_remaining(self, r: BufferEntry) -> int:
         return self._true_remaining(r)
 
     def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
