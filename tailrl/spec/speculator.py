@@ -19,6 +19,8 @@ Per engine step:
    verified draft (``accepted`` excludes the bonus token) and ``observe(req, new_tokens)``
    for every request that gained tokens (drafted or not: the group and self indexes need
    all tokens);
+   With a ``collector`` (the spot trainer's buffer), ``collect(req, new_tokens, hidden)``
+   hands it the target's hidden states that sampled the new tokens;
 3. ``observe_step(batch_size, num_tokens, seconds, attention, reads=...)`` after every step
    (``seconds``: the whole step, drafting included; ``attention``: the step's (query slot,
    key position) pairs; ``reads``: its (row, key position) pairs; see ``CostModel``).
@@ -70,7 +72,15 @@ class Speculator:
         self._step_draft_s = 0.0
         self._full: dict[str, Draft] = {}      # this step's untruncated chains, by request
         self._carry: dict[str, Draft] = {}     # unverified rests of fully accepted chains
+        # where the rollout's (hidden state, token) pairs go (the spot trainer's DrafterBuffer)
+        self.collector: Any = None
         self.reset_metrics()
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Whether the engine must hand out hidden states (a source drafts from them, or a
+        collector keeps them)."""
+        return self.collector is not None or any(getattr(s, "needs_hidden", False) for s in self.sources)
 
     def calibrate(self, forward_fn: Callable[[int, int], object], **kw) -> None:
         """Time synthetic forwards up front (see ``CostModel.calibrate``)."""
@@ -89,6 +99,11 @@ class Speculator:
             s.observe(req, new_tokens)
         self._index_s += time.perf_counter() - t0
 
+    def collect(self, req: Any, new_tokens: list[int], hidden: Any) -> None:
+        """``hidden`` [E, H]: the target's states that sampled ``new_tokens`` (to the collector)."""
+        if self.collector is not None:
+            self.collector.add(req, new_tokens, hidden)
+
     def target_updated(self, model: Any) -> None:
         """The target's weights changed (``LLM.load_weights``): sources that share them refresh."""
         for s in self.sources:
@@ -98,6 +113,8 @@ class Speculator:
 
     def finish(self, req: Any) -> None:
         self._carry.pop(req.request_id, None)
+        if self.collector is not None:
+            self.collector.finish(req)
         for s in self.sources:
             s.finish(req)
         self.policy.finish(req)
