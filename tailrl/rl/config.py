@@ -21,7 +21,7 @@ RESUMABLE_CHANGES = ("total_steps", "checkpoint_every", "log_tensorboard", "prog
                      "instances", "scheduler", "backend", "chunk_tokens",   # the pool never changes outputs
                      # the drafter's training changes drafts, never outputs (drafts are verified)
                      "drafter_init", "drafter_lr", "drafter_buffer", "drafter_batch", "drafter_spot_batch",
-                     "drafter_train_steps")
+                     "drafter_spot_share", "drafter_train_steps")
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:
@@ -68,10 +68,11 @@ class TrainConfig:
     drafter: bool = False                 # on: speculative method becomes hybrid (drafter: stays drafter)
     drafter_init: str | None = None       # warm start (`tailrl train-drafter` directory); None = fresh
     drafter_size: int | None = None       # fresh drafter's MLP width; None = the target's
-    drafter_lr: float = 1.0e-3
+    drafter_lr: float = 1.0e-4           # fine-tuning a warm start (1e-3 measured to undo it at first)
     drafter_buffer: int = 65536           # (hidden state, token) pairs kept, newest first
     drafter_batch: int = 64               # training windows per drafter step
     drafter_spot_batch: int = 8           # train inside the rollout while fewer requests run (0 = never)
+    drafter_spot_share: float = 0.03      # ... and while that training stays below this share of the rollout
     drafter_train_steps: int = 16         # drafter steps between rollout and update
     # ---- rollout pool (tailrl.rollout.pool; docs/pool.md) ----
     instances: int = 1                    # engine instances; > 1 (or a scheduler) runs a rollout pool
@@ -154,6 +155,8 @@ class TrainConfig:
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, key, "must be an integer >= 0", v)
         _check(isinstance(self.drafter_lr, (int, float)) and 0 < self.drafter_lr < 1, "drafter_lr",
                "must be in (0, 1)", self.drafter_lr)
+        _check(isinstance(self.drafter_spot_share, (int, float)) and 0 < self.drafter_spot_share <= 1,
+               "drafter_spot_share", "must be in (0, 1]", self.drafter_spot_share)
         _check(self.drafter_size is None or (isinstance(self.drafter_size, int) and self.drafter_size >= 1),
                "drafter_size", "must be null or an integer >= 1", self.drafter_size)
         _check(self.drafter_init is None or (isinstance(self.drafter_init, str)

@@ -40,7 +40,7 @@ def attach(llm: LLM, cfg: TrainConfig, resume_from: Path | None) -> SpotTrainer:
     buffer = DrafterBuffer(cfg.drafter_buffer)
     # train once the buffer holds 4 batches' worth of windows (fewer: the same windows over and over)
     spot_cfg = SpotConfig(lr=cfg.drafter_lr, batch=cfg.drafter_batch, threshold=cfg.drafter_spot_batch,
-                          min_windows=4 * cfg.drafter_batch)
+                          max_share=cfg.drafter_spot_share, min_windows=4 * cfg.drafter_batch)
     spot = SpotTrainer(source.drafter, buffer, spot_cfg, seed=cfg.seed)
     if resume_from is not None and (resume_from / CHECKPOINT_SUBDIR / STATE_FILE).is_file():
         spot.load(str(resume_from / CHECKPOINT_SUBDIR))

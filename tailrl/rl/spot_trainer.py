@@ -8,8 +8,12 @@ response; the target computed them anyway.
 When: the engine calls ``after_step(batch_size)`` between steps (``engine.idle_work``). Below
 ``threshold`` running requests (the tail: the batch has drained and the machine idles on a
 small batch) it runs **one** training step, so a rollout step never waits for more than one
-drafter step (preemptible at step granularity; ``batch`` bounds a step's cost). The GRPO
-loop also calls ``train(steps)`` between rollout and update.
+drafter step (preemptible at step granularity; ``batch`` bounds a step's cost), and only
+while the training time stays within ``max_share`` of the rollout's time so far: on a CPU
+the trainer and the engine share the cores, so the tail is not free capacity (measured on the
+`small` model: a training step of 64 windows takes about 25 ms, an engine step at batch 1
+about 2 ms). The GRPO loop also
+calls ``train(steps)`` between rollout and update.
 
 Versions: training updates a ``shadow`` copy; ``publish`` copies it into the drafter the
 engine drafts with and bumps ``version``. Both run between engine steps (the engine calls
@@ -36,10 +40,12 @@ STATE_FILE = "spot_trainer.pt"
 
 @dataclass
 class SpotConfig:
-    lr: float = 1e-3
+    lr: float = 1e-4            # fine-tuning: 1e-3 measured to undo a warm start's first steps
     batch: int = 64             # training windows per step (bounds one step's time)
     unroll: int = 3             # drafter steps trained on its own features (as the warm start)
     threshold: int = 8          # train inside a rollout while fewer requests than this run
+    max_share: float = 0.03     # inside a rollout, train only while the training time stays
+                                # below this share of the rollout's time so far (1 = no limit)
     min_windows: int = 256      # train only once the buffer holds this many windows
     publish_every: int = 1      # training steps between published versions
 
@@ -50,6 +56,8 @@ class SpotConfig:
                 raise ValueError(f"spot trainer: {key} must be an integer >= 1, got {v!r}")
         if not isinstance(self.threshold, int) or self.threshold < 0:
             raise ValueError(f"spot trainer: threshold must be an integer >= 0, got {self.threshold!r}")
+        if not 0 < self.max_share <= 1:
+            raise ValueError(f"spot trainer: max_share must be in (0, 1], got {self.max_share!r}")
         if not 0 < self.lr < 1:
             raise ValueError(f"spot trainer: lr must be in (0, 1), got {self.lr!r}")
 
@@ -67,12 +75,18 @@ class SpotTrainer:
         self.version = 0
         self.steps = 0                 # training steps ever
         self._unpublished = 0
+        self._step_s = 0.0             # the last training step's seconds
         self.reset_metrics()
 
     # ---- the engine's hook ------------------------------------------------------------
     def after_step(self, batch_size: int) -> None:
-        """Between engine steps: one training step if the batch is in the tail."""
-        if batch_size < self.config.threshold and self.train_step(spot=True):
+        """Between engine steps: one training step if the batch is in the tail and the step is
+        expected to keep the training time within ``max_share`` of the time since
+        ``reset_metrics`` (the trainer calls it before each rollout)."""
+        if batch_size >= self.config.threshold:
+            return
+        budget = self.config.max_share * (time.perf_counter() - self._t0)
+        if self._m_spot_s + self._step_s <= budget and self.train_step(spot=True):
             self._m_spot_steps += 1
 
     # ---- training ---------------------------------------------------------------------
@@ -105,6 +119,7 @@ class SpotTrainer:
         if self._unpublished >= cfg.publish_every:
             self.publish()
         dt = time.perf_counter() - t0
+        self._step_s = dt                            # the next step's expected cost
         self._m_steps += 1
         self._m_loss += loss.item()
         self._m_agree += agree
@@ -122,6 +137,8 @@ class SpotTrainer:
 
     # ---- metrics ------------------------------------------------------------------------
     def reset_metrics(self) -> None:
+        """Start counting (and budgeting spot training) afresh: call before each rollout."""
+        self._t0 = time.perf_counter()
         self._m_steps = self._m_spot_steps = 0
         self._m_loss = self._m_agree = self._m_spot_s = self._m_idle_s = 0.0
 

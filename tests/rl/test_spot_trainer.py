@@ -1,6 +1,8 @@
 """The spot trainer: trains a shadow of the drafter inside the rollout's tail, one step at a
 time between engine steps; publishes versions only at step boundaries; outputs are identical
 with training on and off (float64; drafts are verified)."""
+import time
+
 import pytest
 import torch
 
@@ -32,7 +34,7 @@ def spot_llm(model, drafter_dir, method="drafter", **spot) -> tuple[LLM, SpotTra
     llm = LLM(model, dtype="float64", speculative=SpeculativeConfig(method=method, drafter=drafter_dir,
                                                                     min_token_prob=0.0))
     src = next(s for s in llm.engine.speculator.sources if s.name == "drafter")
-    cfg = dict(threshold=1000, min_windows=8, batch=16, unroll=2)
+    cfg = dict(threshold=1000, min_windows=8, batch=16, unroll=2, max_share=1.0, lr=1e-3)
     cfg.update(spot)
     trainer = SpotTrainer(src.drafter, DrafterBuffer(4096), SpotConfig(**cfg))
     llm.engine.speculator.collector = trainer.buffer
@@ -126,7 +128,21 @@ def test_the_spot_trainer_learns_and_waits_for_data(model, drafter_dir):
     assert m["drafter/train_steps"] == 60 and m["drafter/loss"] < first
 
 
-@pytest.mark.parametrize("key,value", [("lr", 0.0), ("batch", 0), ("unroll", 0), ("threshold", -1),
+def test_spot_training_stays_within_its_share_of_the_rollout(model, drafter_dir):
+    llm, trainer = spot_llm(model, drafter_dir, max_share=0.2)
+    llm.generate(PROMPTS, PARAMS)                       # fills the buffer (and trains a little)
+    trainer.reset_metrics()
+    t0 = time.perf_counter()
+    llm.generate(PROMPTS, PARAMS)
+    elapsed = time.perf_counter() - t0
+    m = trainer.metrics()
+    assert m["drafter/spot_steps"] >= 1
+    # a step is taken when the previous step's time still fits: the overshoot is one step's jitter
+    one_step = m["timing_s/spot_train"] / m["drafter/spot_steps"]
+    assert m["timing_s/spot_train"] <= 0.2 * elapsed + one_step + 0.01
+
+
+@pytest.mark.parametrize("key,value", [("lr", 0.0), ("max_share", 0.0), ("max_share", 1.5), ("batch", 0), ("unroll", 0), ("threshold", -1),
                                        ("min_windows", 0), ("publish_every", 0)])
 def test_spot_config_names_the_bad_key(key, value):
     with pytest.raises(ValueError, match=key):
