@@ -161,6 +161,8 @@ class LLMEngine:
         Returns (finished, draft tokens accepted)."""
         finished: list[Request] = []
         total_accepted = 0
+        # the states that sampled every emitted token, to the spot trainer's buffer (if any)
+        collect = hidden is not None and getattr(self.speculator, "collector", None) is not None
         for plan in batch.plans:
             emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
             if plan.draft_tokens:
@@ -172,7 +174,7 @@ class LLMEngine:
             elif hidden is not None:
                 plan.req.keep_hidden(hidden[plan.last])
             if self.speculator is not None:
-                if hidden is not None:
+                if collect:
                     self.speculator.collect(plan.req, emitted, hidden[plan.rows])
                 self.speculator.observe(plan.req, emitted)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above
