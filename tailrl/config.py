@@ -57,7 +57,8 @@ SPEC_POLICIES = ("adaptive", "bandit", "fixed")
 class SpeculativeConfig:
     """Speculative decoding: which draft sources, and which policy hands out draft tokens."""
 
-    method: str = "suffix"                       # "suffix" | "drafter" | "hybrid" (contract)
+    method: str | None = None                    # "suffix" | "drafter" | "hybrid" (contract); None:
+                                                  # "hybrid" with a drafter, else "suffix"
     sources: tuple[str, ...] = SPEC_SOURCES       # suffix draft sources to consult
     drafter: str | None = None                    # learned drafter directory (`tailrl train-drafter`);
                                                   # required by "drafter" and "hybrid", unused by "suffix"
@@ -76,6 +77,8 @@ class SpeculativeConfig:
     max_spec_batch: int = 64
 
     def __post_init__(self) -> None:
+        if self.method is None:
+            self.method = "hybrid" if self.drafter is not None else "suffix"
         _check(self.method in SPEC_METHODS, "method", f"must be one of {SPEC_METHODS}", self.method)
         if isinstance(self.sources, str):
             self.sources = (self.sources,)

@@ -9,7 +9,7 @@ its own row (see ``AttentionMeta``): a committed token or chain node at cache po
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ class RowPlan:
     entry: int                      # index of its root among the sampled positions; nodes follow
     draft: object = None            # the Draft it verifies (None = plain decode)
     last: int = -1                  # sampled index of the last token commit appended (set by commit)
+    rows: list[int] = field(default_factory=list)   # sampled index of every token commit appended
 
 
 @dataclass

@@ -48,9 +48,8 @@ class LLMEngine:
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
             speculator = Speculator(speculative, history, target=self.model)
         self.speculator = speculator
-        # keep each request's last hidden state only when a source reads it (no extra forward)
-        self.keep_hidden = speculator is not None and any(
-            getattr(s, "needs_hidden", False) for s in speculator.sources)
+        # run between steps with the step's batch size (the spot trainer: at most one unit of work)
+        self.idle_work = None
         self.requests: dict[str, Request] = {}
         self.metrics = EngineMetrics()
         # set to a list to record every step as {"batch", "new_tokens", "kv_tokens", "seconds"}
@@ -113,6 +112,7 @@ class LLMEngine:
         clock.append(time.perf_counter())
         batch = self.runner.build(sched.rows, drafts)                      # 3. one batched forward
         clock.append(time.perf_counter())
+        # hidden states only when a source or collector reads them (no extra forward)
         logits, hidden = self.runner.run(batch, return_hidden=True) if self.keep_hidden else (
             self.runner.run(batch), None)
         clock.append(time.perf_counter())
@@ -134,7 +134,13 @@ class LLMEngine:
             decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows) and self.kv.data is kv_data
             self.speculator.observe_step(len(batch.plans), len(batch.input_ids), clock[-1] - clock[0],
                                          batch.meta.work, prefill=not decode, reads=batch.meta.reads)
+        if self.idle_work is not None:                 # a step boundary: nothing is mid-step
+            self.idle_work.after_step(len(sched.rows))
         return finished
+
+    @property
+    def keep_hidden(self) -> bool:
+        return self.speculator is not None and bool(getattr(self.speculator, "needs_hidden", False))
 
     def _propose(self, sched: SchedulerOutput) -> dict:
         if self.speculator is None or sched.token_budget_left <= 0:
@@ -161,6 +167,8 @@ class LLMEngine:
         Returns (finished, draft tokens accepted)."""
         finished: list[Request] = []
         total_accepted = 0
+        # the states that sampled every emitted token, to the spot trainer's buffer (if any)
+        collect = hidden is not None and getattr(self.speculator, "collector", None) is not None
         for plan in batch.plans:
             emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
             if plan.draft_tokens:
@@ -172,6 +180,8 @@ class LLMEngine:
             elif hidden is not None:
                 plan.req.keep_hidden(hidden[plan.last])
             if self.speculator is not None:
+                if collect:
+                    self.speculator.collect(plan.req, emitted, hidden[plan.rows])
                 self.speculator.observe(plan.req, emitted)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above
         # had to commit (and move its accepted draft K/V) before any row moves.

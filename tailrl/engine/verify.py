@@ -50,7 +50,8 @@ def commit(plan: "RowPlan", tokens: list[int], logprobs: list[float], kv: "KVCac
     """Apply one row's sampled targets to its request. ``tokens``/``logprobs``: the step's
     sampled positions; the row's root is at ``plan.entry``, its draft nodes follow. Returns
     (tokens appended, draft nodes accepted, finish status or None); ``plan.last`` becomes the
-    sampled index of the last token appended (whose hidden state a drafter continues from).
+    sampled index of the last token appended (whose hidden state a drafter continues from),
+    ``plan.rows`` the sampled indices of all tokens appended.
 
     The row's committed tokens are already counted in ``req.num_computed_tokens``. Accepted
     node j was written at cache position base + j (base = the first position after the
@@ -70,6 +71,7 @@ def commit(plan: "RowPlan", tokens: list[int], logprobs: list[float], kv: "KVCac
     entries = [e] + [e + 1 + j for j in accepted]
     for k, (tok, i) in enumerate(zip(emitted, entries)):
         plan.last = i
+        plan.rows.append(i)
         status = append_token(req, tok, logprobs[i], eos_token_ids)
         if status is not None:
             return emitted[:k + 1], len(accepted), status

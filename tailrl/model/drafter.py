@@ -28,6 +28,7 @@ the trainable weights (``drafter.safetensors``) and ``drafter.json`` (sizes).
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -51,10 +52,24 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-6
 
     @classmethod
-    def from_target(cls, a: ModelArgs) -> "DrafterConfig":
+    def from_target(cls, a: ModelArgs, intermediate_size: int | None = None) -> "DrafterConfig":
         """Sized from the target: its hidden width (features are its hidden states), its MLP
-        width (one of its layers' worth of compute), its vocabulary (shared head)."""
-        return cls(a.hidden_size, a.intermediate_size, a.vocab_size, a.rms_norm_eps)
+        width (one of its layers' worth of compute) unless ``intermediate_size`` is given,
+        its vocabulary (shared head)."""
+        if intermediate_size is not None and intermediate_size < 1:
+            raise ValueError(f"drafter: intermediate_size must be >= 1, got {intermediate_size!r}")
+        return cls(a.hidden_size, intermediate_size or a.intermediate_size, a.vocab_size, a.rms_norm_eps)
+
+
+@dataclass
+class DrafterData:
+    """Training windows over runs of consecutive positions (teacher-forced sequences, or the
+    rollout's own hidden states). Position i holds the target's normed hidden state h_i and
+    the token x_i at i; h_i sampled x_{i+1}. A window starting at i reads i .. i + unroll."""
+
+    hidden: torch.Tensor        # [N, H] float32
+    tokens: torch.Tensor        # [N] long
+    starts: torch.Tensor        # [S] window starts whose window stays inside one run
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -90,9 +105,29 @@ class Drafter(nn.Module):
             self.down.weight.mul_(0.1)
 
     @classmethod
-    def for_target(cls, model: nn.Module) -> "Drafter":
-        """A freshly initialised drafter over a target ``Transformer``."""
-        return cls(DrafterConfig.from_target(model.args), *target_weights(model))
+    def for_target(cls, model: nn.Module, intermediate_size: int | None = None) -> "Drafter":
+        """A freshly initialised drafter over a target ``Transformer`` (MLP width: the target's,
+        or ``intermediate_size``)."""
+        return cls(DrafterConfig.from_target(model.args, intermediate_size), *target_weights(model))
+
+    def shadow(self) -> "Drafter":
+        """A trainable copy of the trainable weights that shares this drafter's frozen target
+        embedding and head (``share_target`` on either refreshes both)."""
+        embed, head = self.embed, self.head
+        self.embed = self.head = None                   # not copied: shared
+        try:
+            twin = copy.deepcopy(self)
+        finally:
+            self.embed, self.head = embed, head
+        twin.embed, twin.head = embed, head
+        return twin
+
+    @torch.no_grad()
+    def copy_weights_from(self, other: "Drafter") -> None:
+        """Overwrite the trainable weights with ``other``'s (same config)."""
+        theirs = dict(other.named_parameters())
+        for name, p in self.named_parameters():
+            p.copy_(theirs[name])
 
     @torch.no_grad()
     def share_target(self, model: nn.Module) -> None:

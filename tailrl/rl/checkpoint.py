@@ -7,6 +7,8 @@
 - ``rng.pt``: torch, numpy and Python RNG states;
 - ``history.json``: the rollout history store (last epoch's responses per prompt id);
 - ``trainer_state.json``: step, data cursor and the config the run was started with.
+- ``drafter/`` (runs with ``drafter: true``): the online drafter's newest weights, a drafter
+  checkpoint that ``SpeculativeConfig(drafter=...)`` loads, plus its optimizer and version.
 A checkpoint is written to a temporary directory and renamed into place, so a crash while
 saving never leaves a half checkpoint that ``latest_checkpoint`` would pick.
 """
@@ -49,7 +51,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(output_dir: str | Path, step: int, policy: torch.nn.Module, tokenizer,
-                    optimizer: torch.optim.Optimizer, history, state: dict[str, Any]) -> Path:
+                    optimizer: torch.optim.Optimizer, history, state: dict[str, Any], drafter=None) -> Path:
+    """``drafter``: the spot trainer (anything with ``save(directory)``), or None."""
     final = checkpoint_dir(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -60,6 +63,8 @@ def save_checkpoint(output_dir: str | Path, step: int, policy: torch.nn.Module, 
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     history.save(tmp / "history.json")
+    if drafter is not None:
+        drafter.save(str(tmp / "drafter"))
     (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)

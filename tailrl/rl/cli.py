@@ -35,7 +35,7 @@ def train_main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"tailrl train: {e}", file=sys.stderr)
         return 2
-    spec = cfg.speculative_config()
+    spec = trainer.llm.speculative              # with an online drafter: hybrid
     print(f"model {trainer.model_dir} | {len(trainer.prompts)} prompts | batch {cfg.batch_size} x {cfg.group_size} | "
           f"speculation {'on (' + spec.method + ', ' + spec.policy + ')' if spec else 'off'} | out {cfg.output_dir}")
     trainer.train(log_fn=print)

@@ -18,7 +18,10 @@ REWARDS = ("auto", "task", "math")
 FAMILIES = ("add", "sort", "search")
 # Keys that may change between a run and its resume: they do not change what is computed.
 RESUMABLE_CHANGES = ("total_steps", "checkpoint_every", "log_tensorboard", "progress", "save_rollouts",
-                     "instances", "scheduler", "backend", "chunk_tokens")   # the pool never changes outputs
+                     "instances", "scheduler", "backend", "chunk_tokens",   # the pool never changes outputs
+                     # the drafter's training changes drafts, never outputs (drafts are verified)
+                     "drafter_init", "drafter_lr", "drafter_buffer", "drafter_batch", "drafter_spot_batch",
+                     "drafter_spot_share", "drafter_train_steps")
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:
@@ -61,6 +64,16 @@ class TrainConfig:
     dtype: str = "bfloat16"               # engine dtype (spec on/off runs are identical in all three)
     train_dtype: str = "float32"          # policy dtype for the update
     num_threads: int | None = None        # torch threads (None = leave as is)
+    # ---- learned drafter (TLT): trained online by the spot trainer, drafts next to suffix drafts ----
+    drafter: bool = False                 # on: speculative method becomes hybrid (drafter: stays drafter)
+    drafter_init: str | None = None       # warm start (`tailrl train-drafter` directory); None = fresh
+    drafter_size: int | None = None       # fresh drafter's MLP width; None = the target's
+    drafter_lr: float = 1.0e-4           # fine-tuning a warm start (1e-3 measured to undo it at first)
+    drafter_buffer: int = 65536           # (hidden state, token) pairs kept, newest first
+    drafter_batch: int = 64               # training windows per drafter step
+    drafter_spot_batch: int = 8           # train inside the rollout while fewer requests run (0 = never)
+    drafter_spot_share: float = 0.03      # ... and while that training stays below this share of the rollout
+    drafter_train_steps: int = 16         # drafter steps between rollout and update
     # ---- rollout pool (tailrl.rollout.pool; docs/pool.md) ----
     instances: int = 1                    # engine instances; > 1 (or a scheduler) runs a rollout pool
     scheduler: str | None = None          # static | divided | context | history (null: one plain engine)
@@ -130,6 +143,36 @@ class TrainConfig:
             self.speculative_config()
         except ValueError as e:
             raise ValueError(f"config key 'speculative': {e}") from None
+        self._check_drafter()
+
+    def _check_drafter(self) -> None:
+        _check(isinstance(self.drafter, bool), "drafter", "must be true or false", self.drafter)
+        for key in ("drafter_buffer", "drafter_batch"):
+            v = getattr(self, key)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "must be an integer >= 1", v)
+        for key in ("drafter_spot_batch", "drafter_train_steps"):
+            v = getattr(self, key)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, key, "must be an integer >= 0", v)
+        _check(isinstance(self.drafter_lr, (int, float)) and 0 < self.drafter_lr < 1, "drafter_lr",
+               "must be in (0, 1)", self.drafter_lr)
+        _check(isinstance(self.drafter_spot_share, (int, float)) and 0 < self.drafter_spot_share <= 1,
+               "drafter_spot_share", "must be in (0, 1]", self.drafter_spot_share)
+        _check(self.drafter_size is None or (isinstance(self.drafter_size, int) and self.drafter_size >= 1),
+               "drafter_size", "must be null or an integer >= 1", self.drafter_size)
+        _check(self.drafter_init is None or (isinstance(self.drafter_init, str)
+                                             and (Path(self.drafter_init) / "drafter.json").is_file()),
+               "drafter_init", "must be null or a drafter directory (with drafter.json)", self.drafter_init)
+        _check(self.drafter_init is None or self.drafter_size is None, "drafter_size",
+               "must be null with drafter_init (the warm start has its size)", self.drafter_size)
+        if not self.drafter:
+            return
+        _check(self.speculative_config() is not None, "drafter", "needs speculative decoding on (speculative: "
+               "false drafts nothing)", self.drafter)
+        _check(self.pool_config() is None, "drafter", "trains in the rollout's process: it needs one engine "
+               "(instances: 1, no scheduler, backend: local)", self.drafter)
+        _check(not (isinstance(self.speculative, dict) and self.speculative.get("drafter") is not None),
+               "drafter", "replaces speculative.drafter (use drafter_init for a warm start); set one",
+               self.drafter)
 
     def pool_config(self) -> PoolConfig | None:
         """The rollout pool's config, or None for one plain engine."""
@@ -138,14 +181,22 @@ class TrainConfig:
         return PoolConfig(instances=self.instances, scheduler=self.scheduler or "context", backend=self.backend,
                           chunk_tokens=self.chunk_tokens, threads_per_instance=self.num_threads)
 
-    def speculative_config(self) -> SpeculativeConfig | None:
+    def speculative_config(self, drafter_dir: str | None = None) -> SpeculativeConfig | None:
+        """With ``drafter`` on and the online drafter's directory given: method ``hybrid``
+        (or ``drafter`` if the mapping asks for it) over that drafter; without the directory
+        (validation), the same config with suffix drafts only."""
         if self.speculative is None or self.speculative is False:
             return None
-        if self.speculative is True:
-            return SpeculativeConfig()
-        if isinstance(self.speculative, dict):
-            return SpeculativeConfig.coerce(dict(self.speculative))
-        raise ValueError(f"must be true, false, null or a mapping, got {self.speculative!r}")
+        if self.speculative is not True and not isinstance(self.speculative, dict):
+            raise ValueError(f"must be true, false, null or a mapping, got {self.speculative!r}")
+        values = {} if self.speculative is True else dict(self.speculative)
+        if self.drafter:
+            method = "drafter" if values.get("method") == "drafter" else "hybrid"
+            values.pop("drafter", None)              # set by the trainer only (checked in _check_drafter)
+            values["method"] = method if drafter_dir else "suffix"
+            if drafter_dir:
+                values["drafter"] = drafter_dir
+        return SpeculativeConfig.coerce(values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,8 +11,8 @@
    weighted down, so that it also learns from the features it will really see deeper in a
    draft (EAGLE trains one step; deeper drafts then drift).
 
-The online spot trainer (TLT: training on rollout hidden states while the tail idles) reuses
-``drafter_loss``; it is not part of this module.
+The online spot trainer (``tailrl.rl.spot_trainer``: training on the rollout's own hidden
+states while the tail idles) reuses ``drafter_loss``.
 """
 from __future__ import annotations
 
@@ -20,24 +20,14 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from tailrl.model.drafter import Drafter
+from tailrl.model.drafter import Drafter, DrafterData
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DrafterData:
-    """Teacher-forced features of many sequences, concatenated."""
-
-    hidden: torch.Tensor        # [N, H] normed hidden state at every position, float32
-    tokens: torch.Tensor        # [N] token at every position
-    starts: torch.Tensor        # [S] positions t whose window t .. t + unroll stays in one sequence's response
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from tailrl import LLM, SamplingParams
 from tailrl.rl import checkpoint as ckpt
+from tailrl.rl import online_drafter
 from tailrl.rl.config import RESUMABLE_CHANGES, TrainConfig
 from tailrl.rl.data import Prompt, RewardFn, batch_indices, compute_rewards, load_dataset, resolve_reward
 from tailrl.rl.grpo import group_advantages, grpo_loss
@@ -79,8 +80,12 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # a pool when configured: weights go to every instance after each update (load_weights),
         # and the history policy reads the lengths that each generate records in llm.history
-        self.llm = LLM(model=self.model_dir, speculative=cfg.speculative_config(), dtype=cfg.dtype,
-                       seed=cfg.seed, pool=cfg.pool_config())
+        spec = cfg.speculative_config(online_drafter.drafter_dir(cfg, self.model_dir, start_dir)
+                                      if cfg.drafter else None)
+        self.llm = LLM(model=self.model_dir, speculative=spec, dtype=cfg.dtype, seed=cfg.seed,
+                       pool=cfg.pool_config())
+        # the learned drafter, trained online on the rollout's hidden states (None: off)
+        self.spot = online_drafter.attach(self.llm, cfg, start_dir) if cfg.drafter else None
         if self.llm.tokenizer is None:
             raise ValueError(f"config key 'model': {self.model_dir} has no tokenizer files")
         self.pad_id = self.llm.tokenizer.pad_token_id or 0
@@ -192,12 +197,18 @@ class Trainer:
         cfg, step = self.cfg, self.step
         t0 = time.perf_counter()
         batch = [self.prompts[i] for i in batch_indices(step, cfg.batch_size, len(self.prompts), cfg.seed, cfg.shuffle)]
+        if self.spot is not None:
+            self.spot.reset_metrics()
         prompt_ids, groups, logps = self.rollout(step, batch)
         m = {k: float(v) for k, v in self.llm.last_metrics.items()}
         t1 = time.perf_counter()
         texts = [[self.llm.tokenizer.decode(r, skip_special_tokens=True) for r in g] for g in groups]
         rewards = compute_rewards(self.reward_fn, batch, texts)
         t2 = time.perf_counter()
+        if self.spot is not None:                   # between rollout and update (TLT)
+            self.spot.train(cfg.drafter_train_steps)
+            m.update(self.spot.metrics())
+        t2u = time.perf_counter()
         G = cfg.group_size
         adv = group_advantages(torch.tensor(rewards), G, cfg.norm_adv_by_std)
         flat_prompts = [p for p in prompt_ids for _ in range(G)]
@@ -216,7 +227,7 @@ class Trainer:
                   "critic/mixed_groups": float(mixed.mean()),
                   "critic/advantages/mean": float(adv.mean()), "critic/advantages/max": float(adv.max()),
                   "critic/advantages/min": float(adv.min()),
-                  "timing_s/reward": t2 - t1, "timing_s/update": t3 - t2, "timing_s/sync_weights": t4 - t3,
+                  "timing_s/reward": t2 - t1, "timing_s/update": t3 - t2u, "timing_s/sync_weights": t4 - t3,
                   "timing_s/step": t4 - t0, "perf/throughput": tokens / max(t4 - t0, 1e-9),
                   "training/epoch": step * cfg.batch_size / len(self.prompts)})
         self.logger.log(self.step, m)
@@ -227,7 +238,7 @@ class Trainer:
     def save(self) -> Path:
         state = {"data_cursor": self.step * self.cfg.batch_size, "config": self.cfg.to_dict()}
         return ckpt.save_checkpoint(self.cfg.output_dir, self.step, self.policy, self.llm.tokenizer,
-                                    self.optimizer, self.llm.history, state)
+                                    self.optimizer, self.llm.history, state, drafter=self.spot)
 
     def train(self, log_fn=None) -> list[dict[str, float]]:
         """Run to ``total_steps``; ``log_fn(line)`` receives the console line of each step."""

@@ -10,8 +10,10 @@ Per engine step:
    policy's full limit stops the search), lets the policy allocate node counts, truncates
    (``Draft.truncate``) and drops empty drafts. ``max_total_tokens`` optionally caps the
    step's total draft nodes (the engine's token budget). Sources with a ``prepare(requests,
-   max_tokens, max_paths)`` method (the learned drafter) draft for all requests at once
-   first, batched, and hand the results out from ``propose``. *Carry*: when a chain was accepted
+   max_tokens, max_paths)`` method (the learned drafter) draft in one batched call for the
+   requests that ``SourceChoice`` (source_choice.py) finds worth it, from measured acceptance
+   and the measured price of the drafter's forward; it also picks per request the suffix
+   draft, the drafter's or none. *Carry*: when a chain was accepted
    in full, its unverified rest is the request's next draft if the bonus token sampled after
    it equals the rest's first token; the sources are not asked (measured: drafting was ~15%
    of a speculative rollout's time).
@@ -19,6 +21,8 @@ Per engine step:
    verified draft (``accepted`` excludes the bonus token) and ``observe(req, new_tokens)``
    for every request that gained tokens (drafted or not: the group and self indexes need
    all tokens);
+   With a ``collector`` (the spot trainer's buffer), ``collect(req, new_tokens, hidden)``
+   hands it the target's hidden states that sampled the new tokens;
 3. ``observe_step(batch_size, num_tokens, seconds, attention, reads=...)`` after every step
    (``seconds``: the whole step, drafting included; ``attention``: the step's (query slot,
    key position) pairs; ``reads``: its (row, key position) pairs; see ``CostModel``).
@@ -48,6 +52,7 @@ from tailrl.spec.factory import make_spec_policy, make_sources
 from tailrl.spec.history import HistoryStore
 from tailrl.spec.policy import SpecPolicy
 from tailrl.spec.source import DraftSource
+from tailrl.spec.source_choice import SourceChoice
 
 
 class Speculator:
@@ -66,11 +71,21 @@ class Speculator:
         self.policy = policy if policy is not None else make_spec_policy(self.config, self.cost_model,
                                                                     history_store, seed)
         self.max_draft_tokens = self.config.max_draft_tokens
+        # per request: suffix draft, drafter draft or none (only with a batched source: the drafter)
+        self.choice = SourceChoice(self.cost_model) if any(hasattr(s, "prepare") for s in self.sources) else None
         self.max_tree_paths = self.config.max_tree_paths
         self._step_draft_s = 0.0
         self._full: dict[str, Draft] = {}      # this step's untruncated chains, by request
         self._carry: dict[str, Draft] = {}     # unverified rests of fully accepted chains
+        # where the rollout's (hidden state, token) pairs go (the spot trainer's DrafterBuffer)
+        self.collector: Any = None
         self.reset_metrics()
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Whether the engine must hand out hidden states (a source drafts from them, or a
+        collector keeps them)."""
+        return self.collector is not None or any(getattr(s, "needs_hidden", False) for s in self.sources)
 
     def calibrate(self, forward_fn: Callable[[int, int], object], **kw) -> None:
         """Time synthetic forwards up front (see ``CostModel.calibrate``)."""
@@ -89,6 +104,11 @@ class Speculator:
             s.observe(req, new_tokens)
         self._index_s += time.perf_counter() - t0
 
+    def collect(self, req: Any, new_tokens: list[int], hidden: Any) -> None:
+        """``hidden`` [E, H]: the target's states that sampled ``new_tokens`` (to the collector)."""
+        if self.collector is not None:
+            self.collector.add(req, new_tokens, hidden)
+
     def target_updated(self, model: Any) -> None:
         """The target's weights changed (``LLM.load_weights``): sources that share them refresh."""
         for s in self.sources:
@@ -98,6 +118,8 @@ class Speculator:
 
     def finish(self, req: Any) -> None:
         self._carry.pop(req.request_id, None)
+        if self.collector is not None:
+            self.collector.finish(req)
         for s in self.sources:
             s.finish(req)
         self.policy.finish(req)
@@ -145,7 +167,7 @@ class Speculator:
             self._off_steps += 1
             return {}
         self._full = {}
-        found = self._search(requests, paths)
+        found = self._search(requests, paths, batch_size)
         proposals = [(req, found[req.request_id]) for req in requests if found[req.request_id] is not None]
         self._asked += len(requests)
         self._found += len(proposals)
@@ -165,12 +187,11 @@ class Speculator:
         self.policy.observe_draft(dt, len(requests))
         return out
 
-    def _search(self, requests: list[Any], paths: int) -> dict[str, Draft | None]:
-        """Every request's best draft. Per-request sources first; then batched sources (the
-        drafter, ``prepare``) for the requests whose best draft so far is expected to accept
-        fewer tokens than the batched sources have accepted per verify step so far (a drafter
-        step costs a fraction of a target forward; a good suffix draft makes it wasted work).
-        A request served from the carry asks no source."""
+    def _search(self, requests: list[Any], paths: int, batch_size: int) -> dict[str, Draft | None]:
+        """Every request's draft for this step. Per-request sources first (the best score
+        wins); with a batched source (the drafter, ``prepare``), ``choice`` then decides which
+        requests it drafts for, in one batched call, and whether each request verifies its
+        suffix draft, the drafter's or none. A request served from the carry asks no source."""
         single = [s for s in self.sources if not hasattr(s, "prepare")]
         batched = [s for s in self.sources if hasattr(s, "prepare")]
         found: dict[str, Draft | None] = {}
@@ -179,20 +200,41 @@ class Speculator:
             if self._carry_applies(req, self._carry.get(req.request_id), paths):
                 carried.add(req.request_id)
             found[req.request_id] = self.best_draft(req, paths, single)
-        if batched:
-            bar = self._mean_accepted({s.name for s in batched})
-            weak = [r for r in requests if r.request_id not in carried and
-                    (found[r.request_id] is None or found[r.request_id].score < bar)]
-            if weak:
-                self._prepare(weak, paths, batched)
-                for req in weak:
-                    found[req.request_id] = self.best_draft(req, paths, batched, found[req.request_id])
+        if not batched:
+            return found
+        rest = [r for r in requests if r.request_id not in carried]
+        limits = {r.request_id: min(self.max_draft_tokens, self.policy.draft_limit(r)) for r in rest}
+        drafted = self._draft_batched(self.choice.ask(rest, found, limits, batch_size), paths, batched)
+        for req in rest:
+            rid = req.request_id
+            own, full = drafted.get(rid, (None, None))
+            pick = self.choice.pick(found[rid], own, limits[rid], batch_size)
+            if pick is not found[rid]:                 # the carry follows the verified chain
+                self._full.pop(rid, None)
+                if pick is not None and full is not None:
+                    self._full[rid] = full
+            found[rid] = pick
         return found
 
-    def _mean_accepted(self, names: set[str]) -> float:
-        """Draft tokens accepted per verify step by the sources ``names`` so far (inf before any)."""
-        steps = sum(self._steps.get(n, 0) for n in names)
-        return sum(self._accepted.get(n, 0) for n in names) / steps if steps else float("inf")
+    def _draft_batched(self, requests: list[Any], paths: int,
+                       sources: list[DraftSource]) -> dict[str, tuple[Draft, Draft | None]]:
+        """The batched sources' drafts for ``requests``: {id: (draft, its untruncated chain)};
+        the call's time teaches ``choice`` the drafter's cost."""
+        if not requests:
+            return {}
+        t0 = time.perf_counter()
+        self._prepare(requests, paths, sources)
+        out = {}
+        for req in requests:
+            kept = self._full.pop(req.request_id, None)
+            d = self.best_draft(req, paths, sources)
+            full = self._full.pop(req.request_id, None)
+            if kept is not None:
+                self._full[req.request_id] = kept
+            if d is not None:
+                out[req.request_id] = (d, full)
+        self.choice.observe_call(time.perf_counter() - t0, len(requests))
+        return out
 
     def _prepare(self, requests: list[Any], paths: int, sources: list[DraftSource]) -> None:
         """Let batched ``sources`` (the drafter) draft for all ``requests`` at once, asked for
@@ -215,6 +257,8 @@ class Speculator:
             # all verified: the chain's unverified rest is next step's draft if the bonus token
             # the engine samples now equals its first token (checked in ``best_draft``)
             self._carry[req.request_id] = full.rest(n)
+        if self.choice is not None:
+            self.choice.record(draft.source, draft.score, accepted)
         self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth)
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0,

@@ -72,6 +72,7 @@ def test_outputs_identical_with_drafter_speculation(model, drafter_dir, dtype, m
     plain = LLM(model, dtype=dtype)
     spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(
         method=method, drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
+    spec.engine.speculator.choice.explore_every = 1     # verify the drafter's drafts at every step
     for _ in range(2):                                          # the second call: hybrid has history too
         assert_same(plain.generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))
     m = spec.last_metrics
@@ -85,6 +86,8 @@ def test_config_names_the_drafter_field(drafter_dir, tmp_path):
         with pytest.raises(ValueError, match="drafter"):
             SpeculativeConfig(**bad)
     assert SpeculativeConfig(method="hybrid", drafter=drafter_dir).drafter == drafter_dir
+    assert SpeculativeConfig(drafter=drafter_dir).method == "hybrid"          # the default with a drafter
+    assert SpeculativeConfig().method == "suffix"
 
 
 def test_a_drafter_for_another_model_is_refused(ckpt_dir, drafter_dir):

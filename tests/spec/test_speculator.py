@@ -230,9 +230,9 @@ def test_batched_sources_are_asked_only_where_the_others_draft_worse_than_they_a
                       policy=FixedPolicy(4))
     reqs = [FakeRequest("sure", [1]), FakeRequest("none", [1])]
     first = spec.propose(reqs, 2)
-    assert batched.prepared == [["none", "sure"]]            # nothing measured yet: everyone is asked
+    assert batched.prepared == [["none"]]                     # "sure" has a 4-token certain draft
     assert first["sure"].source == "suffix" and first["none"].source == "batched"
     spec.record_verification(reqs[1], first["none"], 2)      # the batched source accepts 2 per step
     second = spec.propose(reqs, 2)
-    assert batched.prepared[-1] == ["none"]                   # "sure" has a 4-token certain draft
+    assert batched.prepared[-1] == ["none"]
     assert second["none"].source == "batched" and second["sure"].source == "suffix"

@@ -1,0 +1,49 @@
+"""Wiring of the online drafter into a training run (``drafter: true`` in the config).
+
+- ``drafter_dir``: the drafter the run starts from: the checkpoint's when resuming, else
+  ``drafter_init`` (a warm start), else a fresh one sized from the target (written to
+  ``OUTPUT_DIR/drafter_init`` so that the engine loads it like any drafter).
+- ``attach``: a ``DrafterBuffer`` as the engine speculator's collector and a ``SpotTrainer``
+  as the engine's between-steps work, training a shadow of the drafter the engine drafts with.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tailrl import LLM
+from tailrl.model.drafter import CONFIG_FILE, Drafter
+from tailrl.rl.config import TrainConfig
+from tailrl.rl.spot_trainer import STATE_FILE, SpotConfig, SpotTrainer
+from tailrl.spec.drafter_buffer import DrafterBuffer
+
+CHECKPOINT_SUBDIR = "drafter"      # inside a training checkpoint
+
+
+def drafter_dir(cfg: TrainConfig, model_dir: str, resume_from: Path | None) -> str:
+    if resume_from is not None:
+        saved = resume_from / CHECKPOINT_SUBDIR
+        if not (saved / CONFIG_FILE).is_file():
+            raise ValueError(f"--resume: {resume_from} has no drafter; config key 'drafter' was off in that run")
+        return str(saved)
+    if cfg.drafter_init is not None:
+        return cfg.drafter_init
+    from tailrl.model.loader import load_model
+    out = Path(cfg.output_dir) / "drafter_init"
+    Drafter.for_target(load_model(model_dir, "float32"), cfg.drafter_size).save(str(out))
+    return str(out)
+
+
+def attach(llm: LLM, cfg: TrainConfig, resume_from: Path | None) -> SpotTrainer:
+    """The spot trainer over ``llm``'s engine (one in-process engine; the config checks it)."""
+    speculator = llm.engine.speculator
+    source = next(s for s in speculator.sources if s.name == "drafter")
+    buffer = DrafterBuffer(cfg.drafter_buffer)
+    # train once the buffer holds 4 batches' worth of windows (fewer: the same windows over and over)
+    spot_cfg = SpotConfig(lr=cfg.drafter_lr, batch=cfg.drafter_batch, threshold=cfg.drafter_spot_batch,
+                          max_share=cfg.drafter_spot_share, min_windows=4 * cfg.drafter_batch)
+    spot = SpotTrainer(source.drafter, buffer, spot_cfg, seed=cfg.seed)
+    if resume_from is not None and (resume_from / CHECKPOINT_SUBDIR / STATE_FILE).is_file():
+        spot.load(str(resume_from / CHECKPOINT_SUBDIR))
+    speculator.collector = buffer
+    llm.engine.idle_work = spot
+    return spot

@@ -1,0 +1,120 @@
+"""Per request and step: its suffix draft, a learned-drafter draft, or none, chosen from the
+measured acceptance of each source and the measured cost of drafting and verifying.
+
+Prices at this step's batch size ``B``, from the speculator's ``CostModel``:
+
+    tau  = T(B, B) / B        seconds one emitted token is worth now (the batch's time per token)
+    c    = slope(B)           seconds one more verified draft node costs
+    D(n) = d0 + d1 * n        seconds of one batched drafter call for n requests (measured here,
+                              least squares with forgetting; the drafter's own forward, priced)
+
+A draft's expected accepted tokens are its score (the source's own estimate) times the
+source's calibration (accepted / score over its verified drafts, with forgetting; 1 before
+any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
+
+1. ``ask``: before drafting, the drafter is expected to accept ``A`` tokens per verify step
+   (its measured mean, with forgetting). Its gain for a request is ``A * tau - k * c`` over
+   the value of what the request already has (a suffix draft, or nothing = 0). The drafter
+   is called for the requests with a positive gain if their gains add up to more than
+   ``D(n)``. Before the drafter has been verified, and one step in ``explore_every``, it is
+   called for every request without a full-length draft, and its drafts are verified
+   whatever their value, so its acceptance (which changes as it trains online) and its cost
+   stay measured.
+2. ``pick``: the draft of higher value; none when the better value is not positive.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tailrl.spec.cost_model import CostModel
+from tailrl.spec.draft import Draft
+
+
+class SourceChoice:
+    def __init__(self, cost_model: CostModel, drafter: str = "drafter", decay: float = 0.98,
+                 explore_every: int = 16) -> None:
+        self.cost = cost_model
+        self.drafter = drafter                   # the batched source's name
+        self.decay = decay
+        self.explore_every = explore_every
+        self._acc: dict[str, float] = {}         # source -> forgotten sum of accepted tokens
+        self._score: dict[str, float] = {}       # source -> forgotten sum of draft scores
+        self._steps: dict[str, float] = {}       # source -> forgotten count of verify steps
+        self._call = np.zeros(5)                 # forgotten sums w, n, t, n*n, n*t of drafter calls
+        self._asks = 0
+        self.exploring = False                   # this step verifies the drafter's drafts whatever their value
+
+    # ---- learning ------------------------------------------------------------------------
+    def record(self, source: str, score: float, accepted: int) -> None:
+        """One verified draft of ``source``: its score and the tokens accepted (bonus excluded)."""
+        d = self.decay
+        self._acc[source] = self._acc.get(source, 0.0) * d + accepted
+        self._score[source] = self._score.get(source, 0.0) * d + score
+        self._steps[source] = self._steps.get(source, 0.0) * d + 1.0
+
+    def observe_call(self, seconds: float, requests: int) -> None:
+        """One batched drafter call for ``requests`` requests took ``seconds``."""
+        n = float(requests)
+        self._call = self._call * self.decay + np.array([1.0, n, seconds, n * n, n * seconds])
+
+    # ---- prices ------------------------------------------------------------------------------
+    def calibration(self, source: str) -> float:
+        s = self._score.get(source, 0.0)
+        return self._acc[source] / s if s > 0 else 1.0
+
+    def drafter_mean(self) -> float | None:
+        """The drafter's accepted tokens per verify step (None before it was verified)."""
+        st = self._steps.get(self.drafter, 0.0)
+        return self._acc[self.drafter] / st if st > 0 else None
+
+    def call_cost(self, requests: int) -> float:
+        w, n, t, nn, nt = self._call
+        if w <= 0:
+            return 0.0
+        var = nn / w - (n / w) ** 2
+        d1 = max((nt / w - (n / w) * (t / w)) / var, 0.0) if var > 1e-9 else 0.0
+        d0 = max(t / w - d1 * n / w, 0.0)
+        return d0 + d1 * requests
+
+    def prices(self, batch_size: int) -> tuple[float, float]:
+        """(tau, c): seconds per emitted token, seconds per verified node at this batch size."""
+        return self.cost.predict(batch_size, batch_size) / batch_size, self.cost.slope(batch_size)
+
+    def value(self, draft: Draft | None, limit: int, tau: float, c: float) -> float:
+        if draft is None:
+            return 0.0
+        k = min(len(draft), limit)
+        e = self.calibration(draft.source) * (draft.truncate(k).score if k < len(draft) else draft.score)
+        return e * tau - k * c
+
+    # ---- decisions -----------------------------------------------------------------------------
+    def ask(self, requests: list[Any], have: dict[str, Draft | None], limits: dict[str, int],
+            batch_size: int) -> list[Any]:
+        """The requests to call the drafter for this step."""
+        self._asks += 1
+        # requests without a draft certain to be accepted in full
+        open_ = [r for r in requests if have[r.request_id] is None or have[r.request_id].score < limits[r.request_id]]
+        mean = self.drafter_mean()
+        self.exploring = mean is None or self._asks % self.explore_every == 0
+        if self.exploring:
+            return open_
+        tau, c = self.prices(batch_size)
+        gains = [(r, mean * tau - limits[r.request_id] * c
+                  - max(self.value(have[r.request_id], limits[r.request_id], tau, c), 0.0)) for r in open_]
+        worth = [(r, g) for r, g in gains if g > 0]
+        if not worth or sum(g for _, g in worth) <= self.call_cost(len(worth)):
+            return []
+        return [r for r, _ in worth]
+
+    def pick(self, current: Draft | None, drafted: Draft | None, limit: int, batch_size: int) -> Draft | None:
+        if drafted is not None and self.exploring:
+            return drafted
+        options = [d for d in (current, drafted) if d is not None]
+        if not options:
+            return None
+        tau, c = self.prices(batch_size)
+        values = [self.value(d, limit, tau, c) for d in options]
+        i = max(range(len(options)), key=values.__getitem__)     # ties: the first (the suffix draft)
+        return options[i] if values[i] > 0 else None

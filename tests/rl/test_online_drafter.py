@@ -1,0 +1,76 @@
+"""`drafter: true` in a training run: config keys checked by name, the spot trainer trains
+inside the rollout and between rollout and update, the drafter is in every checkpoint and
+`--resume` restores it; responses are those of the run without a drafter."""
+import pytest
+import torch
+
+from tailrl.model.drafter import Drafter
+from tailrl.model.loader import load_model
+from tailrl.rl.config import TrainConfig
+from tailrl.rl.metrics import read_jsonl
+from tailrl.rl.spot_trainer import STATE_FILE
+from tailrl.rl.trainer import Trainer
+
+DRAFTER = dict(drafter=True, speculative={"policy": "fixed", "sources": ["self"]}, drafter_size=32,
+               drafter_batch=8, drafter_spot_batch=64, drafter_train_steps=3)
+
+
+def config(tmp_path, name: str, **kw) -> TrainConfig:
+    base = dict(model="test", task_family="add", task_difficulty=2, train_size=4, batch_size=2, group_size=4,
+                max_tokens=24, total_steps=2, speculative=False, output_dir=str(tmp_path / name),
+                progress=False, checkpoint_every=1, num_threads=1, lr=3e-3, log_tensorboard=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("drafter", "yes", "'drafter'"), ("drafter_lr", 0.0, "'drafter_lr'"), ("drafter_buffer", 0, "'drafter_buffer'"),
+    ("drafter_batch", 0, "'drafter_batch'"), ("drafter_spot_batch", -1, "'drafter_spot_batch'"),
+    ("drafter_train_steps", -2, "'drafter_train_steps'"), ("drafter_size", 0, "'drafter_size'"),
+    ("drafter_init", "/nowhere", "'drafter_init'")])
+def test_bad_drafter_keys_are_named(tmp_path, key, value, match):
+    with pytest.raises(ValueError, match=match):
+        config(tmp_path, "bad", **{**DRAFTER, key: value})
+
+
+def test_drafter_needs_speculation_and_one_engine(tmp_path):
+    with pytest.raises(ValueError, match="'drafter'.*speculative"):
+        config(tmp_path, "a", **{**DRAFTER, "speculative": False})
+    with pytest.raises(ValueError, match="'drafter'.*one engine"):
+        config(tmp_path, "b", **DRAFTER, instances=2)
+    with pytest.raises(ValueError, match="'drafter'.*speculative.drafter"):
+        config(tmp_path, "c", **{**DRAFTER, "speculative": {"drafter": str(tmp_path)}})
+    cfg = config(tmp_path, "d", **DRAFTER)
+    assert cfg.speculative_config().method == "suffix"          # validated without the drafter
+    assert cfg.speculative_config(str(tmp_path)).method == "hybrid"
+
+
+def test_online_drafter_trains_checkpoints_and_resumes(tmp_path):
+    plain = Trainer(config(tmp_path, "plain", total_steps=2))
+    plain.train()
+    full = Trainer(config(tmp_path, "full", total_steps=2, **DRAFTER))
+    assert full.llm.speculative.method == "hybrid"
+    rows = full.train()
+    assert all(r["drafter/train_steps"] >= 3 for r in rows[1:]) and rows[-1]["drafter/version"] > 0
+    assert sum(r["drafter/spot_steps"] for r in rows) > 0 and rows[-1]["timing_s/spot_train"] >= 0
+    assert "rollout/spec_draft_tokens/drafter" in rows[-1]
+    # drafts never change responses
+    assert read_jsonl(tmp_path / "full" / "rollouts.jsonl") == read_jsonl(tmp_path / "plain" / "rollouts.jsonl")
+    ckpt = tmp_path / "full" / "checkpoints" / "step_000002" / "drafter"
+    assert (ckpt / STATE_FILE).is_file()
+    saved = Drafter.load(str(ckpt), load_model(full.model_dir, "float32"))   # a deployable drafter
+    want = full.spot.shadow.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in saved.state_dict().items())
+    # resume from step 1 restores that checkpoint's drafter, optimizer and version
+    step1 = tmp_path / "full" / "checkpoints" / "step_000001" / "drafter"
+    at1 = Drafter.load(str(step1), load_model(full.model_dir, "float32")).state_dict()
+    for d in ("step_000002",):
+        import shutil
+        shutil.rmtree(tmp_path / "full" / "checkpoints" / d)
+    resumed = Trainer(config(tmp_path, "full", total_steps=2, **{**DRAFTER, "drafter_lr": 5e-4}), resume=True)
+    assert resumed.step == 1 and resumed.spot.version == torch.load(step1 / STATE_FILE)["version"] > 0
+    for drafter in (resumed.spot.drafter, resumed.spot.shadow):
+        assert all(torch.equal(v, at1[k]) for k, v in drafter.state_dict().items())
+    assert len(resumed.spot.optimizer.state) > 0                     # AdamW moments restored
+    with pytest.raises(ValueError, match="'drafter'"):
+        Trainer(config(tmp_path, "full", total_steps=2), resume=True)   # the drafter key may not change

@@ -1,0 +1,124 @@
+"""Per request and step: suffix draft, drafter draft or none, from measured acceptance and cost;
+and the speculator calls the drafter only for the requests the choice asks for."""
+from spec_fakes import FakeRequest
+
+from tailrl.config import SpeculativeConfig
+from tailrl.spec.draft import Draft
+from tailrl.spec.policy import FixedPolicy
+from tailrl.spec.source_choice import SourceChoice
+from tailrl.spec.speculator import Speculator
+
+
+class FlatCost:
+    """A step of B requests costs 10 ms; one more verified node costs ``slope``."""
+
+    def __init__(self, slope=1e-4):
+        self.context, self._slope = 0, slope
+
+    def predict(self, batch_size, num_tokens):
+        return 0.01 + self._slope * (num_tokens - batch_size)
+
+    def slope(self, batch_size):
+        return self._slope
+
+    def observe(self, *a, **kw):
+        pass
+
+
+def reqs(n):
+    return [FakeRequest(f"r{i}", [1, 2, 3]) for i in range(n)]
+
+
+def chain(n, p=0.9, source="self"):
+    return Draft.chain(list(range(1, n + 1)), [p] * n, source)
+
+
+def measured(choice, drafter_accepts, calls=((0.001, 4),)):
+    for _ in range(20):
+        choice.record("drafter", 3.0, drafter_accepts)
+        choice.record("self", 3.0, 3)
+    for t, n in calls:
+        choice.observe_call(t, n)
+
+
+def test_an_unmeasured_drafter_is_asked_for_every_request_without_a_certain_draft():
+    choice = SourceChoice(FlatCost())
+    rs = reqs(3)
+    have = {"r0": None, "r1": chain(2), "r2": chain(6, p=1.0)}
+    assert choice.ask(rs, have, {r.request_id: 6 for r in rs}, 3) == rs[:2]
+    assert choice.exploring
+
+
+def test_a_good_cheap_drafter_is_asked_where_suffix_drafts_are_weak():
+    choice = SourceChoice(FlatCost())
+    measured(choice, drafter_accepts=3)
+    rs = reqs(3)
+    have = {"r0": None, "r1": chain(1, p=0.5), "r2": chain(5, p=0.99)}
+    assert choice.ask(rs, have, {r.request_id: 5 for r in rs}, 3) == rs[:2]
+
+
+def test_a_poor_or_costly_drafter_is_not_asked_except_to_explore():
+    poor = SourceChoice(FlatCost(), explore_every=4)
+    measured(poor, drafter_accepts=0)
+    rs = reqs(4)
+    have = {r.request_id: None for r in rs}
+    limits = {r.request_id: 6 for r in rs}
+    asked = [poor.ask(rs, have, limits, 4) for _ in range(8)]
+    assert [len(a) for a in asked] == [0, 0, 0, 4, 0, 0, 0, 4]      # one step in 4 explores
+    costly = SourceChoice(FlatCost())
+    measured(costly, drafter_accepts=2, calls=((0.05, 1), (0.2, 4)))  # a call costs more than the gain
+    assert costly.ask(rs, have, limits, 4) == []
+    cheap = SourceChoice(FlatCost())
+    measured(cheap, drafter_accepts=2, calls=((0.0001, 1), (0.0004, 4)))
+    assert cheap.ask(rs, have, limits, 4) == rs
+
+
+def test_pick_the_more_valuable_draft_or_none():
+    choice = SourceChoice(FlatCost(slope=1e-4))         # a token is worth 2.5 ms, a node costs 0.1 ms
+    measured(choice, drafter_accepts=1)                 # drafter calibration 1/3, suffix 1
+    choice.exploring = False
+    suffix, drafted = chain(3, p=0.5, source="self"), Draft.chain([1, 2, 3], [0.9] * 3, "drafter")
+    assert choice.pick(suffix, drafted, 6, 4) is suffix
+    assert choice.pick(None, drafted, 6, 4) is drafted
+    assert choice.pick(None, None, 6, 4) is None
+    pricey = SourceChoice(FlatCost(slope=0.05))         # verifying costs more than a token is worth
+    assert pricey.pick(suffix, None, 6, 4) is None
+    choice.exploring = True                             # exploring: the drafter's draft is verified
+    assert choice.pick(suffix, drafted, 6, 4) is drafted
+
+
+class FakeDrafter:
+    name, needs_hidden = "drafter", True
+
+    def __init__(self):
+        self.prepared: list[list[str]] = []
+
+    def prepare(self, requests, max_tokens, max_paths):
+        self.prepared.append([r.request_id for r in requests])
+
+    def propose(self, req, max_tokens, max_paths):
+        return Draft.chain([7] * max_tokens, [0.8] * max_tokens, "drafter")
+
+    def start(self, req):
+        pass
+
+    def observe(self, req, tokens):
+        pass
+
+    def finish(self, req):
+        pass
+
+
+def test_the_speculator_calls_the_drafter_only_when_the_choice_asks():
+    drafter = FakeDrafter()
+    spec = Speculator(SpeculativeConfig(), sources=[drafter], policy=FixedPolicy(4), cost_model=FlatCost())
+    rs = reqs(3)
+    out = spec.propose(rs, 3)
+    assert drafter.prepared == [["r0", "r1", "r2"]] and set(out) == {"r0", "r1", "r2"}
+    for r in rs:                                        # the drafter's drafts are never accepted
+        spec.record_verification(r, out[r.request_id], 0)
+    spec.choice.explore_every = 1000
+    for _ in range(5):
+        assert spec.propose(rs, 3) == {}
+    assert len(drafter.prepared) == 1
+    assert spec.choice.call_cost(3) >= 0
