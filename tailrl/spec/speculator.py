@@ -41,6 +41,7 @@ and ``timing_s/draft`` (proposing) and ``timing_s/draft_index`` (feeding the ind
 """
 from __future__ import annotations
 
+import heapq
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -163,15 +164,21 @@ class Speculator:
         # the step's key positions: its longest context (what the cost model prices)
         self.cost_model.context = max(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests)
         paths = min(self.policy.max_paths(batch_size), self.max_tree_paths)
-        if paths <= 0:
-            self._off_steps += 1
-            return {}
+        critical = paths <= 0
+        if critical:                     # drafting is off at this batch size: the critical path only
+            requests, paths = self.critical(requests), 1
+            if not requests:
+                self._off_steps += 1
+                return {}
         self._full = {}
         found = self._search(requests, paths, batch_size)
         proposals = [(req, found[req.request_id]) for req in requests if found[req.request_id] is not None]
         self._asked += len(requests)
         self._found += len(proposals)
-        alloc = self.policy.allocate(proposals, batch_size, max_total_tokens)
+        if critical:
+            alloc = [min(self.max_draft_tokens, self.policy.draft_limit(req), len(d)) for req, d in proposals]
+        else:
+            alloc = self.policy.allocate(proposals, batch_size, max_total_tokens)
         left = max_total_tokens if max_total_tokens is not None else float("inf")
         out: dict[str, Draft] = {}
         for (req, d), k in zip(proposals, alloc):
@@ -186,6 +193,16 @@ class Speculator:
         self._step_draft_s = dt
         self.policy.observe_draft(dt, len(requests))
         return out
+
+    def critical(self, requests: list[Any]) -> list[Any]:
+        """The requests on the rollout's critical path: the ``critical_rows`` with the most
+        expected tokens still to generate (``Request.priority``, an expected length, minus what
+        they have generated); requests without an estimate (priority 0) are never critical."""
+        n = self.config.critical_rows
+        known = [r for r in requests if getattr(r, "priority", 0.0) > 0]
+        if n <= 0 or not known:
+            return []
+        return heapq.nlargest(n, known, key=lambda r: r.priority - len(r.output_token_ids))
 
     def _search(self, requests: list[Any], paths: int, batch_size: int) -> dict[str, Draft | None]:
         """Every request's draft for this step. Per-request sources first (the best score

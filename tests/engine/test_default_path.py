@@ -139,3 +139,20 @@ def test_bfloat16_identity_on_a_short_context_model(ckpt_dir):
             for cx, cy in zip(x.outputs, y.outputs, strict=True):
                 assert (cy.token_ids, cy.logprobs, cy.finish_reason) == (cx.token_ids, cx.logprobs, cx.finish_reason)
     assert spec.last_metrics["rollout/spec_accepted_tokens"] > 0
+
+
+def test_critical_path_drafting_above_max_spec_batch(model):
+    """With drafting off by batch size (max_spec_batch 1), the two requests the history
+    policy expects to run longest still draft; outputs stay those of plain decoding."""
+    params = [SamplingParams(n=3, temperature=t, max_tokens=60, seed=5) for t in (1.0, 0.0, 1.0, 0.7)]
+    kw = dict(dtype="float64", scheduler="history", pool={"processes": False})
+    plain = LLM(model, **kw)
+    spec = LLM(model, speculative=SpeculativeConfig(max_spec_batch=1, critical_rows=2), **kw)
+    alone = LLM(model, speculative=SpeculativeConfig(max_spec_batch=1, critical_rows=0), **kw)
+    for _ in range(2):                          # the second call's estimates come from the first
+        want = plain.generate(PROMPTS, params)
+        assert_same(want, spec.generate(PROMPTS, params))
+        assert_same(want, alone.generate(PROMPTS, params))
+    assert_speculated(spec.last_metrics)
+    # without critical rows only the steps at batch 1 draft
+    assert spec.last_metrics["rollout/spec_draft_tokens"] > alone.last_metrics["rollout/spec_draft_tokens"]
