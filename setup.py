@@ -22,7 +22,7 @@ setup(ext_modules=[
               include_dirs=[pybind11.get_include()], language="c++",
               extra_compile_args=["-O2", "-std=c++17"], optional=True),
     Extension("tailrl.model._attention", ["tailrl/model/_attention.cpp"],
-              include_dirs=[pybind11.get_include()], language="c++",
+              depends=["tailrl/model/_attention_bf16.h"], include_dirs=[pybind11.get_include()], language="c++",
               extra_compile_args=["-O3", "-std=c++17", "-fopenmp", *ARCH], extra_link_args=["-fopenmp"],
               optional=True),
 ])
