@@ -56,12 +56,12 @@ class Rollout:
 
     def __init__(self, instances: list, backend, policy: SchedulerPolicy, buffer: RequestBuffer,
                  reqs: list[Request], max_num_seqs: int, kv_capacity: int, steps_per_call: int,
-                 priority, on_progress=None) -> None:
+                 estimates, on_progress=None) -> None:
         self.insts, self.backend, self.policy, self.buffer = instances, backend, policy, buffer
         self.reqs = reqs                                   # buffer index -> Request (the mirror)
         self.index = {r.request_id: k for k, r in enumerate(reqs)}
         self.max_num_seqs, self.kv_capacity, self.steps_per_call = max_num_seqs, kv_capacity, steps_per_call
-        self.priority = priority                           # BufferEntry -> expected length
+        self.estimates = estimates                # BufferEntry -> (expected length, known lengths)
         self.on_progress = on_progress
         n = len(instances)
         self.busy: set[int] = set()
@@ -202,7 +202,7 @@ class Rollout:
             self.counters.banked += 1
             self._chunk_done(i, rid)
             return False
-        chunk = Chunk(rid, target, float(self.priority(entry)))
+        chunk = Chunk(rid, target, *self.estimates(entry))
         h = self.holder.pop(rid, None)
         if h == i:
             self.counters.local_resumes += 1

@@ -45,13 +45,16 @@ def _instance_config(config: EngineConfig, cfg: PoolConfig, separate: bool) -> E
     return EngineConfig(**{**vars(config), "num_threads": threads})
 
 
-def expected_length(policy: SchedulerPolicy):
-    """What an engine should take as a request's expected length (`Request.priority`)."""
+def length_estimates(policy: SchedulerPolicy):
+    """What an engine should take as a request's expected length (`Request.priority`) and the
+    lengths its critical-path estimate conditions on (`Request.length_prior`)."""
     if hasattr(policy, "estimate"):
-        return lambda e: policy.estimate(e)
-    if hasattr(policy, "true_lengths"):
-        return lambda e: policy.true_lengths[e.request_id]
-    return lambda e: 0.0
+        expected = policy.estimate
+    elif hasattr(policy, "true_lengths"):
+        expected = lambda e: policy.true_lengths[e.request_id]   # noqa: E731
+    else:
+        expected = lambda e: 0.0                                  # noqa: E731
+    return lambda e: (float(expected(e)), policy.known_lengths(e))
 
 
 class RolloutPool:
@@ -81,7 +84,7 @@ class RolloutPool:
         self._each("begin")
         self._sync_history(history, {r.prompt_id for r in reqs})
         rollout = Rollout(self.instances, self.backend, policy, buffer, reqs, self.info.max_num_seqs,
-                          self.info.kv_capacity, self.cfg.steps_per_call, expected_length(policy), self.on_progress)
+                          self.info.kv_capacity, self.cfg.steps_per_call, length_estimates(policy), self.on_progress)
         counters = rollout.run()
         self.last_counters = counters
         parts = [h.call("counters") for h in self.alive]

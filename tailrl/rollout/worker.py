@@ -39,6 +39,7 @@ class Chunk:
     request_id: str
     target: int                       # total output tokens at which this chunk ends
     priority: float = 0.0             # expected length: engine admission and drafting order
+    prior: tuple = ()                 # lengths its length is drawn from: the critical path's estimate
     state: RequestState | None = None  # None: this worker already holds the request
 
 
@@ -149,19 +150,21 @@ class EngineWorker:
     def _start(self, c: Chunk) -> None:
         rid = c.request_id
         if c.state is not None:
-            self._add(c.state, c.priority)
+            self._add(c.state, c)
         elif rid in self.parked:
-            self._add(self.parked.pop(rid), c.priority)
+            self._add(self.parked.pop(rid), c)
         elif rid in self.ended:
             self.ended.discard(rid)                   # continues in place, K/V untouched
+            req = self.engine.requests[rid]
+            req.priority, req.length_prior = c.priority, tuple(c.prior)
         else:
             raise ValueError(f"worker does not hold request {rid!r}")
         self.targets[rid] = c.target
         self.reported.setdefault(rid, len(self.engine.requests[rid].output_token_ids))
 
-    def _add(self, state: RequestState, priority: float) -> None:
+    def _add(self, state: RequestState, c: Chunk) -> None:
         req = state.to_request()
-        req.priority = priority
+        req.priority, req.length_prior = c.priority, tuple(c.prior)     # before it queues
         if req.pending_kv is not None:
             self.engine.kv.check_shape(req.pending_kv)
         self.engine.add_request(req)

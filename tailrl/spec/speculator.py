@@ -41,13 +41,13 @@ and ``timing_s/draft`` (proposing) and ``timing_s/draft_index`` (feeding the ind
 """
 from __future__ import annotations
 
-import heapq
 import time
 from collections import defaultdict
 from typing import Any, Callable
 
 from tailrl.config import SpeculativeConfig
 from tailrl.spec.cost_model import CostModel
+from tailrl.spec.critical import critical_requests
 from tailrl.spec.draft import Draft
 from tailrl.spec.factory import make_spec_policy, make_sources
 from tailrl.spec.history import HistoryStore
@@ -196,13 +196,9 @@ class Speculator:
 
     def critical(self, requests: list[Any]) -> list[Any]:
         """The requests on the rollout's critical path: the ``critical_rows`` with the most
-        expected tokens still to generate (``Request.priority``, an expected length, minus what
-        they have generated); requests without an estimate (priority 0) are never critical."""
-        n = self.config.critical_rows
-        known = [r for r in requests if getattr(r, "priority", 0.0) > 0]
-        if n <= 0 or not known:
-            return []
-        return heapq.nlargest(n, known, key=lambda r: r.priority - len(r.output_token_ids))
+        expected tokens still to generate (spec/critical.py); requests without any estimate
+        are never critical."""
+        return critical_requests(requests, self.config.critical_rows)
 
     def _search(self, requests: list[Any], paths: int, batch_size: int) -> dict[str, Draft | None]:
         """Every request's draft for this step. Per-request sources first (the best score

@@ -215,3 +215,25 @@ def test_ranked_policies_share_expected_work_not_request_counts():
     assert ids(ask(p, 1, 10)) == [1, 2, 3]                # 500 + 400 + 100 of its 1,000
     assert ids(ask(p, 1, 10)) == []                       # a 50 would only overshoot
     assert ids(ask(p, 0, 10)) == [4, 5]                   # 900 + 50 + 50: its 1,000
+
+
+def test_known_lengths_are_what_each_policy_knows():
+    """What the engines' critical-path estimate conditions on (spec/critical.py)."""
+    ctx = ContextPolicy(PolicyConfig(chunk_tokens=200))
+    ctx.reset(buffer(6, group_size=3), 1)
+    ask(ctx, 0, 6)
+    assert ctx.known_lengths(ctx.buffer[1]) == ()             # nothing of group 0 finished yet
+    ctx.on_chunk_done(0, 70, True, 1.0)
+    ctx.on_chunk_done(2, 30, True, 1.0)
+    assert ctx.known_lengths(ctx.buffer[1]) == (70, 30) and ctx.known_lengths(ctx.buffer[4]) == ()
+    hist = HistoryPolicy({0: [900, 40], 1: [5]})
+    hist.reset(buffer(3), 1)
+    assert hist.known_lengths(hist.buffer[0]) == (900, 40) and hist.known_lengths(hist.buffer[2]) == ()
+    true = {0: 12, 1: 3000, 2: 7}
+    oracle = OraclePolicy(true)
+    oracle.reset(buffer(3), 1)
+    assert [oracle.known_lengths(oracle.buffer[i]) for i in range(3)] == [(12,), (1000,), (7,)]
+    group = GroupOraclePolicy(true, stat="max")
+    group.reset(buffer(3, group_size=3), 1)
+    assert group.known_lengths(group.buffer[2]) == (1000,)    # the group's statistic, not its own
+    assert StaticPolicy().known_lengths(BufferEntry(0, 0, 0, 1, 10)) == ()

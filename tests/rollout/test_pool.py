@@ -56,6 +56,24 @@ def test_speculation_in_the_pool_matches_plain_decoding(reference):
         assert h.worker.history.get(ref[0].prompt_id) == [c.token_ids for c in ref[0].outputs]
 
 
+def test_engines_get_each_request_s_known_lengths(reference):
+    """The oracle's chunks carry each request's true length to the engine (its critical-path
+    estimate, spec/critical.py) along with the expected length."""
+    path, ref = reference
+    llm = LLM(path, dtype="float64", instances=2, scheduler="oracle", pool={"chunk_tokens": 7, "processes": False})
+    true = {f"{o.request_id}-{c.index}": len(c.token_ids) for o in ref for c in o.outputs}
+    seen: dict[str, tuple] = {}
+
+    def look(_driver):
+        for h in llm.pool.instances:
+            for rid, r in h.worker.engine.requests.items():
+                seen[rid] = (r.priority, r.length_prior)
+    llm.pool.on_progress = look
+    assert_same(llm.generate(PROMPTS, PARAMS, true_lengths=lengths(ref)), ref)
+    assert seen and all(prior == (min(true[rid], PARAMS.max_tokens),) and prio == prior[0]
+                        for rid, (prio, prior) in seen.items())
+
+
 def test_oracle_needs_true_lengths(reference):
     path, _ = reference
     llm = LLM(path, dtype="float64", scheduler="oracle")

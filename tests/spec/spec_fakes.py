@@ -1,6 +1,8 @@
 """A minimal stand-in for the engine's Request: only the fields the spec package reads."""
 from dataclasses import dataclass, field
 
+from tailrl.config import SamplingParams
+
 
 @dataclass(eq=False)
 class FakeRequest:
@@ -10,6 +12,8 @@ class FakeRequest:
     prompt_id: str = ""
     output_token_ids: list[int] = field(default_factory=list)
     priority: float = 0.0
+    length_prior: tuple = ()
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=4096))
 
     def emit(self, sources, tokens):
         """Append tokens and tell every source, as the engine does after a step."""

@@ -240,12 +240,12 @@ def test_batched_sources_are_asked_only_where_the_others_draft_worse_than_they_a
 
 def test_above_max_spec_batch_only_the_critical_path_drafts():
     """Drafting is off above max_spec_batch except for the critical_rows requests with the most
-    expected tokens left (priority = expected length); requests without an estimate never draft."""
+    expected tokens left (here from each request's known length, spec/critical.py)."""
     spec, store = make(max_spec_batch=4, critical_rows=2)
     store.record("p", [[1, 2, 3, 4, 5, 6, 7, 8]] * 3)
     rs = group(spec, 5)
-    for r, prio in zip(rs, (0.0, 500.0, 100.0, 400.0, 450.0)):
-        r.priority = prio
+    for r, known in zip(rs, (0, 500, 100, 400, 450)):
+        r.length_prior = (known,)
         emit(spec, r, [1, 2])
     rs[4].output_token_ids.extend([0] * 100)          # 450 - 102 left: less than r3's 400 - 2
     assert sorted(spec.propose(rs, 5)) == ["r1", "r3"]

@@ -202,6 +202,12 @@ class SchedulerPolicy:
         """Expected new tokens `r` still needs (policies with `ranked = True`)."""
         raise NotImplementedError
 
+    def known_lengths(self, r: BufferEntry) -> tuple[int, ...]:
+        """Lengths `r`'s own length is expected to be drawn from, as far as this policy knows
+        (the engine conditions them on how far `r` has got to find the critical path:
+        spec/critical.py); () when it knows none."""
+        return ()
+
     def _requeue(self, r: BufferEntry, now: float) -> None:
         """Queue a waiting request again after its estimate changed (the old entry goes stale)."""
         self._count_waiting(r)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from tailrl.rollout.buffer import BufferEntry
+from tailrl.rollout.buffer import BufferEntry, EntryStatus
 from tailrl.rollout.policies.base import SchedulerPolicy
 from tailrl.rollout.policies.ranked import RankedQueue
 
@@ -52,6 +52,10 @@ class ContextPolicy(SchedulerPolicy):
 
     def _expected_remaining(self, r: BufferEntry) -> int:
         return max(1, self.estimate(r) - r.generated)
+
+    def known_lengths(self, r: BufferEntry) -> tuple[int, ...]:
+        """The lengths of the group's finished members (the probe's first)."""
+        return tuple(m.generated for m in self._buf().group(r.group_id) if m.status == EntryStatus.FINISHED)
 
     def is_probe(self, r: BufferEntry) -> bool:
         return self._probe_of[r.group_id] == r.request_id and r.group_id not in self._estimate

@@ -52,6 +52,9 @@ class HistoryPolicy(SchedulerPolicy):
     def _expected_remaining(self, r: BufferEntry) -> int:
         return max(1, self.estimate(r) - r.generated)
 
+    def known_lengths(self, r: BufferEntry) -> tuple[int, ...]:
+        return tuple(self.history.get(r.prompt_id) or ())
+
     def _setup(self) -> None:
         self._outliers: set[int] = set()
         self._seq = itertools.count()

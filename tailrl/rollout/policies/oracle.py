@@ -33,6 +33,9 @@ class OraclePolicy(SchedulerPolicy):
     def _expected_remaining(self, r: BufferEntry) -> int:
         return self._true_remaining(r)
 
+    def known_lengths(self, r: BufferEntry) -> tuple[int, ...]:
+        return (min(self.true_lengths[r.request_id], r.max_tokens),)
+
     def _enqueue(self, r: BufferEntry, now: float, front: bool = False) -> None:
         self._queue.push((-self._true_remaining(r), self._stamp(r), r.request_id), r.location)
 
@@ -65,6 +68,9 @@ class GroupOraclePolicy(OraclePolicy):
         buf, pick = self._buf(), (max if self.stat == "max" else lambda xs: sum(xs) / len(xs))
         self._group_len = {g: pick([min(self.true_lengths[r.request_id], r.max_tokens) for r in buf.group(g)])
                            for g in buf.group_ids()}
+
+    def known_lengths(self, r: BufferEntry) -> tuple[int, ...]:
+        return (round(self._group_len[r.group_id]),)
 
     def _true_remaining(self, r: BufferEntry) -> int:
         est = self._group_len[r.group_id]
