@@ -4,8 +4,8 @@ longest still draft (`SpeculativeConfig.critical_rows`). Makespan and tail per s
 Workload as benchmarks/pool.py: 64 held-out prompts x 8 samples of `models/small`, T = 1, max
 960 tokens, a history round with other seeds (what `history` estimates from), the reference
 run's lengths for `oracle`. One engine (the pool's in-process instance, all cores,
-max_num_seqs 256; `fifo`: the plain engine, whose estimates are the history
-store's lengths) per scheduler and `critical_rows` value, `--rounds` rounds; every run is
+max_num_seqs 256; `fifo`: the plain engine, which has no estimates, so its critical_rows
+change nothing: a baseline) per scheduler and `critical_rows` value, `--rounds` rounds; every run is
 checked against plain decoding. The last line is one JSON object.
 Usage: python benchmarks/critical_path.py [--rows 0 8 32] [--schedulers fifo history oracle] [--rounds 2]
 """
@@ -23,7 +23,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/small")
     p.add_argument("--rows", type=int, nargs="+", default=[0, 8, 32], help="critical_rows values")
-    p.add_argument("--schedulers", nargs="+", default=["fifo", "history", "oracle"])
+    p.add_argument("--schedulers", nargs="+", default=["history", "oracle"])
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
     prompts = load_prompts(a.model, 64)
