@@ -152,7 +152,7 @@ class EngineConfig:
 
 
 POOL_BACKENDS = ("local", "ray")
-POOL_SCHEDULERS = ("static", "divided", "context", "history", "oracle")
+POOL_SCHEDULERS = ("static", "divided", "context", "history", "oracle", "group-oracle")
 
 
 @dataclass

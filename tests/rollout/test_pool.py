@@ -10,7 +10,7 @@ from tailrl.config import PoolConfig
 
 from pool_utils import PARAMS, PROMPTS, assert_same, lengths, pool_ckpt
 
-POLICIES = ("static", "divided", "context", "history", "oracle")
+POLICIES = ("static", "divided", "context", "history", "oracle", "group-oracle")
 
 
 @pytest.fixture(scope="module")
