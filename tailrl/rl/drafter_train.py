@@ -72,7 +72,8 @@ def sample_batch(data: DrafterData, positions: int, gen: torch.Generator) -> Seq
     while total < positions:
         s = int(torch.multinomial(weight, 1, generator=gen))
         n = int(lengths[s])
-        a = int(torch.randint(0, n - positions + 1, (1,), generator=gen)) if n > positions else 0
+        lo = max(0, int(data.first[s]) - positions + 2)           # the crop keeps a root that counts
+        a = int(torch.randint(lo, n - positions + 1, (1,), generator=gen)) if n > positions else 0
         m = min(n - a, positions)
         picked.append((int(offsets[s]) + a, m, max(0, int(data.first[s]) - a)))
         total += m

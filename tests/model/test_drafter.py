@@ -108,6 +108,7 @@ def test_sample_batch_crops_and_pads():
             seq = int((torch.tensor([0] + lens).cumsum(0)[1:] <= int(row[0])).sum())
             start = int(row[0]) - [0, 10, 13][seq]
             assert int(batch.first[b]) == max(0, [2, 1, 30][seq] - start)
+            assert int(batch.first[b]) <= n - 2                # every crop holds a root that counts
 
 
 def test_training_lowers_the_loss(target):
