@@ -7,7 +7,8 @@ The drafter is warm-started by ``tailrl train-drafter`` on training prompts (nev
 held-out ones) unless ``--drafter DIR`` gives one.
 
 Reports, per method (drafter / suffix / hybrid):
-- accepted tokens per verify step (incl. the bonus token; also per source for hybrid);
+- accepted tokens per verify step (incl. the bonus token; also per source for hybrid), overall
+  and in the tail (after 90% of the responses finished);
 - rollout makespan ratio vs plain (plain makespan / method's): the methods and plain run in
   ABBA order ``--rounds`` times, each ratio is the mean of the rounds';
 - whether every response equals plain's (it must: verification is lossless);
@@ -63,8 +64,8 @@ def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: 
     feats = torch.randn(batch, model.args.hidden_size)
     toks = torch.randint(0, model.args.vocab_size, (batch,))
     c = drafter.cfg
-    kv = [torch.randn(batch, c.num_heads, 128, c.head_dim) for _ in range(2)]
-    past = (kv[0], kv[1], torch.ones(batch, 128, dtype=torch.bool))
+    past = (torch.randn(batch, c.num_heads, c.head_dim, 128), torch.randn(batch, c.num_heads, 128, c.head_dim),
+            torch.zeros(batch, 128))
     path = tuple(torch.randn(batch, c.num_heads, 2, c.head_dim) for _ in range(2))
     pos = torch.full((batch,), 130)
     committed = torch.randn(batch, model.args.hidden_size), toks, pos
@@ -108,6 +109,8 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
         met = runs[m][0][1]
         ratios = [p[1]["timing_s/gen"] / s[1]["timing_s/gen"] for p, s in zip(runs["plain"], runs[m])]
         out[m] = {"accept_length": round(met["rollout/spec_accept_length"], 3),
+                  "accept_length_tail": round(met.get("rollout/spec_accept_length_tail", 0.0), 3),
+                  "tail_s": round(met.get("rollout/tail_s", 0.0), 2),
                   "speedup_vs_plain": round(float(np.mean(ratios)), 3), "round_ratios": [round(x, 3) for x in ratios],
                   "makespan_s": round(met["timing_s/gen"], 2), "identical_to_plain": same(runs["plain"][0][0], runs[m][0][0]),
                   "draft_over_forward": round(met["timing_s/draft"] / met["timing_s/forward"], 3)}

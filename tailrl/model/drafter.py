@@ -222,11 +222,11 @@ class Drafter(nn.Module):
              past: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, rows: torch.Tensor | None = None,
              path: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         """One drafter position per row: feature [F, H], tokens [F] (the token after it), positions
-        [F]. ``past``: committed K/V (k, v [B, heads, L, head_dim]) and which of it row b sees
-        (mask [B, L] bool); row f reads past row ``rows[f]`` (default f). ``path``: K/V of the
-        draft positions before this one on the row's path (k, v [F, heads, d, head_dim]).
-        Returns (next feature [F, H], logits [F, V], k [F, heads, head_dim], v): the caller appends
-        k, v to the path of the row's children."""
+        [F]. ``past``: committed K/V (keys transposed, k_t [B, heads, head_dim, L]; v [B, heads,
+        L, head_dim]) and what row b sees of it (bias [B, L]: 0 seen, -inf not); row f reads past
+        row ``rows[f]`` (default f). ``path``: K/V of the draft positions before this one on the
+        row's path (k, v [F, heads, d, head_dim]). Returns (next feature [F, H], logits [F, V],
+        k [F, heads, head_dim], v): the caller appends k, v to the path of the row's children."""
         x = self._input(feature, tokens)
         q, k, v = self._qkv(x, positions)                                  # [F, heads, D]
         own_k, own_v = k.unsqueeze(2), v.unsqueeze(2)                      # [F, heads, 1, D]
@@ -234,8 +234,9 @@ class Drafter(nn.Module):
             own_k, own_v = torch.cat([path[0], own_k], 2), torch.cat([path[1], own_v], 2)
         scores = (own_k @ q.unsqueeze(-1)).squeeze(-1)                     # [F, heads, d + 1]
         if past is not None:
-            pk, pv, mask = past if rows is None else (past[0][rows], past[1][rows], past[2][rows])
-            s_past = (pk @ q.unsqueeze(-1)).squeeze(-1).masked_fill(~mask.unsqueeze(1), NEG_INF)   # [F, heads, L]
+            pk, pv, bias = past if rows is None else (past[0][rows], past[1][rows], past[2][rows])
+            # keys stored transposed: q @ K^T is one [1, D] x [D, L] product per head (fast on CPU)
+            s_past = (q.unsqueeze(-2) @ pk).squeeze(-2) + bias.unsqueeze(1)          # [F, heads, L]
             p = torch.softmax(torch.cat([s_past, scores], -1), -1)
             n = s_past.shape[-1]
             att = (p[..., None, :n] @ pv).squeeze(-2) + (p[..., None, n:] @ own_v).squeeze(-2)

@@ -11,9 +11,9 @@ small batch) it runs **one** training step, so a rollout step never waits for mo
 drafter step (preemptible at step granularity; ``batch`` bounds a step's cost), and only
 while the training time stays within ``max_share`` of the rollout's time so far: on a CPU
 the trainer and the engine share the cores, so the tail is not free capacity (measured on the
-`small` model: a training step of 64 windows takes about 25 ms, an engine step at batch 1
-about 2 ms). The GRPO loop also
-calls ``train(steps)`` between rollout and update.
+`small` model: a training step of 256 positions, unrolled 3 steps, takes about 45 ms, an
+engine step at batch 1 about 2 ms). The GRPO loop also calls ``train(steps)`` between
+rollout and update.
 
 Versions: training updates a ``shadow`` copy; ``publish`` copies it into the drafter the
 engine drafts with and bumps ``version``. Both run between engine steps (the engine calls

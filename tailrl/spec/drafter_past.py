@@ -42,8 +42,8 @@ class _Past:
         self.group, self.prompt = req.group_id, req.prompt_token_ids
         self.base = base                       # position of row 0
         self.length = 0                        # rows holding K/V
-        self.k = torch.empty(heads, 0, head_dim)   # [heads, capacity, D]
-        self.v = torch.empty(heads, 0, head_dim)
+        self.k = torch.empty(heads, head_dim, 0)   # [heads, D, capacity]: keys transposed
+        self.v = torch.empty(heads, 0, head_dim)   # [heads, capacity, D]
         self.queued: list[tuple[int, torch.Tensor, list[int]]] = []   # (start, hidden [k, H], next tokens)
         self.queued_n = 0
 
@@ -54,13 +54,13 @@ class _Past:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [n, heads, D]: the next n positions."""
-        n, cap = k.shape[0], self.k.shape[1]
-        if self.length + n > cap:
-            grow = max(64, 2 * cap, self.length + n)
-            self.k = torch.cat([self.k[:, :self.length], k.new_empty(k.shape[1], grow - self.length, k.shape[2])], 1)
-            self.v = torch.cat([self.v[:, :self.length], v.new_empty(v.shape[1], grow - self.length, v.shape[2])], 1)
-        self.k[:, self.length:self.length + n] = k.transpose(0, 1)
-        self.v[:, self.length:self.length + n] = v.transpose(0, 1)
+        n, cap, end = k.shape[0], self.v.shape[1], self.length
+        if end + n > cap:
+            grow = max(64, 2 * cap, end + n) - end
+            self.k = torch.cat([self.k[:, :, :end], k.new_empty(k.shape[1], k.shape[2], grow)], 2)
+            self.v = torch.cat([self.v[:, :end], v.new_empty(v.shape[1], grow, v.shape[2])], 1)
+        self.k[:, :, end:end + n] = k.permute(1, 2, 0)
+        self.v[:, end:end + n] = v.transpose(0, 1)
         self.length += n
 
 
@@ -117,7 +117,7 @@ class DrafterPast:
             return
         self.flush()
         p.base = 0
-        p.append(donor.k[:, :start].transpose(0, 1), donor.v[:, :start].transpose(0, 1))
+        p.append(donor.k[:, :, :start].permute(2, 0, 1), donor.v[:, :start].transpose(0, 1))
 
     def free(self, req: Any) -> None:
         p = self._past.pop(req.request_id, None)
@@ -145,8 +145,9 @@ class DrafterPast:
 
     def gather(self, requests: list[Any], roots: list[int]) -> tuple[torch.Tensor, ...] | None:
         """The committed K/V each request's draft rooted at ``roots[b]`` sees (its positions
-        < root), padded: k, v [B, heads, L, D] and mask [B, L]; None when no request has any.
-        Call ``flush`` first (queued positions are not visible)."""
+        < root), padded, as ``Drafter.step`` reads it: k_t [B, heads, D, L], v [B, heads, L, D],
+        bias [B, L] (0 seen, -inf padding); None when no request has any. Call ``flush`` first
+        (queued positions are not visible)."""
         seen = []
         for req, root in zip(requests, roots):
             p = self._past.get(req.request_id)
@@ -156,12 +157,12 @@ class DrafterPast:
             return None
         c = self.drafter.cfg
         dtype = self.drafter.fc.weight.dtype
-        k = torch.zeros(len(requests), c.num_heads, width, c.head_dim, dtype=dtype)
-        v = torch.zeros_like(k)
-        mask = torch.zeros(len(requests), width, dtype=torch.bool)
+        k = torch.zeros(len(requests), c.num_heads, c.head_dim, width, dtype=dtype)
+        v = torch.zeros(len(requests), c.num_heads, width, c.head_dim, dtype=dtype)
+        bias = torch.full((len(requests), width), float("-inf"), dtype=dtype)
         for b, (p, n) in enumerate(seen):
             if n:
-                k[b, :, :n] = p.k[:, :n]
+                k[b, :, :, :n] = p.k[:, :, :n]
                 v[b, :, :n] = p.v[:, :n]
-                mask[b, :n] = True
-        return k, v, mask
+                bias[b, :n] = 0.0
+        return k, v, bias

@@ -34,8 +34,9 @@ def test_save_load_round_trip(target, tmp_path):
         assert na == nb and torch.equal(a, b)
     h, c = model.args.hidden_size, d.cfg
     feat, tok, pos = torch.randn(3, h), torch.tensor([1, 2, 3]), torch.tensor([4, 0, 9])
-    past = (torch.randn(3, c.num_heads, 5, c.head_dim), torch.randn(3, c.num_heads, 5, c.head_dim),
-            torch.tensor([[True] * 4 + [False], [False] * 5, [True] * 5]))
+    seen = torch.tensor([[True] * 4 + [False], [False] * 5, [True] * 5])
+    past = (torch.randn(3, c.num_heads, c.head_dim, 5), torch.randn(3, c.num_heads, 5, c.head_dim),
+            torch.zeros(3, 5).masked_fill(~seen, float("-inf")))
     for x, y in zip(d.step(feat, tok, pos, past), e.step(feat, tok, pos, past)):
         assert torch.equal(x, y)
     out, logits, k, v = e.step(feat, tok, pos, past)
@@ -82,7 +83,8 @@ def test_unroll_equals_drafting_step_by_step():
     for b, n in enumerate(lengths):
         k_all, v_all = d.committed_kv(hidden[b, :n - 1], tokens[b, 1:n], torch.arange(n - 1))
         for root in range(n - 1):
-            past = (k_all.transpose(0, 1)[None], v_all.transpose(0, 1)[None], (torch.arange(n - 1) < root)[None])
+            bias = torch.zeros(1, n - 1, dtype=torch.float64).masked_fill((torch.arange(n - 1) >= root)[None], -torch.inf)
+            past = (k_all.permute(1, 2, 0)[None], v_all.transpose(0, 1)[None], bias)
             feat, path = hidden[b, root][None], None
             for depth in range(min(3, n - 1 - root)):
                 t = root + depth

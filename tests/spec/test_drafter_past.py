@@ -67,16 +67,18 @@ def test_add_skips_held_positions_restarts_after_a_gap_borrows_a_prompt_and_free
     past.flush()
     k, v = d.committed_kv(h[:9], torch.tensor(a.tokens(1, 10)), torch.arange(9))
     got = past.gather([a], [9])
-    assert torch.allclose(got[0][0], k.transpose(0, 1)) and torch.allclose(got[1][0], v.transpose(0, 1))
-    assert got[2].tolist() == [[True] * 9]
-    assert past.gather([a], [4])[2].tolist() == [[True] * 4]   # a draft rooted at 4 sees positions < 4
+    assert torch.allclose(got[0][0], k.permute(1, 2, 0)) and torch.allclose(got[1][0], v.transpose(0, 1))
+    assert got[2].tolist() == [[0.0] * 9]
+    assert past.gather([a], [4])[2].tolist() == [[0.0] * 4]    # a draft rooted at 4 sees positions < 4
+    two = past.gather([a, req("none", [1, 2])], [4, 1])[2]
+    assert two.tolist() == [[0.0] * 4, [float("-inf")] * 4]    # padding is masked
     b = req("b", list(range(1, 9)), group="g")             # a sibling that shared the prompt's target K/V
     b.output_token_ids += [5]
     past.add(b, 7, h[12:13])
     assert past.span("b") == (0, 8)
     past.flush()
     kb = past.gather([b], [8])[0][0]
-    assert torch.allclose(kb[:, :7], k.transpose(0, 1)[:, :7])
+    assert torch.allclose(kb[:, :, :7], k.permute(1, 2, 0)[:, :, :7])
     c = req("c", [1, 2])                                   # resumed here after 5 tokens elsewhere: a gap
     c.output_token_ids += [3, 4, 5, 6, 7]
     past.add(c, 5, h[:1])
