@@ -5,7 +5,8 @@ The engine hands out the target's normed hidden state of every position it compu
 ``add(req, start, hidden)`` with hidden [k, H] for positions start .. start + k - 1, whose
 next tokens the request already holds. A committed position's drafter K/V depend on
 (h_t, x_{t+1}) only, so they are computed once, batched over all requests
-(``flush``: one drafter input/QKV pass over every queued position), and appended; a
+(``flush``: one drafter input/QKV pass over the queued positions of the requests about to
+be drafted for), and appended; a
 rejected draft never reaches here, so nothing is rolled back.
 
 A request's past is the contiguous positions ``[base, base + len)``:
@@ -65,11 +66,13 @@ class _Past:
 
 
 class DrafterPast:
-    """Per-request committed K/V for ``drafter``. ``flush_at``: queued positions (all requests)
-    that trigger a flush on ``add`` (bounds the queued hidden states' memory when no draft is
-    asked for, e.g. while speculation is off at a large batch)."""
+    """Per-request committed K/V for ``drafter``. K/V are computed when a draft is asked for
+    (``flush(requests)`` for the requests drafted for): a request that the per-request choice
+    never gives to the drafter, or that finishes first, costs nothing. ``flush_at``: queued
+    positions (all requests, H floats each) that trigger a flush of all on ``add``, which
+    bounds the queued hidden states' memory."""
 
-    def __init__(self, drafter: Drafter, flush_at: int = 4096) -> None:
+    def __init__(self, drafter: Drafter, flush_at: int = 65536) -> None:
         self.drafter = drafter
         self.flush_at = flush_at
         self._past: dict[str, _Past] = {}
@@ -115,7 +118,7 @@ class DrafterPast:
                       and d.end >= start and d.prompt == p.prompt), None)
         if donor is None:
             return
-        self.flush()
+        self._compute([donor])
         p.base = 0
         p.append(donor.k[:, :, :start].permute(2, 0, 1), donor.v[:, :start].transpose(0, 1))
 
@@ -124,10 +127,14 @@ class DrafterPast:
         if p is not None:
             self._queued -= p.queued_n
 
+    def flush(self, requests: list[Any] | None = None) -> None:
+        """K/V for every queued position of ``requests`` (default: all), in one batched pass."""
+        self._compute(self._past.values() if requests is None else [
+            p for p in (self._past.get(r.request_id) for r in requests) if p is not None])
+
     @torch.inference_mode()
-    def flush(self) -> None:
-        """K/V for every queued position of every request, in one batched pass."""
-        pending = [(p, q) for p in self._past.values() if p.queued for q in p.queued]
+    def _compute(self, pasts: Any) -> None:
+        pending = [(p, q) for p in pasts if p.queued for q in p.queued]
         if not pending:
             return
         hidden = torch.cat([h for _, (_, h, _) in pending])
@@ -140,8 +147,8 @@ class DrafterPast:
             p.append(k[row:row + n], v[row:row + n])
             row += n
         for p, _ in pending:
+            self._queued -= p.queued_n
             p.queued, p.queued_n = [], 0
-        self._queued = 0
 
     def gather(self, requests: list[Any], roots: list[int]) -> tuple[torch.Tensor, ...] | None:
         """The committed K/V each request's draft rooted at ``roots[b]`` sees (its positions

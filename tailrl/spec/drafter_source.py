@@ -84,7 +84,7 @@ class DrafterSource:
         if not requests or max_tokens <= 0:
             return [None] * len(requests)
         width = max(1, max_paths)
-        self.past.flush()
+        self.past.flush(requests)
         roots = [r.num_tokens - 2 for r in requests]                           # where last_hidden sits
         past = self.past.gather(requests, roots)                                # [B, heads, L, D] x2, [B, L]
         feats = torch.stack([r.last_hidden for r in requests])                  # [B, H]
