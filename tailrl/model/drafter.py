@@ -142,6 +142,7 @@ class Drafter(nn.Module):
         self.register_buffer("head", head.detach().float().clone(), persistent=False)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None     # cos, sin [max_pos, D]
         with torch.no_grad():                      # start near "copy the input feature"
             self.fc.weight.zero_()
             self.fc.weight[:, :h].copy_(torch.eye(h))
@@ -192,14 +193,24 @@ class Drafter(nn.Module):
         c = self.cfg
         qkv = self.qkv(_rms(x, c.rms_norm_eps) * self.attn_norm)
         q, k, v = qkv.unflatten(-1, (3, c.num_heads, c.head_dim)).unbind(-3)
-        angles = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq          # [..., D/2]
-        angles = torch.cat([angles, angles], -1).unsqueeze(-2)                       # [..., 1, D]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = self._rope(positions, x.dtype)                                    # [..., 1, D]
         half = c.head_dim // 2
 
         def rope(t: torch.Tensor) -> torch.Tensor:
             return t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin
         return rope(q) * c.head_dim ** -0.5, rope(k), v
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [..., 1, head_dim] at ``positions`` [...] from a table (computed in float64,
+        grown on demand: a drafting step is a few small ops, and trigonometry per step shows)."""
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        if self._rope_table is None or self._rope_table[0].shape[0] < need or self._rope_table[0].dtype != dtype:
+            size = max(need, 2 * (self._rope_table[0].shape[0] if self._rope_table is not None else 512))
+            angles = torch.arange(size, dtype=torch.float64).unsqueeze(-1) * self.inv_freq
+            angles = torch.cat([angles, angles], -1)
+            self._rope_table = (angles.cos().to(dtype), angles.sin().to(dtype))
+        cos, sin = self._rope_table
+        return cos[positions].unsqueeze(-2), sin[positions].unsqueeze(-2)
 
     def _output(self, x: torch.Tensor, att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual after attention (att [..., heads * head_dim]), the MLP, the output feature and logits."""
