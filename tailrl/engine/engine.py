@@ -192,7 +192,9 @@ class LLMEngine:
             if self.speculator is not None:
                 if hidden is not None:                 # positions num_tokens - len(emitted) - 1 on
                     start = plan.req.num_tokens - len(emitted) - 1
-                    self.speculator.observe_hidden(plan.req, start, hidden[plan.rows])
+                    r = plan.rows                      # a chain's accepted run is contiguous: a view
+                    rows = hidden[r[0]:r[-1] + 1] if r[-1] - r[0] == len(r) - 1 else hidden[r]
+                    self.speculator.observe_hidden(plan.req, start, rows)
                 self.speculator.observe(plan.req, emitted)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above
         # had to commit (and move its accepted draft K/V) before any row moves.

@@ -84,7 +84,7 @@ class DrafterBuffer:
         skip = run.end - start
         if skip >= k:
             return
-        run.hidden.append(hidden[skip:].detach().float().cpu())
+        run.hidden.append(hidden[skip:].to("cpu", torch.float32, copy=True))   # a copy: never a view of a step's tensor
         run.tokens.extend(req.tokens(start + skip, start + k))
         self.size += k - skip
         self.added += k - skip

@@ -104,7 +104,7 @@ class DrafterPast:
         if skip >= k:
             return
         first = start + skip
-        p.queued.append((first, hidden[skip:].detach().float().clone(), req.tokens(first + 1, start + k + 1)))
+        p.queued.append((first, hidden[skip:].to(torch.float32, copy=True), req.tokens(first + 1, start + k + 1)))
         p.queued_n += k - skip
         self._queued += k - skip
         if self._queued >= self.flush_at:

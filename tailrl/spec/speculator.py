@@ -74,6 +74,8 @@ class Speculator:
         self.policy = policy if policy is not None else make_spec_policy(self.config, self.cost_model,
                                                                     history_store, seed)
         self.max_draft_tokens = self.config.max_draft_tokens
+        # sources that read the target's hidden states (the drafter's past); called every step
+        self._hidden_takers = [s.observe_hidden for s in self.sources if hasattr(s, "observe_hidden")]
         # per request: suffix draft, drafter draft or none (only with a batched source: the drafter)
         self.choice = SourceChoice(self.cost_model) if any(hasattr(s, "prepare") for s in self.sources) else None
         self.max_tree_paths = self.config.max_tree_paths
@@ -111,10 +113,8 @@ class Speculator:
         """``hidden`` [k, H]: the target's states at positions start .. start + k - 1 of ``req``
         (all committed: the request holds each one's next token)."""
         t0 = time.perf_counter()
-        for s in self.sources:
-            take = getattr(s, "observe_hidden", None)
-            if take is not None:
-                take(req, start, hidden)
+        for take in self._hidden_takers:
+            take(req, start, hidden)
         if self.collector is not None:
             self.collector.add(req, start, hidden)
         self._index_s += time.perf_counter() - t0
