@@ -146,7 +146,7 @@ def sample_responses(model_dir: str, prompts: list[list[int]], n: int, max_token
 
 def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 4, max_tokens: int = 512,
                steps: int = 1000, batch: int = 1024, lr: float = 1e-3, unroll: int = 3,
-               seed: int = 0) -> dict[str, float]:
+               seed: int = 0, size: int | None = None) -> dict[str, float]:
     """Sample, teacher-force, train and save a drafter for ``model_dir`` into ``out_dir``."""
     from tailrl.model.loader import load_model
     torch.manual_seed(seed)
@@ -154,7 +154,7 @@ def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 
     seqs = sample_responses(model_dir, prompts, n, max_tokens, seed)
     t1 = time.perf_counter()
     data = teacher_forced(model_dir, seqs)
-    drafter = Drafter.for_target(load_model(model_dir, "float32"))
+    drafter = Drafter.for_target(load_model(model_dir, "float32"), size)
     t2 = time.perf_counter()
     figures = train(drafter, data, steps, batch, lr, unroll, seed)
     drafter.save(out_dir)
@@ -187,13 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--unroll", type=int, default=3, help="drafter steps trained on its own features")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size", type=int, default=None, help="the drafter's MLP width (default: the model's)")
     a = ap.parse_args(argv)
-    for name in ("prompts", "n", "max_tokens", "steps", "batch", "unroll"):
-        if getattr(a, name) < 1:
+    for name in ("prompts", "n", "max_tokens", "steps", "batch", "unroll", "size"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     figures = warm_start(a.model, a.out, task_prompts(a.model, a.prompts), a.n, a.max_tokens, a.steps,
-                         a.batch, a.lr, a.unroll, a.seed)
+                         a.batch, a.lr, a.unroll, a.seed, a.size)
     log.info("drafter saved to %s", a.out)
     print(json.dumps({"out": a.out, **figures}))
     return 0
