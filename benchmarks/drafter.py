@@ -7,12 +7,15 @@ The drafter is warm-started by ``tailrl train-drafter`` on training prompts (nev
 held-out ones) unless ``--drafter DIR`` gives one.
 
 Reports, per method (drafter / suffix / hybrid):
-- accepted tokens per verify step (incl. the bonus token; also per source for hybrid);
+- accepted tokens per verify step (incl. the bonus token; also per source for hybrid), overall
+  and in the tail (after 90% of the responses finished);
 - rollout makespan ratio vs plain (plain makespan / method's): the methods and plain run in
   ABBA order ``--rounds`` times, each ratio is the mean of the rounds';
 - whether every response equals plain's (it must: verification is lossless);
 - drafting cost: the drafter rollout's drafting time over its target forward time, and one
-  drafter step at batch 1 and 64 over one target decode forward at the same batch.
+  drafter step at batch 1 and 64 over one target decode forward at the same batch (both over
+  a 128-token past), and the drafter K/V of one committed position per row (computed once
+  per position, batched) over the same forward.
 Ends with one JSON line: {"drafter": {...}, "suffix": {...}, "hybrid": {...}, "cost": {...},
 "train": {...}}.
 Usage: python benchmarks/drafter.py [--model models/small] [--drafter DIR] [--quick] [--train-steps N]
@@ -44,7 +47,8 @@ METHODS = ("suffix", "drafter", "hybrid")
 
 
 def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: int = 20) -> dict:
-    """Median seconds of one target decode forward and one drafter step at ``batch`` rows."""
+    """Median seconds of one target decode forward and one drafter step at ``batch`` rows, both
+    over a 128-token past (the drafter's step: depth 3 of a chain, so 2 path positions)."""
     model = load_model(model_dir, dtype)
     drafter = Drafter.load(drafter_dir, model)
     kv = KVCache(model.args, DTYPES[dtype], "cpu", batch * 256, batch, 256)
@@ -59,6 +63,12 @@ def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: 
     decode = runner.build([(r, 1) for r in reqs], {})
     feats = torch.randn(batch, model.args.hidden_size)
     toks = torch.randint(0, model.args.vocab_size, (batch,))
+    c = drafter.cfg
+    past = (torch.randn(batch, c.num_heads, c.head_dim, 128), torch.randn(batch, c.num_heads, 128, c.head_dim),
+            torch.zeros(batch, 128))
+    path = tuple(torch.randn(batch, c.num_heads, 2, c.head_dim) for _ in range(2))
+    pos = torch.full((batch,), 130)
+    committed = torch.randn(batch, model.args.hidden_size), toks, pos
 
     def timed(fn) -> float:
         times = []
@@ -70,8 +80,10 @@ def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: 
 
     with torch.inference_mode():
         target = timed(lambda: runner.run(decode))
-        draft = timed(lambda: drafter.step(feats, toks))
-    return {"target_s": target, "drafter_step_s": draft, "share": draft / target}
+        draft = timed(lambda: drafter.step(feats, toks, pos, past, None, path))
+        kv_s = timed(lambda: drafter.committed_kv(*committed))
+    return {"target_s": target, "drafter_step_s": draft, "share": draft / target,
+            "committed_kv_s": kv_s, "committed_kv_share": kv_s / target}
 
 
 def same(a, b) -> bool:
@@ -97,6 +109,8 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
         met = runs[m][0][1]
         ratios = [p[1]["timing_s/gen"] / s[1]["timing_s/gen"] for p, s in zip(runs["plain"], runs[m])]
         out[m] = {"accept_length": round(met["rollout/spec_accept_length"], 3),
+                  "accept_length_tail": round(met.get("rollout/spec_accept_length_tail", 0.0), 3),
+                  "tail_s": round(met.get("rollout/tail_s", 0.0), 2),
                   "speedup_vs_plain": round(float(np.mean(ratios)), 3), "round_ratios": [round(x, 3) for x in ratios],
                   "makespan_s": round(met["timing_s/gen"], 2), "identical_to_plain": same(runs["plain"][0][0], runs[m][0][0]),
                   "draft_over_forward": round(met["timing_s/draft"] / met["timing_s/forward"], 3)}

@@ -53,6 +53,9 @@ class Batch:
     top_p: list[float]
     u: np.ndarray                   # [M] counter-based uniforms
     num_draft_tokens: int
+    # per row with committed tokens: (request, first position, flat index, count) of the
+    # committed tokens computed this step (their hidden states, for a drafter's past)
+    spans: list[tuple[Request, int, int, int]] = field(default_factory=list)
 
 
 def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
@@ -72,6 +75,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
     keys: list[int] = []                # noise of each sampled position: (seed key, output position)
     upos: list[int] = []
     num_draft = reads = work = 0
+    spans: list[tuple[Request, int, int, int]] = []
     for r, (req, n) in enumerate(rows):
         start = req.num_computed_tokens
         samples = n > 0 and start + n == req.num_tokens
@@ -81,6 +85,8 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
         if cnt == 0:
             continue
         flat0 = len(ids)
+        if n:
+            spans.append((req, start, flat0, n))
         ids += req.tokens(start, start + n)
         pos += range(start, start + n)
         wrow += [r] * cnt
@@ -113,7 +119,8 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
                          torch.tensor(ecount, **as_int), torch.tensor(extra or [0], **as_int),
                          max(wpos, default=-1) + 1, reads, work)
     return Batch(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), meta,
-                 torch.tensor(sample_idx, **as_long), plans, temps, topk, topp, uniforms(keys, upos), num_draft)
+                 torch.tensor(sample_idx, **as_long), plans, temps, topk, topp, uniforms(keys, upos), num_draft,
+                 spans)
 
 
 def _draft_visibility(base: int, parents: list[int], chain: bool, prefix: list[int], estart: list[int],
@@ -146,10 +153,11 @@ class ModelRunner:
         return build_batch(rows, drafts, self.model.embed.weight.device)
 
     def run(self, batch: Batch, return_hidden: bool = False):
-        """Returns logits [M, V] of the sampled positions (and their hidden states if asked)."""
+        """Returns logits [M, V] of the sampled positions; if asked, also their hidden states
+        [M, H] and those of every position computed [N, H] (normed, as the LM head reads them)."""
         hidden = self.model(batch.input_ids, batch.positions, self.kv.layers(), batch.meta)
         h = hidden[batch.sample_index]
         logits = self.model.logits(h)
         if logits.dtype == torch.bfloat16:             # sample in float32: bf16 CDFs are too coarse
             logits = logits.float()
-        return (logits, h) if return_hidden else logits
+        return (logits, h, hidden) if return_hidden else logits

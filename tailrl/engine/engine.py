@@ -113,13 +113,15 @@ class LLMEngine:
         batch = self.runner.build(sched.rows, drafts)                      # 3. one batched forward
         clock.append(time.perf_counter())
         # hidden states only when a source or collector reads them (no extra forward)
-        logits, hidden = self.runner.run(batch, return_hidden=True) if self.keep_hidden else (
-            self.runner.run(batch), None)
+        logits, hidden, computed = self.runner.run(batch, return_hidden=True) if self.keep_hidden else (
+            self.runner.run(batch), None, None)
         clock.append(time.perf_counter())
         for req, n in sched.rows:                                          # the forward wrote their K/V
             req.num_computed_tokens += n
         tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)   # 4. sample
         clock.append(time.perf_counter())
+        if computed is not None:
+            self._hand_out_prefill(batch, computed)
         finished, accepted = self._postprocess(batch, tokens, logprobs, hidden)   # 5. verify, commit, finish
         clock.append(time.perf_counter())
         stages = [b - a for a, b in zip(clock, clock[1:])]
@@ -159,16 +161,24 @@ class LLMEngine:
             return {}                                   # drafts never cost a preemption
         return drafts
 
+    def _hand_out_prefill(self, batch: Batch, computed: torch.Tensor) -> None:
+        """The states [N, H] of this step's committed positions whose next token is known
+        already (prompt positions; a preempted request's recomputed ones) to the speculator;
+        the position that samples is handed out with what it emitted, after verification."""
+        for req, start, flat0, n in batch.spans:
+            known = min(n, req.num_tokens - 1 - start)
+            if known > 0:
+                self.speculator.observe_hidden(req, start, computed[flat0:flat0 + known])
+
     def _postprocess(self, batch: Batch, tokens: list[int], logprobs: list[float],
                      hidden: torch.Tensor | None = None) -> tuple[list[Request], int]:
         """Verify and commit every sampling row, then finish the requests that stopped.
         ``hidden`` [M, H]: the sampled positions' hidden states; each running request keeps
-        the one that sampled its last token (a drafter continues from it).
+        the one that sampled its last token (a drafter continues from it), and those that
+        sampled the emitted tokens go to the speculator (a drafter's past, the spot trainer's buffer).
         Returns (finished, draft tokens accepted)."""
         finished: list[Request] = []
         total_accepted = 0
-        # the states that sampled every emitted token, to the spot trainer's buffer (if any)
-        collect = hidden is not None and getattr(self.speculator, "collector", None) is not None
         for plan in batch.plans:
             emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
             if plan.draft_tokens:
@@ -180,8 +190,11 @@ class LLMEngine:
             elif hidden is not None:
                 plan.req.keep_hidden(hidden[plan.last])
             if self.speculator is not None:
-                if collect:
-                    self.speculator.collect(plan.req, emitted, hidden[plan.rows])
+                if hidden is not None:                 # positions num_tokens - len(emitted) - 1 on
+                    start = plan.req.num_tokens - len(emitted) - 1
+                    r = plan.rows                      # a chain's accepted run is contiguous: a view
+                    rows = hidden[r[0]:r[-1] + 1] if r[-1] - r[0] == len(r) - 1 else hidden[r]
+                    self.speculator.observe_hidden(plan.req, start, rows)
                 self.speculator.observe(plan.req, emitted)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above
         # had to commit (and move its accepted draft K/V) before any row moves.

@@ -70,7 +70,7 @@ class TrainConfig:
     drafter_size: int | None = None       # fresh drafter's MLP width; None = the target's
     drafter_lr: float = 1.0e-4           # fine-tuning a warm start (1e-3 measured to undo it at first)
     drafter_buffer: int = 65536           # (hidden state, token) pairs kept, newest first
-    drafter_batch: int = 64               # training windows per drafter step
+    drafter_batch: int = 256              # positions (sequence crops) per drafter training step
     drafter_spot_batch: int = 8           # train inside the rollout while fewer requests run (0 = never)
     drafter_spot_share: float = 0.03      # ... and while that training stays below this share of the rollout
     drafter_train_steps: int = 16         # drafter steps between rollout and update

@@ -3,16 +3,20 @@
 1. Sample the model's own responses to training prompts with ``LLM`` (temperature 1: the
    drafter must predict what rollouts produce, not the dataset's reference answers).
 2. One teacher-forced forward of the target (Hugging Face's module, float32) per sequence
-   gives the normed hidden state h_t at every position.
-3. Train the drafter on windows starting at the last prompt position or later: from
-   (h_t, x_{t+1}) predict h_{t+1} (smooth-L1 regression) and the target's next-token
-   distribution softmax(head(h_{t+1})) (cross-entropy against those soft labels), as in
-   EAGLE / TLT. The drafter is unrolled ``unroll`` steps on its own features, later steps
-   weighted down, so that it also learns from the features it will really see deeper in a
-   draft (EAGLE trains one step; deeper drafts then drift).
+   gives the normed hidden state h_t at every position, prompt included (the drafter attends
+   over the prompt too).
+3. Train the drafter on whole sequences (``Drafter.unroll``: causal attention, every root at
+   once): from (h_t, x_{t+1}) and the past, predict h_{t+1} (smooth-L1 regression) and the
+   target's next-token distribution softmax(head(h_{t+1})) (cross-entropy against those soft
+   labels), as in EAGLE / TLT. The drafter is unrolled ``unroll`` steps on its own features
+   (attending over its own draft positions, as when drafting), later steps weighted down, so
+   that it also learns from the features it will really see deeper in a draft. Only roots at
+   the last prompt position or later count (drafts start there). A training batch is
+   ``batch`` positions: random sequences, each cropped at random to at most ``batch``
+   positions (a crop's drafts see a partial past, as after a migration).
 
 The online spot trainer (``tailrl.rl.spot_trainer``: training on the rollout's own hidden
-states while the tail idles) reuses ``drafter_loss``.
+states while the tail idles) reuses ``sample_batch`` and ``drafter_loss``.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,48 +36,85 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def teacher_forced(model_dir: str, sequences: list[tuple[list[int], list[int]]], unroll: int) -> DrafterData:
-    """``sequences``: (prompt ids, response ids) pairs. Window starts: the last prompt position
-    (it sampled the first response token) to the position ``unroll`` before the end."""
+def teacher_forced(model_dir: str, sequences: list[tuple[list[int], list[int]]]) -> DrafterData:
+    """``sequences``: (prompt ids, response ids) pairs -> every position's h_t and x_t; roots
+    count from the last prompt position on."""
     import transformers
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    hidden, tokens, starts = [], [], []
-    offset = 0
+    hidden, tokens, lengths, first = [], [], [], []
     for prompt, response in tqdm(sequences, desc="teacher-forced forward", leave=False):
         ids = list(prompt) + list(response)
-        h = hf.model(torch.tensor([ids])).last_hidden_state[0]               # [T, H], after the final norm
-        hidden.append(h)
+        hidden.append(hf.model(torch.tensor([ids])).last_hidden_state[0])     # [T, H], after the final norm
         tokens.append(torch.tensor(ids))
-        first, last = len(prompt) - 1, len(ids) - 1 - unroll
-        starts += range(offset + first, offset + last + 1)
-        offset += len(ids)
-    if not starts:
+        lengths.append(len(ids))
+        first.append(len(prompt) - 1)
+    data = DrafterData(torch.cat(hidden), torch.cat(tokens), torch.tensor([0] + lengths).cumsum(0),
+                       torch.tensor(first))
+    if data.windows(1) == 0:
         raise ValueError("train-drafter: no response is long enough to train on (raise --max-tokens)")
-    return DrafterData(torch.cat(hidden), torch.cat(tokens), torch.tensor(starts))
+    return data
 
 
-def drafter_loss(drafter: Drafter, data: DrafterData, idx: torch.Tensor, unroll: int,
+@dataclass
+class SequenceBatch:
+    hidden: torch.Tensor        # [B, T, H] padded
+    tokens: torch.Tensor        # [B, T]
+    lengths: torch.Tensor       # [B]
+    first: torch.Tensor         # [B] first root position that counts
+
+
+def sample_batch(data: DrafterData, positions: int, gen: torch.Generator) -> SequenceBatch:
+    """Random sequences (weighted by their trainable roots), each cropped to at most
+    ``positions`` at a random offset, until the batch holds ``positions`` positions."""
+    lengths, offsets = data.lengths, data.offsets
+    weight = (lengths - 1 - data.first).clamp(min=0).float()
+    picked, total = [], 0
+    while total < positions:
+        s = int(torch.multinomial(weight, 1, generator=gen))
+        n = int(lengths[s])
+        lo = max(0, int(data.first[s]) - positions + 2)           # the crop keeps a root that counts
+        a = int(torch.randint(lo, n - positions + 1, (1,), generator=gen)) if n > positions else 0
+        m = min(n - a, positions)
+        picked.append((int(offsets[s]) + a, m, max(0, int(data.first[s]) - a)))
+        total += m
+    width = max(m for _, m, _ in picked)
+    hidden = data.hidden.new_zeros(len(picked), width, data.hidden.shape[1])
+    tokens = torch.zeros(len(picked), width, dtype=torch.long)
+    for b, (o, m, _) in enumerate(picked):
+        hidden[b, :m] = data.hidden[o:o + m]
+        tokens[b, :m] = data.tokens[o:o + m]
+    return SequenceBatch(hidden, tokens, torch.tensor([m for _, m, _ in picked]),
+                         torch.tensor([f for _, _, f in picked]))
+
+
+def drafter_loss(drafter: Drafter, batch: SequenceBatch, unroll: int,
                  reg_weight: float = 1.0, decay: float = 0.7) -> tuple[torch.Tensor, float]:
-    """Loss over windows starting at ``idx`` [B]. Returns (loss, top-1 agreement of the first step
-    with the target's most likely token: a cheap proxy of chain acceptance)."""
-    feat = data.hidden[idx]                                                  # [B, H]
-    total = feat.new_zeros(())
+    """Loss over every root of ``batch`` that counts. Returns (loss, top-1 agreement of the
+    first step with the target's most likely token: a cheap proxy of chain acceptance)."""
+    outs = drafter.unroll(batch.hidden, batch.tokens, batch.lengths, unroll)
+    t = torch.arange(batch.tokens.shape[1])
+    nxt = torch.cat([batch.hidden[:, 1:], torch.zeros_like(batch.hidden[:, :1])], 1)   # h_{t+1}
+    total = batch.hidden.new_zeros(())
     agree = 0.0
-    for k in range(unroll):
-        nxt = data.hidden[idx + k + 1]                                       # [B, H] target feature
-        feat, logits = drafter.step(feat, data.tokens[idx + k + 1])
-        target_p = torch.softmax(F.linear(nxt, drafter.head), -1)            # [B, V] target's next token
-        ce = -(target_p * torch.log_softmax(logits, -1)).sum(-1).mean()
-        reg = F.smooth_l1_loss(feat, nxt)
+    for k, (feat, logits) in enumerate(outs):
+        # step k at t: the draft rooted at t - k (must count), predicting position t + 1 (must exist)
+        keep = (t[None] - k >= batch.first[:, None]) & (t[None] + 1 < batch.lengths[:, None])   # [B, T]
+        if not bool(keep.any()):
+            break
+        target = nxt[keep]                                                   # [R, H]
+        target_p = torch.softmax(F.linear(target, drafter.head), -1)         # [R, V]
+        ce = -(target_p * torch.log_softmax(logits[keep], -1)).sum(-1).mean()
+        reg = F.smooth_l1_loss(feat[keep], target)
         total = total + decay ** k * (ce + reg_weight * reg)
         if k == 0:
-            agree = (logits.argmax(-1) == target_p.argmax(-1)).float().mean().item()
+            agree = (logits[keep].argmax(-1) == target_p.argmax(-1)).float().mean().item()
     return total, agree
 
 
-def train(drafter: Drafter, data: DrafterData, steps: int, batch: int = 256, lr: float = 1e-3,
+def train(drafter: Drafter, data: DrafterData, steps: int, batch: int = 1024, lr: float = 1e-3,
           unroll: int = 3, seed: int = 0) -> dict[str, float]:
-    """AdamW with cosine decay. Returns the final figures (loss, first-step agreement)."""
+    """AdamW with cosine decay, ``batch`` positions per step. Returns the final figures (loss,
+    first-step agreement)."""
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -81,8 +123,7 @@ def train(drafter: Drafter, data: DrafterData, steps: int, batch: int = 256, lr:
     loss_v = agree = 0.0
     bar = tqdm(range(steps), desc="train drafter", leave=False)
     for _ in bar:
-        idx = data.starts[torch.randint(len(data.starts), (batch,), generator=gen)]
-        loss, agree = drafter_loss(drafter, data, idx, unroll)
+        loss, agree = drafter_loss(drafter, sample_batch(data, batch, gen), unroll)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -104,20 +145,20 @@ def sample_responses(model_dir: str, prompts: list[list[int]], n: int, max_token
 
 
 def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 4, max_tokens: int = 512,
-               steps: int = 1000, batch: int = 256, lr: float = 1e-3, unroll: int = 3,
-               seed: int = 0) -> dict[str, float]:
+               steps: int = 1000, batch: int = 1024, lr: float = 1e-3, unroll: int = 3,
+               seed: int = 0, size: int | None = None) -> dict[str, float]:
     """Sample, teacher-force, train and save a drafter for ``model_dir`` into ``out_dir``."""
     from tailrl.model.loader import load_model
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     seqs = sample_responses(model_dir, prompts, n, max_tokens, seed)
     t1 = time.perf_counter()
-    data = teacher_forced(model_dir, seqs, unroll)
-    drafter = Drafter.for_target(load_model(model_dir, "float32"))
+    data = teacher_forced(model_dir, seqs)
+    drafter = Drafter.for_target(load_model(model_dir, "float32"), size)
     t2 = time.perf_counter()
     figures = train(drafter, data, steps, batch, lr, unroll, seed)
     drafter.save(out_dir)
-    figures.update(sequences=float(len(seqs)), windows=float(len(data.starts)), sample_s=t1 - t0,
+    figures.update(sequences=float(len(seqs)), windows=float(data.windows(unroll)), sample_s=t1 - t0,
                    train_s=time.perf_counter() - t2)
     return figures
 
@@ -142,17 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=4, help="responses per prompt")
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1024, help="positions per training step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--unroll", type=int, default=3, help="drafter steps trained on its own features")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size", type=int, default=None, help="the drafter's MLP width (default: the model's)")
     a = ap.parse_args(argv)
-    for name in ("prompts", "n", "max_tokens", "steps", "batch", "unroll"):
-        if getattr(a, name) < 1:
+    for name in ("prompts", "n", "max_tokens", "steps", "batch", "unroll", "size"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     figures = warm_start(a.model, a.out, task_prompts(a.model, a.prompts), a.n, a.max_tokens, a.steps,
-                         a.batch, a.lr, a.unroll, a.seed)
+                         a.batch, a.lr, a.unroll, a.seed, a.size)
     log.info("drafter saved to %s", a.out)
     print(json.dumps({"out": a.out, **figures}))
     return 0

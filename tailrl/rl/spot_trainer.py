@@ -2,8 +2,8 @@
 on capacity the rollout leaves idle.
 
 Data: a ``DrafterBuffer`` (tailrl/spec/drafter_buffer.py) set as the engine speculator's
-``collector`` receives the (hidden state, sampled token) pairs of every running and finished
-response; the target computed them anyway.
+``collector`` receives the hidden states of every position of every running and finished
+request, prompt included (the drafter attends over them); the target computed them anyway.
 
 When: the engine calls ``after_step(batch_size)`` between steps (``engine.idle_work``). Below
 ``threshold`` running requests (the tail: the batch has drained and the machine idles on a
@@ -11,9 +11,9 @@ small batch) it runs **one** training step, so a rollout step never waits for mo
 drafter step (preemptible at step granularity; ``batch`` bounds a step's cost), and only
 while the training time stays within ``max_share`` of the rollout's time so far: on a CPU
 the trainer and the engine share the cores, so the tail is not free capacity (measured on the
-`small` model: a training step of 64 windows takes about 25 ms, an engine step at batch 1
-about 2 ms). The GRPO loop also
-calls ``train(steps)`` between rollout and update.
+`small` model: a training step of 256 positions, unrolled 3 steps, takes about 45 ms, an
+engine step at batch 1 about 2 ms). The GRPO loop also calls ``train(steps)`` between
+rollout and update.
 
 Versions: training updates a ``shadow`` copy; ``publish`` copies it into the drafter the
 engine drafts with and bumps ``version``. Both run between engine steps (the engine calls
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from tailrl.model.drafter import Drafter
-from tailrl.rl.drafter_train import drafter_loss
+from tailrl.rl.drafter_train import drafter_loss, sample_batch
 from tailrl.spec.drafter_buffer import DrafterBuffer
 
 STATE_FILE = "spot_trainer.pt"
@@ -41,12 +41,12 @@ STATE_FILE = "spot_trainer.pt"
 @dataclass
 class SpotConfig:
     lr: float = 1e-4            # fine-tuning: 1e-3 measured to undo a warm start's first steps
-    batch: int = 64             # training windows per step (bounds one step's time)
+    batch: int = 256            # positions per step (bounds one step's time): sequence crops
     unroll: int = 3             # drafter steps trained on its own features (as the warm start)
     threshold: int = 8          # train inside a rollout while fewer requests than this run
     max_share: float = 0.03     # inside a rollout, train only while the training time stays
                                 # below this share of the rollout's time so far (1 = no limit)
-    min_windows: int = 256      # train only once the buffer holds this many windows
+    min_windows: int = 256      # train only once the buffer holds this many draft roots
     publish_every: int = 1      # training steps between published versions
 
     def __post_init__(self) -> None:
@@ -101,15 +101,14 @@ class SpotTrainer:
         return done
 
     def train_step(self, spot: bool = False) -> bool:
-        """One AdamW step of the shadow on a random batch of windows; False when the buffer
-        has fewer than ``min_windows`` windows."""
+        """One AdamW step of the shadow on a random batch of sequence crops; False when the
+        buffer has fewer than ``min_windows`` draft roots."""
         cfg = self.config
         data = self.buffer.data(cfg.unroll)
-        if data is None or len(data.starts) < cfg.min_windows:
+        if data is None or data.windows(cfg.unroll) < cfg.min_windows:
             return False
         t0 = time.perf_counter()
-        idx = data.starts[torch.randint(len(data.starts), (cfg.batch,), generator=self.gen)]
-        loss, agree = drafter_loss(self.shadow, data, idx, cfg.unroll)
+        loss, agree = drafter_loss(self.shadow, sample_batch(data, cfg.batch, self.gen), cfg.unroll)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(self.shadow.parameters()), 1.0)

@@ -1,14 +1,20 @@
-"""The spot trainer's data: the rollout's own (target hidden state, sampled token) pairs.
+"""The spot trainer's data: the rollout's own sequences of target hidden states, per request.
 
-The engine already computes the normed hidden state of every position it samples from (the
-root of each row and every draft node). After verification it hands the states that sampled
-the emitted tokens to ``add(req, tokens, hidden)``: no extra target forward. Consecutive
-positions of one request form a *run*; a gap (the request was preempted and recomputed, or
-resumed elsewhere: its prefill positions are not sampled) starts a new run, so a training
-window never spans positions whose states were not kept.
+The engine already computes the normed hidden state of every position (the prompt's in the
+prefill, the emitted tokens' in verification) and hands them out with
+``add(req, start, hidden)``: positions start .. start + k - 1 of ``req``; no extra target
+forward. The drafter attends over a request's past, so the buffer keeps whole sequences,
+prompt included: one *run* per request, positions in order (the n samples of a prompt
+share one prefill: a sample handed no prompt states copies them from an open sibling run,
+so every run holds its prompt). Positions already held are
+skipped (a preempted request's recomputed prefill); a gap (a request resumed from another
+instance with its K/V: the earlier positions were computed there) starts a new run, so a
+run never spans positions whose states were not kept. Drafts root at the last prompt
+position or later, so only those roots count in the loss (``DrafterData.first``).
 
 Bounded: at most ``capacity`` positions in all. Adding past it evicts the oldest runs first
-(running or finished), so the buffer holds the most recent data, i.e. the current policy's.
+(running or finished), so the buffer holds the most recent data, i.e. the current policy's;
+a single run longer than the buffer keeps its newest positions.
 ``data(unroll)`` lays the runs out as a ``DrafterData`` (cached until the next change).
 """
 from __future__ import annotations
@@ -22,19 +28,25 @@ from tailrl.model.drafter import DrafterData
 
 
 class _Run:
-    __slots__ = ("hidden", "tokens", "end")
+    __slots__ = ("hidden", "tokens", "start", "first", "group", "prompt")
 
-    def __init__(self, end: int) -> None:
-        self.hidden: list[torch.Tensor] = []    # [E, H] chunks; row i sampled tokens[i]
-        self.tokens: list[int] = []
-        self.end = end                          # the request's num_tokens after the last pair
+    def __init__(self, start: int, first: int, req: Any) -> None:
+        self.group, self.prompt = req.group_id, req.prompt_token_ids
+        self.hidden: list[torch.Tensor] = []    # [k, H] chunks; row i is position start + i
+        self.tokens: list[int] = []             # the token at each position
+        self.start = start                      # position of row 0
+        self.first = first                      # first root position that counts (absolute)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
     def drop_head(self, n: int) -> None:
         h = torch.cat(self.hidden)[n:]
-        self.hidden, self.tokens = [h], self.tokens[n:]
+        self.hidden, self.tokens, self.start = [h], self.tokens[n:], self.start + n
 
 
 class DrafterBuffer:
@@ -52,26 +64,44 @@ class DrafterBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, req: Any, tokens: list[int], hidden: torch.Tensor) -> None:
-        """``hidden`` [E, H]: the states that sampled ``tokens`` (E of them), which ``req`` has
-        just appended to its output."""
-        if len(tokens) != hidden.shape[0]:
-            raise ValueError(f"drafter buffer: {len(tokens)} tokens but {hidden.shape[0]} hidden states")
-        if not tokens:
+    def add(self, req: Any, start: int, hidden: torch.Tensor) -> None:
+        """``hidden`` [k, H]: the target's states at positions start .. start + k - 1 of ``req``."""
+        k = hidden.shape[0]
+        if k == 0:
             return
+        if start < 0 or start + k > req.num_tokens:
+            raise ValueError(f"drafter buffer: positions {start} .. {start + k - 1} outside request "
+                             f"{req.request_id!r} ({req.num_tokens} tokens)")
         key = self._open.get(req.request_id)
         run = self._runs.get(key) if key is not None else None
-        if run is None or run.end != req.num_tokens - len(tokens):
-            key, run = self._next_key, _Run(0)
+        if run is None or start > run.end:
+            key, run = self._next_key, _Run(start, max(start, req.num_prompt_tokens - 1), req)
             self._next_key += 1
+            if 0 < start < req.num_prompt_tokens:
+                self._borrow(run)
             self._runs[key] = run
             self._open[req.request_id] = key
-        run.hidden.append(hidden.detach().float().cpu())
-        run.tokens.extend(tokens)
-        run.end = req.num_tokens
-        self.size += len(tokens)
-        self.added += len(tokens)
+        skip = run.end - start
+        if skip >= k:
+            return
+        run.hidden.append(hidden[skip:].to("cpu", torch.float32, copy=True))   # a copy: never a view of a step's tensor
+        run.tokens.extend(req.tokens(start + skip, start + k))
+        self.size += k - skip
+        self.added += k - skip
         self._evict()
+
+    def _borrow(self, run: _Run) -> None:
+        """A sample that copied its group's prompt K/V (the engine computes a prompt once for
+        its n samples) was handed no prompt states: copy them from an open sibling run."""
+        for key in self._open.values():
+            d = self._runs.get(key)
+            if d is not None and d.group == run.group and d.start == 0 and d.end >= run.start and d.prompt == run.prompt:
+                run.hidden = [torch.cat(d.hidden)[:run.start]]
+                run.tokens = d.tokens[:run.start]
+                self.size += run.start
+                self.added += run.start
+                run.start = 0
+                return
 
     def finish(self, req: Any) -> None:
         """``req`` left the engine: its run is closed (it stays in the buffer)."""
@@ -89,21 +119,23 @@ class DrafterBuffer:
             self.size -= len(run)
 
     def data(self, unroll: int) -> DrafterData | None:
-        """All runs as training windows of ``unroll`` drafter steps; None when no run is long enough."""
+        """All runs with at least one root that trains ``unroll`` steps, as ``DrafterData``;
+        None when there is none."""
         if self._cache is not None and self._cache[:2] == (self.added, unroll):
             return self._cache[2]
-        hidden, tokens, starts = [], [], []
-        offset = 0
+        hidden, tokens, lengths, first = [], [], [], []
         for run in self._runs.values():
-            n = len(run)
-            if n > unroll:
+            rel = max(0, run.first - run.start)
+            if len(run) - unroll - rel > 0:
                 if len(run.hidden) > 1:                       # consolidate once
                     run.hidden = [torch.cat(run.hidden)]
                 hidden.append(run.hidden[0])
-                # position j holds h_j and x_j; h_j sampled x_{j+1} = run.tokens[j]
-                tokens.append(torch.tensor([0] + run.tokens[:-1]))
-                starts.append(torch.arange(offset, offset + n - unroll))
-                offset += n
-        data = DrafterData(torch.cat(hidden), torch.cat(tokens), torch.cat(starts)) if starts else None
+                tokens.append(torch.tensor(run.tokens))
+                lengths.append(len(run))
+                first.append(rel)
+        data = None
+        if hidden:
+            offsets = torch.tensor([0] + lengths).cumsum(0)
+            data = DrafterData(torch.cat(hidden), torch.cat(tokens), offsets, torch.tensor(first))
         self._cache = (self.added, unroll, data)
         return data

@@ -1,11 +1,15 @@
 """The learned drafter as a draft source: chains and trees grown from the target's hidden state.
 
 A request can be drafted for once the engine has kept the hidden state that sampled its last
-token (``req.last_hidden``; the engine keeps it when a source has ``needs_hidden``). The
-drafter steps from that state and the last token; the node probabilities of the draft are
-the drafter's own softmax probabilities, so the draft's score (expected accepted length) is
-what the drafter believes; at temperature 1 a point-mass draft token x is accepted with the
-target's p(x), which the drafter is trained to match.
+token (``req.last_hidden``, position r = num_tokens - 2; the engine keeps it when a source
+has ``needs_hidden``). The draft's first drafter step sits at r with that state and the last
+token; depth d sits at r + d - 1. Every step attends over the request's committed positions
+< r (``DrafterPast``, fed by ``observe_hidden`` with the states the engine computed anyway:
+prompt positions from the prefill, emitted tokens after verification) and over the draft
+positions on its own path. The node probabilities of the draft are the drafter's own
+softmax probabilities, so the draft's score (expected accepted length) is what the drafter
+believes; at temperature 1 a point-mass draft token x is accepted with the target's p(x),
+which the drafter is trained to match.
 
 Tree shape (EAGLE-2-like, but with a fixed width): at each depth every frontier node offers
 its ``max_paths`` most likely children, and the ``max_paths`` candidates of highest path
@@ -14,9 +18,10 @@ probability (within the node budget) become the next depth's nodes and frontier.
 ``min_path_prob`` (a node that unlikely costs a verify slot for almost nothing).
 
 Batching: ``prepare(requests, max_tokens, max_paths)`` (called by the speculator once per
-step) drafts for every ready request in one set of batched drafter steps; ``propose`` then
-hands out the prepared draft, or drafts that one request alone if it was not prepared.
-The source keeps no per-request state beyond this step's prepared drafts.
+step) drafts for every ready request in one set of batched drafter steps (pasts of
+different lengths padded and masked); ``propose`` then hands out the prepared draft, or
+drafts that one request alone if it was not prepared. Per-request state: the committed K/V
+(freed in ``finish``) and this step's prepared drafts.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import torch
 
 from tailrl.model.drafter import Drafter
 from tailrl.spec.draft import Draft
+from tailrl.spec.drafter_past import DrafterPast
 
 
 class DrafterSource:
@@ -36,6 +42,7 @@ class DrafterSource:
         self.drafter = drafter.eval()
         self.min_path_prob = min_path_prob
         self._ready: dict[str, tuple[int, int, Draft | None]] = {}   # id -> (num_tokens, paths, draft)
+        self.past = DrafterPast(self.drafter)
 
     def start(self, req: Any) -> None:
         pass
@@ -43,8 +50,13 @@ class DrafterSource:
     def observe(self, req: Any, new_tokens: list[int]) -> None:
         pass
 
+    def observe_hidden(self, req: Any, start: int, hidden: torch.Tensor) -> None:
+        """hidden [k, H]: the target's states at positions start .. start + k - 1 (committed)."""
+        self.past.add(req, start, hidden)
+
     def finish(self, req: Any) -> None:
         self._ready.pop(req.request_id, None)
+        self.past.free(req)
 
     def target_updated(self, model: Any) -> None:
         """The target's weights changed: the drafter reads its embedding and head anew."""
@@ -72,37 +84,49 @@ class DrafterSource:
         if not requests or max_tokens <= 0:
             return [None] * len(requests)
         width = max(1, max_paths)
+        self.past.flush(requests)
+        roots = [r.num_tokens - 2 for r in requests]                           # where last_hidden sits
+        past = self.past.gather(requests, roots)                                # [B, heads, L, D] x2, [B, L]
         feats = torch.stack([r.last_hidden for r in requests])                  # [B, H]
         toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
                              for r in requests])                                # [B]
+        pos = torch.tensor(roots)
         if width == 1:
-            return self._chains(feats, toks, max_tokens)
+            return self._chains(feats, toks, pos, past, max_tokens)
         nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in requests]
         # frontier entries, one per row of feats / toks: (request index, node index (-1 = root), path prob)
         frontier = [(b, -1, 1.0) for b in range(len(requests))]
+        owner, path = None, None                  # past row of each frontier row (None: row b = request b)
         while frontier:
-            out, logits = self.drafter.step(feats, toks)                        # [F, H], [F, V]
+            out, logits, k, v = self.drafter.step(feats, toks, pos, past, owner, path)   # [F, H], [F, V]
             top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
             chosen = self._choose(frontier, top_p.tolist(), top_t.tolist(), nodes, max_tokens, width)
             frontier, rows, new_toks = self._append(chosen, nodes)
             if not frontier:
                 break
-            feats, toks = out[rows], torch.tensor(new_toks)
+            idx = torch.tensor(rows)
+            path = _extend(path, k, v, idx)
+            feats, toks, pos = out[idx], torch.tensor(new_toks), pos[idx] + 1
+            owner = torch.tensor([b for b, _, _ in frontier])
         return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
 
-    def _chains(self, feats: torch.Tensor, toks: torch.Tensor, max_tokens: int) -> list[Draft | None]:
+    def _chains(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past, max_tokens: int
+                ) -> list[Draft | None]:
         """Greedy chains for all rows in tensor ops (the common case; no per-row Python per
         depth). A chain ends before its first node whose path probability is below
         ``min_path_prob``."""
         tokens, probs = [], []
-        path = torch.ones(len(toks))
+        path_prob = torch.ones(len(toks))
+        path = None
         for _ in range(max_tokens):
-            feats, logits = self.drafter.step(feats, toks)
+            feats, logits, k, v = self.drafter.step(feats, toks, pos, past, None, path)
+            path = _extend(path, k, v)
             q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
             tokens.append(toks)
             probs.append(q)
-            path = path * q
-            if bool((path < self.min_path_prob).all()):
+            pos = pos + 1
+            path_prob = path_prob * q
+            if bool((path_prob < self.min_path_prob).all()):
                 break
         keep = (torch.stack(probs, 1).cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()   # [B]
         t_rows, q_rows = torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist()
@@ -139,3 +163,14 @@ class DrafterSource:
             rows.append(row)
             toks.append(t)
         return frontier, rows, toks
+
+
+def _extend(path: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: torch.Tensor,
+            rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft path's K/V [F, heads, d, D] with this step's k, v [F, heads, D] appended, for
+    the children continuing from ``rows`` (default: every row continues)."""
+    if rows is not None:
+        k, v = k[rows], v[rows]
+        path = None if path is None else (path[0][rows], path[1][rows])
+    k, v = k.unsqueeze(2), v.unsqueeze(2)
+    return (k, v) if path is None else (torch.cat([path[0], k], 2), torch.cat([path[1], v], 2))

@@ -21,8 +21,10 @@ Per engine step:
    verified draft (``accepted`` excludes the bonus token) and ``observe(req, new_tokens)``
    for every request that gained tokens (drafted or not: the group and self indexes need
    all tokens);
-   With a ``collector`` (the spot trainer's buffer), ``collect(req, new_tokens, hidden)``
-   hands it the target's hidden states that sampled the new tokens;
+   When ``needs_hidden``, ``observe_hidden(req, start, hidden)`` hands the target's normed
+   hidden states of the request's committed positions start .. start + k - 1 (prompt
+   positions from the prefill, and those that sampled the new tokens) to the sources that
+   read them (the drafter's past) and to the ``collector`` (the spot trainer's buffer);
 3. ``observe_step(batch_size, num_tokens, seconds, attention, reads=...)`` after every step
    (``seconds``: the whole step, drafting included; ``attention``: the step's (query slot,
    key position) pairs; ``reads``: its (row, key position) pairs; see ``CostModel``).
@@ -72,6 +74,8 @@ class Speculator:
         self.policy = policy if policy is not None else make_spec_policy(self.config, self.cost_model,
                                                                     history_store, seed)
         self.max_draft_tokens = self.config.max_draft_tokens
+        # sources that read the target's hidden states (the drafter's past); called every step
+        self._hidden_takers = [s.observe_hidden for s in self.sources if hasattr(s, "observe_hidden")]
         # per request: suffix draft, drafter draft or none (only with a batched source: the drafter)
         self.choice = SourceChoice(self.cost_model) if any(hasattr(s, "prepare") for s in self.sources) else None
         self.max_tree_paths = self.config.max_tree_paths
@@ -105,10 +109,15 @@ class Speculator:
             s.observe(req, new_tokens)
         self._index_s += time.perf_counter() - t0
 
-    def collect(self, req: Any, new_tokens: list[int], hidden: Any) -> None:
-        """``hidden`` [E, H]: the target's states that sampled ``new_tokens`` (to the collector)."""
+    def observe_hidden(self, req: Any, start: int, hidden: Any) -> None:
+        """``hidden`` [k, H]: the target's states at positions start .. start + k - 1 of ``req``
+        (all committed: the request holds each one's next token)."""
+        t0 = time.perf_counter()
+        for take in self._hidden_takers:
+            take(req, start, hidden)
         if self.collector is not None:
-            self.collector.add(req, new_tokens, hidden)
+            self.collector.add(req, start, hidden)
+        self._index_s += time.perf_counter() - t0
 
     def target_updated(self, model: Any) -> None:
         """The target's weights changed (``LLM.load_weights``): sources that share them refresh."""

@@ -14,45 +14,51 @@ def req(rid="a", prompt=(1, 2, 3)):
     return Request(rid, list(prompt), SP(), 0)
 
 
-def grow(buf: DrafterBuffer, r: Request, tokens: list[int], h0: float = 0.0) -> None:
-    """Append ``tokens`` to ``r`` and hand the buffer states that encode (value, column 0)."""
+def grow(buf: DrafterBuffer, r: Request, tokens: list[int], h0: float = 0.0, start: int | None = None) -> None:
+    """Append ``tokens`` to ``r`` and hand the buffer the states of the positions that sampled
+    them (the root first), encoded as (value, position)."""
     r.output_token_ids.extend(tokens)
-    hidden = torch.tensor([[h0 + k, float(t)] for k, t in enumerate(tokens)])
-    buf.add(r, tokens, hidden)
+    first = r.num_tokens - len(tokens) - 1 if start is None else start
+    n = r.num_tokens - 1 - first
+    buf.add(r, first, torch.tensor([[h0 + k, float(first + k)] for k in range(n)]))
 
 
-def test_layout_matches_the_drafter_loss():
+def test_layout_keeps_whole_sequences_and_counts_roots_from_the_prompts_end():
     buf = DrafterBuffer(100)
     r = req()
-    grow(buf, r, [5, 6], h0=0)
-    grow(buf, r, [7, 8, 9], h0=2)                       # contiguous: the same run
+    buf.add(r, 0, torch.tensor([[-2.0, 0.0], [-1.0, 1.0]]))  # the prefill: prompt positions 0, 1
+    grow(buf, r, [5, 6], h0=0)                            # positions 2, 3
+    grow(buf, r, [7, 8, 9], h0=2)                         # contiguous: the same run
     data = buf.data(unroll=2)
-    assert data.hidden[:, 0].tolist() == [0, 1, 2, 3, 4]
-    # position j's state sampled x_{j+1} = tokens[j + 1]
-    assert data.tokens[1:].tolist() == [5, 6, 7, 8]
-    assert data.starts.tolist() == [0, 1, 2]            # windows j .. j + 2 inside the run
-    assert buf.data(unroll=2) is data                  # cached until the next change
-    assert buf.data(unroll=5) is None                  # no run is long enough
+    assert data.hidden[:, 0].tolist() == [-2, -1, 0, 1, 2, 3, 4]
+    assert data.tokens.tolist() == [1, 2, 3, 5, 6, 7, 8]  # the token at each position
+    assert data.offsets.tolist() == [0, 7] and data.first.tolist() == [2]   # roots from the last prompt position
+    assert data.windows(2) == 3                           # roots 2, 3, 4 train two steps
+    assert buf.data(unroll=2) is data                    # cached until the next change
+    assert buf.data(unroll=5) is None                    # no run is long enough
 
 
-def test_a_gap_starts_a_new_run_and_windows_never_span_runs():
+def test_recomputed_positions_are_skipped_and_a_gap_starts_a_new_run():
     buf = DrafterBuffer(100)
     r = req()
-    grow(buf, r, [5, 6, 7])
-    r.output_token_ids.append(4)                       # a token whose state was not kept (recompute)
+    grow(buf, r, [5, 6, 7], start=0)                     # prefill and three tokens: positions 0 .. 4
+    buf.add(r, 0, torch.full((5, 2), 99.0))              # a preempted request's recomputed prefill
+    assert len(buf) == 5 and 99 not in buf.data(1).hidden[:, 0].tolist()
+    r.output_token_ids.append(4)                         # a token whose state was not kept (another instance)
     grow(buf, r, [8, 9, 10], h0=10)
     other = req("b")
-    grow(buf, other, [1, 1, 1], h0=20)
-    data = buf.data(unroll=2)
-    assert len(buf) == 9 and data.starts.tolist() == [0, 3, 6]
-    with pytest.raises(ValueError, match="3 tokens but 2 hidden"):
-        buf.add(r, [1, 2, 3], torch.zeros(2, 2))
+    grow(buf, other, [1, 1, 1], h0=20, start=0)
+    data = buf.data(unroll=1)
+    assert len(buf) == 5 + 3 + 5 and data.offsets.tolist() == [0, 5, 8, 13]
+    assert data.first.tolist() == [2, 0, 2]              # the resumed run has no prompt: all its roots count
+    with pytest.raises(ValueError, match="outside request"):
+        buf.add(r, r.num_tokens - 1, torch.zeros(2, 2))
 
 
 @pytest.mark.parametrize("capacity", [2, 5, 7])
 def test_the_buffer_is_bounded_and_keeps_the_newest(capacity):
     buf = DrafterBuffer(capacity)
-    reqs = [req(str(i)) for i in range(4)]
+    reqs = [req(str(i), prompt=(1,)) for i in range(4)]
     for step in range(6):
         for i, r in enumerate(reqs):
             grow(buf, r, [step + 1] * (1 + i % 2), h0=100 * step + i)
@@ -74,26 +80,29 @@ def model(ckpt_dir):
 
 
 class Recorder:
-    """A collector that keeps every request's states, and feeds a real buffer too."""
+    """A collector that keeps every request's states by position, and feeds a real buffer too."""
 
     def __init__(self, buf: DrafterBuffer):
-        self.buf, self.states, self.tokens = buf, {}, {}
+        self.buf, self.states, self.ids = buf, {}, {}
 
-    def add(self, r, tokens, hidden):
-        self.states.setdefault(r.request_id, []).append(hidden.clone())
-        self.tokens.setdefault(r.request_id, []).extend(tokens)
-        self.buf.add(r, tokens, hidden)
+    def add(self, r, start, hidden):
+        for k in range(hidden.shape[0]):
+            self.states.setdefault(r.request_id, {}).setdefault(start + k, []).append(hidden[k].clone())
+        self.buf.add(r, start, hidden)
 
     def finish(self, r):
+        self.ids[r.request_id] = (tuple(r.prompt_token_ids), tuple(r.output_token_ids))
         self.buf.finish(r)
 
 
-def test_the_engine_hands_over_the_states_that_sampled_each_token(model):
-    """float64: every generated token is handed over once, with the state that sampled it,
-    equal to a teacher-forced forward's, with suffix drafts accepted and rejected."""
+def test_the_engine_hands_over_the_state_of_every_position_once(model):
+    """float64: every position but the last, prompt included, is handed over once (a small
+    prefill chunk splits prompts; a group's later samples share its prefill, and the buffer
+    copies their prompt states from a sibling), equal to a teacher-forced forward's state,
+    with suffix drafts accepted and rejected."""
     from tailrl.rl.drafter_train import teacher_forced
-    llm = LLM(model, dtype="float64", speculative=SpeculativeConfig(sources=("self",), min_token_prob=0.0,
-                                                                    min_match_len=1))
+    llm = LLM(model, dtype="float64", max_num_batched_tokens=16,
+              speculative=SpeculativeConfig(sources=("self",), min_token_prob=0.0, min_match_len=1))
     rec = Recorder(DrafterBuffer(10_000))
     llm.engine.speculator.collector = rec
     prompts = [[1, 2, 3, 1, 2, 3], [(7 * i) % 89 + 1 for i in range(30)]]
@@ -101,12 +110,16 @@ def test_the_engine_hands_over_the_states_that_sampled_each_token(model):
     m = llm.last_metrics
     assert 0 < m["rollout/spec_accepted_tokens"] < m["rollout/spec_draft_tokens"]
     seqs = [(o.prompt_token_ids, c.token_ids) for o in outs for c in o.outputs]
-    assert len(rec.buf) == sum(len(r) for _, r in seqs)
-    assert sorted(rec.tokens.values()) == sorted(list(r) for _, r in seqs)
-    ref = teacher_forced(model, seqs, unroll=1)                        # HF, float32
-    offset = 0
-    by_tokens = {tuple(t): torch.cat(rec.states[rid]) for rid, t in rec.tokens.items()}
-    for p, r in seqs:
-        want = ref.hidden[offset + len(p) - 1: offset + len(p) + len(r) - 1]   # the states that sampled r
-        assert torch.allclose(by_tokens[tuple(r)].float(), want, atol=1e-3)
-        offset += len(p) + len(r)
+    ref = teacher_forced(model, seqs)                                  # HF, float32
+    for rid, st in rec.states.items():                                 # what the engine handed out: once each
+        p, r = rec.ids[rid]
+        n = len(p) + len(r) - 1
+        assert sorted(st) in (list(range(n)), list(range(len(p) - 1, n))) and all(len(v) == 1 for v in st.values())
+    data = rec.buf.data(unroll=1)
+    assert len(rec.buf) == sum(len(p) + len(r) - 1 for p, r in seqs) and sorted(data.first.tolist()) == sorted([
+        len(p) - 1 for p, _ in seqs])
+    runs = {tuple(data.tokens[a:b].tolist()): data.hidden[a:b] for a, b in zip(data.offsets[:-1], data.offsets[1:])}
+    for (p, r), start in zip(seqs, ref.offsets.tolist()):
+        n = len(p) + len(r) - 1
+        mine = runs[tuple(p) + tuple(r[:-1])]
+        assert torch.allclose(mine.float(), ref.hidden[start:start + n], atol=1e-3)

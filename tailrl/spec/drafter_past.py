@@ -1,0 +1,175 @@
+"""The learned drafter's K/V of each request's committed positions (what its attention reads).
+
+The engine hands out the target's normed hidden state of every position it computes
+(prompt positions in the prefill, emitted tokens after verification):
+``add(req, start, hidden)`` with hidden [k, H] for positions start .. start + k - 1, whose
+next tokens the request already holds. A committed position's drafter K/V depend on
+(h_t, x_{t+1}) only, so they are computed once, batched over all requests
+(``flush``: one drafter input/QKV pass over the queued positions of the requests about to
+be drafted for), and appended; a
+rejected draft never reaches here, so nothing is rolled back.
+
+A request's past is the contiguous positions ``[base, base + len)``:
+- the n samples of a prompt share its prefill (the engine computes it once and copies the
+  target K/V): a sample whose first positions come after the prompt copies the prompt
+  positions' drafter K/V from a sibling that holds them;
+- positions already held are skipped (a preempted request's recomputed prefill hands them
+  out again: the past survives preemption as it was);
+- a gap (positions were computed elsewhere, e.g. a request imported with its target K/V
+  from another instance, whose prefill is not rerun) starts the past afresh at the new
+  position: the drafter attends only over what this instance computed. A request imported
+  without K/V is re-prefilled, so its whole past is rebuilt from that prefill.
+
+Weights: K/V are computed with the drafter weights current at the flush; an online update
+(a new spot-trainer version, a few small steps) does not recompute them. Drafts are verified,
+so stale K/V cost acceptance, never correctness.
+
+Memory: ``heads * head_dim * 2`` floats per position (256 on ``small``, a third of one target
+layer's K/V), freed by ``free(req)`` when the request leaves the engine.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tailrl.model.drafter import Drafter
+
+
+class _Past:
+    __slots__ = ("base", "length", "k", "v", "queued", "queued_n", "group", "prompt")
+
+    def __init__(self, base: int, heads: int, head_dim: int, req: Any) -> None:
+        self.group, self.prompt = req.group_id, req.prompt_token_ids
+        self.base = base                       # position of row 0
+        self.length = 0                        # rows holding K/V
+        self.k = torch.empty(heads, head_dim, 0)   # [heads, D, capacity]: keys transposed
+        self.v = torch.empty(heads, 0, head_dim)   # [heads, capacity, D]
+        self.queued: list[tuple[int, torch.Tensor, list[int]]] = []   # (start, hidden [k, H], next tokens)
+        self.queued_n = 0
+
+    @property
+    def end(self) -> int:
+        """The next position expected (held or queued)."""
+        return self.base + self.length + self.queued_n
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [n, heads, D]: the next n positions."""
+        n, cap, end = k.shape[0], self.v.shape[1], self.length
+        if end + n > cap:
+            grow = max(64, 2 * cap, end + n) - end
+            self.k = torch.cat([self.k[:, :, :end], k.new_empty(k.shape[1], k.shape[2], grow)], 2)
+            self.v = torch.cat([self.v[:, :end], v.new_empty(v.shape[1], grow, v.shape[2])], 1)
+        self.k[:, :, end:end + n] = k.permute(1, 2, 0)
+        self.v[:, end:end + n] = v.transpose(0, 1)
+        self.length += n
+
+
+class DrafterPast:
+    """Per-request committed K/V for ``drafter``. K/V are computed when a draft is asked for
+    (``flush(requests)`` for the requests drafted for): a request that the per-request choice
+    never gives to the drafter, or that finishes first, costs nothing. ``flush_at``: queued
+    positions (all requests, H floats each) that trigger a flush of all on ``add``, which
+    bounds the queued hidden states' memory."""
+
+    def __init__(self, drafter: Drafter, flush_at: int = 65536) -> None:
+        self.drafter = drafter
+        self.flush_at = flush_at
+        self._past: dict[str, _Past] = {}
+        self._queued = 0                       # positions queued over all requests
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._past
+
+    def span(self, request_id: str) -> tuple[int, int]:
+        """(first, end) positions held or queued for the request ((0, 0) if none)."""
+        p = self._past.get(request_id)
+        return (p.base, p.end) if p is not None else (0, 0)
+
+    def add(self, req: Any, start: int, hidden: torch.Tensor) -> None:
+        """hidden [k, H]: the target's states at positions start .. start + k - 1 of ``req``."""
+        k = hidden.shape[0]
+        if start < 0 or start + k > req.num_tokens - 1:
+            raise ValueError(f"drafter past: positions {start} .. {start + k - 1} of request {req.request_id!r} "
+                             f"need their next tokens; the request has {req.num_tokens} tokens")
+        p = self._past.get(req.request_id)
+        if p is None or start > p.end:                    # new, or a gap: the past starts here
+            if p is not None:
+                self._queued -= p.queued_n
+            c = self.drafter.cfg
+            p = self._past[req.request_id] = _Past(start, c.num_heads, c.head_dim, req)
+            if 0 < start < req.num_prompt_tokens:
+                self._borrow(p, start)
+        skip = p.end - start                              # already held (a recomputed prefill)
+        if skip >= k:
+            return
+        first = start + skip
+        p.queued.append((first, hidden[skip:].to(torch.float32, copy=True), req.tokens(first + 1, start + k + 1)))
+        p.queued_n += k - skip
+        self._queued += k - skip
+        if self._queued >= self.flush_at:
+            self.flush()
+
+    def _borrow(self, p: _Past, start: int) -> None:
+        """A sibling that copied the prompt's target K/V from another request of its group
+        (the engine computes a group's prompt once) has no prefill states: copy the drafter
+        K/V of those prompt positions (< start) from a sibling that holds them."""
+        donor = next((d for d in self._past.values() if d is not p and d.group == p.group and d.base == 0
+                      and d.end >= start and d.prompt == p.prompt), None)
+        if donor is None:
+            return
+        self._compute([donor])
+        p.base = 0
+        p.append(donor.k[:, :, :start].permute(2, 0, 1), donor.v[:, :start].transpose(0, 1))
+
+    def free(self, req: Any) -> None:
+        p = self._past.pop(req.request_id, None)
+        if p is not None:
+            self._queued -= p.queued_n
+
+    def flush(self, requests: list[Any] | None = None) -> None:
+        """K/V for every queued position of ``requests`` (default: all), in one batched pass."""
+        self._compute(self._past.values() if requests is None else [
+            p for p in (self._past.get(r.request_id) for r in requests) if p is not None])
+
+    @torch.inference_mode()
+    def _compute(self, pasts: Any) -> None:
+        pending = [(p, q) for p in pasts if p.queued for q in p.queued]
+        if not pending:
+            return
+        hidden = torch.cat([h for _, (_, h, _) in pending])
+        tokens = torch.tensor([t for _, (_, _, toks) in pending for t in toks])
+        positions = torch.cat([torch.arange(s, s + len(toks)) for _, (s, _, toks) in pending])
+        k, v = self.drafter.committed_kv(hidden, tokens, positions)          # [P, heads, D]
+        row = 0
+        for p, (_, h, _) in pending:
+            n = h.shape[0]
+            p.append(k[row:row + n], v[row:row + n])
+            row += n
+        for p, _ in pending:
+            self._queued -= p.queued_n
+            p.queued, p.queued_n = [], 0
+
+    def gather(self, requests: list[Any], roots: list[int]) -> tuple[torch.Tensor, ...] | None:
+        """The committed K/V each request's draft rooted at ``roots[b]`` sees (its positions
+        < root), padded, as ``Drafter.step`` reads it: k_t [B, heads, D, L], v [B, heads, L, D],
+        bias [B, L] (0 seen, -inf padding); None when no request has any. Call ``flush`` first
+        (queued positions are not visible)."""
+        seen = []
+        for req, root in zip(requests, roots):
+            p = self._past.get(req.request_id)
+            seen.append((p, 0) if p is None else (p, max(0, min(p.length, root - p.base))))
+        width = max((n for _, n in seen), default=0)
+        if width == 0:
+            return None
+        c = self.drafter.cfg
+        dtype = self.drafter.fc.weight.dtype
+        k = torch.zeros(len(requests), c.num_heads, c.head_dim, width, dtype=dtype)
+        v = torch.zeros(len(requests), c.num_heads, width, c.head_dim, dtype=dtype)
+        bias = torch.full((len(requests), width), float("-inf"), dtype=dtype)
+        for b, (p, n) in enumerate(seen):
+            if n:
+                k[b, :, :, :n] = p.k[:, :, :n]
+                v[b, :, :n] = p.v[:, :n]
+                bias[b, :n] = 0.0
+        return k, v, bias

@@ -1,0 +1,171 @@
+"""The drafter's per-request K/V of committed positions: appended only for committed
+positions, each computed once (batched); kept through preemption, partial after a migration
+with K/V, rebuilt by a recomputing import, shared by a group's samples, freed on finish; and
+batched drafting over pasts of different lengths equals drafting each request alone."""
+import pytest
+import torch
+
+from tailrl import EngineConfig, LLM, SamplingParams, SpeculativeConfig
+from tailrl.engine.engine import LLMEngine
+from tailrl.engine.request import Request
+from tailrl.model.drafter import Drafter
+from tailrl.model.loader import load_model
+from tailrl.spec.drafter_past import DrafterPast
+from tailrl.spec.drafter_source import DrafterSource
+
+PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
+
+
+@pytest.fixture(scope="module")
+def model(ckpt_dir):
+    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(model, tmp_path_factory):
+    """A random drafter (its drafts are mostly rejected: rejections must leave no K/V)."""
+    out = str(tmp_path_factory.mktemp("random_drafter"))
+    torch.manual_seed(0)
+    d = Drafter.for_target(load_model(model, "float32"), intermediate_size=64)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    d.save(out)
+    return out
+
+
+def source_of(engine) -> DrafterSource:
+    return next(s for s in engine.speculator.sources if s.name == "drafter")
+
+
+def counting(src: DrafterSource) -> list[int]:
+    """Rows of committed K/V computed, per call (wraps the drafter's ``committed_kv``)."""
+    calls: list[int] = []
+    inner = src.drafter.committed_kv
+
+    def wrapped(hidden, tokens, positions):
+        calls.append(hidden.shape[0])
+        return inner(hidden, tokens, positions)
+    src.drafter.committed_kv = wrapped
+    return calls
+
+
+def req(rid: str, prompt: list[int], group: str = "") -> Request:
+    return Request(rid, list(prompt), SamplingParams(), 0, group_id=group)
+
+
+def test_add_skips_held_positions_restarts_after_a_gap_borrows_a_prompt_and_frees(model, drafter_dir):
+    d = Drafter.load(drafter_dir, load_model(model))
+    past = DrafterPast(d)
+    h = torch.randn(20, d.cfg.hidden_size)
+    a = req("a", list(range(1, 9)), group="g")
+    a.output_token_ids += [3, 4]
+    past.add(a, 0, h[:7])                                  # prefill: positions 0 .. 6
+    past.add(a, 7, h[7:9])                                 # two emitted tokens
+    past.add(a, 0, h[:9] + 1)                              # a recomputed prefill: already held
+    assert past.span("a") == (0, 9)
+    past.flush()
+    k, v = d.committed_kv(h[:9], torch.tensor(a.tokens(1, 10)), torch.arange(9))
+    got = past.gather([a], [9])
+    assert torch.allclose(got[0][0], k.permute(1, 2, 0)) and torch.allclose(got[1][0], v.transpose(0, 1))
+    assert got[2].tolist() == [[0.0] * 9]
+    assert past.gather([a], [4])[2].tolist() == [[0.0] * 4]    # a draft rooted at 4 sees positions < 4
+    two = past.gather([a, req("none", [1, 2])], [4, 1])[2]
+    assert two.tolist() == [[0.0] * 4, [float("-inf")] * 4]    # padding is masked
+    b = req("b", list(range(1, 9)), group="g")             # a sibling that shared the prompt's target K/V
+    b.output_token_ids += [5]
+    past.add(b, 7, h[12:13])
+    assert past.span("b") == (0, 8)
+    past.flush()
+    kb = past.gather([b], [8])[0][0]
+    assert torch.allclose(kb[:, :, :7], k.permute(1, 2, 0)[:, :, :7])
+    c = req("c", [1, 2])                                   # resumed here after 5 tokens elsewhere: a gap
+    c.output_token_ids += [3, 4, 5, 6, 7]
+    past.add(c, 5, h[:1])
+    assert past.span("c") == (5, 6)
+    for r in (a, b, c):
+        past.free(r)
+        assert r.request_id not in past
+    with pytest.raises(ValueError, match="next tokens"):
+        past.add(c, 6, h[:1])                              # position 6's next token is not there yet
+
+
+def test_engine_appends_committed_positions_only_each_computed_once_and_frees(model, drafter_dir):
+    """float64, chains and trees, a random drafter (mostly rejected) and a small KV budget
+    (preemptions): after every step each running request's past is exactly its committed
+    positions < num_tokens - 1; over the run no position's K/V was computed twice."""
+    for paths in (1, 3):
+        engine = LLMEngine(EngineConfig(model=model, dtype="float64", max_model_len=128, kv_cache_tokens=128),
+                           SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0,
+                                             max_tree_paths=paths))
+        engine.speculator.choice.explore_every = 1
+        src = source_of(engine)
+        calls = counting(src)
+        reqs = [Request(f"r{i}-{j}", p, SamplingParams(max_tokens=60, ignore_eos=True), seed_key=i * 7 + j,
+                        group_id=str(i)) for i, p in enumerate(PROMPTS) for j in range(2)]
+        for r in reqs:
+            engine.add_request(r)
+        while engine.has_unfinished():
+            engine.step()
+            for r in reqs:
+                if r.request_id in src.past:
+                    assert src.past.span(r.request_id) == (0, r.num_tokens - 1)
+        assert engine.metrics.num_preemptions > 0
+        m = engine.spec_metrics()
+        assert 0 < m["rollout/spec_draft_tokens/drafter"] and not src.past._past      # drafted; all freed
+        # the spans above are exact and append-only, so no position was computed twice; one sample
+        # per group borrowed its prompt; positions still queued when a request finished were never
+        # computed (K/V are computed lazily, when a draft is asked for)
+        shared = sum(len(p) - 1 for p in PROMPTS)
+        assert 0.8 * sum(r.num_tokens - 1 for r in reqs) < sum(calls) <= sum(r.num_tokens - 1 for r in reqs) - shared
+
+
+def test_partial_past_after_import_with_kv_and_rebuilt_after_recompute(model, drafter_dir):
+    cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
+    engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(3)]
+    for e in engines:
+        e.speculator.choice.explore_every = 1
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = Request("x", PROMPTS[2], sp, seed_key=11)
+    engines[0].add_request(ref)
+    while engines[0].has_unfinished():
+        engines[0].step()
+    engines[0].release("x")
+    outs = []
+    for keep_kv, target in ((True, engines[1]), (False, engines[2])):
+        req = Request("x", PROMPTS[2], sp, seed_key=11)
+        engines[0].add_request(req)
+        while req.num_output_tokens < 12:
+            engines[0].step()
+        state = engines[0].export_request("x")
+        assert "x" not in source_of(engines[0]).past               # freed on export
+        if not keep_kv:
+            state.kv = None                                        # the receiver recomputes the prefix
+        at = req.num_tokens
+        moved = target.import_request(state)
+        target.step()
+        first, end = source_of(target).past.span("x")
+        assert first == (at - 1 if keep_kv else 0) and end == moved.num_tokens - 1
+        while target.has_unfinished():
+            target.step()
+        outs.append(moved.output_token_ids)
+    assert outs == [ref.output_token_ids] * 2                      # drafts stay valid either way
+
+
+@pytest.mark.parametrize("paths", [1, 3])
+def test_batched_drafting_equals_drafting_each_request_alone(model, drafter_dir, paths):
+    target = load_model(model)
+    src = DrafterSource(Drafter.load(drafter_dir, target))
+    gen = torch.Generator().manual_seed(0)
+    reqs = []
+    for i, n in enumerate([3, 17, 9, 1]):                           # pasts of different lengths
+        r = req(f"r{i}", [(5 * i + j) % 80 + 3 for j in range(n + 1)])
+        r.output_token_ids.append(7 + i)
+        src.observe_hidden(r, 0, torch.randn(n + 1, target.args.hidden_size, generator=gen))
+        r.keep_hidden(torch.randn(target.args.hidden_size, generator=gen))
+        reqs.append(r)
+    batched = src.grow(reqs, 6, paths)
+    for r, d in zip(reqs, batched):
+        alone = src.grow([r], 6, paths)[0]
+        assert d.tokens == alone.tokens and d.parents == alone.parents
+        assert d.probs == pytest.approx(alone.probs, abs=1e-5)
