@@ -69,11 +69,8 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
     extra: list[int] = []
     sample_idx: list[int] = []
     plans: list[RowPlan] = []
-    temps: list[float] = []
-    topk: list[int] = []
-    topp: list[float] = []
-    keys: list[int] = []                # noise of each sampled position: (seed key, output position)
-    upos: list[int] = []
+    temps, topk, topp = [], [], []      # per sampled position
+    keys, upos = [], []                 # noise of each sampled position: (seed key, output position)
     num_draft = reads = work = 0
     spans: list[tuple[Request, int, int, int]] = []
     for r, (req, n) in enumerate(rows):
