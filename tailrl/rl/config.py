@@ -168,8 +168,6 @@ class TrainConfig:
             return
         _check(self.speculative_config() is not None, "drafter", "needs speculative decoding on (speculative: "
                "false drafts nothing)", self.drafter)
-        _check(self.pool_config() is None, "drafter", "trains in the rollout's process: it needs one engine "
-               "(instances: 1, no scheduler, backend: local)", self.drafter)
         _check(not (isinstance(self.speculative, dict) and self.speculative.get("drafter") is not None),
                "drafter", "replaces speculative.drafter (use drafter_init for a warm start); set one",
                self.drafter)

@@ -4,7 +4,8 @@
   ``drafter_init`` (a warm start), else a fresh one sized from the target (written to
   ``OUTPUT_DIR/drafter_init`` so that the engine loads it like any drafter).
 - ``attach``: a ``DrafterBuffer`` as the engine speculator's collector and a ``SpotTrainer``
-  as the engine's between-steps work, training a shadow of the drafter the engine drafts with.
+  as the engine's between-steps work, training a shadow of the drafter the engine drafts with;
+  with a rollout pool, one of each per instance, in its worker (``PoolSpot``).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from tailrl import LLM
 from tailrl.model.drafter import CONFIG_FILE, Drafter
 from tailrl.rl.config import TrainConfig
+from tailrl.rl.pool_spot import PoolSpot
 from tailrl.rl.spot_trainer import STATE_FILE, SpotConfig, SpotTrainer
 from tailrl.spec.drafter_buffer import DrafterBuffer
 
@@ -33,17 +35,31 @@ def drafter_dir(cfg: TrainConfig, model_dir: str, resume_from: Path | None) -> s
     return str(out)
 
 
-def attach(llm: LLM, cfg: TrainConfig, resume_from: Path | None) -> SpotTrainer:
-    """The spot trainer over ``llm``'s engine (one in-process engine; the config checks it)."""
-    speculator = llm.engine.speculator
-    source = next(s for s in speculator.sources if s.name == "drafter")
-    buffer = DrafterBuffer(cfg.drafter_buffer)
-    # train once the buffer holds 4 batches' worth of windows (fewer: the same windows over and over)
+def attach(llm: LLM, cfg: TrainConfig, resume_from: Path | None):
+    """The spot trainer: over ``llm``'s engine, or one per instance of its rollout pool
+    (``PoolSpot``: the same interface)."""
     spot_cfg = SpotConfig(lr=cfg.drafter_lr, batch=cfg.drafter_batch, threshold=cfg.drafter_spot_batch,
+                          # train once the buffer holds 4 batches' worth of windows (fewer: the same
+                          # windows over and over)
                           max_share=cfg.drafter_spot_share, min_windows=4 * cfg.drafter_batch)
-    spot = SpotTrainer(source.drafter, buffer, spot_cfg, seed=cfg.seed)
-    if resume_from is not None and (resume_from / CHECKPOINT_SUBDIR / STATE_FILE).is_file():
-        spot.load(str(resume_from / CHECKPOINT_SUBDIR))
+    saved = resume_from / CHECKPOINT_SUBDIR if resume_from is not None else None
+    state = str(saved) if saved is not None and (saved / STATE_FILE).is_file() else None
+    if llm.pool is not None:
+        return PoolSpot(llm.pool, spot_on_engine, (cfg.drafter_buffer, spot_cfg, cfg.seed, state))
+    return spot_on_engine(llm.engine, cfg.drafter_buffer, spot_cfg, cfg.seed, state)
+
+
+def spot_on_engine(engine, buffer_size: int, spot_cfg: SpotConfig, seed: int, state: str | None) -> SpotTrainer:
+    """A spot trainer of ``engine``'s drafter: its speculator collects the rollout's hidden
+    states into a new buffer, and it trains between the engine's steps (``idle_work``);
+    ``state``: a checkpoint's drafter directory to restore the optimizer and version from.
+    (A pool's workers call this in their own processes.)"""
+    speculator = engine.speculator
+    source = next(s for s in speculator.sources if s.name == "drafter")
+    buffer = DrafterBuffer(buffer_size)
+    spot = SpotTrainer(source.drafter, buffer, spot_cfg, seed=seed)
+    if state is not None:
+        spot.load(state)
     speculator.collector = buffer
-    llm.engine.idle_work = spot
+    engine.idle_work = spot
     return spot

@@ -134,6 +134,18 @@ class SpotTrainer:
         self.version += 1
         self._unpublished = 0
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The shadow's trainable weights (the newest), detached copies."""
+        return {k: v.detach().clone() for k, v in self.shadow.named_parameters()}
+
+    def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Overwrite the shadow's trainable weights (same names and shapes) and publish them: a
+        pool of instances training apart agrees on one drafter this way."""
+        with torch.no_grad():
+            for k, p in self.shadow.named_parameters():
+                p.copy_(weights[k])
+        self.publish()
+
     # ---- metrics ------------------------------------------------------------------------
     def reset_metrics(self) -> None:
         """Start counting (and budgeting spot training) afresh: call before each rollout."""

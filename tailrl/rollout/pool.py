@@ -66,6 +66,7 @@ class RolloutPool:
         self.info: WorkerInfo = self.instances[0].call("info")
         self._synced: list[dict[str, int]] = [{} for _ in self.instances]   # prompt -> history version sent
         self.on_progress = None        # called with the driver after each report (tests, progress bars)
+        self.idle_training = False     # instances with nothing to run train the drafter (after spot setup)
         self.last_counters = PoolCounters()
 
     @property
@@ -85,6 +86,7 @@ class RolloutPool:
         self._sync_history(history, {r.prompt_id for r in reqs})
         rollout = Rollout(self.instances, self.backend, policy, buffer, reqs, self.info.max_num_seqs,
                           self.info.kv_capacity, self.cfg.steps_per_call, length_estimates(policy), self.on_progress)
+        rollout.idle_training = self.idle_training
         counters = rollout.run()
         self.last_counters = counters
         parts = [h.call("counters") for h in self.alive]
@@ -121,9 +123,22 @@ class RolloutPool:
         """New policy weights to every live instance."""
         self._each("load_weights", hf_state_dict)
 
-    def _each(self, op: str, payload=None) -> None:
-        """The same message to every live instance, answered in parallel."""
-        sent = []
+    def spot(self, method: str, *args) -> list:
+        """Every live instance's drafter spot trainer: ``spot("setup", factory, *fargs)`` builds
+        one per instance with ``factory(engine, *fargs)`` (then instances with nothing to run
+        train it during rollouts, ``idle_training``); other methods are called by name
+        (worker.SPOT_METHODS) on all, in parallel. Returns their answers."""
+        if method == "setup":
+            self.idle_training = True
+        return self._each("spot", (method, *args))
+
+    def spot_first(self, method: str, *args):
+        """``spot`` on the first live instance only (a checkpoint needs one copy)."""
+        return self._call(self.alive[0], "spot", (method, *args))
+
+    def _each(self, op: str, payload=None) -> list:
+        """The same message to every live instance, answered in parallel; the answers."""
+        sent, out = [], []
         for h in self.alive:
             try:
                 h.submit(op, payload)
@@ -132,11 +147,12 @@ class RolloutPool:
                 log.warning("rollout pool: %s", e)
         for h in sent:
             try:
-                h.result()
+                out.append(h.result())
             except InstanceDied as e:
                 log.warning("rollout pool: %s", e)
         if not self.alive:
             raise RuntimeError("rollout pool: every instance has died")
+        return out
 
     def _call(self, h, op: str, payload=None):
         try:
@@ -152,7 +168,8 @@ class RolloutPool:
              "pool/chunks": float(c.chunks), "pool/local_resumes": float(c.local_resumes),
              "pool/migrations": float(c.migrations), "pool/kv_bytes_moved": float(c.kv_bytes_moved),
              "pool/recomputes": float(c.recomputes), "pool/recomputed_tokens": float(c.recomputed_tokens),
-             "pool/banked_chunks": float(c.banked), "pool/faults": float(c.faults)}
+             "pool/banked_chunks": float(c.banked), "pool/faults": float(c.faults),
+             "pool/idle_train_steps": float(c.idle_train_steps)}
         for i, s in enumerate(c.busy_s):
             m[f"pool/busy_s/{i}"] = s
         return m

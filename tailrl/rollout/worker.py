@@ -30,6 +30,8 @@ from tailrl.engine.transfer import RequestState
 from tailrl.spec.history import HistoryStore
 
 log = logging.getLogger(__name__)
+# what the pool may ask of an instance's spot trainer (tailrl.rl.spot_trainer.SpotTrainer)
+SPOT_METHODS = ("train", "weights", "set_weights", "metrics", "reset_metrics", "save")
 
 
 @dataclass
@@ -90,6 +92,7 @@ class EngineWorker:
         self.reported: dict[str, int] = {}           # output tokens already reported
         self.ended: set[str] = set()                 # chunk ended, still in the engine
         self.parked: dict[str, RequestState] = {}    # chunk ended, out of the engine with its K/V
+        self.spot = None                             # the drafter's spot trainer ("spot" op), if set up
 
     def handle(self, op: str, payload=None):
         """The one entry point every backend calls."""
@@ -111,7 +114,23 @@ class EngineWorker:
         if op == "load_weights":
             self.engine.load_weights(payload)
             return None
+        if op == "spot":
+            return self._spot(*payload)
         raise ValueError(f"unknown worker op {op!r}")
+
+    def _spot(self, method: str, *args):
+        """The drafter's spot trainer on this instance: ``("setup", factory, *fargs)`` builds it
+        with ``factory(engine, *fargs)`` (the caller's: this layer never imports the trainer),
+        then its methods by name."""
+        if method == "setup":
+            factory, *fargs = args
+            self.spot = factory(self.engine, *fargs)
+            return None
+        if self.spot is None:
+            raise ValueError("worker: spot trainer op before ('setup', factory, ...)")
+        if method not in SPOT_METHODS:
+            raise ValueError(f"worker: spot method must be one of {SPOT_METHODS}, got {method!r}")
+        return getattr(self.spot, method)(*args)
 
     def info(self) -> WorkerInfo:
         e = self.engine

@@ -1,6 +1,8 @@
 """`drafter: true` in a training run: config keys checked by name, the spot trainer trains
 inside the rollout and between rollout and update, the drafter is in every checkpoint and
 `--resume` restores it; responses are those of the run without a drafter."""
+import os
+
 import pytest
 import torch
 
@@ -33,11 +35,9 @@ def test_bad_drafter_keys_are_named(tmp_path, key, value, match):
         config(tmp_path, "bad", **{**DRAFTER, key: value})
 
 
-def test_drafter_needs_speculation_and_one_engine(tmp_path):
+def test_drafter_needs_speculation(tmp_path):
     with pytest.raises(ValueError, match="'drafter'.*speculative"):
         config(tmp_path, "a", **{**DRAFTER, "speculative": False})
-    with pytest.raises(ValueError, match="'drafter'.*one engine"):
-        config(tmp_path, "b", **DRAFTER, instances=2)
     with pytest.raises(ValueError, match="'drafter'.*speculative.drafter"):
         config(tmp_path, "c", **{**DRAFTER, "speculative": {"drafter": str(tmp_path)}})
     cfg = config(tmp_path, "d", **DRAFTER)
@@ -74,3 +74,22 @@ def test_online_drafter_trains_checkpoints_and_resumes(tmp_path):
     assert len(resumed.spot.optimizer.state) > 0                     # AdamW moments restored
     with pytest.raises(ValueError, match="'drafter'"):
         Trainer(config(tmp_path, "full", total_steps=2), resume=True)   # the drafter key may not change
+
+
+def test_online_drafter_on_a_pool_of_worker_processes(tmp_path):
+    """Each instance trains in its own worker process; the pool drafts with the averaged drafter,
+    which every checkpoint holds; responses are the one-engine run's."""
+    plain = Trainer(config(tmp_path, "plain", total_steps=2))
+    plain.train()
+    tr = Trainer(config(tmp_path, "pool", total_steps=2, instances=2, scheduler="static", **DRAFTER))
+    try:
+        rows = tr.train()
+        pids = {h.pid for h in tr.llm.pool.instances}
+        assert len(pids) == 2 and os.getpid() not in pids               # real worker processes
+    finally:
+        tr.llm.close()
+    assert all(r["drafter/train_steps"] >= 3 for r in rows[1:]) and rows[-1]["drafter/version"] > 0
+    assert all("pool/idle_train_steps" in r for r in rows)
+    assert read_jsonl(tmp_path / "pool" / "rollouts.jsonl") == read_jsonl(tmp_path / "plain" / "rollouts.jsonl")
+    ckpt = tmp_path / "pool" / "checkpoints" / "step_000002" / "drafter"
+    assert (ckpt / STATE_FILE).is_file()
