@@ -1,7 +1,6 @@
 """The spot trainer over a rollout pool: an instance with nothing to run trains the drafter one
 step at a time, every instance trains between rollouts, and the pool then drafts with one
 averaged drafter; outputs are those of plain decoding (float64)."""
-import pytest
 import torch
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
@@ -17,18 +16,6 @@ PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4
 PARAMS = [SamplingParams(n=2, max_tokens=4, ignore_eos=True, seed=1), SamplingParams(n=2, max_tokens=4, seed=2),
           SamplingParams(n=2, max_tokens=90, ignore_eos=True, seed=3),
           SamplingParams(n=2, top_p=0.8, max_tokens=90, ignore_eos=True, seed=4)]
-
-
-@pytest.fixture(scope="module")
-def model(ckpt_dir):
-    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
-
-
-@pytest.fixture(scope="module")
-def drafter_dir(model, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("pool_drafter"))
-    Drafter.for_target(load_model(model, "float32"), intermediate_size=64).save(out)
-    return out
 
 
 def tokens(outs):

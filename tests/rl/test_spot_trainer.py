@@ -7,8 +7,6 @@ import pytest
 import torch
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
-from tailrl.model.drafter import Drafter
-from tailrl.model.loader import load_model
 from tailrl.rl.spot_trainer import SpotConfig, SpotTrainer
 from tailrl.spec.drafter_buffer import DrafterBuffer
 
@@ -16,18 +14,6 @@ PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4
 PARAMS = [SamplingParams(n=3, max_tokens=40, seed=1), SamplingParams(n=2, temperature=0, max_tokens=30),
           SamplingParams(n=3, top_k=5, temperature=0.7, max_tokens=50, seed=2),
           SamplingParams(n=2, top_p=0.8, max_tokens=40, ignore_eos=True)]
-
-
-@pytest.fixture(scope="module")
-def model(ckpt_dir):
-    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
-
-
-@pytest.fixture(scope="module")
-def drafter_dir(model, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("fresh_drafter"))
-    Drafter.for_target(load_model(model, "float32"), intermediate_size=64).save(out)
-    return out
 
 
 def spot_llm(model, drafter_dir, method="drafter", **spot) -> tuple[LLM, SpotTrainer]:

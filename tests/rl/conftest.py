@@ -1,0 +1,18 @@
+"""Fixtures of the spot-trainer tests: a sharp random target and a fresh drafter for it."""
+import pytest
+
+from tailrl.model.drafter import Drafter
+from tailrl.model.loader import load_model
+
+
+@pytest.fixture(scope="module")
+def model(ckpt_dir):
+    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(model, tmp_path_factory):
+    """A freshly initialised drafter (MLP width 64) saved for ``model``."""
+    out = str(tmp_path_factory.mktemp("fresh_drafter"))
+    Drafter.for_target(load_model(model, "float32"), intermediate_size=64).save(out)
+    return out
