@@ -70,6 +70,7 @@ class Rollout:
         # that turns up for one waits at most one training step): set by the pool
         self.idle_training = False
         self.training: set[int] = set()              # instances running one drafter step
+        self.untrained: set[int] = set()             # instances whose trainer had too little data
         self.outbox = [Command(max_steps=steps_per_call) for _ in range(n)]
         self.sent: list[set[str]] = [set() for _ in range(n)]      # chunks the worker is running
         self.live: list[dict[str, int]] = [{} for _ in range(n)]   # chunks placed here: rid -> target
@@ -120,6 +121,8 @@ class Rollout:
             if i in self.training:                        # one drafter training step ended
                 self.training.discard(i)
                 self.counters.idle_train_steps += int(report)
+                if not report:                            # not enough data yet: no more asks
+                    self.untrained.add(i)                 # this rollout (no busy loop)
             else:
                 self._absorb(i, report)
             self._fill(i)
@@ -130,7 +133,8 @@ class Rollout:
         if not self.idle_training:
             return
         for i in self.alive():
-            if i in self.busy or self.live[i] or self.outbox[i].chunks or self.policy.has_work_for(i):
+            if (i in self.busy or i in self.untrained or self.live[i] or self.outbox[i].chunks
+                    or self.policy.has_work_for(i)):
                 continue
             try:
                 self.insts[i].submit("spot", ("train", 1))
