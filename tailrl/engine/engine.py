@@ -179,6 +179,8 @@ class LLMEngine:
         Returns (finished, draft tokens accepted)."""
         finished: list[Request] = []
         total_accepted = 0
+        if hidden is not None:      # float32 for the drafter's past: one conversion per step, in views
+            hidden32 = hidden.float()
         for plan in batch.plans:
             emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
             if plan.draft_tokens:
@@ -193,7 +195,7 @@ class LLMEngine:
                 if hidden is not None:                 # positions num_tokens - len(emitted) - 1 on
                     start = plan.req.num_tokens - len(emitted) - 1
                     r = plan.rows                      # a chain's accepted run is contiguous: a view
-                    rows = hidden[r[0]:r[-1] + 1] if r[-1] - r[0] == len(r) - 1 else hidden[r]
+                    rows = hidden32[r[0]:r[-1] + 1] if r[-1] - r[0] == len(r) - 1 else hidden32[r]
                     self.speculator.observe_hidden(plan.req, start, rows)
                 self.speculator.observe(plan.req, emitted)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above

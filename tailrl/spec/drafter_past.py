@@ -45,7 +45,7 @@ class _Past:
         self.length = 0                        # rows holding K/V
         self.k = torch.empty(heads, head_dim, 0)   # [heads, D, capacity]: keys transposed
         self.v = torch.empty(heads, 0, head_dim)   # [heads, capacity, D]
-        self.queued: list[tuple[int, torch.Tensor, list[int]]] = []   # (start, hidden [k, H], next tokens)
+        self.queued: list[tuple[int, torch.Tensor, Any]] = []   # (start, hidden [k, H] float32, request)
         self.queued_n = 0
 
     @property
@@ -104,7 +104,11 @@ class DrafterPast:
         if skip >= k:
             return
         first = start + skip
-        p.queued.append((first, hidden[skip:].to(torch.float32, copy=True), req.tokens(first + 1, start + k + 1)))
+        # float32 states are kept as given (the engine hands out a step's fresh float32 copy,
+        # never modified after; flush_at bounds what stays alive), others converted; the next
+        # tokens are read from the request at the flush (committed tokens never change)
+        h = hidden[skip:] if hidden.dtype == torch.float32 else hidden[skip:].to(torch.float32)
+        p.queued.append((first, h, req))
         p.queued_n += k - skip
         self._queued += k - skip
         if self._queued >= self.flush_at:
@@ -138,8 +142,8 @@ class DrafterPast:
         if not pending:
             return
         hidden = torch.cat([h for _, (_, h, _) in pending])
-        tokens = torch.tensor([t for _, (_, _, toks) in pending for t in toks])
-        positions = torch.cat([torch.arange(s, s + len(toks)) for _, (s, _, toks) in pending])
+        tokens = torch.tensor([t for _, (s, h, req) in pending for t in req.tokens(s + 1, s + h.shape[0] + 1)])
+        positions = torch.cat([torch.arange(s, s + h.shape[0]) for _, (s, h, _) in pending])
         k, v = self.drafter.committed_kv(hidden, tokens, positions)          # [P, heads, D]
         row = 0
         for p, (_, h, _) in pending:

@@ -20,7 +20,9 @@ any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
    called for every request without a full-length draft, and its drafts are verified
    whatever their value, so its acceptance (which changes as it trains online) and its cost
    stay measured.
-2. ``pick``: the draft of higher value; none when the better value is not positive.
+2. ``pick``: without a drafter draft, the suffix draft as the speculation policy chose it (as
+   with suffix drafts alone); else the draft of higher value, none when the better value is
+   not positive.
 """
 from __future__ import annotations
 
@@ -109,11 +111,11 @@ class SourceChoice:
         return [r for r, _ in worth]
 
     def pick(self, current: Draft | None, drafted: Draft | None, limit: int, batch_size: int) -> Draft | None:
-        if drafted is not None and self.exploring:
+        if drafted is None:               # the drafter was not asked: what suffix drafting alone does
+            return current
+        if self.exploring:
             return drafted
         options = [d for d in (current, drafted) if d is not None]
-        if not options:
-            return None
         tau, c = self.prices(batch_size)
         values = [self.value(d, limit, tau, c) for d in options]
         i = max(range(len(options)), key=values.__getitem__)     # ties: the first (the suffix draft)

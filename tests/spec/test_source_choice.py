@@ -82,7 +82,10 @@ def test_pick_the_more_valuable_draft_or_none():
     assert choice.pick(None, drafted, 6, 4) is drafted
     assert choice.pick(None, None, 6, 4) is None
     pricey = SourceChoice(FlatCost(slope=0.05))         # verifying costs more than a token is worth
-    assert pricey.pick(suffix, None, 6, 4) is None
+    assert pricey.pick(suffix, None, 6, 4) is suffix    # drafter not asked: the suffix policy's choice
+    measured(pricey, drafter_accepts=1)
+    pricey.exploring = False
+    assert pricey.pick(suffix, drafted, 6, 4) is None   # asked: neither pays
     choice.exploring = True                             # exploring: the drafter's draft is verified
     assert choice.pick(suffix, drafted, 6, 4) is drafted
 
