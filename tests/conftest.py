@@ -19,3 +19,10 @@ def ckpt_dir(tmp_path_factory):
             cache[key] = make_checkpoint(str(root / f"{arch}_{len(cache)}"), arch, **kw)
         return cache[key]
     return get
+
+
+@pytest.fixture(scope="session")
+def model(ckpt_dir):
+    """A random target with sharp next-token distributions (drafts get both accepted and
+    rejected); test modules that need another define their own ``model``."""
+    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)

@@ -19,11 +19,6 @@ LONG = [(7 * i) % 89 + 1 for i in range(90)]
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], LONG[:60], [4, 4]]
 
 
-@pytest.fixture(scope="module")
-def model(ckpt_dir):
-    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
-
-
 def assert_same(plain, spec):
     for a, b in zip(plain, spec, strict=True):
         for ca, cb in zip(a.outputs, b.outputs, strict=True):

@@ -1,13 +1,8 @@
-"""Fixtures of the spot-trainer tests: a sharp random target and a fresh drafter for it."""
+"""Fixtures of the spot-trainer tests: a fresh drafter for the sharp random target (tests/conftest.py)."""
 import pytest
 
 from tailrl.model.drafter import Drafter
 from tailrl.model.loader import load_model
-
-
-@pytest.fixture(scope="module")
-def model(ckpt_dir):
-    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
 
 
 @pytest.fixture(scope="module")

@@ -74,11 +74,6 @@ def test_the_buffer_is_bounded_and_keeps_the_newest(capacity):
         DrafterBuffer(1)
 
 
-@pytest.fixture(scope="module")
-def model(ckpt_dir):
-    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
-
-
 class Recorder:
     """A collector that keeps every request's states by position, and feeds a real buffer too."""
 

@@ -17,11 +17,6 @@ PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4
 
 
 @pytest.fixture(scope="module")
-def model(ckpt_dir):
-    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
-
-
-@pytest.fixture(scope="module")
 def drafter_dir(model, tmp_path_factory):
     """A random drafter (its drafts are mostly rejected: rejections must leave no K/V)."""
     out = str(tmp_path_factory.mktemp("random_drafter"))

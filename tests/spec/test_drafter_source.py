@@ -17,11 +17,6 @@ PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4
 
 
 @pytest.fixture(scope="module")
-def model(ckpt_dir):
-    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
-
-
-@pytest.fixture(scope="module")
 def drafter_dir(model, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("drafter"))
     warm_start(model, out, PROMPTS, n=4, max_tokens=48, steps=40, batch=128, lr=3e-3, unroll=2)
