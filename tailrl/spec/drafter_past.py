@@ -81,6 +81,11 @@ class DrafterPast:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._past
 
+    def pending(self, request_id: str) -> int:
+        """Positions queued for the request (their K/V are computed at its next flush)."""
+        p = self._past.get(request_id)
+        return p.queued_n if p is not None else 0
+
     def span(self, request_id: str) -> tuple[int, int]:
         """(first, end) positions held or queued for the request ((0, 0) if none)."""
         p = self._past.get(request_id)

@@ -54,6 +54,10 @@ class DrafterSource:
         """hidden [k, H]: the target's states at positions start .. start + k - 1 (committed)."""
         self.past.add(req, start, hidden)
 
+    def pending(self, req: Any) -> int:
+        """Positions of ``req`` whose drafter K/V the next draft for it computes first."""
+        return self.past.pending(req.request_id)
+
     def finish(self, req: Any) -> None:
         self._ready.pop(req.request_id, None)
         self.past.free(req)

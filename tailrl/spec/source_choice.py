@@ -5,8 +5,10 @@ Prices at this step's batch size ``B``, from the speculator's ``CostModel``:
 
     tau  = T(B, B) / B        seconds one emitted token is worth now (the batch's time per token)
     c    = slope(B)           seconds one more verified draft node costs
-    D(n) = d0 + d1 * n        seconds of one batched drafter call for n requests (measured here,
-                              least squares with forgetting; the drafter's own forward, priced)
+    D(n, q) = d0 + d1 n + d2 q  seconds of one batched drafter call for n requests with q
+                              positions queued for their drafter past (their K/V are computed
+                              first: after a pause that is most of a call); least squares with
+                              forgetting over the calls made: the drafter's own work, priced
 
 A draft's expected accepted tokens are its score (the source's own estimate) times the
 source's calibration (accepted / score over its verified drafts, with forgetting; 1 before
@@ -14,9 +16,10 @@ any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
 
 1. ``ask``: before drafting, the drafter is expected to accept ``A`` tokens per verify step
    (its measured mean, with forgetting). Its gain for a request is ``A * tau - k * c`` over
-   the value of what the request already has (a suffix draft, or nothing = 0). The drafter
-   is called for the requests with a positive gain if their gains add up to more than
-   ``D(n)``. Before the drafter has been verified, and one step in ``explore_every``, it is
+   the value of what the request already has (a suffix draft, or nothing = 0), minus ``d2 q_r``
+   for its own queued positions (``pending(req)``, set by the speculator). The drafter is
+   called for the requests with a positive gain if their gains add up to more than
+   ``d0 + d1 n``. Before the drafter has been verified, and one step in ``explore_every``, it is
    called for every request without a full-length draft, and its drafts are verified
    whatever their value, so its acceptance (which changes as it trains online) and its cost
    stay measured.
@@ -44,7 +47,9 @@ class SourceChoice:
         self._acc: dict[str, float] = {}         # source -> forgotten sum of accepted tokens
         self._score: dict[str, float] = {}       # source -> forgotten sum of draft scores
         self._steps: dict[str, float] = {}       # source -> forgotten count of verify steps
-        self._call = np.zeros(5)                 # forgotten sums w, n, t, n*n, n*t of drafter calls
+        self._xtx = np.zeros((3, 3))             # forgotten sums of x x^T, x = (1, n, q), over drafter calls
+        self._xty = np.zeros(3)                  # ... and of x * seconds
+        self.pending = None                      # req -> positions queued for its drafter past (0: none)
         self._asks = 0
         self.exploring = False                   # this step verifies the drafter's drafts whatever their value
 
@@ -56,10 +61,12 @@ class SourceChoice:
         self._score[source] = self._score.get(source, 0.0) * d + score
         self._steps[source] = self._steps.get(source, 0.0) * d + 1.0
 
-    def observe_call(self, seconds: float, requests: int) -> None:
-        """One batched drafter call for ``requests`` requests took ``seconds``."""
-        n = float(requests)
-        self._call = self._call * self.decay + np.array([1.0, n, seconds, n * n, n * seconds])
+    def observe_call(self, seconds: float, requests: int, positions: int = 0) -> None:
+        """One batched drafter call for ``requests`` requests with ``positions`` queued past
+        positions took ``seconds``."""
+        x = np.array([1.0, float(requests), float(positions)])
+        self._xtx = self._xtx * self.decay + np.outer(x, x)
+        self._xty = self._xty * self.decay + x * seconds
 
     # ---- prices ------------------------------------------------------------------------------
     def calibration(self, source: str) -> float:
@@ -71,14 +78,23 @@ class SourceChoice:
         st = self._steps.get(self.drafter, 0.0)
         return self._acc[self.drafter] / st if st > 0 else None
 
-    def call_cost(self, requests: int) -> float:
-        w, n, t, nn, nt = self._call
-        if w <= 0:
-            return 0.0
-        var = nn / w - (n / w) ** 2
-        d1 = max((nt / w - (n / w) * (t / w)) / var, 0.0) if var > 1e-9 else 0.0
-        d0 = max(t / w - d1 * n / w, 0.0)
-        return d0 + d1 * requests
+    def call_prices(self) -> np.ndarray:
+        """(d0, d1, d2) of the calls measured so far (each >= 0; zeros before any)."""
+        if self._xtx[0, 0] <= 0:
+            return np.zeros(3)
+        ridge = 1e-9 * np.trace(self._xtx) * np.eye(3)       # a feature that never varied gets 0
+        coef = np.linalg.solve(self._xtx + ridge, self._xty)
+        if coef.min() < 0:                                   # refit the others without the negative ones
+            keep = coef > 0
+            coef = np.zeros(3)
+            if keep.any():
+                sub = np.ix_(keep, keep)
+                coef[keep] = np.linalg.solve(self._xtx[sub] + ridge[sub], self._xty[keep])
+        return np.maximum(coef, 0.0)
+
+    def call_cost(self, requests: int, positions: int = 0) -> float:
+        d0, d1, d2 = self.call_prices()
+        return d0 + d1 * requests + d2 * positions
 
     def prices(self, batch_size: int) -> tuple[float, float]:
         """(tau, c): seconds per emitted token, seconds per verified node at this batch size."""
@@ -103,10 +119,12 @@ class SourceChoice:
         if self.exploring:
             return open_
         tau, c = self.prices(batch_size)
-        gains = [(r, mean * tau - limits[r.request_id] * c
+        d0, d1, d2 = self.call_prices()
+        queued = self.pending or (lambda r: 0)
+        gains = [(r, mean * tau - limits[r.request_id] * c - d2 * queued(r)
                   - max(self.value(have[r.request_id], limits[r.request_id], tau, c), 0.0)) for r in open_]
         worth = [(r, g) for r, g in gains if g > 0]
-        if not worth or sum(g for _, g in worth) <= self.call_cost(len(worth)):
+        if not worth or sum(g for _, g in worth) <= d0 + d1 * len(worth):
             return []
         return [r for r, _ in worth]
 

@@ -77,7 +77,10 @@ class Speculator:
         # sources that read the target's hidden states (the drafter's past); called every step
         self._hidden_takers = [s.observe_hidden for s in self.sources if hasattr(s, "observe_hidden")]
         # per request: suffix draft, drafter draft or none (only with a batched source: the drafter)
-        self.choice = SourceChoice(self.cost_model) if any(hasattr(s, "prepare") for s in self.sources) else None
+        batched = [s for s in self.sources if hasattr(s, "prepare")]
+        self.choice = SourceChoice(self.cost_model) if batched else None
+        if batched and hasattr(batched[0], "pending"):
+            self.choice.pending = batched[0].pending        # positions a call must catch up on
         self.max_tree_paths = self.config.max_tree_paths
         self._step_draft_s = 0.0
         self._full: dict[str, Draft] = {}      # this step's untruncated chains, by request
@@ -244,6 +247,7 @@ class Speculator:
         the call's time teaches ``choice`` the drafter's cost."""
         if not requests:
             return {}
+        queued = sum(map(self.choice.pending, requests)) if self.choice.pending is not None else 0
         t0 = time.perf_counter()
         self._prepare(requests, paths, sources)
         out = {}
@@ -255,7 +259,7 @@ class Speculator:
                 self._full[req.request_id] = kept
             if d is not None:
                 out[req.request_id] = (d, full)
-        self.choice.observe_call(time.perf_counter() - t0, len(requests))
+        self.choice.observe_call(time.perf_counter() - t0, len(requests), queued)
         return out
 
     def _prepare(self, requests: list[Any], paths: int, sources: list[DraftSource]) -> None:

@@ -37,8 +37,8 @@ def measured(choice, drafter_accepts, calls=((0.001, 4),)):
     for _ in range(20):
         choice.record("drafter", 3.0, drafter_accepts)
         choice.record("self", 3.0, 3)
-    for t, n in calls:
-        choice.observe_call(t, n)
+    for call in calls:
+        choice.observe_call(*call)
 
 
 def test_an_unmeasured_drafter_is_asked_for_every_request_without_a_certain_draft():
@@ -71,6 +71,19 @@ def test_a_poor_or_costly_drafter_is_not_asked_except_to_explore():
     cheap = SourceChoice(FlatCost())
     measured(cheap, drafter_accepts=2, calls=((0.0001, 1), (0.0004, 4)))
     assert cheap.ask(rs, have, limits, 4) == rs
+
+
+def test_a_call_s_catch_up_on_queued_positions_is_priced():
+    """A call first computes the drafter K/V of the positions queued since the request was last
+    drafted for: a request with a long queue is not worth a call that a fresh one is."""
+    choice = SourceChoice(FlatCost())
+    measured(choice, drafter_accepts=3, calls=((0.0001, 1, 0), (0.0002, 2, 0), (0.0101, 1, 1000), (0.0202, 2, 2000)))
+    d0, d1, d2 = choice.call_prices()
+    assert abs(d1 - 1e-4) < 1e-6 and abs(d2 - 1e-5) < 1e-7 and d0 < 1e-6
+    rs = reqs(2)
+    choice.pending = lambda r: {"r0": 0, "r1": 5000}[r.request_id]
+    have = {r.request_id: None for r in rs}
+    assert choice.ask(rs, have, {r.request_id: 6 for r in rs}, 2) == rs[:1]
 
 
 def test_pick_the_more_valuable_draft_or_none():
