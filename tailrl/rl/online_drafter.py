@@ -38,9 +38,8 @@ def drafter_dir(cfg: TrainConfig, model_dir: str, resume_from: Path | None) -> s
 def attach(llm: LLM, cfg: TrainConfig, resume_from: Path | None):
     """The spot trainer: over ``llm``'s engine, or one per instance of its rollout pool
     (``PoolSpot``: the same interface)."""
+    # train once the buffer holds 4 batches' worth of windows (fewer: the same windows over and over)
     spot_cfg = SpotConfig(lr=cfg.drafter_lr, batch=cfg.drafter_batch, threshold=cfg.drafter_spot_batch,
-                          # train once the buffer holds 4 batches' worth of windows (fewer: the same
-                          # windows over and over)
                           max_share=cfg.drafter_spot_share, min_windows=4 * cfg.drafter_batch)
     saved = resume_from / CHECKPOINT_SUBDIR if resume_from is not None else None
     state = str(saved) if saved is not None and (saved / STATE_FILE).is_file() else None
