@@ -53,7 +53,7 @@ class Batch:
     top_p: list[float]
     u: np.ndarray                   # [M] counter-based uniforms
     num_draft_tokens: int
-    # per row with committed tokens: (request, first position, flat index, count) of the
+    # per row with committed tokens other than a decode row's: (request, first position, flat index, count) of the
     # committed tokens computed this step (their hidden states, for a drafter's past)
     spans: list[tuple[Request, int, int, int]] = field(default_factory=list)
 
@@ -82,7 +82,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
         if cnt == 0:
             continue
         flat0 = len(ids)
-        if n:
+        if n > 1 or (n and not samples):   # a decode row's one position is handed out after sampling
             spans.append((req, start, flat0, n))
         ids += req.tokens(start, start + n)
         pos += range(start, start + n)

@@ -165,22 +165,27 @@ class LLMEngine:
         """The states [N, H] of this step's committed positions whose next token is known
         already (prompt positions; a preempted request's recomputed ones) to the speculator;
         the position that samples is handed out with what it emitted, after verification."""
+        idx, spans = [], []
         for req, start, flat0, n in batch.spans:
             known = min(n, req.num_tokens - 1 - start)
             if known > 0:
-                self.speculator.observe_hidden(req, start, computed[flat0:flat0 + known])
+                spans.append((req, start, len(idx), known))
+                idx += range(flat0, flat0 + known)
+        if spans:
+            self.speculator.observe_hidden(computed[torch.tensor(idx)].float(), spans)
 
     def _postprocess(self, batch: Batch, tokens: list[int], logprobs: list[float],
                      hidden: torch.Tensor | None = None) -> tuple[list[Request], int]:
         """Verify and commit every sampling row, then finish the requests that stopped.
-        ``hidden`` [M, H]: the sampled positions' hidden states; each running request keeps
-        the one that sampled its last token (a drafter continues from it), and those that
-        sampled the emitted tokens go to the speculator (a drafter's past, the spot trainer's buffer).
+        ``hidden`` [M, H]: the sampled positions' hidden states. Those that sampled the
+        emitted tokens are gathered into one fresh float32 tensor, handed to the speculator
+        in one call (a drafter's past, the spot trainer's buffer keep views of it), and each
+        running request keeps the row that sampled its last token (a drafter continues from it).
         Returns (finished, draft tokens accepted)."""
         finished: list[Request] = []
         total_accepted = 0
-        if hidden is not None:      # float32 for the drafter's past: one conversion per step, in views
-            hidden32 = hidden.float()
+        idx: list[int] = []                            # sampled rows that emitted, in span order
+        spans: list[tuple[Request, int, int, int]] = []
         for plan in batch.plans:
             emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
             if plan.draft_tokens:
@@ -189,15 +194,17 @@ class LLMEngine:
             if status is not None:
                 plan.req.status = status
                 finished.append(plan.req)
-            elif hidden is not None:
-                plan.req.keep_hidden(hidden[plan.last])
             if self.speculator is not None:
                 if hidden is not None:                 # positions num_tokens - len(emitted) - 1 on
-                    start = plan.req.num_tokens - len(emitted) - 1
-                    r = plan.rows                      # a chain's accepted run is contiguous: a view
-                    rows = hidden32[r[0]:r[-1] + 1] if r[-1] - r[0] == len(r) - 1 else hidden32[r]
-                    self.speculator.observe_hidden(plan.req, start, rows)
+                    spans.append((plan.req, plan.req.num_tokens - len(emitted) - 1, len(idx), len(emitted)))
+                    idx += plan.rows
                 self.speculator.observe(plan.req, emitted)
+        if spans:
+            states = hidden[torch.tensor(idx)].float()
+            for req, _, off, n in spans:
+                if req.status is RequestStatus.RUNNING:
+                    req.keep_hidden(states, off + n - 1)
+            self.speculator.observe_hidden(states, spans)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above
         # had to commit (and move its accepted draft K/V) before any row moves.
         for req in finished:

@@ -53,6 +53,7 @@ class Request:
     # the target's normed hidden state at the position that sampled the last token, and
     # num_tokens when it was kept (kept only when a draft source reads it: the drafter)
     _hidden: object = field(default=None, repr=False)
+    _hidden_row: int | None = None
     _hidden_at: int = -1
 
     @property
@@ -89,15 +90,18 @@ class Request:
             return self.output_token_ids[start - p:stop - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[:stop - p]
 
-    def keep_hidden(self, hidden) -> None:
-        """Keep the hidden state [H] that sampled the request's current last token."""
-        self._hidden, self._hidden_at = hidden, self.num_tokens
+    def keep_hidden(self, hidden, row: int | None = None) -> None:
+        """Keep the hidden state that sampled the request's current last token: ``hidden``
+        [H], or row ``row`` of ``hidden`` [M, H] (a step's states, read only if a draft asks)."""
+        self._hidden, self._hidden_row, self._hidden_at = hidden, row, self.num_tokens
 
     @property
     def last_hidden(self):
         """The hidden state that sampled the last token, or None when none is current (not
         kept, or the request gained tokens since, e.g. resumed in another engine)."""
-        return self._hidden if self._hidden_at == self.num_tokens else None
+        if self._hidden_at != self.num_tokens:
+            return None
+        return self._hidden if self._hidden_row is None else self._hidden[self._hidden_row]
 
     @property
     def finish_reason(self) -> str | None:

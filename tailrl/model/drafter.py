@@ -117,6 +117,12 @@ def _shift(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     return torch.cat([pad, x.narrow(dim, 0, x.shape[dim] - n)], dim)
 
 
+def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of t [..., head_dim] (halves rotated, as the target's)."""
+    half = t.shape[-1] // 2
+    return t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin
+
+
 class Drafter(nn.Module):
     """``embed`` [V, H] and ``head`` [V, H] are the target's weights; they are kept as frozen
     buffers in the drafter's dtype (not parameters: the optimiser never sees them)."""
@@ -194,11 +200,7 @@ class Drafter(nn.Module):
         qkv = self.qkv(_rms(x, c.rms_norm_eps) * self.attn_norm)
         q, k, v = qkv.unflatten(-1, (3, c.num_heads, c.head_dim)).unbind(-3)
         cos, sin = self._rope(positions, x.dtype)                                    # [..., 1, D]
-        half = c.head_dim // 2
-
-        def rope(t: torch.Tensor) -> torch.Tensor:
-            return t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin
-        return rope(q) * c.head_dim ** -0.5, rope(k), v
+        return _rotate(q, cos, sin) * c.head_dim ** -0.5, _rotate(k, cos, sin), v
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [..., 1, head_dim] at ``positions`` [...] from a table (computed in float64,
@@ -224,9 +226,15 @@ class Drafter(nn.Module):
     def committed_kv(self, hidden: torch.Tensor, next_tokens: torch.Tensor,
                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of committed positions: hidden [P, H] (the target's h_t), next_tokens [P] (x_{t+1}),
-        positions [P] (t) -> k, v [P, heads, head_dim]. Each row depends on its own inputs only."""
-        _, k, v = self._qkv(self._input(hidden, next_tokens), positions)
-        return k, v
+        positions [P] (t) -> k, v [P, heads, head_dim]. Each row depends on its own inputs only
+        (the query rows of ``qkv`` are not computed)."""
+        c = self.cfg
+        inner = c.num_heads * c.head_dim
+        x = self._input(hidden, next_tokens)
+        kv = F.linear(_rms(x, c.rms_norm_eps) * self.attn_norm, self.qkv.weight[inner:])
+        k, v = kv.unflatten(-1, (2, c.num_heads, c.head_dim)).unbind(-3)
+        cos, sin = self._rope(positions, x.dtype)
+        return _rotate(k, cos, sin), v
 
     # ---- drafting: one step for a batch of draft nodes ---------------------------------------
     def step(self, feature: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,

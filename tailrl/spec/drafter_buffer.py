@@ -2,8 +2,8 @@
 
 The engine already computes the normed hidden state of every position (the prompt's in the
 prefill, the emitted tokens' in verification) and hands them out with
-``add(req, start, hidden)``: positions start .. start + k - 1 of ``req``; no extra target
-forward. The drafter attends over a request's past, so the buffer keeps whole sequences,
+``add_spans(hidden, spans)`` once per step (span: positions start .. start + k - 1 of a
+request); no extra target forward. The drafter attends over a request's past, so the buffer keeps whole sequences,
 prompt included: one *run* per request, positions in order (the n samples of a prompt
 share one prefill: a sample handed no prompt states copies them from an open sibling run,
 so every run holds its prompt). Positions already held are
@@ -26,13 +26,16 @@ import torch
 
 from tailrl.model.drafter import DrafterData
 
+OWN_AT = 32                # chunks after which a run copies its states into one tensor
+
 
 class _Run:
     __slots__ = ("hidden", "tokens", "start", "first", "group", "prompt")
 
     def __init__(self, start: int, first: int, req: Any) -> None:
         self.group, self.prompt = req.group_id, req.prompt_token_ids
-        self.hidden: list[torch.Tensor] = []    # [k, H] chunks; row i is position start + i
+        # (states, first row, end row) chunks of step tensors, in order; row i is position start + i
+        self.hidden: list[tuple[torch.Tensor, int, int]] = []
         self.tokens: list[int] = []             # the token at each position
         self.start = start                      # position of row 0
         self.first = first                      # first root position that counts (absolute)
@@ -44,9 +47,16 @@ class _Run:
     def end(self) -> int:
         return self.start + len(self.tokens)
 
+    def states(self) -> torch.Tensor:
+        """The run's states [len, H] in one tensor of its own (kept as its only chunk)."""
+        if len(self.hidden) != 1 or self.hidden[0][1:] != (0, self.hidden[0][0].shape[0]):
+            h = torch.cat([t[lo:hi] for t, lo, hi in self.hidden])
+            self.hidden = [(h, 0, h.shape[0])]
+        return self.hidden[0][0]
+
     def drop_head(self, n: int) -> None:
-        h = torch.cat(self.hidden)[n:]
-        self.hidden, self.tokens, self.start = [h], self.tokens[n:], self.start + n
+        h = self.states()[n:]
+        self.hidden, self.tokens, self.start = [(h, 0, h.shape[0])], self.tokens[n:], self.start + n
 
 
 class DrafterBuffer:
@@ -65,29 +75,39 @@ class DrafterBuffer:
         return self.size
 
     def add(self, req: Any, start: int, hidden: torch.Tensor) -> None:
-        """``hidden`` [k, H]: the target's states at positions start .. start + k - 1 of ``req``."""
-        k = hidden.shape[0]
-        if k == 0:
-            return
-        if start < 0 or start + k > req.num_tokens:
-            raise ValueError(f"drafter buffer: positions {start} .. {start + k - 1} outside request "
-                             f"{req.request_id!r} ({req.num_tokens} tokens)")
-        key = self._open.get(req.request_id)
-        run = self._runs.get(key) if key is not None else None
-        if run is None or start > run.end:
-            key, run = self._next_key, _Run(start, max(start, req.num_prompt_tokens - 1), req)
-            self._next_key += 1
-            if 0 < start < req.num_prompt_tokens:
-                self._borrow(run)
-            self._runs[key] = run
-            self._open[req.request_id] = key
-        skip = run.end - start
-        if skip >= k:
-            return
-        run.hidden.append(hidden[skip:].to("cpu", torch.float32, copy=True))   # a copy: never a view of a step's tensor
-        run.tokens.extend(req.tokens(start + skip, start + k))
-        self.size += k - skip
-        self.added += k - skip
+        """``hidden`` [k, H]: the target's states at positions start .. start + k - 1 of ``req`` (copied)."""
+        self.add_spans(hidden.to("cpu", torch.float32, copy=True), [(req, start, 0, hidden.shape[0])])
+
+    def add_spans(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
+        """A step's states: ``hidden`` [P, H] float32, never modified after (the engine hands
+        out a fresh tensor per step); span (req, start, row, k): rows row .. row + k - 1 are
+        positions start .. start + k - 1 of ``req``. Runs keep references to row ranges; a
+        run copies its chunks into one tensor every ``OWN_AT`` chunks, so a long run does not
+        keep many steps' tensors alive."""
+        for req, start, row, k in spans:
+            if k == 0:
+                continue
+            if start < 0 or start + k > req.num_tokens:
+                raise ValueError(f"drafter buffer: positions {start} .. {start + k - 1} outside request "
+                                 f"{req.request_id!r} ({req.num_tokens} tokens)")
+            key = self._open.get(req.request_id)
+            run = self._runs.get(key) if key is not None else None
+            if run is None or start > run.end:
+                key, run = self._next_key, _Run(start, max(start, req.num_prompt_tokens - 1), req)
+                self._next_key += 1
+                if 0 < start < req.num_prompt_tokens:
+                    self._borrow(run)
+                self._runs[key] = run
+                self._open[req.request_id] = key
+            skip = run.end - start
+            if skip >= k:
+                continue
+            run.hidden.append((hidden, row + skip, row + k))
+            if len(run.hidden) >= OWN_AT:
+                run.states()
+            run.tokens.extend(req.tokens(start + skip, start + k))
+            self.size += k - skip
+            self.added += k - skip
         self._evict()
 
     def _borrow(self, run: _Run) -> None:
@@ -96,7 +116,8 @@ class DrafterBuffer:
         for key in self._open.values():
             d = self._runs.get(key)
             if d is not None and d.group == run.group and d.start == 0 and d.end >= run.start and d.prompt == run.prompt:
-                run.hidden = [torch.cat(d.hidden)[:run.start]]
+                h = d.states()[:run.start]
+                run.hidden = [(h, 0, h.shape[0])]
                 run.tokens = d.tokens[:run.start]
                 self.size += run.start
                 self.added += run.start
@@ -127,9 +148,7 @@ class DrafterBuffer:
         for run in self._runs.values():
             rel = max(0, run.first - run.start)
             if len(run) - unroll - rel > 0:
-                if len(run.hidden) > 1:                       # consolidate once
-                    run.hidden = [torch.cat(run.hidden)]
-                hidden.append(run.hidden[0])
+                hidden.append(run.states())                   # consolidated once
                 tokens.append(torch.tensor(run.tokens))
                 lengths.append(len(run))
                 first.append(rel)

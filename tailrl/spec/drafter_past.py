@@ -1,12 +1,12 @@
 """The learned drafter's K/V of each request's committed positions (what its attention reads).
 
 The engine hands out the target's normed hidden state of every position it computes
-(prompt positions in the prefill, emitted tokens after verification):
-``add(req, start, hidden)`` with hidden [k, H] for positions start .. start + k - 1, whose
-next tokens the request already holds. A committed position's drafter K/V depend on
-(h_t, x_{t+1}) only, so they are computed once, batched over all requests
-(``flush``: one drafter input/QKV pass over the queued positions of the requests about to
-be drafted for), and appended; a
+(prompt positions in the prefill, emitted tokens after verification), once per step for all
+requests: ``add_spans(hidden, spans)``, span (req, start, row, k) for positions start ..
+start + k - 1, whose next tokens the request already holds. Queuing them costs a reference
+per request and step. A committed position's drafter K/V depend on (h_t, x_{t+1}) only, so
+they are computed once, batched over all requests (``flush``: one drafter input/K/V pass
+over the queued positions of the requests about to be drafted for), and appended; a
 rejected draft never reaches here, so nothing is rolled back.
 
 A request's past is the contiguous positions ``[base, base + len)``:
@@ -24,16 +24,21 @@ Weights: K/V are computed with the drafter weights current at the flush; an onli
 (a new spot-trainer version, a few small steps) does not recompute them. Drafts are verified,
 so stale K/V cost acceptance, never correctness.
 
-Memory: ``heads * head_dim * 2`` floats per position (256 on ``small``, a third of one target
-layer's K/V), freed by ``free(req)`` when the request leaves the engine.
+Memory: ``heads * head_dim * 2`` values per position (256 on ``small``, a third of one target
+layer's K/V) in the dtype of the drafter that computes them (``compute``: the low-precision
+copy with a bfloat16 target, see ``DrafterSource``), freed by ``free(req)`` when the request leaves the engine. A queue that waits
+(its request is not drafted for) copies its rows out every ``OWN_QUEUE_AT`` steps, so it keeps
+no more than that many steps' state tensors alive; ``flush_at`` bounds all queued positions.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from tailrl.model.drafter import Drafter
+
+OWN_QUEUE_AT = 32          # queued step references after which a request's queue is copied out
 
 
 class _Past:
@@ -45,7 +50,8 @@ class _Past:
         self.length = 0                        # rows holding K/V
         self.k = torch.empty(heads, head_dim, 0)   # [heads, D, capacity]: keys transposed
         self.v = torch.empty(heads, 0, head_dim)   # [heads, capacity, D]
-        self.queued: list[tuple[int, torch.Tensor, Any]] = []   # (start, hidden [k, H] float32, request)
+        # (start, states, first row, end row, request): rows of a step's float32 states
+        self.queued: list[tuple[int, torch.Tensor, int, int, Any]] = []
         self.queued_n = 0
 
     @property
@@ -53,13 +59,20 @@ class _Past:
         """The next position expected (held or queued)."""
         return self.base + self.length + self.queued_n
 
+    def own_queue(self) -> None:
+        """Copy the queued rows into one tensor of their own: a queue that waits long would
+        otherwise keep many steps' state tensors alive for a few rows of each."""
+        first, req = self.queued[0][0], self.queued[0][4]
+        rows = torch.cat([h[lo:hi] for _, h, lo, hi, _ in self.queued])
+        self.queued = [(first, rows, 0, rows.shape[0], req)]
+
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [n, heads, D]: the next n positions."""
         n, cap, end = k.shape[0], self.v.shape[1], self.length
         if end + n > cap:
             grow = max(64, 2 * cap, end + n) - end
-            self.k = torch.cat([self.k[:, :, :end], k.new_empty(k.shape[1], k.shape[2], grow)], 2)
-            self.v = torch.cat([self.v[:, :end], v.new_empty(v.shape[1], grow, v.shape[2])], 1)
+            self.k = torch.cat([self.k[:, :, :end].to(k.dtype), k.new_empty(k.shape[1], k.shape[2], grow)], 2)
+            self.v = torch.cat([self.v[:, :end].to(v.dtype), v.new_empty(v.shape[1], grow, v.shape[2])], 1)
         self.k[:, :, end:end + n] = k.permute(1, 2, 0)
         self.v[:, end:end + n] = v.transpose(0, 1)
         self.length += n
@@ -72,8 +85,9 @@ class DrafterPast:
     positions (all requests, H floats each) that trigger a flush of all on ``add``, which
     bounds the queued hidden states' memory."""
 
-    def __init__(self, drafter: Drafter, flush_at: int = 65536) -> None:
+    def __init__(self, drafter: Drafter, compute: Callable[[], Drafter] | None = None, flush_at: int = 65536) -> None:
         self.drafter = drafter
+        self.compute = compute or (lambda: drafter)   # the drafter (or its low-precision copy) that computes K/V
         self.flush_at = flush_at
         self._past: dict[str, _Past] = {}
         self._queued = 0                       # positions queued over all requests
@@ -95,27 +109,35 @@ class DrafterPast:
         """hidden [k, H]: the target's states at positions start .. start + k - 1 of ``req``."""
         k = hidden.shape[0]
         if start < 0 or start + k > req.num_tokens - 1:
-            raise ValueError(f"drafter past: positions {start} .. {start + k - 1} of request {req.request_id!r} "
-                             f"need their next tokens; the request has {req.num_tokens} tokens")
-        p = self._past.get(req.request_id)
-        if p is None or start > p.end:                    # new, or a gap: the past starts here
-            if p is not None:
-                self._queued -= p.queued_n
-            c = self.drafter.cfg
-            p = self._past[req.request_id] = _Past(start, c.num_heads, c.head_dim, req)
-            if 0 < start < req.num_prompt_tokens:
-                self._borrow(p, start)
-        skip = p.end - start                              # already held (a recomputed prefill)
-        if skip >= k:
-            return
-        first = start + skip
-        # float32 states are kept as given (the engine hands out a step's fresh float32 copy,
-        # never modified after; flush_at bounds what stays alive), others converted; the next
-        # tokens are read from the request at the flush (committed tokens never change)
-        h = hidden[skip:] if hidden.dtype == torch.float32 else hidden[skip:].to(torch.float32)
-        p.queued.append((first, h, req))
-        p.queued_n += k - skip
-        self._queued += k - skip
+            raise ValueError(f"drafter past: positions {start} .. {start + k - 1} of request "
+                             f"{req.request_id!r} need their next tokens; the request has {req.num_tokens} tokens")
+        self.add_spans(hidden.float(), [(req, start, 0, k)])
+
+    def add_spans(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
+        """A step's states: ``hidden`` [P, H] float32, kept as given (the engine hands out a
+        fresh tensor per step, never modified after); span (req, start, row, k): rows row ..
+        row + k - 1 are positions start .. start + k - 1 of ``req``, each one's next token
+        held (the engine's spans are; ``add`` checks one). Only a reference is queued (no
+        tensor op per request: this runs for every request at every step); the next tokens
+        are read from the request at the flush (committed tokens never change)."""
+        pasts = self._past
+        for req, start, row, k in spans:
+            p = pasts.get(req.request_id)
+            if p is None or start > p.end:                    # new, or a gap: the past starts here
+                if p is not None:
+                    self._queued -= p.queued_n
+                c = self.drafter.cfg
+                p = pasts[req.request_id] = _Past(start, c.num_heads, c.head_dim, req)
+                if 0 < start < req.num_prompt_tokens:
+                    self._borrow(p, start)
+            skip = p.end - start                              # already held (a recomputed prefill)
+            if skip >= k:
+                continue
+            p.queued.append((start + skip, hidden, row + skip, row + k, req))
+            p.queued_n += k - skip
+            self._queued += k - skip
+            if len(p.queued) >= OWN_QUEUE_AT:
+                p.own_queue()
         if self._queued >= self.flush_at:
             self.flush()
 
@@ -146,24 +168,25 @@ class DrafterPast:
         pending = [(p, q) for p in pasts if p.queued for q in p.queued]
         if not pending:
             return
-        hidden = torch.cat([h for _, (_, h, _) in pending])
-        tokens = torch.tensor([t for _, (s, h, req) in pending for t in req.tokens(s + 1, s + h.shape[0] + 1)])
-        positions = torch.cat([torch.arange(s, s + h.shape[0]) for _, (s, h, _) in pending])
-        k, v = self.drafter.committed_kv(hidden, tokens, positions)          # [P, heads, D]
+        hidden = torch.cat([h[lo:hi] for _, (_, h, lo, hi, _) in pending])
+        tokens = torch.tensor([t for _, (s, _, lo, hi, req) in pending for t in req.tokens(s + 1, s + hi - lo + 1)])
+        positions = torch.cat([torch.arange(s, s + hi - lo) for _, (s, _, lo, hi, _) in pending])
+        d = self.compute()
+        k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), tokens, positions)   # [P, heads, D]
         row = 0
-        for p, (_, h, _) in pending:
-            n = h.shape[0]
-            p.append(k[row:row + n], v[row:row + n])
-            row += n
+        for p, (_, _, lo, hi, _) in pending:
+            p.append(k[row:row + hi - lo], v[row:row + hi - lo])
+            row += hi - lo
         for p, _ in pending:
             self._queued -= p.queued_n
             p.queued, p.queued_n = [], 0
 
-    def gather(self, requests: list[Any], roots: list[int]) -> tuple[torch.Tensor, ...] | None:
+    def gather(self, requests: list[Any], roots: list[int], dtype: torch.dtype | None = None
+               ) -> tuple[torch.Tensor, ...] | None:
         """The committed K/V each request's draft rooted at ``roots[b]`` sees (its positions
         < root), padded, as ``Drafter.step`` reads it: k_t [B, heads, D, L], v [B, heads, L, D],
-        bias [B, L] (0 seen, -inf padding); None when no request has any. Call ``flush`` first
-        (queued positions are not visible)."""
+        bias [B, L] (0 seen, -inf padding), in ``dtype`` (default: the drafter's); None when no
+        request has any. Call ``flush`` first (queued positions are not visible)."""
         seen = []
         for req, root in zip(requests, roots):
             p = self._past.get(req.request_id)
@@ -172,7 +195,7 @@ class DrafterPast:
         if width == 0:
             return None
         c = self.drafter.cfg
-        dtype = self.drafter.fc.weight.dtype
+        dtype = dtype or self.drafter.fc.weight.dtype
         k = torch.zeros(len(requests), c.num_heads, c.head_dim, width, dtype=dtype)
         v = torch.zeros(len(requests), c.num_heads, width, c.head_dim, dtype=dtype)
         bias = torch.full((len(requests), width), float("-inf"), dtype=dtype)

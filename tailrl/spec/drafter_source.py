@@ -25,6 +25,7 @@ drafts that one request alone if it was not prepared. Per-request state: the com
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -33,16 +34,22 @@ from tailrl.model.drafter import Drafter
 from tailrl.spec.draft import Draft
 from tailrl.spec.drafter_past import DrafterPast
 
+# Rows from which a drafting call runs in the low-precision copy: on this CPU a bfloat16
+# drafter step is slower than float32 at 1 row (0.37 vs 0.23 ms), even at 16, and 1.6x
+# faster at 64 (benchmarks/drafter.py cost rows); committed K/V (many rows) always use it.
+FAST_ROWS = 32
+
 
 class DrafterSource:
     name = "drafter"
     needs_hidden = True
 
-    def __init__(self, drafter: Drafter, min_path_prob: float = 0.0):
+    def __init__(self, drafter: Drafter, min_path_prob: float = 0.0, fast_dtype: torch.dtype | None = None):
         self.drafter = drafter.eval()
         self.min_path_prob = min_path_prob
         self._ready: dict[str, tuple[int, int, Draft | None]] = {}   # id -> (num_tokens, paths, draft)
-        self.past = DrafterPast(self.drafter)
+        self.fast = LowPrecision(self.drafter, fast_dtype) if fast_dtype not in (None, torch.float32) else None
+        self.past = DrafterPast(self.drafter, self.fast.get if self.fast is not None else None)
 
     def start(self, req: Any) -> None:
         pass
@@ -50,9 +57,9 @@ class DrafterSource:
     def observe(self, req: Any, new_tokens: list[int]) -> None:
         pass
 
-    def observe_hidden(self, req: Any, start: int, hidden: torch.Tensor) -> None:
-        """hidden [k, H]: the target's states at positions start .. start + k - 1 (committed)."""
-        self.past.add(req, start, hidden)
+    def observe_hidden(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
+        """A step's committed states (see ``Speculator.observe_hidden``)."""
+        self.past.add_spans(hidden, spans)
 
     def pending(self, req: Any) -> int:
         """Positions of ``req`` whose drafter K/V the next draft for it computes first."""
@@ -88,21 +95,22 @@ class DrafterSource:
         if not requests or max_tokens <= 0:
             return [None] * len(requests)
         width = max(1, max_paths)
+        drafter = self.fast.get() if self.fast is not None and len(requests) >= FAST_ROWS else self.drafter
         self.past.flush(requests)
         roots = [r.num_tokens - 2 for r in requests]                           # where last_hidden sits
-        past = self.past.gather(requests, roots)                                # [B, heads, L, D] x2, [B, L]
+        past = self.past.gather(requests, roots, drafter.fc.weight.dtype)      # [B, heads, L, D] x2, [B, L]
         feats = torch.stack([r.last_hidden for r in requests])                  # [B, H]
         toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
                              for r in requests])                                # [B]
         pos = torch.tensor(roots)
         if width == 1:
-            return self._chains(feats, toks, pos, past, max_tokens)
+            return self._chains(drafter, feats, toks, pos, past, max_tokens)
         nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in requests]
         # frontier entries, one per row of feats / toks: (request index, node index (-1 = root), path prob)
         frontier = [(b, -1, 1.0) for b in range(len(requests))]
         owner, path = None, None                  # past row of each frontier row (None: row b = request b)
         while frontier:
-            out, logits, k, v = self.drafter.step(feats, toks, pos, past, owner, path)   # [F, H], [F, V]
+            out, logits, k, v = drafter.step(feats, toks, pos, past, owner, path)   # [F, H], [F, V]
             top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
             chosen = self._choose(frontier, top_p.tolist(), top_t.tolist(), nodes, max_tokens, width)
             frontier, rows, new_toks = self._append(chosen, nodes)
@@ -114,8 +122,8 @@ class DrafterSource:
             owner = torch.tensor([b for b, _, _ in frontier])
         return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
 
-    def _chains(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past, max_tokens: int
-                ) -> list[Draft | None]:
+    def _chains(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
+                max_tokens: int) -> list[Draft | None]:
         """Greedy chains for all rows in tensor ops (the common case; no per-row Python per
         depth). A chain ends before its first node whose path probability is below
         ``min_path_prob``."""
@@ -123,7 +131,7 @@ class DrafterSource:
         path_prob = torch.ones(len(toks))
         path = None
         for _ in range(max_tokens):
-            feats, logits, k, v = self.drafter.step(feats, toks, pos, past, None, path)
+            feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path)
             path = _extend(path, k, v)
             q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
             tokens.append(toks)
@@ -167,6 +175,23 @@ class DrafterSource:
             rows.append(row)
             toks.append(t)
         return frontier, rows, toks
+
+
+class LowPrecision:
+    """The drafter in a faster dtype (bfloat16 when the target runs in it), copied again when
+    the drafter's weights change (a published spot-trainer version, the target's embedding and
+    head after an RL update: every in-place write bumps a tensor's version)."""
+
+    def __init__(self, drafter: Drafter, dtype: torch.dtype) -> None:
+        self.drafter, self.dtype = drafter, dtype
+        self._copy: Drafter | None = None
+        self._key: tuple = ()
+
+    def get(self) -> Drafter:
+        key = tuple(t._version for t in (*self.drafter.parameters(), *self.drafter.buffers()))
+        if self._copy is None or key != self._key:
+            self._copy, self._key = copy.deepcopy(self.drafter).to(self.dtype).eval(), key
+        return self._copy
 
 
 def _extend(path: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: torch.Tensor,

@@ -61,7 +61,9 @@ def drafter_source(config: SpeculativeConfig, target: Any) -> DraftSource:
         raise ValueError(f"speculative.method {config.method!r} needs the target model (build it through LLMEngine)")
     from tailrl.model.drafter import Drafter
     from tailrl.spec.drafter_source import DrafterSource
-    return DrafterSource(Drafter.load(config.drafter, target), config.min_token_prob)
+    import torch
+    fast = torch.bfloat16 if next(target.parameters()).dtype == torch.bfloat16 else None   # batched drafting too
+    return DrafterSource(Drafter.load(config.drafter, target), config.min_token_prob, fast_dtype=fast)
 
 
 def expected_length_fn(history: HistoryStore) -> Callable[[Any], float]:

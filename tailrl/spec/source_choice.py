@@ -19,10 +19,11 @@ any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
    the value of what the request already has (a suffix draft, or nothing = 0), minus ``d2 q_r``
    for its own queued positions (``pending(req)``, set by the speculator). The drafter is
    called for the requests with a positive gain if their gains add up to more than
-   ``d0 + d1 n``. Before the drafter has been verified, and one step in ``explore_every``, it is
+   ``d0 + d1 n``. Before the drafter has been verified, and then one step in ``explore_every``
+   while exploring calls took at most ``explore_share`` of the steps' time so far, it is
    called for every request without a full-length draft, and its drafts are verified
    whatever their value, so its acceptance (which changes as it trains online) and its cost
-   stay measured.
+   stay measured; the share bounds what measuring a drafter that is rarely worth it costs.
 2. ``pick``: without a drafter draft, the suffix draft as the speculation policy chose it (as
    with suffix drafts alone); else the draft of higher value, none when the better value is
    not positive.
@@ -39,11 +40,14 @@ from tailrl.spec.draft import Draft
 
 class SourceChoice:
     def __init__(self, cost_model: CostModel, drafter: str = "drafter", decay: float = 0.98,
-                 explore_every: int = 16) -> None:
+                 explore_every: int = 16, explore_share: float = 0.02) -> None:
         self.cost = cost_model
         self.drafter = drafter                   # the batched source's name
         self.decay = decay
         self.explore_every = explore_every
+        self.explore_share = explore_share
+        self.explore_s = 0.0                     # seconds of exploring calls
+        self.elapsed_s = 0.0                     # seconds of all steps (``observe_step``)
         self._acc: dict[str, float] = {}         # source -> forgotten sum of accepted tokens
         self._score: dict[str, float] = {}       # source -> forgotten sum of draft scores
         self._steps: dict[str, float] = {}       # source -> forgotten count of verify steps
@@ -61,9 +65,15 @@ class SourceChoice:
         self._score[source] = self._score.get(source, 0.0) * d + score
         self._steps[source] = self._steps.get(source, 0.0) * d + 1.0
 
+    def observe_step(self, seconds: float) -> None:
+        """One engine step (drafting included) took ``seconds``."""
+        self.elapsed_s += seconds
+
     def observe_call(self, seconds: float, requests: int, positions: int = 0) -> None:
         """One batched drafter call for ``requests`` requests with ``positions`` queued past
-        positions took ``seconds``."""
+        positions took ``seconds`` (this step's: an exploring call if ``exploring``)."""
+        if self.exploring:
+            self.explore_s += seconds
         x = np.array([1.0, float(requests), float(positions)])
         self._xtx = self._xtx * self.decay + np.outer(x, x)
         self._xty = self._xty * self.decay + x * seconds
@@ -111,15 +121,21 @@ class SourceChoice:
     def ask(self, requests: list[Any], have: dict[str, Draft | None], limits: dict[str, int],
             batch_size: int) -> list[Any]:
         """The requests to call the drafter for this step."""
-        self._asks += 1
+        self._asks += 1                            # since the last exploring call
+        mean = self.drafter_mean()
+        self.exploring = mean is None or (self._asks >= self.explore_every
+                                          and self.explore_s <= self.explore_share * self.elapsed_s)
+        if self.exploring:
+            self._asks = 0
         # requests without a draft certain to be accepted in full
         open_ = [r for r in requests if have[r.request_id] is None or have[r.request_id].score < limits[r.request_id]]
-        mean = self.drafter_mean()
-        self.exploring = mean is None or self._asks % self.explore_every == 0
-        if self.exploring:
+        if self.exploring or not open_:
             return open_
         tau, c = self.prices(batch_size)
         d0, d1, d2 = self.call_prices()
+        most = mean * tau - min(limits.values()) * c       # no request gains more: often nothing can pay
+        if most <= d1 or len(open_) * (most - d1) <= d0:
+            return []
         queued = self.pending or (lambda r: 0)
         gains = [(r, mean * tau - limits[r.request_id] * c - d2 * queued(r)
                   - max(self.value(have[r.request_id], limits[r.request_id], tau, c), 0.0)) for r in open_]

@@ -21,10 +21,11 @@ Per engine step:
    verified draft (``accepted`` excludes the bonus token) and ``observe(req, new_tokens)``
    for every request that gained tokens (drafted or not: the group and self indexes need
    all tokens);
-   When ``needs_hidden``, ``observe_hidden(req, start, hidden)`` hands the target's normed
-   hidden states of the request's committed positions start .. start + k - 1 (prompt
-   positions from the prefill, and those that sampled the new tokens) to the sources that
-   read them (the drafter's past) and to the ``collector`` (the spot trainer's buffer);
+   When ``needs_hidden``, ``observe_hidden(hidden, spans)`` hands the target's normed
+   hidden states of the step's committed positions (prompt positions from the prefill,
+   and those that sampled the new tokens), gathered in one tensor with one span per
+   request, to the sources that read them (the drafter's past) and to the ``collector``
+   (the spot trainer's buffer);
 3. ``observe_step(batch_size, num_tokens, seconds, attention, reads=...)`` after every step
    (``seconds``: the whole step, drafting included; ``attention``: the step's (query slot,
    key position) pairs; ``reads``: its (row, key position) pairs; see ``CostModel``).
@@ -39,7 +40,10 @@ tokens per verify step including the bonus token), ``rollout/spec_draft_hit_rate
 (requests given a draft / requests asked), ``rollout/spec_off_steps`` (steps the policy
 switched speculation off), per source ``rollout/spec_draft_tokens/<source>``,
 ``rollout/spec_accepted_tokens/<source>``, ``rollout/spec_accept_length/<source>``,
-and ``timing_s/draft`` (proposing) and ``timing_s/draft_index`` (feeding the indexes).
+and ``timing_s/draft`` (proposing) and ``timing_s/draft_index`` (feeding the indexes); with
+a learned drafter also ``rollout/spec_drafter_calls`` (batched calls, catch-up of its past
+included), ``rollout/spec_drafter_explore_calls`` (those made to measure it) and
+``timing_s/drafter`` (their time, part of ``timing_s/draft``).
 """
 from __future__ import annotations
 
@@ -112,14 +116,15 @@ class Speculator:
             s.observe(req, new_tokens)
         self._index_s += time.perf_counter() - t0
 
-    def observe_hidden(self, req: Any, start: int, hidden: Any) -> None:
-        """``hidden`` [k, H]: the target's states at positions start .. start + k - 1 of ``req``
-        (all committed: the request holds each one's next token)."""
+    def observe_hidden(self, hidden: Any, spans: list[tuple[Any, int, int, int]]) -> None:
+        """One step's hand-out: ``hidden`` [P, H] float32 (fresh, never modified after);
+        span (req, start, row, n): rows row .. row + n - 1 are the target's states at the
+        committed positions start .. start + n - 1 of ``req`` (each one's next token is held)."""
         t0 = time.perf_counter()
         for take in self._hidden_takers:
-            take(req, start, hidden)
+            take(hidden, spans)
         if self.collector is not None:
-            self.collector.add(req, start, hidden)
+            self.collector.add_spans(hidden, spans)
         self._index_s += time.perf_counter() - t0
 
     def target_updated(self, model: Any) -> None:
@@ -230,6 +235,8 @@ class Speculator:
         rest = [r for r in requests if r.request_id not in carried]
         limits = {r.request_id: min(self.max_draft_tokens, self.policy.draft_limit(r)) for r in rest}
         drafted = self._draft_batched(self.choice.ask(rest, found, limits, batch_size), paths, batched)
+        if not drafted:                                # every request keeps its suffix draft (``pick``)
+            return found
         for req in rest:
             rid = req.request_id
             own, full = drafted.get(rid, (None, None))
@@ -259,7 +266,11 @@ class Speculator:
                 self._full[req.request_id] = kept
             if d is not None:
                 out[req.request_id] = (d, full)
-        self.choice.observe_call(time.perf_counter() - t0, len(requests), queued)
+        dt = time.perf_counter() - t0
+        self.choice.observe_call(dt, len(requests), queued)
+        self._calls += 1
+        self._explore_calls += self.choice.exploring
+        self._call_s += dt
         return out
 
     def _prepare(self, requests: list[Any], paths: int, sources: list[DraftSource]) -> None:
@@ -293,6 +304,8 @@ class Speculator:
         prices drafting per request asked, separately). Steps with prefill chunks do not
         teach the cost model, which prices decode and verify steps."""
         draft_s, self._step_draft_s = self._step_draft_s, 0.0
+        if self.choice is not None:
+            self.choice.observe_step(seconds)
         if not prefill:
             self.cost_model.observe(batch_size, num_tokens, seconds - draft_s, attention, reads)
             self.policy.observe_step(batch_size, num_tokens, seconds)
@@ -303,7 +316,8 @@ class Speculator:
         self._accepted: dict[str, int] = defaultdict(int)
         self._steps: dict[str, int] = defaultdict(int)
         self._asked = self._found = self._off_steps = 0
-        self._draft_s = self._index_s = 0.0
+        self._calls = self._explore_calls = 0             # batched drafter calls (exploring ones)
+        self._draft_s = self._index_s = self._call_s = 0.0
 
     def metrics(self) -> dict[str, float]:
         drafted = sum(self._drafted.values())
@@ -320,6 +334,10 @@ class Speculator:
             "timing_s/draft": self._draft_s,
             "timing_s/draft_index": self._index_s,
         }
+        if self.choice is not None:
+            m.update({"rollout/spec_drafter_calls": float(self._calls),
+                      "rollout/spec_drafter_explore_calls": float(self._explore_calls),
+                      "timing_s/drafter": self._call_s})
         names = dict.fromkeys([s.name for s in self.sources] + list(self._steps))
         for name in names:
             st = self._steps.get(name, 0)

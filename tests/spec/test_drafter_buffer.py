@@ -80,10 +80,11 @@ class Recorder:
     def __init__(self, buf: DrafterBuffer):
         self.buf, self.states, self.ids = buf, {}, {}
 
-    def add(self, r, start, hidden):
-        for k in range(hidden.shape[0]):
-            self.states.setdefault(r.request_id, {}).setdefault(start + k, []).append(hidden[k].clone())
-        self.buf.add(r, start, hidden)
+    def add_spans(self, hidden, spans):
+        for r, start, row, n in spans:
+            for k in range(n):
+                self.states.setdefault(r.request_id, {}).setdefault(start + k, []).append(hidden[row + k].clone())
+        self.buf.add_spans(hidden, spans)
 
     def finish(self, r):
         self.ids[r.request_id] = (tuple(r.prompt_token_ids), tuple(r.output_token_ids))

@@ -85,6 +85,30 @@ def test_add_skips_held_positions_restarts_after_a_gap_borrows_a_prompt_and_free
         past.add(c, 6, h[:1])                              # position 6's next token is not there yet
 
 
+def test_a_long_queue_copies_its_rows_out_and_flushes_the_same(model, drafter_dir):
+    """A request never drafted for queues one reference per step; after ``OWN_QUEUE_AT`` of
+    them its rows are copied into one tensor (no step tensor stays alive for it), and the
+    flush computes the same K/V as from the states given at once."""
+    from tailrl.spec.drafter_past import OWN_QUEUE_AT
+    d = Drafter.load(drafter_dir, load_model(model))
+    past = DrafterPast(d)
+    n = OWN_QUEUE_AT + 5
+    a = req("a", [1, 2], group="g")
+    a.output_token_ids += [(3 * i) % 50 + 1 for i in range(n)]
+    h = torch.randn(n + 1, d.cfg.hidden_size)
+    steps = [h[:2].clone()] + [h[i:i + 1].clone() for i in range(2, n + 1)]   # prefill, then one per step
+    past.add_spans(steps[0], [(a, 0, 0, 2)])
+    for i, step in enumerate(steps[1:]):
+        past.add_spans(step, [(a, i + 2, 0, 1)])
+    queue = past._past["a"].queued
+    assert len(queue) < OWN_QUEUE_AT and all(not any(t is s for s in steps) for _, t, *_ in queue[:1])
+    assert past.pending("a") == n + 1
+    past.flush()
+    k, v = d.committed_kv(h, torch.tensor(a.tokens(1, n + 2)), torch.arange(n + 1))
+    got = past.gather([a], [n + 1])
+    assert torch.allclose(got[0][0], k.permute(1, 2, 0)) and torch.allclose(got[1][0], v.transpose(0, 1))
+
+
 def test_engine_appends_committed_positions_only_each_computed_once_and_frees(model, drafter_dir):
     """float64, chains and trees, a random drafter (mostly rejected) and a small KV budget
     (preemptions): after every step each running request's past is exactly its committed
@@ -93,7 +117,7 @@ def test_engine_appends_committed_positions_only_each_computed_once_and_frees(mo
         engine = LLMEngine(EngineConfig(model=model, dtype="float64", max_model_len=128, kv_cache_tokens=128),
                            SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0,
                                              max_tree_paths=paths))
-        engine.speculator.choice.explore_every = 1
+        engine.speculator.choice.explore_every, engine.speculator.choice.explore_share = 1, float("inf")
         src = source_of(engine)
         calls = counting(src)
         reqs = [Request(f"r{i}-{j}", p, SamplingParams(max_tokens=60, ignore_eos=True), seed_key=i * 7 + j,
@@ -119,7 +143,7 @@ def test_partial_past_after_import_with_kv_and_rebuilt_after_recompute(model, dr
     cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
     engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(3)]
     for e in engines:
-        e.speculator.choice.explore_every = 1
+        e.speculator.choice.explore_every, e.speculator.choice.explore_share = 1, float("inf")
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     ref = Request("x", PROMPTS[2], sp, seed_key=11)
     engines[0].add_request(ref)
@@ -156,7 +180,7 @@ def test_batched_drafting_equals_drafting_each_request_alone(model, drafter_dir,
     for i, n in enumerate([3, 17, 9, 1]):                           # pasts of different lengths
         r = req(f"r{i}", [(5 * i + j) % 80 + 3 for j in range(n + 1)])
         r.output_token_ids.append(7 + i)
-        src.observe_hidden(r, 0, torch.randn(n + 1, target.args.hidden_size, generator=gen))
+        src.observe_hidden(torch.randn(n + 1, target.args.hidden_size, generator=gen), [(r, 0, 0, n + 1)])
         r.keep_hidden(torch.randn(target.args.hidden_size, generator=gen))
         reqs.append(r)
     batched = src.grow(reqs, 6, paths)

@@ -67,7 +67,7 @@ def test_outputs_identical_with_drafter_speculation(model, drafter_dir, dtype, m
     plain = LLM(model, dtype=dtype)
     spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(
         method=method, drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
-    spec.engine.speculator.choice.explore_every = 1     # verify the drafter's drafts at every step
+    spec.engine.speculator.choice.explore_every, spec.engine.speculator.choice.explore_share = 1, float("inf")     # verify the drafter's drafts at every step
     for _ in range(2):                                          # the second call: hybrid has history too
         assert_same(plain.generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))
     m = spec.last_metrics
@@ -134,3 +134,35 @@ def test_load_weights_refreshes_the_drafters_shared_embedding_and_head(model, dr
     assert torch.equal(drafter.embed, target.embed.weight.float())
     head = target.embed.weight if target.lm_head is None else target.lm_head.weight
     assert torch.equal(drafter.head, head.float())
+
+
+def test_bfloat16_targets_draft_big_batches_in_a_bfloat16_copy_kept_current(model, drafter_dir):
+    """With a bfloat16 target, committed K/V and drafting calls of >= FAST_ROWS rows run in a
+    bfloat16 copy of the drafter: outputs stay identical to plain decoding, and the copy is
+    made again after each in-place change of the drafter's weights (a published version, the
+    target's new embedding), never used stale."""
+    from tailrl.model.loader import load_state_dict
+    from tailrl.spec.drafter_source import FAST_ROWS
+    prompts = [[(5 * i + j) % 60 + 3 for j in range(4 + i % 5)] for i in range(12)]
+    sp = SamplingParams(n=3, max_tokens=30, seed=4)
+    assert len(prompts) * sp.n >= FAST_ROWS
+    spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(method="drafter", drafter=drafter_dir,
+                                                                      min_token_prob=0.0))
+    spec.engine.speculator.choice.explore_every, spec.engine.speculator.choice.explore_share = 1, float("inf")
+    src = spec.engine.speculator.sources[0]
+    rows = []
+    inner = src.grow
+    src.grow = lambda reqs, *a: (rows.append(len(reqs)), inner(reqs, *a))[1]
+    assert_same(LLM(model, dtype="bfloat16").generate(prompts, sp), spec.generate(prompts, sp))
+    assert max(rows) >= FAST_ROWS and spec.last_metrics["rollout/spec_accepted_tokens/drafter"] > 0
+    fast = src.fast.get()
+    assert fast.fc.weight.dtype == torch.bfloat16 and src.fast.get() is fast      # unchanged: the same copy
+    other = src.drafter.shadow()
+    with torch.no_grad():
+        other.fc.bias.add_(1.0)
+    src.drafter.copy_weights_from(other)                       # a new version, published in place
+    assert torch.equal(src.fast.get().fc.bias, src.drafter.fc.bias.bfloat16())
+    sd = load_state_dict(model)
+    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"] * 2.0
+    spec.load_weights(sd)
+    assert torch.equal(src.fast.get().embed, src.drafter.embed.bfloat16())

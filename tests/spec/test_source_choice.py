@@ -73,6 +73,22 @@ def test_a_poor_or_costly_drafter_is_not_asked_except_to_explore():
     assert cheap.ask(rs, have, limits, 4) == rs
 
 
+def test_exploring_calls_stay_within_their_share_of_the_steps_time():
+    choice = SourceChoice(FlatCost(), explore_every=2, explore_share=0.1)
+    measured(choice, drafter_accepts=0)
+    rs = reqs(2)
+    have, limits = {r.request_id: None for r in rs}, {r.request_id: 6 for r in rs}
+    explored = []
+    for _ in range(12):                       # steps of 10 ms; an exploring call costs 5 ms
+        explored.append(bool(choice.ask(rs, have, limits, 2)))
+        if choice.exploring:
+            choice.observe_call(0.005, 2)
+        choice.observe_step(0.010)
+    assert sum(explored) >= 2 and choice.explore_s <= 0.1 * choice.elapsed_s + 0.005
+    assert explored[1] and not explored[3]    # the second exploring call waits for its share
+    assert SourceChoice(FlatCost()).explore_share == 0.02
+
+
 def test_a_call_s_catch_up_on_queued_positions_is_priced():
     """A call first computes the drafter K/V of the positions queued since the request was last
     drafted for: a request with a long queue is not worth a call that a fresh one is."""
