@@ -85,27 +85,31 @@ def test_add_skips_held_positions_restarts_after_a_gap_borrows_a_prompt_and_free
         past.add(c, 6, h[:1])                              # position 6's next token is not there yet
 
 
-def test_a_long_queue_copies_its_rows_out_and_flushes_the_same(model, drafter_dir):
-    """A request never drafted for queues one reference per step; after ``OWN_QUEUE_AT`` of
-    them its rows are copied into one tensor (no step tensor stays alive for it), and the
-    flush computes the same K/V as from the states given at once."""
-    from tailrl.spec.drafter_past import OWN_QUEUE_AT
+def test_a_request_not_drafted_for_keeps_only_its_newest_positions(model, drafter_dir):
+    """A request never drafted for queues one reference per step; past ``MAX_WAIT`` queued
+    positions its past restarts at its newest ``MAX_WAIT // 2`` (held K/V dropped, an entry
+    cut in the middle), and the flush computes exactly those positions' K/V."""
+    from tailrl.spec.drafter_past import MAX_WAIT
     d = Drafter.load(drafter_dir, load_model(model))
     past = DrafterPast(d)
-    n = OWN_QUEUE_AT + 5
-    a = req("a", [1, 2], group="g")
+    n = MAX_WAIT + 40
+    a = req("a", [1, 2, 3], group="g")
     a.output_token_ids += [(3 * i) % 50 + 1 for i in range(n)]
-    h = torch.randn(n + 1, d.cfg.hidden_size)
-    steps = [h[:2].clone()] + [h[i:i + 1].clone() for i in range(2, n + 1)]   # prefill, then one per step
-    past.add_spans(steps[0], [(a, 0, 0, 2)])
-    for i, step in enumerate(steps[1:]):
-        past.add_spans(step, [(a, i + 2, 0, 1)])
-    queue = past._past["a"].queued
-    assert len(queue) < OWN_QUEUE_AT and all(not any(t is s for s in steps) for _, t, *_ in queue[:1])
-    assert past.pending("a") == n + 1
+    h = torch.randn(n + 2, d.cfg.hidden_size)
+    past.add_spans(h[:3].clone(), [(a, 0, 0, 3)])                  # prefill: positions 0 .. 2
     past.flush()
-    k, v = d.committed_kv(h, torch.tensor(a.tokens(1, n + 2)), torch.arange(n + 1))
-    got = past.gather([a], [n + 1])
+    assert past.span("a") == (0, 3) and past.pending("a") == 0
+    pos = 3
+    while pos < n + 2:                                              # 3 positions per step
+        k = min(3, n + 2 - pos)
+        past.add_spans(h[pos:pos + k].clone(), [(a, pos, 0, k)])
+        pos += k
+        assert past.pending("a") <= MAX_WAIT
+    first, end = past.span("a")
+    assert end == n + 2 and MAX_WAIT // 2 <= end - first <= MAX_WAIT and past.pending("a") == end - first
+    past.flush()
+    k, v = d.committed_kv(h[first:end], torch.tensor(a.tokens(first + 1, end + 1)), torch.arange(first, end))
+    got = past.gather([a], [end])
     assert torch.allclose(got[0][0], k.permute(1, 2, 0)) and torch.allclose(got[1][0], v.transpose(0, 1))
 
 
