@@ -91,6 +91,7 @@ class Speculator:
         self._carry: dict[str, Draft] = {}     # unverified rests of fully accepted chains
         # where the rollout's (hidden state, token) pairs go (the spot trainer's DrafterBuffer)
         self.collector: Any = None
+        self._drafter_warm = False             # a batched drafter call was made (and timed) before
         self.reset_metrics()
 
     @property
@@ -267,7 +268,9 @@ class Speculator:
             if d is not None:
                 out[req.request_id] = (d, full)
         dt = time.perf_counter() - t0
-        self.choice.observe_call(dt, len(requests), queued)
+        if self._drafter_warm:              # an engine's first call (copies, tables) does not teach prices
+            self.choice.observe_call(dt, len(requests), queued)
+        self._drafter_warm = True
         self._calls += 1
         self._explore_calls += self.choice.exploring
         self._call_s += dt
