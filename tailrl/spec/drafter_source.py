@@ -20,7 +20,9 @@ probability (within the node budget) become the next depth's nodes and frontier.
 Batching: ``prepare(requests, max_tokens, max_paths)`` (called by the speculator once per
 step) drafts for every ready request in one set of batched drafter steps (pasts of
 different lengths padded and masked); ``propose`` then hands out the prepared draft, or
-drafts that one request alone if it was not prepared. Per-request state: the committed K/V
+drafts that one request alone if it was not prepared. With ``fast_dtype`` (bfloat16, given
+for a bfloat16 target) calls of ``FAST_ROWS`` rows or more, and the committed K/V, run in a
+copy of the drafter in that dtype (``LowPrecision``). Per-request state: the committed K/V
 (freed in ``finish``) and this step's prepared drafts.
 """
 from __future__ import annotations
