@@ -24,6 +24,9 @@ any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
    called for every request without a full-length draft, and its drafts are verified
    whatever their value, so its acceptance (which changes as it trains online) and its cost
    stay measured; the share bounds what measuring a drafter that is rarely worth it costs.
+   A call the prices approve is then made or skipped by ``gate`` (``CallGate``: a call/skip
+   bandit per batch size over realized step throughput), which checks the model against
+   what the calls bring.
 2. ``pick``: without a drafter draft, the suffix draft as the speculation policy chose it (as
    with suffix drafts alone); else the draft of higher value, none when the better value is
    not positive.
@@ -34,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from tailrl.spec.call_gate import CallGate
 from tailrl.spec.cost_model import CostModel
 from tailrl.spec.draft import Draft
 
@@ -56,6 +60,7 @@ class SourceChoice:
         self.pending = None                      # req -> positions queued for its drafter past (0: none)
         self._asks = 0
         self.exploring = False                   # this step verifies the drafter's drafts whatever their value
+        self.gate = CallGate()
 
     # ---- learning ------------------------------------------------------------------------
     def record(self, source: str, score: float, accepted: int) -> None:
@@ -64,10 +69,12 @@ class SourceChoice:
         self._acc[source] = self._acc.get(source, 0.0) * d + accepted
         self._score[source] = self._score.get(source, 0.0) * d + score
         self._steps[source] = self._steps.get(source, 0.0) * d + 1.0
+        self.gate.record(accepted)
 
-    def observe_step(self, seconds: float) -> None:
-        """One engine step (drafting included) took ``seconds``."""
+    def observe_step(self, seconds: float, batch_size: int = 0, prefill: bool = False) -> None:
+        """One engine step of ``batch_size`` rows (drafting included) took ``seconds``."""
         self.elapsed_s += seconds
+        self.gate.observe_step(batch_size, seconds, prefill)
 
     def observe_call(self, seconds: float, requests: int, positions: int = 0) -> None:
         """One batched drafter call for ``requests`` requests with ``positions`` queued past
@@ -140,7 +147,7 @@ class SourceChoice:
         gains = [(r, mean * tau - limits[r.request_id] * c - d2 * queued(r)
                   - max(self.value(have[r.request_id], limits[r.request_id], tau, c), 0.0)) for r in open_]
         worth = [(r, g) for r, g in gains if g > 0]
-        if not worth or sum(g for _, g in worth) <= d0 + d1 * len(worth):
+        if not worth or sum(g for _, g in worth) <= d0 + d1 * len(worth) or not self.gate.allow(batch_size):
             return []
         return [r for r, _ in worth]
 

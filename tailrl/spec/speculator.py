@@ -42,7 +42,8 @@ switched speculation off), per source ``rollout/spec_draft_tokens/<source>``,
 ``rollout/spec_accepted_tokens/<source>``, ``rollout/spec_accept_length/<source>``,
 and ``timing_s/draft`` (proposing) and ``timing_s/draft_index`` (feeding the indexes); with
 a learned drafter also ``rollout/spec_drafter_calls`` (batched calls, catch-up of its past
-included), ``rollout/spec_drafter_explore_calls`` (those made to measure it) and
+included), ``rollout/spec_drafter_explore_calls`` (those made to measure it),
+``rollout/spec_drafter_gate_skips`` (calls the prices approved and ``CallGate`` skipped) and
 ``timing_s/drafter`` (their time, part of ``timing_s/draft``).
 """
 from __future__ import annotations
@@ -308,7 +309,7 @@ class Speculator:
         teach the cost model, which prices decode and verify steps."""
         draft_s, self._step_draft_s = self._step_draft_s, 0.0
         if self.choice is not None:
-            self.choice.observe_step(seconds)
+            self.choice.observe_step(seconds, batch_size, prefill)
         if not prefill:
             self.cost_model.observe(batch_size, num_tokens, seconds - draft_s, attention, reads)
             self.policy.observe_step(batch_size, num_tokens, seconds)
@@ -320,6 +321,7 @@ class Speculator:
         self._steps: dict[str, int] = defaultdict(int)
         self._asked = self._found = self._off_steps = 0
         self._calls = self._explore_calls = 0             # batched drafter calls (exploring ones)
+        self._skips0 = self.choice.gate.skipped if getattr(self, "choice", None) is not None else 0
         self._draft_s = self._index_s = self._call_s = 0.0
 
     def metrics(self) -> dict[str, float]:
@@ -340,6 +342,7 @@ class Speculator:
         if self.choice is not None:
             m.update({"rollout/spec_drafter_calls": float(self._calls),
                       "rollout/spec_drafter_explore_calls": float(self._explore_calls),
+                      "rollout/spec_drafter_gate_skips": float(self.choice.gate.skipped - self._skips0),
                       "timing_s/drafter": self._call_s})
         names = dict.fromkeys([s.name for s in self.sources] + list(self._steps))
         for name in names:
