@@ -32,8 +32,10 @@ leaves the engine. A request not drafted for queues at most ``MAX_WAIT`` positio
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from tailrl.model.drafter import Drafter
@@ -44,39 +46,37 @@ from tailrl.model.drafter import Drafter
 # last 64, 3.69 over 16), the queue keeps at most this many positions' step tensors alive,
 # and a call never catches up on more than this per request.
 MAX_WAIT = 256
+# Hand-outs kept in the log (about one per engine step): a request read after a longer pause
+# restarts its past at the oldest position still logged. Bounds the states kept alive.
+LOG_HAND_OUTS = 128
 
 
 class _Past:
-    __slots__ = ("base", "length", "k", "v", "queued", "queued_n", "group", "prompt")
+    __slots__ = ("base", "length", "k", "v", "queued", "queued_n", "req", "group", "prompt", "synced")
 
     def __init__(self, base: int, heads: int, head_dim: int, req: Any) -> None:
-        self.group, self.prompt = req.group_id, req.prompt_token_ids
+        self.req, self.group, self.prompt = req, req.group_id, req.prompt_token_ids
         self.base = base                       # position of row 0
         self.length = 0                        # rows holding K/V
         self.k = torch.empty(heads, head_dim, 0)   # [heads, D, capacity]: keys transposed
         self.v = torch.empty(heads, 0, head_dim)   # [heads, capacity, D]
-        # (start, states, first row, end row, request): rows of a step's float32 states
-        self.queued: list[tuple[int, torch.Tensor, int, int, Any]] = []
+        # (start, states, first row, end row): rows of a hand-out's float32 states, in order
+        self.queued: list[tuple[int, torch.Tensor, int, int]] = []
         self.queued_n = 0
+        self.synced = -1                       # the last hand-out read into ``queued``
 
     @property
     def end(self) -> int:
         """The next position expected (held or queued)."""
         return self.base + self.length + self.queued_n
 
-    def restart(self, keep: int) -> None:
-        """Keep only the newest ``keep`` queued positions: the held K/V and the older queued
-        positions are dropped, and the past starts at the first position kept."""
-        drop = self.queued_n - keep
-        while drop > 0:
-            first, h, lo, hi, req = self.queued[0]
-            if hi - lo > drop:                              # the oldest entry is cut
-                self.queued[0] = (first + drop, h, lo + drop, hi, req)
-                break
-            drop -= hi - lo
-            del self.queued[0]
-        self.base, self.length, self.queued_n = self.queued[0][0], 0, keep
-        self.k, self.v = self.k[:, :, :0], self.v[:, :0]
+    def take(self, start: int, hidden: torch.Tensor, row: int, k: int) -> None:
+        """Queue positions start .. start + k - 1 (rows row ..): those already held are
+        skipped (a preempted request's recomputed prefill)."""
+        skip = self.end - start
+        if skip < k:
+            self.queued.append((start + skip, hidden, row + skip, row + k))
+            self.queued_n += k - skip
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [n, heads, D]: the next n positions."""
@@ -90,29 +90,55 @@ class _Past:
         self.length += n
 
 
+class _HandOut:
+    """One ``add_spans`` call: the states and where each request's rows are (no per-request
+    Python object is kept: ``meta`` rows are (start, row, count) in ``reqs`` order)."""
+    __slots__ = ("number", "hidden", "reqs", "meta", "_index")
+
+    def __init__(self, number: int, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
+        self.number, self.hidden = number, hidden
+        self.reqs = [sp[0] for sp in spans]
+        self.meta = np.array([sp[1:] for sp in spans], dtype=np.int64).reshape(-1, 3)
+        self._index: dict[str, int] | None = None
+
+    def find(self, req: Any) -> tuple[int, int, int] | None:
+        """(start, row, count) of ``req`` in this hand-out, or None (a request of the same id
+        that left the engine before, e.g. exported and imported back, is another request)."""
+        if self._index is None:
+            self._index = {r.request_id: i for i, r in enumerate(self.reqs)}
+        i = self._index.get(req.request_id)
+        return None if i is None or self.reqs[i] is not req else tuple(self.meta[i].tolist())
+
+
 class DrafterPast:
-    """Per-request committed K/V for ``drafter``. K/V are computed when a draft is asked for
-    (``flush(requests)`` for the requests drafted for): a request that the per-request choice
-    never gives to the drafter, or that finishes first, costs nothing but its queue
-    (``MAX_WAIT`` positions at most)."""
+    """Per-request committed K/V for ``drafter``. A hand-out is logged as it comes (one entry
+    per call, whatever the number of requests); a request's positions are read from the log
+    and their K/V computed only when a draft is asked for it (``flush(requests)``): a request
+    that the per-request choice never gives to the drafter, or that finishes first, costs
+    nothing. The log keeps the last ``LOG_HAND_OUTS`` hand-outs; a request read after a longer
+    pause restarts its past at the oldest position still logged."""
 
     def __init__(self, drafter: Drafter, compute: Callable[[], Drafter] | None = None) -> None:
         self.drafter = drafter
         self.compute = compute or (lambda: drafter)   # the drafter (or its low-precision copy) that computes K/V
         self._past: dict[str, _Past] = {}
-        self._donors: dict[str, list[_Past]] = {}     # group -> its pasts that start at the prompt
+        self._log: deque[_HandOut] = deque()
+        self._count = 0                                # hand-outs so far
+        # group -> (prompt, hand-out number of its first piece, pieces (start, states, row, count))
+        self._prompts: dict[str, tuple[list[int], int, list[tuple[int, torch.Tensor, int, int]]]] = {}
+        self._prompt_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}   # group -> prompt K/V computed
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._past
 
-    def pending(self, request_id: str) -> int:
-        """Positions queued for the request (their K/V are computed at its next flush)."""
-        p = self._past.get(request_id)
+    def pending(self, req: Any) -> int:
+        """Positions of ``req`` whose K/V its next flush computes first."""
+        p = self._sync(req)
         return p.queued_n if p is not None else 0
 
-    def span(self, request_id: str) -> tuple[int, int]:
-        """(first, end) positions held or queued for the request ((0, 0) if none)."""
-        p = self._past.get(request_id)
+    def span(self, req: Any) -> tuple[int, int]:
+        """(first, end) positions held or logged for ``req`` ((0, 0) if none)."""
+        p = self._sync(req)
         return (p.base, p.end) if p is not None else (0, 0)
 
     def add(self, req: Any, start: int, hidden: torch.Tensor) -> None:
@@ -124,78 +150,129 @@ class DrafterPast:
         self.add_spans(hidden.float(), [(req, start, 0, k)])
 
     def add_spans(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
-        """A step's states: ``hidden`` [P, H] float32, kept as given (the engine hands out a
-        fresh tensor per step, never modified after); span (req, start, row, k): rows row ..
-        row + k - 1 are positions start .. start + k - 1 of ``req``, each one's next token
-        held (the engine's spans are; ``add`` checks one). Only a reference is queued (no
-        tensor op per request: this runs for every request at every step); the next tokens
-        are read from the request at the flush (committed tokens never change)."""
-        pasts = self._past
+        """A hand-out: ``hidden`` [P, H] float32, kept as given (the engine hands out a fresh
+        tensor per step, never modified after); span (req, start, row, k): rows row .. row +
+        k - 1 are positions start .. start + k - 1 of ``req``, each one's next token held (the
+        engine's spans are; ``add`` checks one). Logged in one entry; only prompt positions
+        (a group's first sample, for its siblings) are looked at now."""
+        entry = _HandOut(self._count, hidden, spans)
+        self._count += 1
+        self._log.append(entry)
         for req, start, row, k in spans:
-            p = pasts.get(req.request_id)
-            if p is None or start > p.end:                    # new, or a gap: the past starts here
-                if p is not None:
-                    self._drop_donor(p)
-                c = self.drafter.cfg
-                p = pasts[req.request_id] = _Past(start, c.num_heads, c.head_dim, req)
-                if start == 0:
-                    self._donors.setdefault(p.group, []).append(p)
-                elif start < req.num_prompt_tokens:
-                    self._borrow(p, start)
-            skip = p.end - start                              # already held (a recomputed prefill)
-            if skip >= k:
+            if start < len(req.prompt_token_ids):
+                self._note_prompt(req, start, hidden, row, k, entry.number)
+        while len(self._log) > LOG_HAND_OUTS:
+            gone = self._log.popleft().number
+            for g in [g for g, (_, first, _) in self._prompts.items() if first <= gone]:
+                del self._prompts[g]
+                self._prompt_kv.pop(g, None)
+
+    def _note_prompt(self, req: Any, start: int, hidden: torch.Tensor, row: int, k: int, number: int) -> None:
+        """Keep where a group's prompt positions are (from the sample that computed them),
+        so its other samples, which copied the prompt's target K/V, can read them."""
+        known = self._prompts.get(req.group_id)
+        if known is None or known[0] != req.prompt_token_ids:
+            k = min(k, len(req.prompt_token_ids) - 1)
+            if start == 0 and k > 0:
+                self._prompts[req.group_id] = (req.prompt_token_ids, number, [(0, hidden, row, k)])
+                self._prompt_kv.pop(req.group_id, None)
+            return
+        pieces = known[2]
+        end = pieces[-1][0] + pieces[-1][3]
+        k = min(k, len(req.prompt_token_ids) - 1 - start)  # positions whose next token is a prompt token
+        if start == end and k > 0:                        # the next prefill chunk
+            pieces.append((start, hidden, row, k))
+
+    def _sync(self, req: Any) -> _Past | None:
+        """Read the request's logged positions into its queue (creating its past)."""
+        rid = req.request_id
+        p = self._past.get(rid)
+        if self._log and p is not None and p.synced < self._log[0].number - 1:
+            p.synced = -1                                 # hand-outs were dropped: read what is left
+            if p.queued or p.length:
+                p = None                                  # and start afresh there
+        for entry in self._log:
+            if p is not None and entry.number <= p.synced:
                 continue
-            p.queued.append((start + skip, hidden, row + skip, row + k, req))
-            p.queued_n += k - skip
+            found = entry.find(req)
+            if found is None:
+                continue
+            start, row, k = found
+            if p is None or start > p.end:                # new, or a gap: the past starts here
+                c = self.drafter.cfg
+                p = self._past[rid] = _Past(start, c.num_heads, c.head_dim, req)
+                if start < req.num_prompt_tokens:
+                    self._borrow(p, start)
+            p.take(start, entry.hidden, row, k)
+        if p is not None and self._log:
+            p.synced = self._log[-1].number
             if p.queued_n > MAX_WAIT:
-                p.restart(MAX_WAIT // 2)
+                self._restart(p)
+        return p
+
+    def _restart(self, p: _Past) -> None:
+        """Keep only the newest MAX_WAIT // 2 queued positions (the held K/V and the older
+        ones are dropped; the past starts at the first position kept)."""
+        drop = p.queued_n - MAX_WAIT // 2
+        while drop > 0:
+            first, h, lo, hi = p.queued[0]
+            if hi - lo > drop:                                # the oldest entry is cut
+                p.queued[0] = (first + drop, h, lo + drop, hi)
+                break
+            drop -= hi - lo
+            del p.queued[0]
+        p.base, p.length, p.queued_n = p.queued[0][0], 0, MAX_WAIT // 2
+        p.k, p.v = p.k[:, :, :0], p.v[:, :0]
 
     def _borrow(self, p: _Past, start: int) -> None:
-        """A sibling that copied the prompt's target K/V from another request of its group
-        (the engine computes a group's prompt once) has no prefill states: copy the drafter
-        K/V of those prompt positions (< start) from a sibling that has them (computed now,
-        once for the group)."""
-        donor = next((d for d in self._donors.get(p.group, ()) if d.base == 0 and d.end >= start
-                      and d.prompt == p.prompt), None)
-        if donor is None:
+        """A group's prompt positions are handed out once (the engine computes a group's
+        prompt once and copies its target K/V to the other samples): their drafter K/V are
+        computed once per group, from the logged states, and every sample's past starts with
+        them (positions < ``start``, or all of them for the sample whose prefill it was)."""
+        known = self._prompts.get(p.group)
+        if known is None or known[0] != p.prompt:
             return
-        if donor.length < start:
-            self._compute([donor])
+        pieces = known[2]
+        n = pieces[-1][0] + pieces[-1][3]                 # prompt positions handed out
+        upto = start if start > 0 else n
+        if upto == 0 or n < upto:
+            return
+        kv = self._prompt_kv.get(p.group)
+        if kv is None or kv[0].shape[0] < n:
+            hidden = torch.cat([h[r:r + m] for _, h, r, m in pieces])
+            d = self.compute()
+            with torch.inference_mode():
+                kv = self._prompt_kv[p.group] = d.committed_kv(
+                    hidden.to(d.fc.weight.dtype), torch.tensor(list(p.prompt[1:n + 1])), torch.arange(n))
         p.base = 0
-        p.append(donor.k[:, :, :start].permute(2, 0, 1), donor.v[:, :start].transpose(0, 1))
+        p.append(kv[0][:upto], kv[1][:upto])
 
     def free(self, req: Any) -> None:
-        p = self._past.pop(req.request_id, None)
-        if p is not None:
-            self._drop_donor(p)
-
-    def _drop_donor(self, p: _Past) -> None:
-        donors = self._donors.get(p.group)
-        if donors is not None and p in donors:
-            donors.remove(p)
-            if not donors:
-                del self._donors[p.group]
+        self._past.pop(req.request_id, None)
 
     def flush(self, requests: list[Any] | None = None) -> None:
-        """K/V for every queued position of ``requests`` (default: all), in one batched pass."""
-        self._compute(self._past.values() if requests is None else [
-            p for p in (self._past.get(r.request_id) for r in requests) if p is not None])
+        """K/V for every logged position of ``requests`` (default: every request logged or
+        with a past), in one batched pass."""
+        if requests is None:
+            requests = list({id(r): r for r in [p.req for p in self._past.values()]
+                             + [r for e in self._log for r in e.reqs]}.values())
+        self._compute([p for p in map(self._sync, requests) if p is not None])
 
     @torch.inference_mode()
-    def _compute(self, pasts: Any) -> None:
-        pending = [(p, q) for p in pasts if p.queued for q in p.queued]
+    def _compute(self, pasts: list[_Past]) -> None:
+        pending = [(p, p.req, q) for p in pasts if p.queued for q in p.queued]
         if not pending:
             return
-        hidden = torch.cat([h[lo:hi] for _, (_, h, lo, hi, _) in pending])
-        tokens = torch.tensor([t for _, (s, _, lo, hi, req) in pending for t in req.tokens(s + 1, s + hi - lo + 1)])
-        positions = torch.cat([torch.arange(s, s + hi - lo) for _, (s, _, lo, hi, _) in pending])
+        hidden = torch.cat([h[lo:hi] for _, _, (_, h, lo, hi) in pending])
+        tokens = torch.tensor([t for _, req, (s, _, lo, hi) in pending for t in req.tokens(s + 1, s + hi - lo + 1)])
+        positions = torch.cat([torch.arange(s, s + hi - lo) for _, _, (s, _, lo, hi) in pending])
         d = self.compute()
         k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), tokens, positions)   # [P, heads, D]
         row = 0
-        for p, (_, _, lo, hi, _) in pending:
+        for p, _, (_, _, lo, hi) in pending:
             p.append(k[row:row + hi - lo], v[row:row + hi - lo])
             row += hi - lo
-        for p, _ in pending:
+        for p, _, _ in pending:
             p.queued, p.queued_n = [], 0
 
     def gather(self, requests: list[Any], roots: list[int], dtype: torch.dtype | None = None

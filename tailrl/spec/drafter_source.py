@@ -65,7 +65,7 @@ class DrafterSource:
 
     def pending(self, req: Any) -> int:
         """Positions of ``req`` whose drafter K/V the next draft for it computes first."""
-        return self.past.pending(req.request_id)
+        return self.past.pending(req)
 
     def finish(self, req: Any) -> None:
         self._ready.pop(req.request_id, None)
