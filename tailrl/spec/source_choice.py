@@ -57,6 +57,7 @@ class SourceChoice:
         self._steps: dict[str, float] = {}       # source -> forgotten count of verify steps
         self._xtx = np.zeros((3, 3))             # forgotten sums of x x^T, x = (1, n, q), over drafter calls
         self._xty = np.zeros(3)                  # ... and of x * seconds
+        self._prices: np.ndarray | None = None   # call_prices() solved from them
         self.pending = None                      # req -> positions queued for its drafter past (0: none)
         self._asks = 0
         self.exploring = False                   # this step verifies the drafter's drafts whatever their value
@@ -84,6 +85,7 @@ class SourceChoice:
         x = np.array([1.0, float(requests), float(positions)])
         self._xtx = self._xtx * self.decay + np.outer(x, x)
         self._xty = self._xty * self.decay + x * seconds
+        self._prices = None
 
     # ---- prices ------------------------------------------------------------------------------
     def calibration(self, source: str) -> float:
@@ -96,7 +98,13 @@ class SourceChoice:
         return self._acc[self.drafter] / st if st > 0 else None
 
     def call_prices(self) -> np.ndarray:
-        """(d0, d1, d2) of the calls measured so far (each >= 0; zeros before any)."""
+        """(d0, d1, d2) of the calls measured so far (each >= 0; zeros before any); solved
+        again only after a new call was measured."""
+        if self._prices is None:
+            self._prices = self._solve_prices()
+        return self._prices
+
+    def _solve_prices(self) -> np.ndarray:
         if self._xtx[0, 0] <= 0:
             return np.zeros(3)
         ridge = 1e-9 * np.trace(self._xtx) * np.eye(3)       # a feature that never varied gets 0
@@ -134,15 +142,16 @@ class SourceChoice:
                                           and self.explore_s <= self.explore_share * self.elapsed_s)
         if self.exploring:
             self._asks = 0
+        if not self.exploring:
+            tau, c = self.prices(batch_size)
+            d0, d1, d2 = self.call_prices()
+            most = mean * tau - min(limits.values(), default=0) * c   # no request gains more: often nothing can pay
+            if most <= d1 or len(requests) * (most - d1) <= d0:
+                return []
         # requests without a draft certain to be accepted in full
         open_ = [r for r in requests if have[r.request_id] is None or have[r.request_id].score < limits[r.request_id]]
         if self.exploring or not open_:
             return open_
-        tau, c = self.prices(batch_size)
-        d0, d1, d2 = self.call_prices()
-        most = mean * tau - min(limits.values()) * c       # no request gains more: often nothing can pay
-        if most <= d1 or len(open_) * (most - d1) <= d0:
-            return []
         queued = self.pending or (lambda r: 0)
         gains = [(r, mean * tau - limits[r.request_id] * c - d2 * queued(r)
                   - max(self.value(have[r.request_id], limits[r.request_id], tau, c), 0.0)) for r in open_]
