@@ -103,7 +103,13 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
             for i, resp in enumerate(history):                  # every run drafts from the same previous round
                 llms[name].history.record(f"p{i}", resp)
             runs[name].append(rollout(llms[name], prompts, n, 0, max_tokens))
-            print(f"round {r} {name:8s} makespan {runs[name][-1][1]['timing_s/gen']:.2f} s", flush=True)
+            met = runs[name][-1][1]
+            calls = (f" | drafter calls {met['rollout/spec_drafter_calls']:.0f} (exploring "
+                     f"{met['rollout/spec_drafter_explore_calls']:.0f}, skipped by the gate "
+                     f"{met['rollout/spec_drafter_gate_skips']:.0f}) {met['timing_s/drafter']:.2f} s"
+                     if "rollout/spec_drafter_calls" in met else "")
+            print(f"round {r} {name:8s} makespan {met['timing_s/gen']:.2f} s | forward {met['timing_s/forward']:.2f} s"
+                  f"{calls}", flush=True)
     out = {}
     for m in METHODS:
         met = runs[m][0][1]

@@ -3,22 +3,23 @@
 The engine hands out the target's normed hidden state of every position it computes
 (prompt positions in the prefill, emitted tokens after verification), once per step for all
 requests: ``add_spans(hidden, spans)``, span (req, start, row, k) for positions start ..
-start + k - 1, whose next tokens the request already holds. Queuing them costs a reference
-per request and step. A committed position's drafter K/V depend on (h_t, x_{t+1}) only, so
-they are computed once, batched over all requests (``flush``: one drafter input/K/V pass
-over the queued positions of the requests about to be drafted for), and appended; a
+start + k - 1, whose next tokens the request already holds. A hand-out is appended to a log
+as one entry, whatever the number of requests (this runs at every step, for every request:
+no per-request work). A request's positions are read from the log only when a draft is
+asked for it; a committed position's drafter K/V depend on (h_t, x_{t+1}) only, so they are
+computed then, once, batched over the requests drafted for (``flush``), and appended; a
 rejected draft never reaches here, so nothing is rolled back.
 
 A request's past is the contiguous positions ``[base, base + len)``:
 - the n samples of a prompt share its prefill (the engine computes it once and copies the
-  target K/V): a sample whose first positions come after the prompt copies the prompt
-  positions' drafter K/V from a sibling that holds them;
+  target K/V): the prompt positions' drafter K/V are computed once per group, from the
+  sample whose prefill it was, and every sample's past starts with them;
 - positions already held are skipped (a preempted request's recomputed prefill hands them
   out again: the past survives preemption as it was);
 - a gap (positions were computed elsewhere, e.g. a request imported with its target K/V
-  from another instance, whose prefill is not rerun) starts the past afresh at the new
-  position: the drafter attends only over what this instance computed. A request imported
-  without K/V is re-prefilled, so its whole past is rebuilt from that prefill.
+  from another instance, whose prefill is not rerun; or positions older than the log) starts
+  the past afresh at the new position: the drafter attends only over what it can read. A
+  request imported without K/V is re-prefilled, so its whole past is rebuilt from that prefill.
 
 Weights: K/V are computed with the drafter weights current at the flush; an online update
 (a new spot-trainer version, a few small steps) does not recompute them. Drafts are verified,
@@ -27,8 +28,7 @@ so stale K/V cost acceptance, never correctness.
 Memory: ``heads * head_dim * 2`` values per position (256 on ``small``, a third of one target
 layer's K/V) in the dtype of the drafter that computes them (``compute``: the low-precision
 copy with a bfloat16 target, see ``DrafterSource``), freed by ``free(req)`` when the request
-leaves the engine. A request not drafted for queues at most ``MAX_WAIT`` positions
-(references to the step tensors), then restarts its past at the newest of them.
+leaves the engine; and the last ``LOG_HAND_OUTS`` hand-outs' states.
 """
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ import torch
 
 from tailrl.model.drafter import Drafter
 
-# Positions a request may queue (not drafted for since). Past it, the request's past restarts
-# at its newest MAX_WAIT // 2 positions: the drafter needs only its recent past (measured on
-# ``small``, 16 x 8: 4.61 accepted per verify attending over every position, 4.55 over the
-# last 64, 3.69 over 16), the queue keeps at most this many positions' step tensors alive,
-# and a call never catches up on more than this per request.
+# Positions a request may have to catch up on (read from the log, K/V not computed yet).
+# Past it, the request's past restarts at its newest MAX_WAIT // 2 positions: the drafter
+# needs only its recent past (measured on ``small``, 16 x 8: 4.61 accepted per verify
+# attending over every position, 4.55 over the last 64, 3.69 over 16), and a call never
+# catches up on more than this per request.
 MAX_WAIT = 256
 # Hand-outs kept in the log (about one per engine step): a request read after a longer pause
 # restarts its past at the oldest position still logged. Bounds the states kept alive.
