@@ -112,8 +112,9 @@ class LLMEngine:
         clock.append(time.perf_counter())
         batch = self.runner.build(sched.rows, drafts)                      # 3. one batched forward
         clock.append(time.perf_counter())
-        # hidden states only when a source or collector reads them (no extra forward)
-        logits, hidden, computed = self.runner.run(batch, return_hidden=True) if self.keep_hidden else (
+        # hidden states only when a source or collector reads them at this batch size (no extra forward)
+        keep = self.speculator is not None and self.speculator.wants_hidden(len(sched.rows))
+        logits, hidden, computed = self.runner.run(batch, return_hidden=True) if keep else (
             self.runner.run(batch), None, None)
         clock.append(time.perf_counter())
         for req, n in sched.rows:                                          # the forward wrote their K/V
@@ -139,10 +140,6 @@ class LLMEngine:
         if self.idle_work is not None:                 # a step boundary: nothing is mid-step
             self.idle_work.after_step(len(sched.rows))
         return finished
-
-    @property
-    def keep_hidden(self) -> bool:
-        return self.speculator is not None and bool(getattr(self.speculator, "needs_hidden", False))
 
     def _propose(self, sched: SchedulerOutput) -> dict:
         if self.speculator is None or sched.token_budget_left <= 0:

@@ -101,6 +101,17 @@ class Speculator:
         collector keeps them)."""
         return self.collector is not None or any(getattr(s, "needs_hidden", False) for s in self.sources)
 
+    def wants_hidden(self, batch_size: int) -> bool:
+        """Whether a step of ``batch_size`` rows hands out its hidden states: always for a
+        collector (the spot trainer learns from every position); for a drafter only up to
+        ``max_spec_batch`` rows, where drafting happens (above it the drafter is not asked,
+        and a request's past starts when its batch comes down: the drafter needs its recent
+        positions only, see drafter_past.MAX_WAIT)."""
+        if self.collector is not None:
+            return True
+        bound = self.config.max_spec_batch
+        return (bound <= 0 or batch_size <= bound) and any(getattr(s, "needs_hidden", False) for s in self.sources)
+
     def calibrate(self, forward_fn: Callable[[int, int], object], **kw) -> None:
         """Time synthetic forwards up front (see ``CostModel.calibrate``)."""
         self.cost_model.calibrate(forward_fn, **kw)
