@@ -103,13 +103,13 @@ class Speculator:
 
     def wants_hidden(self, batch_size: int) -> bool:
         """Whether a step of ``batch_size`` rows hands out its hidden states: always for a
-        collector (the spot trainer learns from every position); for a drafter only up to
-        ``max_spec_batch`` rows, where drafting happens (above it the drafter is not asked,
-        and a request's past starts when its batch comes down: the drafter needs its recent
-        positions only, see drafter_past.MAX_WAIT)."""
+        collector (the spot trainer learns from every position); for a drafter up to twice
+        ``max_spec_batch`` rows. Drafting happens up to ``max_spec_batch``; the steps between
+        the two fill the requests' pasts before it starts (the drafter needs its recent
+        positions: see drafter_past.MAX_WAIT), and above them nothing is handed out."""
         if self.collector is not None:
             return True
-        bound = self.config.max_spec_batch
+        bound = 2 * self.config.max_spec_batch
         return (bound <= 0 or batch_size <= bound) and any(getattr(s, "needs_hidden", False) for s in self.sources)
 
     def calibrate(self, forward_fn: Callable[[int, int], object], **kw) -> None:
