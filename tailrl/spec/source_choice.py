@@ -44,7 +44,7 @@ from tailrl.spec.draft import Draft
 
 class SourceChoice:
     def __init__(self, cost_model: CostModel, drafter: str = "drafter", decay: float = 0.98,
-                 explore_every: int = 16, explore_share: float = 0.005) -> None:
+                 explore_every: int = 16, explore_share: float = 0.02) -> None:
         self.cost = cost_model
         self.drafter = drafter                   # the batched source's name
         self.decay = decay

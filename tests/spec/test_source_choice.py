@@ -86,7 +86,7 @@ def test_exploring_calls_stay_within_their_share_of_the_steps_time():
         choice.observe_step(0.010)
     assert sum(explored) >= 2 and choice.explore_s <= 0.1 * choice.elapsed_s + 0.005
     assert explored[1] and not explored[3]    # the second exploring call waits for its share
-    assert SourceChoice(FlatCost()).explore_share == 0.005
+    assert SourceChoice(FlatCost()).explore_share == 0.02
 
 
 def test_a_call_s_catch_up_on_queued_positions_is_priced():
