@@ -132,9 +132,12 @@ class DrafterPast:
         return request_id in self._past
 
     def pending(self, req: Any) -> int:
-        """Positions of ``req`` whose K/V its next flush computes first."""
-        p = self._sync(req)
-        return p.queued_n if p is not None else 0
+        """Positions of ``req`` whose K/V its next flush computes first, at most: its
+        committed positions after those held, up to ``MAX_WAIT`` (exact for a past read up to
+        now; the log is not read here, so pricing a call costs no per-request work)."""
+        p = self._past.get(req.request_id)
+        held = p.base + p.length if p is not None and p.req is req else 0
+        return max(0, min(req.num_tokens - 1 - held, MAX_WAIT))
 
     def span(self, req: Any) -> tuple[int, int]:
         """(first, end) positions held or logged for ``req`` ((0, 0) if none)."""
