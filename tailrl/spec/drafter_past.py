@@ -32,6 +32,7 @@ leaves the engine; and the last ``LOG_HAND_OUTS`` hand-outs' states.
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from typing import Any, Callable
 
@@ -166,7 +167,8 @@ class DrafterPast:
                 self._note_prompt(req, start, hidden, row, k, entry.number)
         while len(self._log) > LOG_HAND_OUTS:
             gone = self._log.popleft().number
-            for g in [g for g, (_, first, _) in self._prompts.items() if first <= gone]:
+            while self._prompts and next(iter(self._prompts.values()))[1] <= gone:   # oldest first
+                g = next(iter(self._prompts))
                 del self._prompts[g]
                 self._prompt_kv.pop(g, None)
 
@@ -176,7 +178,8 @@ class DrafterPast:
         known = self._prompts.get(req.group_id)
         if known is None or known[0] != req.prompt_token_ids:
             k = min(k, len(req.prompt_token_ids) - 1)
-            if start == 0 and k > 0:
+            if start == 0 and k > 0:                      # re-inserted last: the dict stays in hand-out order
+                self._prompts.pop(req.group_id, None)
                 self._prompts[req.group_id] = (req.prompt_token_ids, number, [(0, hidden, row, k)])
                 self._prompt_kv.pop(req.group_id, None)
             return
@@ -194,9 +197,8 @@ class DrafterPast:
             p.synced = -1                                 # hand-outs were dropped: read what is left
             if p.queued or p.length:
                 p = None                                  # and start afresh there
-        for entry in self._log:
-            if p is not None and entry.number <= p.synced:
-                continue
+        first = 0 if p is None or not self._log else max(0, p.synced + 1 - self._log[0].number)
+        for entry in itertools.islice(self._log, first, None):     # hand-outs not read yet
             found = entry.find(req)
             if found is None:
                 continue
