@@ -100,6 +100,27 @@ class Draft:
         """Expected number of accepted draft tokens (bonus token excluded)."""
         return float(sum(self.path_probs))
 
+    def accepted_by(self, emitted: list[int]) -> int:
+        """Draft nodes a verifier accepts when the target emits ``emitted`` from the root on
+        (``emitted[d]`` is the token after the path's node at depth d): the length of the
+        path that spells a prefix of ``emitted`` (duplicate siblings: the first one, as the
+        verifier). This is what verifying the draft gives, when the emitted tokens do not
+        depend on the draft (counter-based sampling): how shadow drafts are scored."""
+        if self.is_chain:
+            n = 0
+            for t, e in zip(self.tokens, emitted):
+                if t != e:
+                    break
+                n += 1
+            return n
+        children: dict[tuple[int, int], int] = {}
+        for j, (p, t) in enumerate(zip(self.parents, self.tokens)):
+            children.setdefault((p, t), j)
+        node, depth = -1, 0
+        while depth < len(emitted) and (node, emitted[depth]) in children:
+            node, depth = children[(node, emitted[depth])], depth + 1
+        return depth
+
     def path_to(self, i: int) -> list[int]:
         """Tokens from the root down to node ``i`` (inclusive)."""
         out = []

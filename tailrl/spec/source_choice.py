@@ -1,10 +1,15 @@
 """Per request and step: its suffix draft, a learned-drafter draft, or none, chosen from the
 measured acceptance of each source and the measured cost of drafting and verifying.
 
-Prices at this step's batch size ``B``, from the speculator's ``CostModel``:
+Prices at this step's batch size ``B``:
 
-    tau  = T(B, B) / B        seconds one emitted token is worth now (the batch's time per token)
-    c    = slope(B)           seconds one more verified draft node costs
+    tau  = seconds one emitted token is worth now: the realized seconds per emitted token of
+           the recent steps of this batch size (step time / (rows + accepted draft tokens),
+           drafting included, with forgetting; before any, the ``CostModel``'s plain step
+           T(B, B) / B). A token drafted now saves producing it later at that rate: at small
+           batch, where a suffix-drafted step emits ~4 tokens per row, a token is worth a
+           quarter of a plain step, not a whole one.
+    c    = slope(B)           seconds one more verified draft node costs (``CostModel``)
     D(n, q) = d0 + d1 n + d2 q  seconds of one batched drafter call for n requests with q
                               positions queued for their drafter past (their K/V are computed
                               first: after a pause that is most of a call); least squares with
@@ -19,37 +24,52 @@ any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
    the value of what the request already has (a suffix draft, or nothing = 0), minus ``d2 q_r``
    for its own queued positions (``pending(req)``, set by the speculator). The drafter is
    called for the requests with a positive gain if their gains add up to more than
-   ``d0 + d1 n``. Before the drafter has been verified, and then one step in ``explore_every``
-   while exploring calls took at most ``explore_share`` of the steps' time so far, it is
-   called for every request without a full-length draft, and its drafts are verified
-   whatever their value, so its acceptance (which changes as it trains online) and its cost
-   stay measured; the share bounds what measuring a drafter that is rarely worth it costs.
-   A call the prices approve is then made or skipped by ``gate`` (``CallGate``: a call/skip
-   bandit per batch size over realized step throughput), which checks the model against
-   what the calls bring.
-2. ``pick``: without a drafter draft, the suffix draft as the speculation policy chose it (as
+   ``d0 + d1 n``. A call the prices approve is then made or skipped by ``gate``
+   (``CallGate``: a call/skip bandit per batch size over realized step throughput), which
+   checks the model against what the calls bring.
+2. *Exploring*: the drafter's acceptance changes as it trains online, so it is measured
+   whether or not its drafts are worth verifying. Until its first draft is scored, and then
+   after ``explore_every`` steps without a call (a call's verified drafts measure it too),
+   while exploring calls took at most ``explore_share`` of the steps' time so far, the drafter drafts for ``explore_rows`` requests drawn at random (seeded) among
+   those without a full-length draft, and nothing else is asked that step. These drafts are
+   *shadow* drafts: never verified (each request verifies its suffix draft as usual), scored
+   by the speculator once the request's tokens are known. Sampling is counter-based, so the
+   tokens a request emits do not depend on its drafts, and a draft node is accepted iff it
+   equals the token emitted at its position: a shadow draft's score is exactly the
+   acceptance verification would have given it (``Draft.accepted_by``), at the cost of a
+   few-row drafter call and no verify slot.
+3. ``pick``: without a drafter draft, the suffix draft as the speculation policy chose it (as
    with suffix drafts alone); else the draft of higher value, none when the better value is
    not positive.
+
+``always`` (the drafter alone, ``method="drafter"``; tests of the drafter's verified path):
+every request without a full-length draft gets the drafter's draft at every step the
+speculation policy drafts, and it is verified, whatever the prices say.
 """
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
 
 from tailrl.spec.call_gate import CallGate
-from tailrl.spec.cost_model import CostModel
+from tailrl.spec.cost_model import CostModel, batch_bucket
 from tailrl.spec.draft import Draft
 
 
 class SourceChoice:
     def __init__(self, cost_model: CostModel, drafter: str = "drafter", decay: float = 0.98,
-                 explore_every: int = 16, explore_share: float = 0.02) -> None:
+                 explore_every: int = 16, explore_share: float = 0.01, explore_rows: int = 4,
+                 always: bool = False, seed: int = 0) -> None:
         self.cost = cost_model
         self.drafter = drafter                   # the batched source's name
         self.decay = decay
         self.explore_every = explore_every
         self.explore_share = explore_share
+        self.explore_rows = explore_rows         # requests per exploring (shadow) call
+        self.always = always                     # the drafter drafts for every open request, verified
+        self._rng = random.Random(seed)          # which requests an exploring call samples
         self.explore_s = 0.0                     # seconds of exploring calls
         self.elapsed_s = 0.0                     # seconds of all steps (``observe_step``)
         self._acc: dict[str, float] = {}         # source -> forgotten sum of accepted tokens
@@ -58,24 +78,35 @@ class SourceChoice:
         self._xtx = np.zeros((3, 3))             # forgotten sums of x x^T, x = (1, n, q), over drafter calls
         self._xty = np.zeros(3)                  # ... and of x * seconds
         self._prices: np.ndarray | None = None   # call_prices() solved from them
+        self._token_s: dict[int, float] = {}     # batch bucket -> realized seconds per emitted token
+        self._step_accepted = 0                  # verified draft tokens accepted this step
         self.pending = None                      # req -> positions queued for its drafter past (0: none)
-        self._asks = 0
-        self.exploring = False                   # this step verifies the drafter's drafts whatever their value
+        self._asks = 0                           # asks since the last exploring call
+        self.exploring = False                   # this step's call drafts shadow drafts (never verified)
         self.gate = CallGate()
 
     # ---- learning ------------------------------------------------------------------------
-    def record(self, source: str, score: float, accepted: int) -> None:
-        """One verified draft of ``source``: its score and the tokens accepted (bonus excluded)."""
+    def record(self, source: str, score: float, accepted: int, verified: bool = True) -> None:
+        """One draft of ``source`` scored: its score and the tokens accepted (bonus excluded);
+        ``verified=False`` for a shadow draft (its acceptance counts, not for this step's gate)."""
         d = self.decay
         self._acc[source] = self._acc.get(source, 0.0) * d + accepted
         self._score[source] = self._score.get(source, 0.0) * d + score
         self._steps[source] = self._steps.get(source, 0.0) * d + 1.0
-        self.gate.record(accepted)
+        if verified:
+            self.gate.record(accepted)
+            self._step_accepted += accepted
 
     def observe_step(self, seconds: float, batch_size: int = 0, prefill: bool = False) -> None:
         """One engine step of ``batch_size`` rows (drafting included) took ``seconds``."""
         self.elapsed_s += seconds
         self.gate.observe_step(batch_size, seconds, prefill)
+        accepted, self._step_accepted = self._step_accepted, 0
+        if prefill or batch_size < 1 or not seconds > 0:
+            return
+        b, per_token = batch_bucket(batch_size), seconds / (batch_size + accepted)
+        old = self._token_s.get(b)
+        self._token_s[b] = per_token if old is None else self.decay * old + (1 - self.decay) * per_token
 
     def observe_call(self, seconds: float, requests: int, positions: int = 0) -> None:
         """One batched drafter call for ``requests`` requests with ``positions`` queued past
@@ -93,7 +124,7 @@ class SourceChoice:
         return self._acc[source] / s if s > 0 else 1.0
 
     def drafter_mean(self) -> float | None:
-        """The drafter's accepted tokens per verify step (None before it was verified)."""
+        """The drafter's accepted tokens per draft, bonus excluded (None before any was scored)."""
         st = self._steps.get(self.drafter, 0.0)
         return self._acc[self.drafter] / st if st > 0 else None
 
@@ -121,9 +152,14 @@ class SourceChoice:
         d0, d1, d2 = self.call_prices()
         return d0 + d1 * requests + d2 * positions
 
+    def token_seconds(self, batch_size: int) -> float:
+        """tau: what one emitted token is worth at this batch size, in seconds."""
+        tau = self._token_s.get(batch_bucket(batch_size))
+        return tau if tau is not None else self.cost.predict(batch_size, batch_size) / batch_size
+
     def prices(self, batch_size: int) -> tuple[float, float]:
         """(tau, c): seconds per emitted token, seconds per verified node at this batch size."""
-        return self.cost.predict(batch_size, batch_size) / batch_size, self.cost.slope(batch_size)
+        return self.token_seconds(batch_size), self.cost.slope(batch_size)
 
     def value(self, draft: Draft | None, limit: int, tau: float, c: float) -> float:
         if draft is None:
@@ -135,35 +171,46 @@ class SourceChoice:
     # ---- decisions -----------------------------------------------------------------------------
     def ask(self, requests: list[Any], have: dict[str, Draft | None], limits: dict[str, int],
             batch_size: int) -> list[Any]:
-        """The requests to call the drafter for this step."""
+        """The requests to call the drafter for this step (for shadow drafts if ``exploring``)."""
+        self.exploring = False
+        if self.always:
+            return self._open(requests, have, limits)
         self._asks += 1                            # since the last exploring call
         mean = self.drafter_mean()
-        self.exploring = mean is None or (self._asks >= self.explore_every
-                                          and self.explore_s <= self.explore_share * self.elapsed_s)
-        if self.exploring:
-            self._asks = 0
-        if not self.exploring:
-            tau, c = self.prices(batch_size)
-            d0, d1, d2 = self.call_prices()
-            most = mean * tau - min(limits.values(), default=0) * c   # no request gains more: often nothing can pay
-            if most <= d1 or len(requests) * (most - d1) <= d0:
-                return []
-        # requests without a draft certain to be accepted in full
-        open_ = [r for r in requests if have[r.request_id] is None or have[r.request_id].score < limits[r.request_id]]
-        if self.exploring or not open_:
-            return open_
+        due = mean is None or self._asks >= self.explore_every
+        if due and self.explore_s <= self.explore_share * self.elapsed_s:
+            open_ = self._open(requests, have, limits)
+            if open_:
+                self._asks, self.exploring = 0, True
+                picked = sorted(self._rng.sample(range(len(open_)), min(self.explore_rows, len(open_))))
+                return [open_[i] for i in picked]
+        if mean is None:                           # nothing measured yet: nothing to value
+            return []
+        tau = self.token_seconds(batch_size)
+        d0, d1, d2 = self.call_prices()
+        most = mean * tau                          # no request gains more: often nothing can pay
+        if most <= d1 or len(requests) * (most - d1) <= d0:
+            return []
+        c = self.cost.slope(batch_size)
+        open_ = self._open(requests, have, limits)
         queued = self.pending or (lambda r: 0)
         gains = [(r, mean * tau - limits[r.request_id] * c - d2 * queued(r)
                   - max(self.value(have[r.request_id], limits[r.request_id], tau, c), 0.0)) for r in open_]
         worth = [(r, g) for r, g in gains if g > 0]
         if not worth or sum(g for _, g in worth) <= d0 + d1 * len(worth) or not self.gate.allow(batch_size):
             return []
+        self._asks = 0                             # this call's verified drafts measure the drafter
         return [r for r, _ in worth]
+
+    @staticmethod
+    def _open(requests: list[Any], have: dict[str, Draft | None], limits: dict[str, int]) -> list[Any]:
+        """The requests without a draft certain to be accepted in full."""
+        return [r for r in requests if have[r.request_id] is None or have[r.request_id].score < limits[r.request_id]]
 
     def pick(self, current: Draft | None, drafted: Draft | None, limit: int, batch_size: int) -> Draft | None:
         if drafted is None:               # the drafter was not asked: what suffix drafting alone does
             return current
-        if self.exploring:
+        if self.always:
             return drafted
         options = [d for d in (current, drafted) if d is not None]
         tau, c = self.prices(batch_size)

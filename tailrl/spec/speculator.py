@@ -13,7 +13,12 @@ Per engine step:
    max_tokens, max_paths)`` method (the learned drafter) draft in one batched call for the
    requests that ``SourceChoice`` (source_choice.py) finds worth it, from measured acceptance
    and the measured price of the drafter's forward; it also picks per request the suffix
-   draft, the drafter's or none. *Carry*: when a chain was accepted
+   draft, the drafter's or none. Without suffix sources (``method="drafter"``) the drafter
+   drafts for every request. To keep the drafter measured, some steps' calls draft *shadow*
+   drafts for a few requests: never verified, each is scored (``record(..., verified=False)``)
+   by ``observe`` once the request has emitted the tokens at the draft's positions, with
+   ``Draft.accepted_by``: the count verification would have given, since a request's tokens
+   do not depend on its drafts. *Carry*: when a chain was accepted
    in full, its unverified rest is the request's next draft if the bonus token sampled after
    it equals the rest's first token; the sources are not asked (measured: drafting was ~15%
    of a speculative rollout's time).
@@ -44,7 +49,10 @@ and ``timing_s/draft`` (proposing) and ``timing_s/draft_index`` (feeding the ind
 a learned drafter also ``rollout/spec_drafter_calls`` (batched calls, catch-up of its past
 included), ``rollout/spec_drafter_explore_calls`` (those made to measure it),
 ``rollout/spec_drafter_gate_skips`` (calls the prices approved and ``CallGate`` skipped) and
-``timing_s/drafter`` (their time, part of ``timing_s/draft``).
+``timing_s/drafter`` (their time, part of ``timing_s/draft``), ``rollout/spec_drafter_shadow_drafts``
+and ``rollout/spec_drafter_shadow_accept_length`` (shadow drafts scored, their tokens per
+verify step had they been verified, bonus included); per source also
+``rollout/spec_verify_steps/<source>``.
 """
 from __future__ import annotations
 
@@ -83,13 +91,16 @@ class Speculator:
         self._hidden_takers = [s.observe_hidden for s in self.sources if hasattr(s, "observe_hidden")]
         # per request: suffix draft, drafter draft or none (only with a batched source: the drafter)
         batched = [s for s in self.sources if hasattr(s, "prepare")]
-        self.choice = SourceChoice(self.cost_model) if batched else None
+        # the drafter alone (no suffix source) drafts for every request, verified
+        always = len(batched) == len(self.sources)
+        self.choice = SourceChoice(self.cost_model, batched[0].name, always=always, seed=seed) if batched else None
         if batched and hasattr(batched[0], "pending"):
             self.choice.pending = batched[0].pending        # positions a call must catch up on
         self.max_tree_paths = self.config.max_tree_paths
         self._step_draft_s = 0.0
         self._full: dict[str, Draft] = {}      # this step's untruncated chains, by request
         self._carry: dict[str, Draft] = {}     # unverified rests of fully accepted chains
+        self._shadow: dict[str, tuple[Draft, int, int]] = {}   # exploring drafts: id -> (draft, first, end position)
         # where the rollout's (hidden state, token) pairs go (the spot trainer's DrafterBuffer)
         self.collector: Any = None
         self._drafter_warm = False             # a batched drafter call was made (and timed) before
@@ -127,7 +138,21 @@ class Speculator:
         t0 = time.perf_counter()
         for s in self.sources:
             s.observe(req, new_tokens)
+        if self._shadow and req.request_id in self._shadow:
+            self._score_shadow(req)
         self._index_s += time.perf_counter() - t0
+
+    def _score_shadow(self, req: Any) -> None:
+        """Score the request's shadow draft once its tokens at the draft's positions are known:
+        the nodes verification would have accepted (``Draft.accepted_by``)."""
+        draft, first, end = self._shadow[req.request_id]
+        if req.num_tokens < end:
+            return
+        del self._shadow[req.request_id]
+        accepted = draft.accepted_by(req.tokens(first, end))
+        self.choice.record(draft.source, draft.score, accepted, verified=False)
+        self._shadow_n += 1
+        self._shadow_accepted += accepted
 
     def observe_hidden(self, hidden: Any, spans: list[tuple[Any, int, int, int]]) -> None:
         """One step's hand-out: ``hidden`` [P, H] float32 (fresh, never modified after);
@@ -149,6 +174,7 @@ class Speculator:
 
     def finish(self, req: Any) -> None:
         self._carry.pop(req.request_id, None)
+        self._shadow.pop(req.request_id, None)           # ended before its shadow draft's positions
         if self.collector is not None:
             self.collector.finish(req)
         for s in self.sources:
@@ -247,7 +273,14 @@ class Speculator:
             return found
         rest = [r for r in requests if r.request_id not in carried]
         limits = {r.request_id: min(self.max_draft_tokens, self.policy.draft_limit(r)) for r in rest}
-        drafted = self._draft_batched(self.choice.ask(rest, found, limits, batch_size), paths, batched)
+        asked = self.choice.ask(rest, found, limits, batch_size)
+        drafted = self._draft_batched(asked, paths, batched)
+        if self.choice.exploring:                      # shadow drafts, scored as the tokens come
+            for req in asked:
+                if req.request_id in drafted:
+                    d = drafted[req.request_id][0]
+                    self._shadow[req.request_id] = (d, req.num_tokens, req.num_tokens + d.max_depth)
+            return found
         if not drafted:                                # every request keeps its suffix draft (``pick``)
             return found
         for req in rest:
@@ -332,6 +365,7 @@ class Speculator:
         self._steps: dict[str, int] = defaultdict(int)
         self._asked = self._found = self._off_steps = 0
         self._calls = self._explore_calls = 0             # batched drafter calls (exploring ones)
+        self._shadow_n = self._shadow_accepted = 0        # shadow drafts scored, their accepted nodes
         self._skips0 = self.choice.gate.skipped if getattr(self, "choice", None) is not None else 0
         self._draft_s = self._index_s = self._call_s = 0.0
 
@@ -354,11 +388,15 @@ class Speculator:
             m.update({"rollout/spec_drafter_calls": float(self._calls),
                       "rollout/spec_drafter_explore_calls": float(self._explore_calls),
                       "rollout/spec_drafter_gate_skips": float(self.choice.gate.skipped - self._skips0),
+                      "rollout/spec_drafter_shadow_drafts": float(self._shadow_n),
+                      "rollout/spec_drafter_shadow_accept_length":
+                          (self._shadow_accepted + self._shadow_n) / self._shadow_n if self._shadow_n else 0.0,
                       "timing_s/drafter": self._call_s})
         names = dict.fromkeys([s.name for s in self.sources] + list(self._steps))
         for name in names:
             st = self._steps.get(name, 0)
             m[f"rollout/spec_draft_tokens/{name}"] = float(self._drafted.get(name, 0))
             m[f"rollout/spec_accepted_tokens/{name}"] = float(self._accepted.get(name, 0))
+            m[f"rollout/spec_verify_steps/{name}"] = float(st)
             m[f"rollout/spec_accept_length/{name}"] = (self._accepted.get(name, 0) + st) / st if st else 0.0
         return m

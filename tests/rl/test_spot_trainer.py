@@ -20,7 +20,7 @@ def spot_llm(model, drafter_dir, method="drafter", **spot) -> tuple[LLM, SpotTra
     llm = LLM(model, dtype="float64", speculative=SpeculativeConfig(method=method, drafter=drafter_dir,
                                                                     min_token_prob=0.0))
     src = next(s for s in llm.engine.speculator.sources if s.name == "drafter")
-    llm.engine.speculator.choice.explore_share = float("inf")    # the trained drafts are verified, whatever they cost
+    llm.engine.speculator.choice.always = True                 # the trained drafts are verified, whatever they cost
     cfg = dict(threshold=1000, min_windows=8, batch=16, unroll=2, max_share=1.0, lr=1e-3)
     cfg.update(spot)
     trainer = SpotTrainer(src.drafter, DrafterBuffer(4096), SpotConfig(**cfg))

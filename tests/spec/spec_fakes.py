@@ -20,3 +20,10 @@ class FakeRequest:
         self.output_token_ids.extend(tokens)
         for s in sources:
             s.observe(self, list(tokens))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def tokens(self, start: int, stop: int) -> list[int]:
+        return (self.prompt_token_ids + self.output_token_ids)[start:stop]

@@ -58,3 +58,12 @@ def test_truncate_prefers_likely_branch():
     d = Draft([1, 2, 3, 4], [-1, 0, -1, 2], [0.3, 1.0, 0.7, 0.9], "group")
     t = d.truncate(2)
     assert t.tokens == [3, 4] and t.parents == [-1, 0]
+
+
+def test_accepted_by_follows_the_emitted_tokens_down_a_chain_or_a_tree():
+    c = Draft.chain([5, 6, 7])
+    assert [c.accepted_by(e) for e in ([5, 6, 7, 1], [5, 6, 1], [1, 6, 7], [5, 6], [])] == [3, 2, 0, 2, 0]
+    #        root -> 5 -> 6 -> 8 ; root -> 9 -> 6 ; root -> 5 (duplicate sibling: the first one wins)
+    t = Draft([5, 9, 6, 6, 8, 5], [-1, -1, 0, 1, 2, -1], [0.5] * 6, "drafter")
+    assert not t.is_chain
+    assert [t.accepted_by(e) for e in ([5, 6, 8, 0], [9, 6, 8], [9, 7], [4], [5, 6, 7])] == [3, 2, 1, 0, 2]

@@ -67,12 +67,32 @@ def test_outputs_identical_with_drafter_speculation(model, drafter_dir, dtype, m
     plain = LLM(model, dtype=dtype)
     spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(
         method=method, drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
-    spec.engine.speculator.choice.explore_every, spec.engine.speculator.choice.explore_share = 1, float("inf")     # verify the drafter's drafts at every step
+    spec.engine.speculator.choice.always = True     # verify the drafter's drafts at every step
     for _ in range(2):                                          # the second call: hybrid has history too
         assert_same(plain.generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))
     m = spec.last_metrics
     drafted, accepted = m["rollout/spec_draft_tokens/drafter"], m["rollout/spec_accepted_tokens/drafter"]
     assert 0 < accepted < drafted                               # acceptances and rejections both ran
+
+
+@pytest.mark.parametrize("paths", [1, 3])
+def test_a_draft_scored_on_the_emitted_tokens_gets_what_verification_gave_it(model, drafter_dir, paths):
+    """Shadow drafts are scored by ``Draft.accepted_by`` on the tokens the request goes on to
+    emit. On the drafter's verified drafts (float64, chains and trees, acceptances and
+    rejections) it gives the verifier's count for every draft that lies inside its response."""
+    spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(
+        method="drafter", drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
+    s = spec.engine.speculator
+    at, seen = {}, []
+    propose, record = s.propose, s.record_verification
+    s.propose = lambda reqs, *a, **k: (at.update({r.request_id: r.num_tokens for r in reqs}), propose(reqs, *a, **k))[1]
+    s.record_verification = lambda req, d, n: (seen.append((req, d, n, at[req.request_id])), record(req, d, n))[1]
+    spec.generate(PROMPTS, PARAMS)
+    inside = [(req, d, n, first) for req, d, n, first in seen if first + d.max_depth <= req.num_tokens]
+    assert len(inside) > 20 and {0, 1} <= {n for _, _, n, _ in inside}
+    assert any(not d.is_chain for _, d, _, _ in inside) == (paths > 1)
+    for req, d, n, first in inside:
+        assert d.accepted_by(req.tokens(first, first + d.max_depth)) == n
 
 
 def test_config_names_the_drafter_field(drafter_dir, tmp_path):
@@ -148,7 +168,6 @@ def test_bfloat16_targets_draft_big_batches_in_a_bfloat16_copy_kept_current(mode
     assert len(prompts) * sp.n >= FAST_ROWS
     spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(method="drafter", drafter=drafter_dir,
                                                                       min_token_prob=0.0))
-    spec.engine.speculator.choice.explore_every, spec.engine.speculator.choice.explore_share = 1, float("inf")
     src = spec.engine.speculator.sources[0]
     rows = []
     inner = src.grow
@@ -177,7 +196,6 @@ def test_hidden_states_are_handed_out_only_where_the_drafter_drafts(model, draft
     spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(method="drafter", drafter=drafter_dir,
                                                                      min_token_prob=0.0, max_spec_batch=3))
     s = spec.engine.speculator
-    s.choice.explore_every, s.choice.explore_share = 1, float("inf")
     assert s.wants_hidden(6) and not s.wants_hidden(7)
     past = s.sources[0].past
     counts = []

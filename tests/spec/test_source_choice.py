@@ -41,12 +41,30 @@ def measured(choice, drafter_accepts, calls=((0.001, 4),)):
         choice.observe_call(*call)
 
 
-def test_an_unmeasured_drafter_is_asked_for_every_request_without_a_certain_draft():
-    choice = SourceChoice(FlatCost())
+def test_an_unmeasured_drafter_explores_a_random_sample_of_the_requests_without_a_certain_draft():
+    choice = SourceChoice(FlatCost(), explore_rows=2)
+    rs = reqs(4)
+    have = {"r0": None, "r1": chain(2), "r2": chain(6, p=1.0), "r3": None}
+    limits = {r.request_id: 6 for r in rs}
+    asked = choice.ask(rs, have, limits, 4)
+    assert choice.exploring and len(asked) == 2 and set(asked) <= {rs[0], rs[1], rs[3]}
+    assert asked == sorted(asked, key=rs.index)                 # in batch order
+    again = SourceChoice(FlatCost(), explore_rows=2)            # seeded: the same sample
+    assert again.ask(rs, have, limits, 4) == asked
+    choice.observe_call(0.005, 2)                               # unmeasured still, but the share is spent
+    assert choice.ask(rs, have, limits, 4) == [] and not choice.exploring
+    choice.observe_step(1.0)
+    assert len(choice.ask(rs, have, limits, 4)) == 2 and choice.exploring
+
+
+def test_always_asks_for_every_request_without_a_certain_draft_and_picks_the_drafter_s():
+    choice = SourceChoice(FlatCost(), always=True)
     rs = reqs(3)
     have = {"r0": None, "r1": chain(2), "r2": chain(6, p=1.0)}
-    assert choice.ask(rs, have, {r.request_id: 6 for r in rs}, 3) == rs[:2]
-    assert choice.exploring
+    for _ in range(3):
+        assert choice.ask(rs, have, {r.request_id: 6 for r in rs}, 3) == rs[:2] and not choice.exploring
+    drafted = Draft.chain([1, 2], [0.1, 0.1], "drafter")
+    assert choice.pick(chain(2), drafted, 6, 3) is drafted
 
 
 def test_a_good_cheap_drafter_is_asked_where_suffix_drafts_are_weak():
@@ -57,6 +75,40 @@ def test_a_good_cheap_drafter_is_asked_where_suffix_drafts_are_weak():
     assert choice.ask(rs, have, {r.request_id: 5 for r in rs}, 3) == rs[:2]
 
 
+def test_calls_made_put_off_exploring():
+    """A call's verified drafts measure the drafter: exploring waits for ``explore_every``
+    steps without one (the gate makes every other approved call while it learns)."""
+    choice = SourceChoice(FlatCost(), explore_every=3)
+    measured(choice, drafter_accepts=3, calls=((0.0001, 1), (0.0004, 4)))
+    rs = reqs(2)
+    have, limits = {r.request_id: None for r in rs}, {r.request_id: 6 for r in rs}
+    flags = []
+    for _ in range(8):
+        asked = choice.ask(rs, have, limits, 2)
+        flags.append((bool(asked), choice.exploring))
+    assert flags == [(True, False), (False, False)] * 4
+
+
+def test_a_token_is_worth_the_realized_time_per_emitted_token():
+    """tau: seconds per emitted token over recent steps of the batch size (drafts included),
+    so a call worth making were each token a plain step's is not when drafts already emit
+    several tokens per row."""
+    choice = SourceChoice(FlatCost(), explore_every=1000)
+    assert choice.token_seconds(2) == 0.005                    # before any step: a plain step per row
+    measured(choice, drafter_accepts=3, calls=((0.006, 1), (0.006, 2)))   # a call costs 6 ms
+    choice.observe_step(0.010, batch_size=2, prefill=True)     # a prefill step teaches nothing
+    rs = reqs(2)
+    have, limits = {r.request_id: None for r in rs}, {r.request_id: 6 for r in rs}
+    assert choice.ask(rs, have, limits, 2) == rs               # 2 x 3 tokens x 5 ms > 6 ms
+    choice.record("self", 3.0, 4)
+    choice.record("self", 3.0, 4)
+    choice.observe_step(0.010, batch_size=2)                   # 10 tokens in 10 ms
+    assert choice.token_seconds(2) == 0.001 and choice.token_seconds(64) == 0.01 / 64
+    choice.observe_step(0.010, batch_size=2)                   # 2 tokens: with forgetting
+    assert abs(choice.token_seconds(2) - (0.98 * 0.001 + 0.02 * 0.005)) < 1e-12
+    assert choice.ask(rs, have, limits, 2) == []               # 2 x 3 tokens x ~1 ms < 6 ms
+
+
 def test_a_poor_or_costly_drafter_is_not_asked_except_to_explore():
     poor = SourceChoice(FlatCost(), explore_every=4)
     measured(poor, drafter_accepts=0)
@@ -64,7 +116,7 @@ def test_a_poor_or_costly_drafter_is_not_asked_except_to_explore():
     have = {r.request_id: None for r in rs}
     limits = {r.request_id: 6 for r in rs}
     asked = [poor.ask(rs, have, limits, 4) for _ in range(8)]
-    assert [len(a) for a in asked] == [0, 0, 0, 4, 0, 0, 0, 4]      # one step in 4 explores
+    assert [len(a) for a in asked] == [0, 0, 0, 4, 0, 0, 0, 4]      # one step in 4 explores (4 rows)
     costly = SourceChoice(FlatCost())
     measured(costly, drafter_accepts=2, calls=((0.05, 1), (0.2, 4)))  # a call costs more than the gain
     assert costly.ask(rs, have, limits, 4) == []
@@ -86,7 +138,7 @@ def test_exploring_calls_stay_within_their_share_of_the_steps_time():
         choice.observe_step(0.010)
     assert sum(explored) >= 2 and choice.explore_s <= 0.1 * choice.elapsed_s + 0.005
     assert explored[1] and not explored[3]    # the second exploring call waits for its share
-    assert SourceChoice(FlatCost()).explore_share == 0.02
+    assert SourceChoice(FlatCost()).explore_share == 0.01
 
 
 def test_a_call_s_catch_up_on_queued_positions_is_priced():
@@ -105,7 +157,6 @@ def test_a_call_s_catch_up_on_queued_positions_is_priced():
 def test_pick_the_more_valuable_draft_or_none():
     choice = SourceChoice(FlatCost(slope=1e-4))         # a token is worth 2.5 ms, a node costs 0.1 ms
     measured(choice, drafter_accepts=1)                 # drafter calibration 1/3, suffix 1
-    choice.exploring = False
     suffix, drafted = chain(3, p=0.5, source="self"), Draft.chain([1, 2, 3], [0.9] * 3, "drafter")
     assert choice.pick(suffix, drafted, 6, 4) is suffix
     assert choice.pick(None, drafted, 6, 4) is drafted
@@ -113,10 +164,7 @@ def test_pick_the_more_valuable_draft_or_none():
     pricey = SourceChoice(FlatCost(slope=0.05))         # verifying costs more than a token is worth
     assert pricey.pick(suffix, None, 6, 4) is suffix    # drafter not asked: the suffix policy's choice
     measured(pricey, drafter_accepts=1)
-    pricey.exploring = False
     assert pricey.pick(suffix, drafted, 6, 4) is None   # asked: neither pays
-    choice.exploring = True                             # exploring: the drafter's draft is verified
-    assert choice.pick(suffix, drafted, 6, 4) is drafted
 
 
 class FakeDrafter:
@@ -141,16 +189,68 @@ class FakeDrafter:
         pass
 
 
+class NoSuffix:
+    """A suffix source that never finds a draft."""
+    name = "self"
+
+    def propose(self, req, max_tokens, max_paths):
+        return None
+
+    def start(self, req):
+        pass
+
+    def observe(self, req, tokens):
+        pass
+
+    def finish(self, req):
+        pass
+
+
 def test_the_speculator_calls_the_drafter_only_when_the_choice_asks():
     drafter = FakeDrafter()
-    spec = Speculator(SpeculativeConfig(), sources=[drafter], policy=FixedPolicy(4), cost_model=FlatCost())
+    spec = Speculator(SpeculativeConfig(), sources=[NoSuffix(), drafter], policy=FixedPolicy(4), cost_model=FlatCost())
     rs = reqs(3)
-    out = spec.propose(rs, 3)
-    assert drafter.prepared == [["r0", "r1", "r2"]] and set(out) == {"r0", "r1", "r2"}
-    for r in rs:                                        # the drafter's drafts are never accepted
-        spec.record_verification(r, out[r.request_id], 0)
+    assert spec.propose(rs, 3) == {}                    # exploring: shadow drafts, nothing verified
+    assert drafter.prepared == [["r0", "r1", "r2"]] and spec.choice.drafter_mean() is None
+    for r in rs:                                        # the drafter's drafts (7, 7, ...) are never right
+        r.emit(spec.sources, [1, 2, 3, 4])
+        spec.observe(r, [1, 2, 3, 4])
+    assert spec.choice.drafter_mean() == 0.0
     spec.choice.explore_every = 1000
     for _ in range(5):
         assert spec.propose(rs, 3) == {}
     assert len(drafter.prepared) == 1
     assert spec.choice.call_cost(3) >= 0
+
+
+def test_the_drafter_alone_drafts_for_every_request_at_every_step():
+    drafter = FakeDrafter()
+    spec = Speculator(SpeculativeConfig(), sources=[drafter], policy=FixedPolicy(4), cost_model=FlatCost())
+    rs = reqs(3)
+    for step in range(3):
+        out = spec.propose(rs, 3)
+        assert set(out) == {"r0", "r1", "r2"} and len(drafter.prepared) == step + 1
+        for r in rs:
+            spec.record_verification(r, out[r.request_id], 0)
+
+
+def test_shadow_drafts_are_scored_when_their_tokens_are_known_as_verification_would():
+    drafter = FakeDrafter()                             # drafts 7, 7, 7, 7 (score 0.8 + 0.64 + ...)
+    spec = Speculator(SpeculativeConfig(), sources=[NoSuffix(), drafter], policy=FixedPolicy(4), cost_model=FlatCost())
+    rs = reqs(3)
+    spec.propose(rs, 3)
+    emitted = {"r0": [7, 7, 7, 7], "r1": [7, 7, 1, 7], "r2": [1, 7, 7, 7]}     # 4, 2 and 0 accepted
+    for r in rs:
+        r.emit(spec.sources, emitted[r.request_id][:3])
+        spec.observe(r, emitted[r.request_id][:3])
+    assert spec.metrics()["rollout/spec_drafter_shadow_drafts"] == 0       # a 4-deep draft needs 4 tokens
+    for r in rs:
+        r.emit(spec.sources, emitted[r.request_id][3:])
+        spec.observe(r, emitted[r.request_id][3:])
+    m = spec.metrics()
+    assert m["rollout/spec_drafter_shadow_drafts"] == 3
+    assert m["rollout/spec_drafter_shadow_accept_length"] == (4 + 2 + 0 + 3) / 3
+    assert m["rollout/spec_verify_steps"] == 0 and spec.choice.calibration("drafter") < 1.0
+    spec.propose(rs, 3)                                 # unmeasured no more, and not worth a call here
+    spec.finish(rs[0])                                  # a request that ends drops its shadow draft
+    assert not spec._shadow
