@@ -46,7 +46,7 @@ from tailrl.model.drafter import Drafter
 # needs only its recent past (measured on ``small``, 16 x 8: 4.61 accepted per verify
 # attending over every position, 4.55 over the last 64, 3.69 over 16), and a call never
 # catches up on more than this per request.
-MAX_WAIT = 256
+MAX_WAIT = 128
 # Hand-outs kept in the log (about one per engine step): a request read after a longer pause
 # restarts its past at the oldest position still logged. Bounds the states kept alive.
 LOG_HAND_OUTS = 128
@@ -265,19 +265,22 @@ class DrafterPast:
 
     @torch.inference_mode()
     def _compute(self, pasts: list[_Past]) -> None:
-        pending = [(p, p.req, q) for p in pasts if p.queued for q in p.queued]
+        pending = [p for p in pasts if p.queued]
         if not pending:
             return
-        hidden = torch.cat([h[lo:hi] for _, _, (_, h, lo, hi) in pending])
-        tokens = torch.tensor([t for _, req, (s, _, lo, hi) in pending for t in req.tokens(s + 1, s + hi - lo + 1)])
-        positions = torch.cat([torch.arange(s, s + hi - lo) for _, _, (s, _, lo, hi) in pending])
+        hidden = torch.cat([h[lo:hi] for p in pending for _, h, lo, hi in p.queued])
+        tokens: list[int] = []
+        positions: list[int] = []
+        for p in pending:
+            for s, _, lo, hi in p.queued:
+                tokens += p.req.tokens(s + 1, s + hi - lo + 1)
+                positions += range(s, s + hi - lo)
         d = self.compute()
-        k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), tokens, positions)   # [P, heads, D]
+        k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), torch.tensor(tokens), torch.tensor(positions))   # [P, heads, D]
         row = 0
-        for p, _, (_, _, lo, hi) in pending:
-            p.append(k[row:row + hi - lo], v[row:row + hi - lo])
-            row += hi - lo
-        for p, _, _ in pending:
+        for p in pending:                        # a past's queued positions are consecutive rows
+            p.append(k[row:row + p.queued_n], v[row:row + p.queued_n])
+            row += p.queued_n
             p.queued, p.queued_n = [], 0
 
     def gather(self, requests: list[Any], roots: list[int], dtype: torch.dtype | None = None

@@ -147,7 +147,6 @@ def test_engine_appends_committed_positions_only_each_computed_once_and_frees(mo
         engine = LLMEngine(EngineConfig(model=model, dtype="float64", max_model_len=128, kv_cache_tokens=128),
                            SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0,
                                              max_tree_paths=paths))
-        engine.speculator.choice.explore_every, engine.speculator.choice.explore_share = 1, float("inf")
         src = source_of(engine)
         calls = counting(src)
         reqs = [Request(f"r{i}-{j}", p, SamplingParams(max_tokens=60, ignore_eos=True), seed_key=i * 7 + j,
@@ -172,8 +171,6 @@ def test_engine_appends_committed_positions_only_each_computed_once_and_frees(mo
 def test_partial_past_after_import_with_kv_and_rebuilt_after_recompute(model, drafter_dir):
     cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
     engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(3)]
-    for e in engines:
-        e.speculator.choice.explore_every, e.speculator.choice.explore_share = 1, float("inf")
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     ref = Request("x", PROMPTS[2], sp, seed_key=11)
     engines[0].add_request(ref)
