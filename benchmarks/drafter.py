@@ -6,17 +6,28 @@ sampling round of the same prompts (other seeds), recorded as their history, as 
 The drafter is warm-started by ``tailrl train-drafter`` on training prompts (never the
 held-out ones) unless ``--drafter DIR`` gives one.
 
-Reports, per method (drafter / suffix / hybrid):
+Every engine first runs one rollout of its own (its first rollout: the KV cache grows, the
+speculation policy and the drafter's prices start unmeasured; reported apart), then the
+methods and plain run in ABBA order ``--rounds`` times (the machine's speed drifts over
+minutes), suffix and hybrid next to each other and never right after the drafter alone
+(measured: whichever rollout came right after it ran 4-25% slower, in 6 rounds of 6).
+
+Reports, per method (drafter / suffix / hybrid), over the timed rounds:
 - accepted tokens per verify step (incl. the bonus token; also per source for hybrid), overall
-  and in the tail (after 90% of the responses finished);
-- rollout makespan ratio vs plain (plain makespan / method's): the methods and plain run in
-  ABBA order ``--rounds`` times, each ratio is the mean of the rounds';
+  and in the tail (after 90% of the responses finished); for hybrid also the drafter's calls
+  and its shadow drafts (drafted to measure it, scored on the emitted tokens, never verified);
+- rollout makespan ratio vs plain (plain makespan / method's) per round, with the mean, its
+  standard error and the range; the makespan over the no-tail bound (total tokens / the plain
+  engine's full-batch throughput, measured in the same run);
+- hybrid against the faster of suffix and drafter alone, per round (the target: >= 1 within
+  noise);
 - whether every response equals plain's (it must: verification is lossless);
 - drafting cost: the drafter rollout's drafting time over its target forward time, and one
   drafter step at batch 1 and 64 over one target decode forward at the same batch (both over
   a 128-token past), and the drafter K/V of one committed position per row (computed once
   per position, batched) over the same forward.
-Ends with one JSON line: {"drafter": {...}, "suffix": {...}, "hybrid": {...}, "cost": {...},
+Ends with a text summary and one JSON line: {"drafter": {...}, "suffix": {...}, "hybrid":
+{...}, "hybrid_vs_best": {...}, "no_tail_bound_s", "bound_ratio": {...}, "cost": {...},
 "train": {...}}.
 Usage: python benchmarks/drafter.py [--model models/small] [--drafter DIR] [--quick] [--train-steps N]
 """
@@ -33,7 +44,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from speculation import load_prompts, rollout  # noqa: E402
+from speculation import full_batch_throughput, load_prompts, rollout  # noqa: E402
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig  # noqa: E402
 from tailrl.engine.batch import ModelRunner  # noqa: E402
@@ -90,42 +101,85 @@ def same(a, b) -> bool:
     return all(x == y for ga, gb in zip(a, b, strict=True) for x, y in zip(ga, gb, strict=True))
 
 
+def spread(xs: list[float]) -> dict:
+    """Mean, standard error of the mean, min and max of per-round ratios."""
+    a = np.asarray(xs, dtype=float)
+    se = round(float(a.std(ddof=1) / np.sqrt(len(a))), 3) if len(a) > 1 else None
+    return {"mean": round(float(a.mean()), 3), "se": se, "min": round(float(a.min()), 3),
+            "max": round(float(a.max()), 3), "rounds": [round(float(x), 3) for x in a]}
+
+
 def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, dtype: str, rounds: int) -> dict:
     history, _ = rollout(LLM(model_dir, dtype=dtype, seed=1), prompts, n, 1000, max_tokens)
     llms = {"plain": LLM(model_dir, dtype=dtype)}
     for m in METHODS:
         cfg = SpeculativeConfig(method=m, drafter=None if m == "suffix" else drafter_dir)
         llms[m] = LLM(model_dir, dtype=dtype, speculative=cfg)
+    # suffix and hybrid side by side in every round (their comparison is the target), never right
+    # after the drafter alone (see the module docstring)
+    order = ["suffix", "hybrid", "plain", "drafter"]
     runs: dict[str, list] = {k: [] for k in llms}
-    order = ["plain", *METHODS]
-    for r in range(rounds):
+    first: dict[str, float] = {}
+    for r in range(-1, rounds):                                 # round -1: each engine's first rollout
         for name in (order if r % 2 == 0 else order[::-1]):     # ABBA: the machine drifts
             for i, resp in enumerate(history):                  # every run drafts from the same previous round
                 llms[name].history.record(f"p{i}", resp)
-            runs[name].append(rollout(llms[name], prompts, n, 0, max_tokens))
-            met = runs[name][-1][1]
+            out = rollout(llms[name], prompts, n, 0, max_tokens)
+            met = out[1]
+            if r < 0:
+                first[name] = met["timing_s/gen"]
+            else:
+                runs[name].append(out)
             calls = (f" | drafter calls {met['rollout/spec_drafter_calls']:.0f} (exploring "
                      f"{met['rollout/spec_drafter_explore_calls']:.0f}, skipped by the gate "
                      f"{met['rollout/spec_drafter_gate_skips']:.0f}) {met['timing_s/drafter']:.2f} s"
                      if "rollout/spec_drafter_calls" in met else "")
-            print(f"round {r} {name:8s} makespan {met['timing_s/gen']:.2f} s | forward {met['timing_s/forward']:.2f} s"
-                  f"{calls}", flush=True)
-    out = {}
+            print(f"{'first' if r < 0 else f'round {r}':8s} {name:8s} makespan {met['timing_s/gen']:.2f} s | "
+                  f"forward {met['timing_s/forward']:.2f} s{calls}", flush=True)
+    plain = [p[1]["timing_s/gen"] for p in runs["plain"]]
+    span = {m: [x[1]["timing_s/gen"] for x in runs[m]] for m in METHODS}
+    out: dict = {}
     for m in METHODS:
-        met = runs[m][0][1]
-        ratios = [p[1]["timing_s/gen"] / s[1]["timing_s/gen"] for p, s in zip(runs["plain"], runs[m])]
-        out[m] = {"accept_length": round(met["rollout/spec_accept_length"], 3),
-                  "accept_length_tail": round(met.get("rollout/spec_accept_length_tail", 0.0), 3),
-                  "tail_s": round(met.get("rollout/tail_s", 0.0), 2),
-                  "speedup_vs_plain": round(float(np.mean(ratios)), 3), "round_ratios": [round(x, 3) for x in ratios],
-                  "makespan_s": round(met["timing_s/gen"], 2), "identical_to_plain": same(runs["plain"][0][0], runs[m][0][0]),
-                  "draft_over_forward": round(met["timing_s/draft"] / met["timing_s/forward"], 3)}
+        mets = [x[1] for x in runs[m]]
+        mean = lambda key: round(float(np.mean([x.get(key, 0.0) for x in mets])), 3)   # noqa: E731
+        out[m] = {"accept_length": mean("rollout/spec_accept_length"),
+                  "accept_length_tail": mean("rollout/spec_accept_length_tail"),
+                  "tail_s": mean("rollout/tail_s"), "makespan_s": mean("timing_s/gen"),
+                  "first_rollout_s": round(first[m], 2),
+                  "speedup_vs_plain": spread([p / s for p, s in zip(plain, span[m])]),
+                  "identical_to_plain": all(same(runs["plain"][0][0], x[0]) for x in runs[m]),
+                  "draft_over_forward": round(float(np.mean([x["timing_s/draft"] / x["timing_s/forward"]
+                                                             for x in mets])), 3)}
         for src in ("history", "group", "self", "drafter"):
-            if met.get(f"rollout/spec_draft_tokens/{src}", 0) > 0:
-                out[m][f"accept_length/{src}"] = round(met[f"rollout/spec_accept_length/{src}"], 3)
-                out[m][f"draft_tokens/{src}"] = int(met[f"rollout/spec_draft_tokens/{src}"])
-    out["plain_makespan_s"] = round(runs["plain"][0][1]["timing_s/gen"], 2)
+            if mets[0].get(f"rollout/spec_draft_tokens/{src}", 0) > 0:
+                out[m][f"accept_length/{src}"] = mean(f"rollout/spec_accept_length/{src}")
+                out[m][f"draft_tokens/{src}"] = mean(f"rollout/spec_draft_tokens/{src}")
+        if "rollout/spec_drafter_calls" in mets[0]:
+            for key in ("calls", "explore_calls", "gate_skips", "shadow_drafts", "shadow_accept_length"):
+                out[m][f"drafter_{key}"] = mean(f"rollout/spec_drafter_{key}")
+    # the target: hybrid at least as fast as the faster of suffix and drafter alone, round by round
+    out["hybrid_vs_best"] = spread([min(a, b) / h for a, b, h in zip(span["suffix"], span["drafter"], span["hybrid"])])
+    out["plain_makespan_s"] = round(float(np.mean(plain)), 2)
+    out["plain_first_rollout_s"] = round(first["plain"], 2)
+    out["total_tokens"] = int(sum(len(c) for g in runs["plain"][0][0] for c in g))
     return out
+
+
+def summary(res: dict) -> str:
+    """The table the README shows, as text."""
+    lines = [f"{'method':8s} {'speedup vs plain (mean +- se)':30s} {'tokens/verify all, tail':24s} "
+             f"{'makespan / no-tail bound':24s} first rollout"]
+    for m in METHODS:
+        r, s = res[m], res[m]["speedup_vs_plain"]
+        lines.append(f"{m:8s} {s['mean']:.3f} +- {s['se'] or 0:.3f} [{s['min']:.2f}, {s['max']:.2f}]{'':7s} "
+                     f"{r['accept_length']:.2f}, {r['accept_length_tail']:.2f}{'':14s} "
+                     f"{res['bound_ratio'][m]:.2f}{'':20s} {r['first_rollout_s']:.2f} s")
+    h = res["hybrid_vs_best"]
+    lines.append(f"hybrid vs the faster of suffix and drafter, per round: {h['mean']:.3f} +- {h['se'] or 0:.3f} "
+                 f"[{h['min']:.2f}, {h['max']:.2f}] (> 1: hybrid faster)")
+    lines.append(f"no-tail bound {res['no_tail_bound_s']:.2f} s ({res['total_tokens']} tokens); plain "
+                 f"{res['plain_makespan_s']:.2f} s ({res['bound_ratio']['plain']:.2f}x the bound)")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -135,27 +189,33 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=960)
-    ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds of plain and every method")
+    ap.add_argument("--rounds", type=int, default=4, help="ABBA rounds of plain and every method")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--train-prompts", type=int, default=128)
     ap.add_argument("--train-steps", type=int, default=1000)
-    ap.add_argument("--quick", action="store_true", help="16 prompts, one round")
+    ap.add_argument("--quick", action="store_true", help="16 prompts, two rounds")
     a = ap.parse_args()
     if a.quick:
-        a.prompts, a.rounds = 16, 1
+        a.prompts, a.rounds = 16, 2
     train = {}
+    prompts = load_prompts(a.model, a.prompts)
     drafter_dir = a.drafter
     if drafter_dir is None:
         drafter_dir = tempfile.mkdtemp(prefix="tailrl_drafter_")
         train = warm_start(a.model, drafter_dir, task_prompts(a.model, a.train_prompts), n=4, max_tokens=512,
                            steps=a.train_steps)
         print(f"warm start: {json.dumps(train)}", flush=True)
-    res = compare(a.model, drafter_dir, load_prompts(a.model, a.prompts), a.n, a.max_tokens, a.dtype, a.rounds)
+    res = compare(a.model, drafter_dir, prompts, a.n, a.max_tokens, a.dtype, a.rounds)
+    full = full_batch_throughput(a.model, prompts, a.dtype)
+    res["no_tail_bound_s"] = round(res["total_tokens"] / full, 2)
+    res["bound_ratio"] = {m: round(res[m]["makespan_s"] / res["no_tail_bound_s"], 2) for m in METHODS}
+    res["bound_ratio"]["plain"] = round(res["plain_makespan_s"] / res["no_tail_bound_s"], 2)
     res["cost"] = {f"batch{b}": {k: round(v, 6) for k, v in step_cost(a.model, drafter_dir, a.dtype, b).items()}
                    for b in (1, 64)}
     res["train"] = {k: round(v, 3) for k, v in train.items()}
     res["config"] = {"prompts": a.prompts, "n": a.n, "max_tokens": a.max_tokens, "dtype": a.dtype,
                      "rounds": a.rounds, "drafter": drafter_dir}
+    print(summary(res))
     print(json.dumps(res))
 
 

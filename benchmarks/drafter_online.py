@@ -10,8 +10,8 @@ Runs, same config and seed, one after another in this process (``--steps`` each)
            rollout's tail (below ``drafter_spot_batch`` requests) and between rollout and update
 All four must sample identical responses (drafts are verified).
 
-Prints per step the drafter's accepted tokens per verify step (incl. the bonus token) in
-``frozen`` and ``online``, the rollout times, and the spot training time inside the online
+Prints per step the drafter's accepted tokens per verify step (incl. the bonus token, over
+its verified and its shadow drafts) in ``frozen`` and ``online``, the rollout times, and the spot training time inside the online
 rollout. Ends with one JSON line:
   steps, rollout_s_per_step (per run), rollout_ratio_vs_plain (plain / run, per run),
   drafter_accept_length_per_step (frozen, online: lists), drafter_accept_length (means),
@@ -55,6 +55,17 @@ def col(rows: list[dict], key: str) -> list[float]:
     return [float(r.get(key, 0.0)) for r in rows]
 
 
+def drafter_acceptance(row: dict) -> float:
+    """The drafter's tokens per verify step (incl. the bonus token) in one step's rollout, over
+    its verified drafts and its shadow drafts (scored on the emitted tokens: what verification
+    would give) together; 0 when it drafted nothing."""
+    steps = float(row.get("rollout/spec_verify_steps/drafter", 0.0))
+    tokens = steps * float(row.get("rollout/spec_accept_length/drafter", 0.0))
+    shadow = float(row.get("rollout/spec_drafter_shadow_drafts", 0.0))
+    tokens += shadow * float(row.get("rollout/spec_drafter_shadow_accept_length", 0.0))
+    return tokens / (steps + shadow) if steps + shadow else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/demo.yaml")
@@ -72,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.runs.split(",") if n]
     rows = {n: run(args.config, overrides, out, n) for n in names}
     s = {n: summarize(r) for n, r in rows.items()}
-    acc = {n: col(rows[n], "rollout/spec_accept_length/drafter") for n in ("frozen", "online") if n in rows}
+    acc = {n: [drafter_acceptance(r) for r in rows[n]] for n in ("frozen", "online") if n in rows}
 
     print(f"\n{'step':>4} | " + " ".join(f"{n + ' s':>9}" for n in names) + " | drafter tokens/verify "
           + " ".join(f"{n:>7}" for n in acc) + " | spot s")

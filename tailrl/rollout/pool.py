@@ -179,7 +179,7 @@ class RolloutPool:
             h.close()
 
 
-COUNT_WORDS = ("tokens", "rows", "steps")   # speculation metrics that are counts: summed, not averaged
+COUNT_WORDS = ("tokens", "rows", "steps", "drafts", "calls", "skips")   # counts: summed, not averaged
 
 
 def _mean_spec(parts: list[dict[str, float]]) -> dict[str, float]:
