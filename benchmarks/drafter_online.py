@@ -11,10 +11,12 @@ Runs, same config and seed, one after another in this process (``--steps`` each)
 All four must sample identical responses (drafts are verified).
 
 Prints per step the drafter's accepted tokens per verify step (incl. the bonus token, over
-its verified and its shadow drafts) in ``frozen`` and ``online``, the rollout times, and the spot training time inside the online
-rollout. Ends with one JSON line:
+its verified and its shadow drafts) in ``frozen`` and ``online``, the rollout times, and the
+spot training time inside the online rollout. Ends with one JSON line:
   steps, rollout_s_per_step (per run), rollout_ratio_vs_plain (plain / run, per run),
-  drafter_accept_length_per_step (frozen, online: lists), drafter_accept_length (means),
+  drafter_accept_length_per_step (frozen, online: lists), drafter_accept_length (means over
+  the steps that scored drafter drafts), drafter_accept_length_halves (the same over the
+  first and the second half of the steps),
   spot_train_s_per_step, spot_share_of_rollout (spot training time / online rollout time),
   online_vs_frozen_rollout (online rollout time / frozen's; > 1 = slower),
   drafter_train_s_per_step (between rollout and update), identical_share (per run vs plain).
@@ -66,6 +68,12 @@ def drafter_acceptance(row: dict) -> float:
     return tokens / (steps + shadow) if steps + shadow else 0.0
 
 
+def mean_scored(values: list[float]) -> float:
+    """Mean over the steps where the drafter's drafts were scored (0: none were)."""
+    scored = [v for v in values if v > 0]
+    return sum(scored) / len(scored) if scored else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/demo.yaml")
@@ -96,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict = {"steps": args.steps, "drafter": args.drafter or "fresh",
                      "rollout_s_per_step": {n: s[n]["rollout_s_per_step"] for n in names},
                      "drafter_accept_length_per_step": acc,
-                     "drafter_accept_length": {n: sum(a) / len(a) for n, a in acc.items()}}
+                     # steps where no drafter draft was scored (0) are left out
+                     "drafter_accept_length": {n: mean_scored(a) for n, a in acc.items()},
+                     "drafter_accept_length_halves": {n: [mean_scored(a[:len(a) // 2]), mean_scored(a[len(a) // 2:])]
+                                                      for n, a in acc.items()}}
     if "plain" in rows:
         base = s["plain"]["rollout_s_per_step"]
         figures["rollout_ratio_vs_plain"] = {n: base / s[n]["rollout_s_per_step"] for n in names}
