@@ -162,27 +162,23 @@ class LLMEngine:
         """The states [N, H] of this step's committed positions whose next token is known
         already (prompt positions; a preempted request's recomputed ones) to the speculator;
         the position that samples is handed out with what it emitted, after verification."""
-        idx, spans = [], []
+        spans = []
         for req, start, flat0, n in batch.spans:
             known = min(n, req.num_tokens - 1 - start)
             if known > 0:
-                spans.append((req, start, len(idx), known))
-                idx += range(flat0, flat0 + known)
+                spans.append((req, start, flat0, known))
         if spans:
-            self.speculator.observe_hidden(computed[torch.tensor(idx)].float(), spans)
+            self.speculator.observe_hidden(computed, spans)
 
     def _postprocess(self, batch: Batch, tokens: list[int], logprobs: list[float],
                      hidden: torch.Tensor | None = None) -> tuple[list[Request], int]:
         """Verify and commit every sampling row, then finish the requests that stopped.
-        ``hidden`` [M, H]: the sampled positions' hidden states. Those that sampled the
-        emitted tokens are gathered into one fresh float32 tensor, handed to the speculator
-        in one call (a drafter's past, the spot trainer's buffer keep views of it), and each
-        running request keeps the row that sampled its last token (a drafter continues from it).
+        ``hidden`` [M, H]: the sampled positions' hidden states; the rows of those that sampled
+        the emitted tokens are handed to the speculator in one call (``_hand_out``).
         Returns (finished, draft tokens accepted)."""
         finished: list[Request] = []
         total_accepted = 0
-        idx: list[int] = []                            # sampled rows that emitted, in span order
-        spans: list[tuple[Request, int, int, int]] = []
+        emitted_rows: list[tuple[Request, int, list[int]]] = []   # (request, first position, sampled rows)
         for plan in batch.plans:
             emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
             if plan.draft_tokens:
@@ -193,20 +189,34 @@ class LLMEngine:
                 finished.append(plan.req)
             if self.speculator is not None:
                 if hidden is not None:                 # positions num_tokens - len(emitted) - 1 on
-                    spans.append((plan.req, plan.req.num_tokens - len(emitted) - 1, len(idx), len(emitted)))
-                    idx += plan.rows
+                    emitted_rows.append((plan.req, plan.req.num_tokens - len(emitted) - 1, plan.rows))
                 self.speculator.observe(plan.req, emitted)
-        if spans:
-            states = hidden[torch.tensor(idx)].float()
-            for req, _, off, n in spans:
-                if req.status is RequestStatus.RUNNING:
-                    req.keep_hidden(states, off + n - 1)
-            self.speculator.observe_hidden(states, spans)
+        if emitted_rows:
+            self._hand_out(hidden, emitted_rows)
         # Only now free rows: compaction moves a row's committed K/V, and every plan above
         # had to commit (and move its accepted draft K/V) before any row moves.
         for req in finished:
             self._finish(req, req.status)
         return finished, total_accepted
+
+    def _hand_out(self, hidden: torch.Tensor, emitted_rows: list[tuple[Request, int, list[int]]]) -> None:
+        """Hand the states that sampled the emitted tokens to the speculator in one call (a
+        drafter's past and the spot trainer's buffer keep views of it; ``hidden`` is fresh
+        each step and never modified after). A chain's accepted rows are consecutive, so with
+        chains only ``hidden`` itself goes out; a tree's accepted path is gathered. Each
+        running request keeps the row that sampled its last token (a drafter continues from it)."""
+        if all(rows[-1] - rows[0] == len(rows) - 1 for _, _, rows in emitted_rows):
+            states, spans = hidden, [(req, start, rows[0], len(rows)) for req, start, rows in emitted_rows]
+        else:
+            idx, spans = [], []
+            for req, start, rows in emitted_rows:
+                spans.append((req, start, len(idx), len(rows)))
+                idx += rows
+            states = hidden[torch.tensor(idx)]
+        for req, _, row, n in spans:
+            if req.status is RequestStatus.RUNNING:
+                req.keep_hidden(states, row + n - 1)
+        self.speculator.observe_hidden(states, spans)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.scheduler.remove(req)

@@ -79,7 +79,7 @@ class DrafterBuffer:
         self.add_spans(hidden.to("cpu", torch.float32, copy=True), [(req, start, 0, hidden.shape[0])])
 
     def add_spans(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
-        """A step's states: ``hidden`` [P, H] float32, never modified after (the engine hands
+        """A step's states: ``hidden`` [P, H] (the target's dtype), never modified after (the engine hands
         out a fresh tensor per step); span (req, start, row, k): rows row .. row + k - 1 are
         positions start .. start + k - 1 of ``req``. Runs keep references to row ranges; a
         run copies its chunks into one tensor every ``OWN_AT`` chunks, so a long run does not
@@ -155,6 +155,7 @@ class DrafterBuffer:
         data = None
         if hidden:
             offsets = torch.tensor([0] + lengths).cumsum(0)
-            data = DrafterData(torch.cat(hidden), torch.cat(tokens), offsets, torch.tensor(first))
+            # float32: the drafter trains in it (hand-outs come in the target's dtype)
+            data = DrafterData(torch.cat(hidden).float(), torch.cat(tokens), offsets, torch.tensor(first))
         self._cache = (self.added, unroll, data)
         return data

@@ -36,7 +36,6 @@ import itertools
 from collections import deque
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from tailrl.model.drafter import Drafter
@@ -61,7 +60,7 @@ class _Past:
         self.length = 0                        # rows holding K/V
         self.k = torch.empty(heads, head_dim, 0)   # [heads, D, capacity]: keys transposed
         self.v = torch.empty(heads, 0, head_dim)   # [heads, capacity, D]
-        # (start, states, first row, end row): rows of a hand-out's float32 states, in order
+        # (start, states, first row, end row): rows of a hand-out's states, in order
         self.queued: list[tuple[int, torch.Tensor, int, int]] = []
         self.queued_n = 0
         self.synced = -1                       # the last hand-out read into ``queued``
@@ -92,23 +91,21 @@ class _Past:
 
 
 class _HandOut:
-    """One ``add_spans`` call: the states and where each request's rows are (no per-request
-    Python object is kept: ``meta`` rows are (start, row, count) in ``reqs`` order)."""
-    __slots__ = ("number", "hidden", "reqs", "meta", "_index")
+    """One ``add_spans`` call: the states and the spans as handed out (the engine's list,
+    never modified after; no per-request work until a request is looked up)."""
+    __slots__ = ("number", "hidden", "spans", "_index")
 
     def __init__(self, number: int, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
-        self.number, self.hidden = number, hidden
-        self.reqs = [sp[0] for sp in spans]
-        self.meta = np.array([sp[1:] for sp in spans], dtype=np.int64).reshape(-1, 3)
+        self.number, self.hidden, self.spans = number, hidden, spans
         self._index: dict[str, int] | None = None
 
     def find(self, req: Any) -> tuple[int, int, int] | None:
         """(start, row, count) of ``req`` in this hand-out, or None (a request of the same id
         that left the engine before, e.g. exported and imported back, is another request)."""
         if self._index is None:
-            self._index = {r.request_id: i for i, r in enumerate(self.reqs)}
+            self._index = {sp[0].request_id: i for i, sp in enumerate(self.spans)}
         i = self._index.get(req.request_id)
-        return None if i is None or self.reqs[i] is not req else tuple(self.meta[i].tolist())
+        return None if i is None or self.spans[i][0] is not req else self.spans[i][1:]
 
 
 class DrafterPast:
@@ -151,10 +148,10 @@ class DrafterPast:
         if start < 0 or start + k > req.num_tokens - 1:
             raise ValueError(f"drafter past: positions {start} .. {start + k - 1} of request "
                              f"{req.request_id!r} need their next tokens; the request has {req.num_tokens} tokens")
-        self.add_spans(hidden.float(), [(req, start, 0, k)])
+        self.add_spans(hidden.clone(), [(req, start, 0, k)])
 
     def add_spans(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
-        """A hand-out: ``hidden`` [P, H] float32, kept as given (the engine hands out a fresh
+        """A hand-out: ``hidden`` [P, H] (the target's dtype), kept as given (the engine hands out a fresh
         tensor per step, never modified after); span (req, start, row, k): rows row .. row +
         k - 1 are positions start .. start + k - 1 of ``req``, each one's next token held (the
         engine's spans are; ``add`` checks one). Logged in one entry; only prompt positions
@@ -260,7 +257,7 @@ class DrafterPast:
         with a past), in one batched pass."""
         if requests is None:
             requests = list({id(r): r for r in [p.req for p in self._past.values()]
-                             + [r for e in self._log for r in e.reqs]}.values())
+                             + [sp[0] for e in self._log for sp in e.spans]}.values())
         self._compute([p for p in map(self._sync, requests) if p is not None])
 
     @torch.inference_mode()

@@ -9,7 +9,9 @@ Prices at this step's batch size ``B``:
            T(B, B) / B). A token drafted now saves producing it later at that rate: at small
            batch, where a suffix-drafted step emits ~4 tokens per row, a token is worth a
            quarter of a plain step, not a whole one.
-    c    = slope(B)           seconds one more verified draft node costs (``CostModel``)
+    c    = slope(B)           seconds one more verified draft node costs (``CostModel``; read
+                              again every ``SLOPE_EVERY`` uses per batch size: a refit per
+                              step cost ~40 us, a few percent of a small batch's step)
     D(n, q) = d0 + d1 n + d2 q  seconds of one batched drafter call for n requests with q
                               positions queued for their drafter past (their K/V are computed
                               first: after a pause that is most of a call); least squares with
@@ -58,6 +60,9 @@ from tailrl.spec.cost_model import CostModel, batch_bucket
 from tailrl.spec.draft import Draft
 
 
+SLOPE_EVERY = 16
+
+
 class SourceChoice:
     def __init__(self, cost_model: CostModel, drafter: str = "drafter", decay: float = 0.98,
                  explore_every: int = 16, explore_share: float = 0.01, explore_rows: int = 4,
@@ -79,6 +84,7 @@ class SourceChoice:
         self._xty = np.zeros(3)                  # ... and of x * seconds
         self._prices: np.ndarray | None = None   # call_prices() solved from them
         self._token_s: dict[int, float] = {}     # batch bucket -> realized seconds per emitted token
+        self._slopes: dict[int, list] = {}        # batch bucket -> [c, uses left]
         self._step_accepted = 0                  # verified draft tokens accepted this step
         self.pending = None                      # req -> positions queued for its drafter past (0: none)
         self._asks = 0                           # asks since the last exploring call
@@ -157,9 +163,17 @@ class SourceChoice:
         tau = self._token_s.get(batch_bucket(batch_size))
         return tau if tau is not None else self.cost.predict(batch_size, batch_size) / batch_size
 
+    def slope(self, batch_size: int) -> float:
+        """c: seconds one more verified node costs at this batch size."""
+        cached = self._slopes.get(batch_bucket(batch_size))
+        if cached is None or cached[1] <= 0:
+            cached = self._slopes[batch_bucket(batch_size)] = [self.cost.slope(batch_size), SLOPE_EVERY]
+        cached[1] -= 1
+        return cached[0]
+
     def prices(self, batch_size: int) -> tuple[float, float]:
         """(tau, c): seconds per emitted token, seconds per verified node at this batch size."""
-        return self.token_seconds(batch_size), self.cost.slope(batch_size)
+        return self.token_seconds(batch_size), self.slope(batch_size)
 
     def value(self, draft: Draft | None, limit: int, tau: float, c: float) -> float:
         if draft is None:
@@ -191,7 +205,7 @@ class SourceChoice:
         most = mean * tau                          # no request gains more: often nothing can pay
         if most <= d1 or len(requests) * (most - d1) <= d0:
             return []
-        c = self.cost.slope(batch_size)
+        c = self.slope(batch_size)
         open_ = self._open(requests, have, limits)
         queued = self.pending or (lambda r: 0)
         gains = [(r, mean * tau - limits[r.request_id] * c - d2 * queued(r)

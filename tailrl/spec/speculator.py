@@ -155,7 +155,7 @@ class Speculator:
         self._shadow_accepted += accepted
 
     def observe_hidden(self, hidden: Any, spans: list[tuple[Any, int, int, int]]) -> None:
-        """One step's hand-out: ``hidden`` [P, H] float32 (fresh, never modified after);
+        """One step's hand-out: ``hidden`` [P, H] in the target's dtype (fresh, never modified after);
         span (req, start, row, n): rows row .. row + n - 1 are the target's states at the
         committed positions start .. start + n - 1 of ``req`` (each one's next token is held)."""
         t0 = time.perf_counter()
