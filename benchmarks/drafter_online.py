@@ -4,11 +4,14 @@ training costs the rollout, and the rollout time against plain decoding and suff
 Runs, same config and seed, one after another in this process (``--steps`` each):
   plain    speculation off
   suffix   the config's suffix speculation
-  frozen   hybrid with the drafter from ``--drafter`` (or fresh), never trained (the baseline
-           for spot training's cost: the same run without training)
-  online   hybrid with the same starting drafter, trained by the spot trainer inside the
-           rollout's tail (below ``drafter_spot_batch`` requests) and between rollout and update
-All four must sample identical responses (drafts are verified).
+  hybrid   hybrid with the drafter from ``--drafter`` (or fresh), never trained, default
+           settings: the rollout time against suffix
+  frozen   the same with ``drafter_tracking`` (the drafter's acceptance measured by shadow
+           drafts at every step, within 1% of the steps' time, even where it cannot pay): the
+           baseline for spot training's cost, the same run without training
+  online   frozen's drafter and tracking, trained by the spot trainer inside the rollout's tail
+           (below ``drafter_spot_batch`` requests) and between rollout and update
+All must sample identical responses (drafts are verified).
 
 Prints per step the drafter's accepted tokens per verify step (incl. the bonus token, over
 its verified and its shadow drafts) in ``frozen`` and ``online``, the rollout times, and the
@@ -19,6 +22,8 @@ spot training time inside the online rollout. Ends with one JSON line:
   first and the second half of the steps),
   spot_train_s_per_step, spot_share_of_rollout (spot training time / online rollout time),
   online_vs_frozen_rollout (online rollout time / frozen's; > 1 = slower),
+  hybrid_vs_suffix_rollout (total: rollout time ratio; step_mean, step_se: over the steps'
+  ratios, > 1 = hybrid slower),
   drafter_train_s_per_step (between rollout and update), identical_share (per run vs plain).
 
     PYTHONPATH=. python benchmarks/drafter_online.py --steps 8 --drafter DIR
@@ -35,17 +40,17 @@ from tailrl.rl.config import load_config
 from tailrl.rl.report import compare_runs, load_metrics, summarize
 from tailrl.rl.trainer import Trainer
 
-RUNS = {
-    "plain": ["speculative=false"],
-    "suffix": [],
-    "frozen": ["drafter=true", "drafter_spot_batch=0", "drafter_train_steps=0"],
-    "online": ["drafter=true"],
-}
+FROZEN = ["drafter=true", "drafter_spot_batch=0", "drafter_train_steps=0"]
+RUNS = {"plain": ["speculative=false"], "suffix": [], "hybrid": FROZEN, "frozen": FROZEN, "online": ["drafter=true"]}
+TRACKED = ("frozen", "online")
 
 
 def run(config: str, overrides: list[str], out: Path, name: str) -> list[dict]:
     cfg = load_config(config, overrides + RUNS[name] + [f"output_dir={out / name}", "checkpoint_every=0",
                                                          "save_rollouts=true"])
+    if name in TRACKED:
+        spec = cfg.speculative if isinstance(cfg.speculative, dict) else {}
+        cfg.speculative = {**spec, "drafter_tracking": True}
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     print(f"[{name}] setup {time.perf_counter() - t0:.1f} s", flush=True)
@@ -120,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         figures["drafter_train_s_per_step"] = sum(col(rows["online"], "timing_s/drafter_train")) / args.steps
         if "frozen" in rows:
             figures["online_vs_frozen_rollout"] = s["online"]["rollout_s_per_step"] / s["frozen"]["rollout_s_per_step"]
+    if "hybrid" in rows and "suffix" in rows:       # the same responses step by step: per-step ratios
+        r = [h["timing_s/gen"] / x["timing_s/gen"] for h, x in zip(rows["hybrid"], rows["suffix"])]
+        mean = sum(r) / len(r)
+        se = (sum((x - mean) ** 2 for x in r) / (len(r) - 1)) ** 0.5 / len(r) ** 0.5 if len(r) > 1 else None
+        figures["hybrid_vs_suffix_rollout"] = {"total": s["hybrid"]["rollout_s_per_step"] / s["suffix"]["rollout_s_per_step"],
+                                               "step_mean": mean, "step_se": se}
     print(json.dumps(figures))
     return 0
 

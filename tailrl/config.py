@@ -81,6 +81,10 @@ class SpeculativeConfig:
     # requests without an estimate never count as critical). 0 = off; 32 measured 1.0-1.14x on
     # the benchmark rollout's makespan, its tail 1.8-4x shorter (docs/pool.md)
     critical_rows: int = 32
+    # the learned drafter's acceptance is measured by shadow drafts (never verified, within 1% of
+    # the steps' time) only where a drafter call could pay; true: throughout, to follow an online
+    # drafter's acceptance (rollout/spec_drafter_shadow_accept_length) even where it cannot pay
+    drafter_tracking: bool = False
 
     def __post_init__(self) -> None:
         if self.method is None:
@@ -106,6 +110,8 @@ class SpeculativeConfig:
         _check(self.max_spec_batch >= 0, "max_spec_batch", "must be >= 0", self.max_spec_batch)
         _check(isinstance(self.critical_rows, int) and self.critical_rows >= 0, "critical_rows",
                "must be an integer >= 0", self.critical_rows)
+        _check(isinstance(self.drafter_tracking, bool), "drafter_tracking", "must be true or false",
+               self.drafter_tracking)
 
     @classmethod
     def coerce(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":

@@ -32,12 +32,17 @@ any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
 2. *Exploring*: the drafter's acceptance changes as it trains online, so it is measured
    whether or not its drafts are worth verifying. Until its first draft is scored, and then
    after ``explore_every`` steps without a call (a call's verified drafts measure it too),
-   while exploring calls took at most ``explore_share`` of the steps' time so far, the drafter drafts for ``explore_rows`` requests drawn at random (seeded) among
-   those without a full-length draft, and nothing else is asked that step. These drafts are
-   *shadow* drafts: never verified (each request verifies its suffix draft as usual), scored
-   by the speculator once the request's tokens are known. Sampling is counter-based, so the
-   tokens a request emits do not depend on its drafts, and a draft node is accepted iff it
-   equals the token emitted at its position: a shadow draft's score is exactly the
+   while exploring calls took at most ``explore_share`` of the steps' time so far, the
+   drafter drafts for ``explore_rows`` requests drawn at random (seeded) among those without
+   a full-length draft, and nothing else is asked that step. Unless ``track``, only where
+   measuring could change a decision: where a call for this step's requests would pay were
+   the drafter perfect (all of its draft accepted), once calls have been priced. A drafter
+   too costly for its target (as on the small CPU target) then costs only its readiness;
+   ``track`` measures it throughout (to follow an online drafter's acceptance). These drafts
+   are *shadow* drafts: never verified (each request verifies its suffix draft as usual),
+   scored by the speculator once the request's tokens are known. Sampling is counter-based,
+   so the tokens a request emits do not depend on its drafts, and a draft node is accepted
+   iff it equals the token emitted at its position: a shadow draft's score is exactly the
    acceptance verification would have given it (``Draft.accepted_by``), at the cost of a
    few-row drafter call and no verify slot.
 3. ``pick``: without a drafter draft, the suffix draft as the speculation policy chose it (as
@@ -66,7 +71,7 @@ SLOPE_EVERY = 16
 class SourceChoice:
     def __init__(self, cost_model: CostModel, drafter: str = "drafter", decay: float = 0.98,
                  explore_every: int = 16, explore_share: float = 0.01, explore_rows: int = 4,
-                 always: bool = False, seed: int = 0) -> None:
+                 always: bool = False, track: bool = False, seed: int = 0) -> None:
         self.cost = cost_model
         self.drafter = drafter                   # the batched source's name
         self.decay = decay
@@ -74,6 +79,7 @@ class SourceChoice:
         self.explore_share = explore_share
         self.explore_rows = explore_rows         # requests per exploring (shadow) call
         self.always = always                     # the drafter drafts for every open request, verified
+        self.track = track                       # explore even where no call could pay (follow acceptance)
         self._rng = random.Random(seed)          # which requests an exploring call samples
         self.explore_s = 0.0                     # seconds of exploring calls
         self.elapsed_s = 0.0                     # seconds of all steps (``observe_step``)
@@ -194,27 +200,44 @@ class SourceChoice:
         due = mean is None or self._asks >= self.explore_every
         if due and self.explore_s <= self.explore_share * self.elapsed_s:
             open_ = self._open(requests, have, limits)
-            if open_:
+            if open_ and (self.track or self._paying(open_, have, limits, batch_size, None)):
                 self._asks, self.exploring = 0, True
                 picked = sorted(self._rng.sample(range(len(open_)), min(self.explore_rows, len(open_))))
                 return [open_[i] for i in picked]
+            self._asks = 0                         # nothing to learn here now: look again later
         if mean is None:                           # nothing measured yet: nothing to value
             return []
-        tau = self.token_seconds(batch_size)
-        d0, d1, d2 = self.call_prices()
-        most = mean * tau                          # no request gains more: often nothing can pay
+        d0, d1, _ = self.call_prices()
+        most = mean * self.token_seconds(batch_size)   # no request gains more: often nothing can pay
         if most <= d1 or len(requests) * (most - d1) <= d0:
             return []
-        c = self.slope(batch_size)
-        open_ = self._open(requests, have, limits)
-        queued = self.pending or (lambda r: 0)
-        gains = [(r, mean * tau - limits[r.request_id] * c - d2 * queued(r)
-                  - max(self.value(have[r.request_id], limits[r.request_id], tau, c), 0.0)) for r in open_]
-        worth = [(r, g) for r, g in gains if g > 0]
-        if not worth or sum(g for _, g in worth) <= d0 + d1 * len(worth) or not self.gate.allow(batch_size):
+        worth = self._paying(self._open(requests, have, limits), have, limits, batch_size, mean)
+        if not worth or not self.gate.allow(batch_size):
             return []
         self._asks = 0                             # this call's verified drafts measure the drafter
-        return [r for r, _ in worth]
+        return worth
+
+    def _paying(self, open_: list[Any], have: dict[str, Draft | None], limits: dict[str, int],
+                batch_size: int, accepts: float | None) -> list[Any]:
+        """The requests of ``open_`` whose gain from a drafter draft is positive, if their gains
+        add up to more than the call's price; else []. ``accepts``: the drafter's expected
+        accepted tokens per draft (None: all of each request's ``limit``, a perfect drafter;
+        before any call was priced, then every open request)."""
+        d0, d1, d2 = self.call_prices()
+        if accepts is None and not (d0 or d1 or d2):
+            return open_
+        tau, c = self.prices(batch_size)
+        queued = self.pending or (lambda r: 0)
+        worth = []
+        total = 0.0
+        for r in open_:
+            limit = limits[r.request_id]
+            a = limit if accepts is None else accepts
+            g = a * tau - limit * c - d2 * queued(r) - max(self.value(have[r.request_id], limit, tau, c), 0.0)
+            if g > 0:
+                worth.append(r)
+                total += g
+        return worth if worth and total > d0 + d1 * len(worth) else []
 
     @staticmethod
     def _open(requests: list[Any], have: dict[str, Draft | None], limits: dict[str, int]) -> list[Any]:

@@ -93,7 +93,8 @@ class Speculator:
         batched = [s for s in self.sources if hasattr(s, "prepare")]
         # the drafter alone (no suffix source) drafts for every request, verified
         always = len(batched) == len(self.sources)
-        self.choice = SourceChoice(self.cost_model, batched[0].name, always=always, seed=seed) if batched else None
+        self.choice = SourceChoice(self.cost_model, batched[0].name, always=always,
+                                   track=self.config.drafter_tracking, seed=seed) if batched else None
         if batched and hasattr(batched[0], "pending"):
             self.choice.pending = batched[0].pending        # positions a call must catch up on
         self.max_tree_paths = self.config.max_tree_paths

@@ -125,6 +125,23 @@ def test_a_poor_or_costly_drafter_is_not_asked_except_to_explore():
     assert cheap.ask(rs, have, limits, 4) == rs
 
 
+def test_no_exploring_where_even_a_perfect_drafter_could_not_pay_unless_tracking():
+    """A call priced above what all of its draft tokens would be worth cannot pay whatever the
+    drafter's acceptance: measuring it changes no decision, so it is not explored (the
+    readiness is all it costs), unless ``track`` asks to follow its acceptance anyway."""
+    rs = reqs(4)
+    have, limits = {r.request_id: None for r in rs}, {r.request_id: 6 for r in rs}
+    for track in (False, True):
+        choice = SourceChoice(FlatCost(), explore_every=2, track=track)
+        measured(choice, drafter_accepts=3, calls=((0.5, 1), (0.5, 4)))   # 6 x 2.5 ms per request < 0.5 s
+        explored = []
+        for _ in range(8):
+            choice.ask(rs, have, limits, 4)
+            explored.append(choice.exploring)
+            choice.observe_step(1.0)
+        assert any(explored) == track
+
+
 def test_exploring_calls_stay_within_their_share_of_the_steps_time():
     choice = SourceChoice(FlatCost(), explore_every=2, explore_share=0.1)
     measured(choice, drafter_accepts=0)
@@ -254,3 +271,15 @@ def test_shadow_drafts_are_scored_when_their_tokens_are_known_as_verification_wo
     spec.propose(rs, 3)                                 # unmeasured no more, and not worth a call here
     spec.finish(rs[0])                                  # a request that ends drops its shadow draft
     assert not spec._shadow
+
+
+def test_drafter_tracking_is_a_checked_config_field_the_choice_follows():
+    import pytest
+    with pytest.raises(ValueError, match="drafter_tracking"):
+        SpeculativeConfig(drafter_tracking="yes")
+    drafter = FakeDrafter()
+    for track in (False, True):
+        spec = Speculator(SpeculativeConfig(drafter_tracking=track), sources=[NoSuffix(), drafter],
+                          policy=FixedPolicy(4), cost_model=FlatCost())
+        assert spec.choice.track == track
+
