@@ -184,7 +184,20 @@ def test_pick_the_more_valuable_draft_or_none():
     assert pricey.pick(suffix, drafted, 6, 4) is None   # asked: neither pays
 
 
-class FakeDrafter:
+class Lifecycle:
+    """A source's request lifecycle, with nothing to do."""
+
+    def start(self, req):
+        pass
+
+    def observe(self, req, tokens):
+        pass
+
+    def finish(self, req):
+        pass
+
+
+class FakeDrafter(Lifecycle):
     name, needs_hidden = "drafter", True
 
     def __init__(self):
@@ -196,31 +209,13 @@ class FakeDrafter:
     def propose(self, req, max_tokens, max_paths):
         return Draft.chain([7] * max_tokens, [0.8] * max_tokens, "drafter")
 
-    def start(self, req):
-        pass
 
-    def observe(self, req, tokens):
-        pass
-
-    def finish(self, req):
-        pass
-
-
-class NoSuffix:
+class NoSuffix(Lifecycle):
     """A suffix source that never finds a draft."""
     name = "self"
 
     def propose(self, req, max_tokens, max_paths):
         return None
-
-    def start(self, req):
-        pass
-
-    def observe(self, req, tokens):
-        pass
-
-    def finish(self, req):
-        pass
 
 
 def test_the_speculator_calls_the_drafter_only_when_the_choice_asks():
