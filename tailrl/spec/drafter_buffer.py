@@ -79,11 +79,11 @@ class DrafterBuffer:
         self.add_spans(hidden.to("cpu", torch.float32, copy=True), [(req, start, 0, hidden.shape[0])])
 
     def add_spans(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
-        """A step's states: ``hidden`` [P, H] (the target's dtype), never modified after (the engine hands
-        out a fresh tensor per step); span (req, start, row, k): rows row .. row + k - 1 are
-        positions start .. start + k - 1 of ``req``. Runs keep references to row ranges; a
-        run copies its chunks into one tensor every ``OWN_AT`` chunks, so a long run does not
-        keep many steps' tensors alive."""
+        """A step's states: ``hidden`` [P, H] in the target's dtype, never modified after (the
+        engine hands out a fresh tensor per step); span (req, start, row, k): rows row .. row +
+        k - 1 are positions start .. start + k - 1 of ``req``. Runs keep references to row
+        ranges; a run copies its chunks into one tensor every ``OWN_AT`` chunks, so a long run
+        does not keep many steps' tensors alive."""
         for req, start, row, k in spans:
             if k == 0:
                 continue

@@ -151,11 +151,11 @@ class DrafterPast:
         self.add_spans(hidden.clone(), [(req, start, 0, k)])
 
     def add_spans(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
-        """A hand-out: ``hidden`` [P, H] (the target's dtype), kept as given (the engine hands out a fresh
-        tensor per step, never modified after); span (req, start, row, k): rows row .. row +
-        k - 1 are positions start .. start + k - 1 of ``req``, each one's next token held (the
-        engine's spans are; ``add`` checks one). Logged in one entry; only prompt positions
-        (a group's first sample, for its siblings) are looked at now."""
+        """A hand-out: ``hidden`` [P, H] in the target's dtype, kept as given (the engine hands
+        out a fresh tensor per step, never modified after); span (req, start, row, k): rows
+        row .. row + k - 1 are positions start .. start + k - 1 of ``req``, each one's next
+        token held (the engine's spans are; ``add`` checks one). Logged in one entry; only
+        prompt positions (a group's first sample, for its siblings) are looked at now."""
         entry = _HandOut(self._count, hidden, spans)
         self._count += 1
         self._log.append(entry)
@@ -273,7 +273,8 @@ class DrafterPast:
                 tokens += p.req.tokens(s + 1, s + hi - lo + 1)
                 positions += range(s, s + hi - lo)
         d = self.compute()
-        k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), torch.tensor(tokens), torch.tensor(positions))   # [P, heads, D]
+        k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), torch.tensor(tokens),
+                              torch.tensor(positions))                     # [P, heads, D]
         row = 0
         for p in pending:                        # a past's queued positions are consecutive rows
             p.append(k[row:row + p.queued_n], v[row:row + p.queued_n])

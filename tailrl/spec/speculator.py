@@ -49,10 +49,10 @@ and ``timing_s/draft`` (proposing) and ``timing_s/draft_index`` (feeding the ind
 a learned drafter also ``rollout/spec_drafter_calls`` (batched calls, catch-up of its past
 included), ``rollout/spec_drafter_explore_calls`` (those made to measure it),
 ``rollout/spec_drafter_gate_skips`` (calls the prices approved and ``CallGate`` skipped) and
-``timing_s/drafter`` (their time, part of ``timing_s/draft``), ``rollout/spec_drafter_shadow_drafts``
-and ``rollout/spec_drafter_shadow_accept_length`` (shadow drafts scored, their tokens per
-verify step had they been verified, bonus included); per source also
-``rollout/spec_verify_steps/<source>``.
+``timing_s/drafter`` (their time, part of ``timing_s/draft``),
+``rollout/spec_drafter_shadow_drafts`` and ``rollout/spec_drafter_shadow_accept_length``
+(shadow drafts scored, their tokens per verify step had they been verified, bonus included);
+per source also ``rollout/spec_verify_steps/<source>``.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class Speculator:
         self._step_draft_s = 0.0
         self._full: dict[str, Draft] = {}      # this step's untruncated chains, by request
         self._carry: dict[str, Draft] = {}     # unverified rests of fully accepted chains
-        self._shadow: dict[str, tuple[Draft, int, int]] = {}   # exploring drafts: id -> (draft, first, end position)
+        self._shadow: dict[str, tuple[Draft, int, int]] = {}   # id -> (shadow draft, first, end position)
         # where the rollout's (hidden state, token) pairs go (the spot trainer's DrafterBuffer)
         self.collector: Any = None
         self._drafter_warm = False             # a batched drafter call was made (and timed) before
@@ -156,9 +156,9 @@ class Speculator:
         self._shadow_accepted += accepted
 
     def observe_hidden(self, hidden: Any, spans: list[tuple[Any, int, int, int]]) -> None:
-        """One step's hand-out: ``hidden`` [P, H] in the target's dtype (fresh, never modified after);
-        span (req, start, row, n): rows row .. row + n - 1 are the target's states at the
-        committed positions start .. start + n - 1 of ``req`` (each one's next token is held)."""
+        """One step's hand-out: ``hidden`` [P, H] in the target's dtype (fresh, never modified
+        after); span (req, start, row, n): rows row .. row + n - 1 are the target's states at
+        the committed positions start .. start + n - 1 of ``req`` (each one's next token is held)."""
         t0 = time.perf_counter()
         for take in self._hidden_takers:
             take(hidden, spans)
