@@ -124,12 +124,12 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
         for name in (order if r % 2 == 0 else order[::-1]):     # ABBA: the machine drifts
             for i, resp in enumerate(history):                  # every run drafts from the same previous round
                 llms[name].history.record(f"p{i}", resp)
-            out = rollout(llms[name], prompts, n, 0, max_tokens)
-            met = out[1]
+            done = rollout(llms[name], prompts, n, 0, max_tokens)
+            met = done[1]
             if r < 0:
                 first[name] = met["timing_s/gen"]
             else:
-                runs[name].append(out)
+                runs[name].append(done)
             calls = (f" | drafter calls {met['rollout/spec_drafter_calls']:.0f} (exploring "
                      f"{met['rollout/spec_drafter_explore_calls']:.0f}, skipped by the gate "
                      f"{met['rollout/spec_drafter_gate_skips']:.0f}) {met['timing_s/drafter']:.2f} s"

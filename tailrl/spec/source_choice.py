@@ -171,9 +171,10 @@ class SourceChoice:
 
     def slope(self, batch_size: int) -> float:
         """c: seconds one more verified node costs at this batch size."""
-        cached = self._slopes.get(batch_bucket(batch_size))
+        b = batch_bucket(batch_size)
+        cached = self._slopes.get(b)
         if cached is None or cached[1] <= 0:
-            cached = self._slopes[batch_bucket(batch_size)] = [self.cost.slope(batch_size), SLOPE_EVERY]
+            cached = self._slopes[b] = [self.cost.slope(batch_size), SLOPE_EVERY]
         cached[1] -= 1
         return cached[0]
 
