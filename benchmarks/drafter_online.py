@@ -4,68 +4,102 @@ training costs the rollout, and the rollout time against plain decoding and suff
 Runs, same config and seed, one after another in this process (``--steps`` each):
   plain    speculation off
   suffix   the config's suffix speculation
-  hybrid   hybrid with the drafter from ``--drafter`` (or fresh), never trained, default
-           settings: the rollout time against suffix
-  frozen   the same with ``drafter_tracking`` (the drafter's acceptance measured by shadow
-           drafts at every step, within 1% of the steps' time, even where it cannot pay): the
-           baseline for spot training's cost, the same run without training
-  online   frozen's drafter and tracking, trained by the spot trainer inside the rollout's tail
-           (below ``drafter_spot_batch`` requests) and between rollout and update
-All must sample identical responses (drafts are verified).
+  frozen   hybrid with the drafter from ``--drafter`` (or fresh), never trained: the rollout
+           time against suffix, and the baseline for spot training's cost (the same run
+           without training)
+  online   the same drafter, trained by the spot trainer inside the rollout's tail (below
+           ``drafter_spot_batch`` requests) and between rollout and update
+All must sample identical responses (drafts are verified), and so all train the same policy.
 
-Prints per step the drafter's accepted tokens per verify step (incl. the bonus token, over
-its verified and its shadow drafts) in ``frozen`` and ``online``, the rollout times, and the
-spot training time inside the online rollout. Ends with one JSON line:
+The drafter's acceptance per step is measured exactly on the step's responses
+(``tailrl.rl.drafter_eval.chain_acceptance``): the drafter the rollout started with, on the
+target's hidden states of the policy that sampled them (a teacher-forced forward), its greedy
+chains of the config's draft length at every position, walked as the drafter alone would
+verify them: thousands of verify steps per GRPO step, where the rollout itself verifies or
+shadows only the few drafts it makes. It is computed between steps, outside the timed
+rollout. ``--track`` also sets ``drafter_tracking`` in frozen and online (shadow drafts: the
+rollout's own measure, within 1% of its time).
+
+Prints per step the rollout times, the drafter's tokens per verify step in frozen and online,
+and the spot training time inside the online rollout. Ends with one JSON line:
   steps, rollout_s_per_step (per run), rollout_ratio_vs_plain (plain / run, per run),
-  drafter_accept_length_per_step (frozen, online: lists), drafter_accept_length (means over
-  the steps that scored drafter drafts), drafter_accept_length_halves (the same over the
-  first and the second half of the steps),
+  drafter_accept_length_per_step (frozen, online: lists, exact), drafter_accept_length (means),
+  drafter_accept_length_halves (first and second half of the steps),
+  online_minus_frozen (per-step differences on the same responses: mean, se, per half),
+  drafter_verify_steps_per_step (how many verify steps each figure rests on),
   spot_train_s_per_step, spot_share_of_rollout (spot training time / online rollout time),
   online_vs_frozen_rollout (online rollout time / frozen's; > 1 = slower),
-  hybrid_vs_suffix_rollout (total: rollout time ratio; step_mean, step_se: over the steps'
-  ratios, > 1 = hybrid slower),
+  hybrid_vs_suffix_rollout (frozen against suffix; total: rollout time ratio; step_mean,
+  step_se: over the steps' ratios, > 1 = hybrid slower),
   drafter_train_s_per_step (between rollout and update), identical_share (per run vs plain).
 
-    PYTHONPATH=. python benchmarks/drafter_online.py --steps 8 --drafter DIR
+    PYTHONPATH=. python benchmarks/drafter_online.py --steps 20 --drafter DIR
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import time
 from pathlib import Path
 
 from tailrl.rl.config import load_config
+from tailrl.rl.drafter_eval import chain_acceptance
+from tailrl.rl.drafter_train import teacher_forced
+from tailrl.rl.metrics import console_line
 from tailrl.rl.report import compare_runs, load_metrics, summarize
 from tailrl.rl.trainer import Trainer
 
 FROZEN = ["drafter=true", "drafter_spot_batch=0", "drafter_train_steps=0"]
-RUNS = {"plain": ["speculative=false"], "suffix": [], "hybrid": FROZEN, "frozen": FROZEN, "online": ["drafter=true"]}
-TRACKED = ("frozen", "online")
+RUNS = {"plain": ["speculative=false"], "suffix": [], "frozen": FROZEN, "online": ["drafter=true"]}
+MEASURED = ("frozen", "online")
 
 
-def run(config: str, overrides: list[str], out: Path, name: str) -> list[dict]:
+def run(config: str, overrides: list[str], out: Path, name: str, track: bool) -> tuple[list[dict], list[tuple]]:
+    """The run's metrics rows, and per step (drafter tokens per verify step, verify steps) of
+    the drafter the step's rollout started with, on its responses (frozen and online only)."""
     cfg = load_config(config, overrides + RUNS[name] + [f"output_dir={out / name}", "checkpoint_every=0",
                                                          "save_rollouts=true"])
-    if name in TRACKED:
+    if track and name in MEASURED:
         spec = cfg.speculative if isinstance(cfg.speculative, dict) else {}
         cfg.speculative = {**spec, "drafter_tracking": True}
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     print(f"[{name}] setup {time.perf_counter() - t0:.1f} s", flush=True)
-    trainer.train(log_fn=lambda line: print(f"[{name}] {line}", flush=True))
-    return load_metrics(out / name)
+    measure = name in MEASURED and hasattr(trainer.spot, "shadow")   # one engine (a pool's drafters live in workers)
+    depth = trainer.llm.engine.speculator.config.max_draft_tokens if measure else 0
+    kept: dict = {}
+    rollout = trainer.rollout
+
+    def keep(step, batch):
+        kept["out"] = rollout(step, batch)
+        return kept["out"]
+
+    trainer.rollout = keep
+    exact = []
+    try:
+        while trainer.step < cfg.total_steps:
+            if measure:            # what the rollout starts with: the policy and the published drafter
+                policy, drafter = copy.deepcopy(trainer.policy).eval(), copy.deepcopy(trainer.spot.shadow)
+            m = trainer.train_step()
+            print(f"[{name}] {console_line(trainer.step, cfg.total_steps, m)}", flush=True)
+            if measure:
+                ids, groups, _ = kept["out"]
+                data = teacher_forced(policy, [(p, r) for p, g in zip(ids, groups) for r in g])
+                exact.append(chain_acceptance(drafter, data, depth))
+    finally:
+        trainer.logger.close()
+    return load_metrics(out / name), exact
 
 
 def col(rows: list[dict], key: str) -> list[float]:
     return [float(r.get(key, 0.0)) for r in rows]
 
 
-def drafter_acceptance(row: dict) -> float:
-    """The drafter's tokens per verify step (incl. the bonus token) in one step's rollout, over
-    its verified drafts and its shadow drafts (scored on the emitted tokens: what verification
-    would give) together; 0 when it drafted nothing."""
+def shadow_acceptance(row: dict) -> float:
+    """The rollout's own measure: the drafter's tokens per verify step (incl. the bonus token)
+    over its verified drafts and its shadow drafts together; 0 when it drafted nothing."""
     steps = float(row.get("rollout/spec_verify_steps/drafter", 0.0))
     tokens = steps * float(row.get("rollout/spec_accept_length/drafter", 0.0))
     shadow = float(row.get("rollout/spec_drafter_shadow_drafts", 0.0))
@@ -73,10 +107,40 @@ def drafter_acceptance(row: dict) -> float:
     return tokens / (steps + shadow) if steps + shadow else 0.0
 
 
-def mean_scored(values: list[float]) -> float:
-    """Mean over the steps where the drafter's drafts were scored (0: none were)."""
-    scored = [v for v in values if v > 0]
-    return sum(scored) / len(scored) if scored else 0.0
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    n = len(values)
+    if n == 0:
+        return 0.0, None
+    mean = sum(values) / n
+    se = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 / n ** 0.5 if n > 1 else None
+    return mean, se
+
+
+def print_table(args, names: list[str], rows: dict, acc: dict, own: dict) -> None:
+    print(f"\n{'step':>4} | " + " ".join(f"{n + ' s':>9}" for n in names) + " | drafter tokens/verify (exact) "
+          + " ".join(f"{n:>7}" for n in acc) + (" | rollout's own " + " ".join(f"{n:>7}" for n in own) if own else "")
+          + " | spot s")
+    for i in range(args.steps):
+        line = f"{i + 1:>4} | " + " ".join(f"{rows[n][i]['timing_s/gen']:>9.2f}" for n in names)
+        line += " | " + " " * 30 + " ".join(f"{acc[n][i]:>7.2f}" for n in acc)
+        if own:
+            line += " | " + " " * 14 + " ".join(f"{own[n][i]:>7.2f}" for n in own)
+        if "online" in rows:
+            line += f" | {rows['online'][i].get('timing_s/spot_train', 0.0):.2f}"
+        print(line)
+
+
+def acceptance_figures(acc: dict, steps: dict) -> dict:
+    half = lambda a: [mean_se(a[:len(a) // 2])[0], mean_se(a[len(a) // 2:])[0]]   # noqa: E731
+    figures: dict = {"drafter_accept_length_per_step": acc,
+                     "drafter_verify_steps_per_step": steps,
+                     "drafter_accept_length": {n: mean_se(a)[0] for n, a in acc.items()},
+                     "drafter_accept_length_halves": {n: half(a) for n, a in acc.items()}}
+    if len(acc) == 2:            # the same responses in both runs: paired per step
+        diff = [o - f for f, o in zip(acc["frozen"], acc["online"])]
+        mean, se = mean_se(diff)
+        figures["online_minus_frozen"] = {"mean": mean, "se": se, "halves": half(diff)}
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--drafter", default=None, help="starting drafter (`tailrl train-drafter`); default: fresh")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ",".join(RUNS))
+    p.add_argument("--track", action="store_true", help="drafter_tracking in frozen and online")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="runs/drafter_online")
     args = p.parse_args(argv)
@@ -94,25 +159,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.drafter:
         overrides.append(f"drafter_init={args.drafter}")
     names = [n for n in args.runs.split(",") if n]
-    rows = {n: run(args.config, overrides, out, n) for n in names}
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        p.error(f"--runs: unknown {unknown}; choose from {list(RUNS)}")
+    done = {n: run(args.config, overrides, out, n, args.track) for n in names}
+    rows = {n: r for n, (r, _) in done.items()}
+    exact = {n: e for n, (_, e) in done.items() if e}
     s = {n: summarize(r) for n, r in rows.items()}
-    acc = {n: [drafter_acceptance(r) for r in rows[n]] for n in ("frozen", "online") if n in rows}
-
-    print(f"\n{'step':>4} | " + " ".join(f"{n + ' s':>9}" for n in names) + " | drafter tokens/verify "
-          + " ".join(f"{n:>7}" for n in acc) + " | spot s")
-    for i in range(args.steps):
-        line = f"{i + 1:>4} | " + " ".join(f"{rows[n][i]['timing_s/gen']:>9.2f}" for n in names)
-        line += " | " + " " * 22 + " ".join(f"{acc[n][i]:>7.2f}" for n in acc)
-        if "online" in rows:
-            line += f" | {rows['online'][i].get('timing_s/spot_train', 0.0):.2f}"
-        print(line)
+    acc = {n: [a for a, _ in e] for n, e in exact.items()}
+    own = {n: [shadow_acceptance(r) for r in rows[n]] for n in MEASURED if n in rows and args.track}
+    print_table(args, names, rows, acc, own)
     figures: dict = {"steps": args.steps, "drafter": args.drafter or "fresh",
                      "rollout_s_per_step": {n: s[n]["rollout_s_per_step"] for n in names},
-                     "drafter_accept_length_per_step": acc,
-                     # steps where no drafter draft was scored (0) are left out
-                     "drafter_accept_length": {n: mean_scored(a) for n, a in acc.items()},
-                     "drafter_accept_length_halves": {n: [mean_scored(a[:len(a) // 2]), mean_scored(a[len(a) // 2:])]
-                                                      for n, a in acc.items()}}
+                     **acceptance_figures(acc, {n: [k for _, k in e] for n, e in exact.items()})}
+    if own:
+        figures["rollout_own_accept_length_per_step"] = own
     if "plain" in rows:
         base = s["plain"]["rollout_s_per_step"]
         figures["rollout_ratio_vs_plain"] = {n: base / s[n]["rollout_s_per_step"] for n in names}
@@ -125,11 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         figures["drafter_train_s_per_step"] = sum(col(rows["online"], "timing_s/drafter_train")) / args.steps
         if "frozen" in rows:
             figures["online_vs_frozen_rollout"] = s["online"]["rollout_s_per_step"] / s["frozen"]["rollout_s_per_step"]
-    if "hybrid" in rows and "suffix" in rows:       # the same responses step by step: per-step ratios
-        r = [h["timing_s/gen"] / x["timing_s/gen"] for h, x in zip(rows["hybrid"], rows["suffix"])]
-        mean = sum(r) / len(r)
-        se = (sum((x - mean) ** 2 for x in r) / (len(r) - 1)) ** 0.5 / len(r) ** 0.5 if len(r) > 1 else None
-        figures["hybrid_vs_suffix_rollout"] = {"total": s["hybrid"]["rollout_s_per_step"] / s["suffix"]["rollout_s_per_step"],
+    if "frozen" in rows and "suffix" in rows:       # the same responses step by step: per-step ratios
+        mean, se = mean_se([h["timing_s/gen"] / x["timing_s/gen"] for h, x in zip(rows["frozen"], rows["suffix"])])
+        figures["hybrid_vs_suffix_rollout"] = {"total": s["frozen"]["rollout_s_per_step"] / s["suffix"]["rollout_s_per_step"],
                                                "step_mean": mean, "step_se": se}
     print(json.dumps(figures))
     return 0

@@ -36,15 +36,19 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def teacher_forced(model_dir: str, sequences: list[tuple[list[int], list[int]]]) -> DrafterData:
+def teacher_forced(model: str | torch.nn.Module, sequences: list[tuple[list[int], list[int]]]) -> DrafterData:
     """``sequences``: (prompt ids, response ids) pairs -> every position's h_t and x_t; roots
-    count from the last prompt position on."""
-    import transformers
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    count from the last prompt position on. ``model``: a checkpoint directory (loaded in
+    float32) or a Hugging Face causal LM already loaded (e.g. the policy being trained)."""
+    if isinstance(model, str):
+        import transformers
+        hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    else:
+        hf = model
     hidden, tokens, lengths, first = [], [], [], []
-    for prompt, response in tqdm(sequences, desc="teacher-forced forward", leave=False):
+    for prompt, response in tqdm(sequences, desc="teacher-forced forward", leave=False, disable=None):
         ids = list(prompt) + list(response)
-        hidden.append(hf.model(torch.tensor([ids])).last_hidden_state[0])     # [T, H], after the final norm
+        hidden.append(hf.model(torch.tensor([ids])).last_hidden_state[0].float())   # [T, H], after the final norm
         tokens.append(torch.tensor(ids))
         lengths.append(len(ids))
         first.append(len(prompt) - 1)
