@@ -66,6 +66,15 @@ class CallGate:
         s[arm] += (batch_size + accepted) / seconds
         w[arm] += 1.0
 
+    def rejects(self, batch_size: int) -> bool:
+        """Whether calls measured worse than skipping them at this batch size (both arms past
+        their warm-up)."""
+        plays = self._plays.get(batch_bucket(batch_size))
+        if plays is None or min(plays) < self.warmup:
+            return False
+        skip, call = self.mean(batch_size)
+        return skip is not None and call is not None and skip > call
+
     def mean(self, batch_size: int) -> tuple[float | None, float | None]:
         """Mean reward of (skip, call) at this batch size (None: not played)."""
         b = batch_bucket(batch_size)

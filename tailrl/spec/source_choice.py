@@ -21,6 +21,9 @@ A draft's expected accepted tokens are its score (the source's own estimate) tim
 source's calibration (accepted / score over its verified drafts, with forgetting; 1 before
 any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
 
+0. ``plan``: from the step's batch size and number of requests alone, whether anything may be
+   asked (a call that could pay, an exploring call that is due); most steps nothing is, and
+   the speculator does not look at the requests.
 1. ``ask``: before drafting, the drafter is expected to accept ``A`` tokens per verify step
    (its measured mean, with forgetting). Its gain for a request is ``A * tau - k * c`` over
    the value of what the request already has (a suffix draft, or nothing = 0), minus ``d2 q_r``
@@ -49,6 +52,14 @@ any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
    with suffix drafts alone); else the draft of higher value, none when the better value is
    not positive.
 
+Readiness (``ready``): the engine hands out the hidden states that fill the requests' drafter
+pasts and draft roots only at batch sizes up to twice the largest one where the prices
+approved a call in the last ``READY_MEMORY`` steps (unless the gate measured calls there
+worse than skipping them), once the drafter and ``PRICED_CALLS`` calls are measured: where
+no call pays, keeping the drafter ready is pure cost. A call approved where the last step
+handed nothing out (no request has a draft root) is not made; it extends readiness, so the
+next steps can make it. Exploring keeps to the steps that have roots too.
+
 ``always`` (the drafter alone, ``method="drafter"``; tests of the drafter's verified path):
 every request without a full-length draft gets the drafter's draft at every step the
 speculation policy drafts, and it is verified, whatever the prices say.
@@ -66,6 +77,9 @@ from tailrl.spec.draft import Draft
 
 
 SLOPE_EVERY = 16
+READY_MEMORY = 1024       # steps a call approved at a batch size keeps the drafter ready up to twice it
+READY_EVERY = 64          # steps between two reads of that bound
+PRICED_CALLS = 4          # measured calls before readiness follows approvals
 
 
 class SourceChoice:
@@ -89,12 +103,17 @@ class SourceChoice:
         self._xtx = np.zeros((3, 3))             # forgotten sums of x x^T, x = (1, n, q), over drafter calls
         self._xty = np.zeros(3)                  # ... and of x * seconds
         self._prices: np.ndarray | None = None   # call_prices() solved from them
+        self._calls = 0                          # calls measured
         self._token_s: dict[int, float] = {}     # batch bucket -> realized seconds per emitted token
         self._slopes: dict[int, list] = {}        # batch bucket -> [c, uses left]
         self._step_accepted = 0                  # verified draft tokens accepted this step
         self.pending = None                      # req -> positions queued for its drafter past (0: none)
         self._asks = 0                           # asks since the last exploring call
         self.exploring = False                   # this step's call drafts shadow drafts (never verified)
+        self._steps_total = 0                    # steps planned
+        self._approved_at: dict[int, tuple[int, int]] = {}   # batch bucket -> (step, largest batch) of its approvals
+        self._reach: tuple[int, int] | None = None   # (largest live approved batch size, step to read it again)
+        self.handed = True                       # the last step handed out hidden states (set by the speculator)
         self.gate = CallGate()
 
     # ---- learning ------------------------------------------------------------------------
@@ -125,6 +144,7 @@ class SourceChoice:
         positions took ``seconds`` (this step's: an exploring call if ``exploring``)."""
         if self.exploring:
             self.explore_s += seconds
+        self._calls += 1
         x = np.array([1.0, float(requests), float(positions)])
         self._xtx = self._xtx * self.decay + np.outer(x, x)
         self._xty = self._xty * self.decay + x * seconds
@@ -190,33 +210,87 @@ class SourceChoice:
         return e * tau - k * c
 
     # ---- decisions -----------------------------------------------------------------------------
-    def ask(self, requests: list[Any], have: dict[str, Draft | None], limits: dict[str, int],
-            batch_size: int) -> list[Any]:
-        """The requests to call the drafter for this step (for shadow drafts if ``exploring``)."""
+    def plan(self, batch_size: int, n: int) -> str | None:
+        """What this step may ask of the drafter, from its batch size and its ``n`` requests'
+        count alone (counts the step): "all" (``always``), "explore" (a shadow-draft call is
+        due), "call" (a call could pay) or None: nothing, and the caller need not look at the
+        requests (most steps: a per-request look is a few percent of a small batch's step)."""
         self.exploring = False
         if self.always:
-            return self._open(requests, have, limits)
+            return "all"
+        self._steps_total += 1
         self._asks += 1                            # since the last exploring call
         mean = self.drafter_mean()
-        due = mean is None or self._asks >= self.explore_every
-        if due and self.explore_s <= self.explore_share * self.elapsed_s:
-            open_ = self._open(requests, have, limits)
+        if (mean is None or self._asks >= self.explore_every) and self.explore_s <= self.explore_share * self.elapsed_s:
+            return "explore"
+        return "call" if self._may_call(mean, batch_size, n) else None
+
+    def _may_call(self, mean: float | None, batch_size: int, n: int) -> bool:
+        """Whether ``n`` requests could gain enough for a call, each its most (the drafter's
+        mean acceptance at this batch size's token value, nothing to beat)."""
+        if mean is None:                           # nothing measured yet: nothing to value
+            return False
+        d0, d1, _ = self.call_prices()
+        most = mean * self.token_seconds(batch_size)
+        return most > d1 and n * (most - d1) > d0
+
+    def ask(self, requests: list[Any], have: dict[str, Draft | None], limits: dict[str, int],
+            batch_size: int, plan: str | None = "auto") -> list[Any]:
+        """The requests to call the drafter for this step (for shadow drafts if ``exploring``);
+        ``plan``: this step's ``plan`` (default: made now)."""
+        if plan == "auto":
+            plan = self.plan(batch_size, len(requests))
+        if plan is None:
+            return []
+        if plan == "all":
+            return self._open(requests, have, limits)
+        if plan == "explore":
+            open_ = self._open(requests, have, limits) if self.handed else []
             if open_ and (self.track or self._paying(open_, have, limits, batch_size, None)):
                 self._asks, self.exploring = 0, True
                 picked = sorted(self._rng.sample(range(len(open_)), min(self.explore_rows, len(open_))))
                 return [open_[i] for i in picked]
             self._asks = 0                         # nothing to learn here now: look again later
-        if mean is None:                           # nothing measured yet: nothing to value
-            return []
-        d0, d1, _ = self.call_prices()
-        most = mean * self.token_seconds(batch_size)   # no request gains more: often nothing can pay
-        if most <= d1 or len(requests) * (most - d1) <= d0:
-            return []
-        worth = self._paying(self._open(requests, have, limits), have, limits, batch_size, mean)
-        if not worth or not self.gate.allow(batch_size):
+            if not self._may_call(self.drafter_mean(), batch_size, len(requests)):
+                return []
+        worth = self._paying(self._open(requests, have, limits), have, limits, batch_size, self.drafter_mean())
+        if not worth or not self._approved(batch_size) or not self.gate.allow(batch_size):
             return []
         self._asks = 0                             # this call's verified drafts measure the drafter
         return worth
+
+    def ready(self, batch_size: int) -> bool:
+        """Whether a step of ``batch_size`` rows should hand out its hidden states to the
+        drafter (the requests' pasts and draft roots come from hand-outs): up to twice the
+        largest batch size at which the prices approved a call within the last
+        ``READY_MEMORY`` steps, unless the gate measured calls there worse than skipping them;
+        everywhere with ``always`` or ``track``, and until the drafter and its calls are
+        measured. Where no call pays, being ready is pure cost."""
+        if self.always or self.track or self.drafter_mean() is None or not self._priced():
+            return True
+        if self._reach is None or self._steps_total >= self._reach[1]:
+            live = [size for at, size in self._approved_at.values()
+                    if self._steps_total - at <= READY_MEMORY and not self.gate.rejects(size)]
+            self._reach = (max(live, default=0), self._steps_total + READY_EVERY)
+        return batch_size <= 2 * self._reach[0]
+
+    def _priced(self) -> bool:
+        """Whether enough calls were measured to price one (three prices to fit)."""
+        return self._calls >= PRICED_CALLS
+
+    def _approved(self, batch_size: int) -> bool:
+        """The prices approved a call at this batch size: it keeps the drafter ready up to twice
+        it; the call is made only if this step's requests have draft roots (the last step
+        handed out)."""
+        if not self._priced():                     # ready everywhere: an approval means little yet
+            return self.handed
+        b = batch_bucket(batch_size)
+        at, size = self._approved_at.get(b, (0, 0))
+        self._approved_at[b] = (self._steps_total, batch_size if self._steps_total - at > READY_MEMORY
+                                else max(size, batch_size))
+        if self._reach is not None and batch_size > self._reach[0]:
+            self._reach = None                     # read the bound again at the next step
+        return self.handed
 
     def _paying(self, open_: list[Any], have: dict[str, Draft | None], limits: dict[str, int],
                 batch_size: int, accepts: float | None) -> list[Any]:

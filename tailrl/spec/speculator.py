@@ -116,13 +116,16 @@ class Speculator:
     def wants_hidden(self, batch_size: int) -> bool:
         """Whether a step of ``batch_size`` rows hands out its hidden states: always for a
         collector (the spot trainer learns from every position); for a drafter up to twice
-        ``max_spec_batch`` rows. Drafting happens up to ``max_spec_batch``; the steps between
-        the two fill the requests' pasts before it starts (the drafter needs its recent
-        positions: see drafter_past.MAX_WAIT), and above them nothing is handed out."""
-        if self.collector is not None:
-            return True
+        ``max_spec_batch`` rows, and where its calls can pay (``SourceChoice.ready``).
+        Drafting happens below half the bound; the steps between fill the requests' pasts
+        before it starts (the drafter needs its recent positions: see drafter_past.MAX_WAIT).
+        The choice learns whether the next step's requests have draft roots."""
         bound = 2 * self.config.max_spec_batch
-        return (bound <= 0 or batch_size <= bound) and any(getattr(s, "needs_hidden", False) for s in self.sources)
+        drafting = (bound <= 0 or batch_size <= bound) and any(getattr(s, "needs_hidden", False) for s in self.sources)
+        out = self.collector is not None or (drafting and (self.choice is None or self.choice.ready(batch_size)))
+        if self.choice is not None:
+            self.choice.handed = out
+        return out
 
     def calibrate(self, forward_fn: Callable[[int, int], object], **kw) -> None:
         """Time synthetic forwards up front (see ``CostModel.calibrate``)."""
@@ -273,8 +276,11 @@ class Speculator:
         if not batched:
             return found
         rest = [r for r in requests if r.request_id not in carried]
+        plan = self.choice.plan(batch_size, len(rest))
+        if plan is None:                               # most steps: no call could pay, none is due
+            return found
         limits = {r.request_id: min(self.max_draft_tokens, self.policy.draft_limit(r)) for r in rest}
-        asked = self.choice.ask(rest, found, limits, batch_size)
+        asked = self.choice.ask(rest, found, limits, batch_size, plan)
         drafted = self._draft_batched(asked, paths, batched)
         if self.choice.exploring:                      # shadow drafts, scored as the tokens come
             for req in asked:

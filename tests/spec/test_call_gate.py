@@ -42,3 +42,12 @@ def test_epsilon_keeps_sampling_the_other_arm_deterministically():
     a, b = CallGate(epsilon=0.3, warmup=2, seed=5), CallGate(epsilon=0.3, warmup=2, seed=5)
     ra, rb = play(a, 16, (10, 8), 200), play(b, 16, (10, 8), 200)
     assert ra == rb and 0 < sum(ra[4:]) < 0.3 * 196
+
+
+def test_rejects_once_both_arms_measured_calls_worse():
+    gate = CallGate(warmup=2, epsilon=0.0)
+    assert not gate.rejects(8)
+    for _ in range(4):                          # calls: 8 rows in 2 s; skips: 8 rows in 1 s
+        call = gate.allow(8)
+        gate.observe_step(8, 2.0 if call else 1.0)
+    assert gate.rejects(8) and not gate.rejects(64)

@@ -278,3 +278,65 @@ def test_drafter_tracking_is_a_checked_config_field_the_choice_follows():
                           policy=FixedPolicy(4), cost_model=FlatCost())
         assert spec.choice.track == track
 
+
+
+def test_plan_says_from_the_batch_size_alone_whether_anything_may_be_asked():
+    rs = reqs(4)
+    have, limits = {r.request_id: None for r in rs}, {r.request_id: 6 for r in rs}
+    assert SourceChoice(FlatCost()).plan(4, 4) == "explore"             # unmeasured: exploring is due
+    assert SourceChoice(FlatCost(), always=True).plan(4, 4) == "all"
+    costly = SourceChoice(FlatCost(), explore_every=1000)
+    measured(costly, drafter_accepts=2, calls=((0.05, 1), (0.2, 4)))
+    assert costly.plan(4, 4) is None and costly.ask(rs, have, limits, 4, None) == []
+    cheap = SourceChoice(FlatCost(), explore_every=1000)
+    measured(cheap, drafter_accepts=2, calls=((0.0001, 1), (0.0004, 4)))
+    assert cheap.plan(4, 4) == "call" and cheap.ask(rs, have, limits, 4, "call") == rs
+
+
+PRICED = ((0.006, 1), (0.012, 2), (0.006, 1), (0.012, 2))    # enough calls to price one: 6 ms per request
+
+
+def test_readiness_follows_the_batch_sizes_where_calls_were_approved():
+    """Until the drafter and its calls are measured, hidden states go out everywhere; then up
+    to twice the largest batch size where the prices approved a call. A call approved where
+    the last step handed nothing out is not made (no request has a draft root); it extends
+    readiness, and the next step makes it."""
+    rs = reqs(2)
+    have, limits = {r.request_id: None for r in rs}, {r.request_id: 6 for r in rs}
+    choice = SourceChoice(FlatCost(), explore_every=1000)
+    assert choice.ready(500)                                         # nothing measured yet
+    measured(choice, drafter_accepts=3, calls=PRICED[:3])
+    assert choice.ready(500)                                         # three calls: not priced yet
+    choice.observe_call(*PRICED[3])
+    assert not choice.ready(1)                                       # no call approved yet
+    choice.handed = False
+    assert choice.ask(rs, have, limits, 2) == []                     # approved (3 x 5 ms > 6 ms), no roots
+    assert [b for b in (1, 2, 4, 5, 64) if choice.ready(b)] == [1, 2, 4]
+    choice.handed = True
+    assert choice.ask(rs, have, limits, 2) == rs
+    rejected = SourceChoice(FlatCost(), explore_every=1000)
+    measured(rejected, drafter_accepts=3, calls=PRICED)
+    rejected.gate.observe_step(2, 1.0)                               # (no call pending: clears measured()'s tokens)
+    for _ in range(8):                                               # calls measured slower than skips at 2 rows
+        rejected.gate.observe_step(2, 2.0 if rejected.gate.allow(2) else 1.0)
+    rejected.ask(rs, have, limits, 2)
+    assert rejected.gate.rejects(2) and not rejected.ready(2)
+    for track in (True, False):
+        other = SourceChoice(FlatCost(), track=track)
+        measured(other, drafter_accepts=3, calls=PRICED)
+        assert other.ready(500) == track
+    alone = SourceChoice(FlatCost(), always=True)
+    measured(alone, drafter_accepts=3, calls=PRICED)
+    assert alone.ready(500)
+
+
+def test_the_engine_hands_out_hidden_states_only_where_the_drafter_could_be_used():
+    spec = Speculator(SpeculativeConfig(), sources=[NoSuffix(), FakeDrafter()], policy=FixedPolicy(6),
+                      cost_model=FlatCost())
+    assert spec.wants_hidden(128) and not spec.wants_hidden(129)      # 2 x max_spec_batch
+    measured(spec.choice, drafter_accepts=3, calls=PRICED)
+    assert not spec.wants_hidden(8) and not spec.choice.handed
+    spec.collector = object()                                        # the spot trainer learns from every step
+    assert spec.wants_hidden(500) and spec.choice.handed
+    plain = Speculator(SpeculativeConfig(), sources=[NoSuffix()], policy=FixedPolicy(6), cost_model=FlatCost())
+    assert not plain.wants_hidden(1)
