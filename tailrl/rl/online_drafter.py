@@ -45,20 +45,26 @@ def attach(llm: LLM, cfg: TrainConfig, resume_from: Path | None):
     state = str(saved) if saved is not None and (saved / STATE_FILE).is_file() else None
     if llm.pool is not None:
         return PoolSpot(llm.pool, spot_on_engine, (cfg.drafter_buffer, spot_cfg, cfg.seed, state))
-    return spot_on_engine(llm.engine, cfg.drafter_buffer, spot_cfg, cfg.seed, state)
+    # one engine that never trains (no spot training, no steps between rollout and update)
+    # needs no buffer: its drafter drafts as it is, and the engine hands out hidden states
+    # only where calls pay
+    collect = cfg.drafter_spot_batch > 0 or cfg.drafter_train_steps > 0
+    return spot_on_engine(llm.engine, cfg.drafter_buffer, spot_cfg, cfg.seed, state, collect)
 
 
-def spot_on_engine(engine, buffer_size: int, spot_cfg: SpotConfig, seed: int, state: str | None) -> SpotTrainer:
+def spot_on_engine(engine, buffer_size: int, spot_cfg: SpotConfig, seed: int, state: str | None,
+                   collect: bool = True) -> SpotTrainer:
     """A spot trainer of ``engine``'s drafter: its speculator collects the rollout's hidden
-    states into a new buffer, and it trains between the engine's steps (``idle_work``);
-    ``state``: a checkpoint's drafter directory to restore the optimizer and version from.
-    (A pool's workers call this in their own processes.)"""
+    states into a new buffer (unless not ``collect``), and it trains between the engine's
+    steps (``idle_work``); ``state``: a checkpoint's drafter directory to restore the optimizer
+    and version from. (A pool's workers call this in their own processes.)"""
     speculator = engine.speculator
     source = next(s for s in speculator.sources if s.name == "drafter")
     buffer = DrafterBuffer(buffer_size)
     spot = SpotTrainer(source.drafter, buffer, spot_cfg, seed=seed)
     if state is not None:
         spot.load(state)
-    speculator.collector = buffer
+    if collect:
+        speculator.collector = buffer
     engine.idle_work = spot
     return spot

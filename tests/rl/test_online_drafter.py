@@ -93,3 +93,15 @@ def test_online_drafter_on_a_pool_of_worker_processes(tmp_path):
     assert read_jsonl(tmp_path / "pool" / "rollouts.jsonl") == read_jsonl(tmp_path / "plain" / "rollouts.jsonl")
     ckpt = tmp_path / "pool" / "checkpoints" / "step_000002" / "drafter"
     assert (ckpt / STATE_FILE).is_file()
+
+
+def test_a_drafter_that_is_never_trained_collects_nothing(tmp_path):
+    """No spot training and no steps between rollout and update on one engine: no buffer
+    collects hidden states (the engine hands them out only where drafter calls pay)."""
+    frozen = Trainer(config(tmp_path, "frozen", total_steps=1, **{**DRAFTER, "drafter_spot_batch": 0,
+                                                                 "drafter_train_steps": 0}))
+    assert frozen.llm.engine.speculator.collector is None
+    rows = frozen.train()
+    assert rows[-1]["drafter/version"] == 0 and len(frozen.spot.buffer) == 0
+    trained = Trainer(config(tmp_path, "trained", total_steps=1, **DRAFTER))
+    assert trained.llm.engine.speculator.collector is trained.spot.buffer
