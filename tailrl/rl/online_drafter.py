@@ -43,13 +43,15 @@ def attach(llm: LLM, cfg: TrainConfig, resume_from: Path | None):
                           max_share=cfg.drafter_spot_share, min_windows=4 * cfg.drafter_batch)
     saved = resume_from / CHECKPOINT_SUBDIR if resume_from is not None else None
     state = str(saved) if saved is not None and (saved / STATE_FILE).is_file() else None
+    # a drafter that is never trained (no training inside rollouts: neither in the tail nor on
+    # idle instances; none between rollout and update) needs no buffer: it drafts as it is, and
+    # the engine hands out hidden states only where its calls pay
+    inside = cfg.drafter_spot_batch > 0
+    collect = inside or cfg.drafter_train_steps > 0
+    args = (cfg.drafter_buffer, spot_cfg, cfg.seed, state, collect)
     if llm.pool is not None:
-        return PoolSpot(llm.pool, spot_on_engine, (cfg.drafter_buffer, spot_cfg, cfg.seed, state))
-    # one engine that never trains (no spot training, no steps between rollout and update)
-    # needs no buffer: its drafter drafts as it is, and the engine hands out hidden states
-    # only where calls pay
-    collect = cfg.drafter_spot_batch > 0 or cfg.drafter_train_steps > 0
-    return spot_on_engine(llm.engine, cfg.drafter_buffer, spot_cfg, cfg.seed, state, collect)
+        return PoolSpot(llm.pool, spot_on_engine, args, idle=inside)
+    return spot_on_engine(llm.engine, *args)
 
 
 def spot_on_engine(engine, buffer_size: int, spot_cfg: SpotConfig, seed: int, state: str | None,

@@ -17,15 +17,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 # metrics that add up over instances (the others are averaged; versions agree after a sync)
 SUMMED = ("drafter/train_steps", "drafter/spot_steps", "drafter/buffer_tokens", "timing_s/spot_train",
           "timing_s/drafter_train")
 
 
 class PoolSpot:
-    def __init__(self, pool: Any, factory, args: tuple) -> None:
+    def __init__(self, pool: Any, factory, args: tuple, idle: bool = True) -> None:
+        """``idle``: instances with nothing to run train (False: only ``train`` does)."""
         self.pool = pool
         pool.spot("setup", factory, *args)
+        pool.idle_training = idle
 
     def reset_metrics(self) -> None:
         self.pool.spot("reset_metrics")
@@ -35,7 +39,8 @@ class PoolSpot:
         parallel; then one drafter for all (``sync``). Returns the steps run."""
         per = math.ceil(steps / len(self.pool.alive)) if steps > 0 else 0
         done = sum(self.pool.spot("train", per)) if per else 0
-        self.sync()
+        if done or self.pool.idle_training:        # else no instance trained: nothing to average
+            self.sync()
         return done
 
     def sync(self) -> None:
@@ -44,6 +49,11 @@ class PoolSpot:
         if len(parts) > 1:
             avg = {k: sum(p[k] for p in parts) / len(parts) for k in parts[0]}
             self.pool.spot("set_weights", avg)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The first live instance's trainable drafter weights: the drafter every instance
+        drafts with after a ``sync`` (``SpotTrainer.weights``)."""
+        return self.pool.spot_first("weights")
 
     def metrics(self) -> dict[str, float]:
         """The instances' ``SpotTrainer.metrics``: counts and times summed, loss and agreement

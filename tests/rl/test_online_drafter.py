@@ -93,11 +93,19 @@ def test_online_drafter_on_a_pool_of_worker_processes(tmp_path):
     assert read_jsonl(tmp_path / "pool" / "rollouts.jsonl") == read_jsonl(tmp_path / "plain" / "rollouts.jsonl")
     ckpt = tmp_path / "pool" / "checkpoints" / "step_000002" / "drafter"
     assert (ckpt / STATE_FILE).is_file()
+    frozen = Trainer(config(tmp_path, "pool-frozen", total_steps=1, instances=2, scheduler="static",
+                            **{**DRAFTER, "drafter_spot_batch": 0, "drafter_train_steps": 0}))
+    try:                                          # never trained: no idle-instance training either
+        rows = frozen.train()
+        assert not frozen.llm.pool.idle_training
+    finally:
+        frozen.llm.close()
+    assert rows[-1]["pool/idle_train_steps"] == 0 and rows[-1]["drafter/version"] == 0
 
 
 def test_a_drafter_that_is_never_trained_collects_nothing(tmp_path):
-    """No spot training and no steps between rollout and update on one engine: no buffer
-    collects hidden states (the engine hands them out only where drafter calls pay)."""
+    """No spot training and no steps between rollout and update: no buffer collects hidden
+    states (the engine hands them out only where drafter calls pay)."""
     frozen = Trainer(config(tmp_path, "frozen", total_steps=1, **{**DRAFTER, "drafter_spot_batch": 0,
                                                                  "drafter_train_steps": 0}))
     assert frozen.llm.engine.speculator.collector is None

@@ -37,6 +37,7 @@ def test_idle_instances_train_and_the_pool_agrees_on_one_drafter(model, drafter_
         assert m["drafter/train_steps"] >= llm.last_metrics["pool/idle_train_steps"] + 2
         weights = llm.pool.spot("weights")
         assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])   # one drafter
+        assert all(torch.equal(v, weights[0][k]) for k, v in spot.weights().items())
         drafters = [next(s for s in h.worker.engine.speculator.sources if s.name == "drafter").drafter
                     for h in llm.pool.instances]
         assert all(torch.equal(a, b) for a, b in zip(drafters[0].parameters(), drafters[1].parameters()))
