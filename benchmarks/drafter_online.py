@@ -1,7 +1,8 @@
 """The online drafter over a GRPO run: its acceptance per step as the policy moves, what spot
 training costs the rollout, and the rollout time against plain decoding and suffix drafts.
 
-Runs, same config and seed, one after another in this process (``--steps`` each):
+Runs, same config and seed, in this process, stepped in turn (ABBA: the machine's speed
+drifts over minutes, so the runs see the same drift and their step times compare):
   plain    speculation off
   suffix   the config's suffix speculation
   frozen   hybrid with the drafter from ``--drafter`` (or fresh), never trained: the rollout
@@ -41,9 +42,10 @@ import argparse
 import copy
 import json
 import logging
-import time
+import os
 from pathlib import Path
 
+from tailrl.model.drafter import CONFIG_FILE, Drafter, read_config
 from tailrl.rl.config import load_config
 from tailrl.rl.drafter_eval import chain_acceptance
 from tailrl.rl.drafter_train import teacher_forced
@@ -56,41 +58,72 @@ RUNS = {"plain": ["speculative=false"], "suffix": [], "frozen": FROZEN, "online"
 MEASURED = ("frozen", "online")
 
 
-def run(config: str, overrides: list[str], out: Path, name: str, track: bool) -> tuple[list[dict], list[tuple]]:
-    """The run's metrics rows, and per step (drafter tokens per verify step, verify steps) of
-    the drafter the step's rollout started with, on its responses (frozen and online only)."""
-    cfg = load_config(config, overrides + RUNS[name] + [f"output_dir={out / name}", "checkpoint_every=0",
-                                                         "save_rollouts=true"])
-    if track and name in MEASURED:
-        spec = cfg.speculative if isinstance(cfg.speculative, dict) else {}
-        cfg.speculative = {**spec, "drafter_tracking": True}
-    t0 = time.perf_counter()
-    trainer = Trainer(cfg)
-    print(f"[{name}] setup {time.perf_counter() - t0:.1f} s", flush=True)
-    measure = name in MEASURED and hasattr(trainer.spot, "shadow")   # one engine (a pool's drafters live in workers)
-    depth = trainer.llm.engine.speculator.config.max_draft_tokens if measure else 0
-    kept: dict = {}
-    rollout = trainer.rollout
+class Run:
+    """One training run, stepped from outside; frozen and online also measure, per step, the
+    drafter the step's rollout started with on the step's responses (tokens per verify step,
+    verify steps)."""
 
-    def keep(step, batch):
-        kept["out"] = rollout(step, batch)
-        return kept["out"]
+    def __init__(self, config: str, overrides: list[str], out: Path, name: str, track: bool) -> None:
+        cfg = load_config(config, overrides + RUNS[name] + [f"output_dir={out / name}", "checkpoint_every=0",
+                                                             "save_rollouts=true"])
+        if track and name in MEASURED:
+            spec = cfg.speculative if isinstance(cfg.speculative, dict) else {}
+            cfg.speculative = {**spec, "drafter_tracking": True}
+        self.name, self.cfg, self.out = name, cfg, out / name
+        self.trainer = Trainer(cfg)
+        self.measure = name in MEASURED
+        if self.measure:                   # the drafter's sizes (its weights come from the run)
+            start = cfg.drafter_init or str(Path(cfg.output_dir) / "drafter_init")
+            self.drafter_cfg = read_config(os.path.join(start, CONFIG_FILE))
+        self.exact: list[tuple[float, int]] = []
+        self._kept: dict = {}
+        rollout = self.trainer.rollout
 
-    trainer.rollout = keep
-    exact = []
+        def keep(step, batch):
+            self._kept["out"] = rollout(step, batch)
+            return self._kept["out"]
+
+        self.trainer.rollout = keep
+
+    def step(self) -> None:
+        tr = self.trainer
+        if self.measure:               # what the rollout starts with: the policy and the published drafter
+            policy, drafter = copy.deepcopy(tr.policy).eval(), self.published(tr.policy)
+        m = tr.train_step()
+        print(f"[{self.name}] {console_line(tr.step, self.cfg.total_steps, m)}", flush=True)
+        if self.measure:
+            ids, groups, _ = self._kept["out"]
+            data = teacher_forced(policy, [(p, r) for p, g in zip(ids, groups) for r in g])
+            depth = tr.llm.speculative.max_draft_tokens
+            self.exact.append(chain_acceptance(drafter, data, depth))
+
+    def published(self, policy) -> Drafter:
+        """A copy of the drafter the engine (every instance of a pool) drafts with now, over
+        the policy's embedding and LM head (as the engine's drafter shares the target's)."""
+        embed = policy.get_input_embeddings().weight.detach().float()
+        out = policy.get_output_embeddings()
+        head = out.weight.detach().float() if out is not None else embed
+        drafter = Drafter(self.drafter_cfg, embed.clone(), head.clone())
+        drafter.load_state_dict(self.trainer.spot.weights())
+        return drafter.eval()
+
+
+
+def run_all(config: str, overrides: list[str], out: Path, names: list[str], steps: int,
+            track: bool) -> dict[str, Run]:
+    """The runs stepped in turn, ABBA (the machine's speed drifts over minutes: every run
+    sees the same drift, and the per-step ratios compare steps run side by side)."""
+    runs = {n: Run(config, overrides, out, n, track) for n in names}
     try:
-        while trainer.step < cfg.total_steps:
-            if measure:            # what the rollout starts with: the policy and the published drafter
-                policy, drafter = copy.deepcopy(trainer.policy).eval(), copy.deepcopy(trainer.spot.shadow)
-            m = trainer.train_step()
-            print(f"[{name}] {console_line(trainer.step, cfg.total_steps, m)}", flush=True)
-            if measure:
-                ids, groups, _ = kept["out"]
-                data = teacher_forced(policy, [(p, r) for p, g in zip(ids, groups) for r in g])
-                exact.append(chain_acceptance(drafter, data, depth))
+        for i in range(steps):
+            for n in (names if i % 2 == 0 else names[::-1]):
+                runs[n].step()
     finally:
-        trainer.logger.close()
-    return load_metrics(out / name), exact
+        for r in runs.values():
+            r.trainer.logger.close()
+    for r in runs.values():
+        r.rows = load_metrics(r.out)
+    return runs
 
 
 def col(rows: list[dict], key: str) -> list[float]:
@@ -162,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(RUNS))
     if unknown:
         p.error(f"--runs: unknown {unknown}; choose from {list(RUNS)}")
-    done = {n: run(args.config, overrides, out, n, args.track) for n in names}
-    rows = {n: r for n, (r, _) in done.items()}
-    exact = {n: e for n, (_, e) in done.items() if e}
+    done = run_all(args.config, overrides, out, names, args.steps, args.track)
+    rows = {n: r.rows for n, r in done.items()}
+    exact = {n: r.exact for n, r in done.items() if r.exact}
     s = {n: summarize(r) for n, r in rows.items()}
     acc = {n: [a for a, _ in e] for n, e in exact.items()}
     own = {n: [shadow_acceptance(r) for r in rows[n]] for n in MEASURED if n in rows and args.track}
