@@ -21,7 +21,8 @@ Reports, per method (drafter / suffix / hybrid), over the timed rounds:
   engine's full-batch throughput, measured in the same run);
 - hybrid against the faster of suffix and drafter alone, per round (the target: >= 1 within
   noise);
-- whether every response equals plain's (it must: verification is lossless);
+- the share of responses equal to plain's (1 in bfloat16 and float64: verification is
+  lossless and the kernels are row-invariant; float32 may flip a rare near-tie);
 - drafting cost: the drafter rollout's drafting time over its target forward time, and one
   drafter step at batch 1 and 64 over one target decode forward at the same batch (both over
   a 128-token past), and the drafter K/V of one committed position per row (computed once
@@ -97,8 +98,10 @@ def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: 
             "committed_kv_s": kv_s, "committed_kv_share": kv_s / target}
 
 
-def same(a, b) -> bool:
-    return all(x == y for ga, gb in zip(a, b, strict=True) for x, y in zip(ga, gb, strict=True))
+def identical_share(a, b) -> float:
+    """The share of responses of rollout ``a`` equal to ``b``'s (prompt by prompt, sample by sample)."""
+    pairs = [(x, y) for ga, gb in zip(a, b, strict=True) for x, y in zip(ga, gb, strict=True)]
+    return sum(x == y for x, y in pairs) / len(pairs)
 
 
 def spread(xs: list[float]) -> dict:
@@ -147,7 +150,9 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
                   "tail_s": mean("rollout/tail_s"), "makespan_s": mean("timing_s/gen"),
                   "first_rollout_s": round(first[m], 2),
                   "speedup_vs_plain": spread([p / s for p, s in zip(plain, span[m])]),
-                  "identical_to_plain": all(same(runs["plain"][0][0], x[0]) for x in runs[m]),
+                  # over every timed round (bfloat16: 1.0; float32 may flip a rare near-tie, see README)
+                  "identical_to_plain": round(float(np.mean([identical_share(runs["plain"][0][0], x[0])
+                                                             for x in runs[m]])), 4),
                   "draft_over_forward": round(float(np.mean([x["timing_s/draft"] / x["timing_s/forward"]
                                                              for x in mets])), 3)}
         for src in ("history", "group", "self", "drafter"):
@@ -168,12 +173,13 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
 def summary(res: dict) -> str:
     """The table the README shows, as text."""
     lines = [f"{'method':8s} {'speedup vs plain (mean +- se)':30s} {'tokens/verify all, tail':24s} "
-             f"{'makespan / no-tail bound':24s} first rollout"]
+             f"{'makespan / no-tail bound':24s} first rollout  identical to plain"]
     for m in METHODS:
         r, s = res[m], res[m]["speedup_vs_plain"]
         lines.append(f"{m:8s} {s['mean']:.3f} +- {s['se'] or 0:.3f} [{s['min']:.2f}, {s['max']:.2f}]{'':7s} "
                      f"{r['accept_length']:.2f}, {r['accept_length_tail']:.2f}{'':14s} "
-                     f"{res['bound_ratio'][m]:.2f}{'':20s} {r['first_rollout_s']:.2f} s")
+                     f"{res['bound_ratio'][m]:.2f}{'':20s} {r['first_rollout_s']:.2f} s{'':8s}"
+                     f"{r['identical_to_plain']:.4f}")
     h = res["hybrid_vs_best"]
     lines.append(f"hybrid vs the faster of suffix and drafter, per round: {h['mean']:.3f} +- {h['se'] or 0:.3f} "
                  f"[{h['min']:.2f}, {h['max']:.2f}] (> 1: hybrid faster)")
