@@ -205,3 +205,26 @@ def test_hidden_states_are_handed_out_only_where_the_drafter_drafts(model, draft
     assert len(counts) > 5 and max(counts) <= 6 and spec.last_metrics["rollout/spec_draft_tokens/drafter"] > 0
     s.collector = object()                                      # a spot trainer's buffer: every step
     assert s.wants_hidden(7) and s.wants_hidden(512)
+
+
+def test_hybrid_goes_dormant_where_no_call_pays_and_stays_lossless(model, drafter_dir):
+    """Once the drafter is measured and its calls priced, a hybrid engine whose calls cost more
+    than any gain hands out no hidden states and calls nothing; tracking keeps it ready.
+    Outputs equal plain decoding throughout (float64)."""
+    for track in (False, True):
+        plain = LLM(model, dtype="float64")
+        spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(
+            method="hybrid", drafter=drafter_dir, min_token_prob=0.0, drafter_tracking=track))
+        s = spec.engine.speculator
+        assert_same(plain.generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))   # the drafter is measured
+        assert s.choice.drafter_mean() is not None
+        for _ in range(4):
+            s.choice.observe_call(10.0, 1)                          # a call costs 10 s: none can pay
+        past = s.sources[-1].past
+        handed = []
+        inner = past.add_spans
+        past.add_spans = lambda hidden, spans: (handed.append(len(spans)), inner(hidden, spans))[1]
+        assert_same(plain.generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))
+        m = spec.last_metrics
+        assert bool(handed) == track                                # tracking keeps the drafter ready
+        assert track or m["rollout/spec_drafter_calls"] == 0
