@@ -108,7 +108,6 @@ class Run:
         return drafter.eval()
 
 
-
 def run_all(config: str, overrides: list[str], out: Path, names: list[str], steps: int,
             track: bool) -> dict[str, Run]:
     """The runs stepped in turn, ABBA (the machine's speed drifts over minutes: every run
@@ -121,6 +120,7 @@ def run_all(config: str, overrides: list[str], out: Path, names: list[str], step
     finally:
         for r in runs.values():
             r.trainer.logger.close()
+            r.trainer.llm.close()                 # a pool's workers
     for r in runs.values():
         r.rows = load_metrics(r.out)
     return runs
