@@ -12,14 +12,14 @@ drifts over minutes, so the runs see the same drift and their step times compare
            ``drafter_spot_batch`` requests) and between rollout and update
 All must sample identical responses (drafts are verified), and so all train the same policy.
 
-The drafter's acceptance per step is measured exactly on the step's responses
-(``tailrl.rl.drafter_eval.chain_acceptance``): the drafter the rollout started with, on the
-target's hidden states of the policy that sampled them (a teacher-forced forward), its greedy
-chains of the config's draft length at every position, walked as the drafter alone would
-verify them: thousands of verify steps per GRPO step, where the rollout itself verifies or
-shadows only the few drafts it makes. It is computed between steps, outside the timed
-rollout. ``--track`` also sets ``drafter_tracking`` in frozen and online (shadow drafts: the
-rollout's own measure, within 1% of its time).
+The drafter's acceptance per step is measured exactly on the step's responses (the
+``drafter_eval`` config key, ``tailrl.rl.drafter_eval``): the drafter the rollout started
+with, on the target's hidden states of the policy that sampled them (a teacher-forced
+forward), its greedy chains of the config's draft length at every position, walked as the
+drafter alone would verify them: hundreds of verify steps per GRPO step, where the rollout
+itself verifies or shadows only the few drafts it makes. It is computed after the rollout,
+outside its timing. ``--track`` also sets ``drafter_tracking`` in frozen and online (shadow
+drafts: the rollout's own measure, within 1% of its time).
 
 Prints per step the rollout times, the drafter's tokens per verify step in frozen and online,
 and the spot training time inside the online rollout. Ends with one JSON line:
@@ -39,16 +39,11 @@ and the spot training time inside the online rollout. Ends with one JSON line:
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
-import os
 from pathlib import Path
 
-from tailrl.model.drafter import CONFIG_FILE, Drafter, read_config
 from tailrl.rl.config import load_config
-from tailrl.rl.drafter_eval import chain_acceptance
-from tailrl.rl.drafter_train import teacher_forced
 from tailrl.rl.metrics import console_line
 from tailrl.rl.report import compare_runs, load_metrics, summarize
 from tailrl.rl.trainer import Trainer
@@ -59,53 +54,27 @@ MEASURED = ("frozen", "online")
 
 
 class Run:
-    """One training run, stepped from outside; frozen and online also measure, per step, the
-    drafter the step's rollout started with on the step's responses (tokens per verify step,
-    verify steps)."""
+    """One training run, stepped from outside (frozen and online with ``drafter_eval``)."""
 
     def __init__(self, config: str, overrides: list[str], out: Path, name: str, track: bool) -> None:
-        cfg = load_config(config, overrides + RUNS[name] + [f"output_dir={out / name}", "checkpoint_every=0",
-                                                             "save_rollouts=true"])
+        extra = ["drafter_eval=true"] if name in MEASURED else []
+        cfg = load_config(config, overrides + RUNS[name] + extra + [f"output_dir={out / name}",
+                                                                     "checkpoint_every=0", "save_rollouts=true"])
         if track and name in MEASURED:
             spec = cfg.speculative if isinstance(cfg.speculative, dict) else {}
             cfg.speculative = {**spec, "drafter_tracking": True}
         self.name, self.cfg, self.out = name, cfg, out / name
         self.trainer = Trainer(cfg)
-        self.measure = name in MEASURED
-        if self.measure:                   # the drafter's sizes (its weights come from the run)
-            start = cfg.drafter_init or str(Path(cfg.output_dir) / "drafter_init")
-            self.drafter_cfg = read_config(os.path.join(start, CONFIG_FILE))
-        self.exact: list[tuple[float, int]] = []
-        self._kept: dict = {}
-        rollout = self.trainer.rollout
-
-        def keep(step, batch):
-            self._kept["out"] = rollout(step, batch)
-            return self._kept["out"]
-
-        self.trainer.rollout = keep
+        self.rows: list[dict] = []
 
     def step(self) -> None:
-        tr = self.trainer
-        if self.measure:               # what the rollout starts with: the policy and the published drafter
-            policy, drafter = copy.deepcopy(tr.policy).eval(), self.published(tr.policy)
-        m = tr.train_step()
-        print(f"[{self.name}] {console_line(tr.step, self.cfg.total_steps, m)}", flush=True)
-        if self.measure:
-            ids, groups, _ = self._kept["out"]
-            data = teacher_forced(policy, [(p, r) for p, g in zip(ids, groups) for r in g])
-            depth = tr.llm.speculative.max_draft_tokens
-            self.exact.append(chain_acceptance(drafter, data, depth))
+        m = self.trainer.train_step()
+        print(f"[{self.name}] {console_line(self.trainer.step, self.cfg.total_steps, m)}", flush=True)
 
-    def published(self, policy) -> Drafter:
-        """A copy of the drafter the engine (every instance of a pool) drafts with now, over
-        the policy's embedding and LM head (as the engine's drafter shares the target's)."""
-        embed = policy.get_input_embeddings().weight.detach().float()
-        out = policy.get_output_embeddings()
-        head = out.weight.detach().float() if out is not None else embed
-        drafter = Drafter(self.drafter_cfg, embed.clone(), head.clone())
-        drafter.load_state_dict(self.trainer.spot.weights())
-        return drafter.eval()
+    def exact(self) -> list[tuple[float, int]]:
+        """Per step: (the drafter's tokens per verify step, the verify steps it rests on)."""
+        return [(r["drafter/eval_accept_length"], int(r["drafter/eval_verify_steps"]))
+                for r in self.rows if "drafter/eval_accept_length" in r]
 
 
 def run_all(config: str, overrides: list[str], out: Path, names: list[str], steps: int,
@@ -197,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--runs: unknown {unknown}; choose from {list(RUNS)}")
     done = run_all(args.config, overrides, out, names, args.steps, args.track)
     rows = {n: r.rows for n, r in done.items()}
-    exact = {n: r.exact for n, r in done.items() if r.exact}
+    exact = {n: r.exact() for n, r in done.items() if r.exact()}
     s = {n: summarize(r) for n, r in rows.items()}
     acc = {n: [a for a, _ in e] for n, e in exact.items()}
     own = {n: [shadow_acceptance(r) for r in rows[n]] for n in MEASURED if n in rows and args.track}

@@ -21,7 +21,7 @@ RESUMABLE_CHANGES = ("total_steps", "checkpoint_every", "log_tensorboard", "prog
                      "instances", "scheduler", "backend", "chunk_tokens",   # the pool never changes outputs
                      # the drafter's training changes drafts, never outputs (drafts are verified)
                      "drafter_init", "drafter_lr", "drafter_buffer", "drafter_batch", "drafter_spot_batch",
-                     "drafter_spot_share", "drafter_train_steps")
+                     "drafter_spot_share", "drafter_train_steps", "drafter_eval")
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:
@@ -74,6 +74,7 @@ class TrainConfig:
     drafter_spot_batch: int = 8           # train inside the rollout while fewer requests run (0 = never)
     drafter_spot_share: float = 0.03      # ... and while that training stays below this share of the rollout
     drafter_train_steps: int = 16         # drafter steps between rollout and update
+    drafter_eval: bool = False            # per step: the drafter's exact acceptance on the step's responses
     # ---- rollout pool (tailrl.rollout.pool; docs/pool.md) ----
     instances: int = 1                    # engine instances; > 1 (or a scheduler) runs a rollout pool
     scheduler: str | None = None          # static | divided | context | history (null: one plain engine)
@@ -146,7 +147,8 @@ class TrainConfig:
         self._check_drafter()
 
     def _check_drafter(self) -> None:
-        _check(isinstance(self.drafter, bool), "drafter", "must be true or false", self.drafter)
+        for key in ("drafter", "drafter_eval"):
+            _check(isinstance(getattr(self, key), bool), key, "must be true or false", getattr(self, key))
         for key in ("drafter_buffer", "drafter_batch"):
             v = getattr(self, key)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "must be an integer >= 1", v)

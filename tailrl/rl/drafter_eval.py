@@ -18,9 +18,13 @@ most, and its K/V are computed in the target's dtype.
 """
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 
-from tailrl.model.drafter import Drafter, DrafterData
+from tailrl.model.drafter import CONFIG_FILE, Drafter, DrafterConfig, DrafterData, read_config
+from tailrl.rl.drafter_train import teacher_forced
 
 
 @torch.no_grad()
@@ -64,3 +68,47 @@ def chain_acceptance(drafter: Drafter, data: DrafterData, depth: int) -> tuple[f
             r += a + 1
     drafter.train(was_training)
     return (tokens_total / steps if steps else 0.0), steps
+
+
+def on_policy(cfg: DrafterConfig, weights: dict[str, torch.Tensor], policy: torch.nn.Module) -> Drafter:
+    """A drafter with trainable ``weights`` (``SpotTrainer.weights``) over a Hugging Face
+    ``policy``'s embedding and LM head, as the engine's drafter shares its target's."""
+    embed = policy.get_input_embeddings().weight.detach().float()
+    out = policy.get_output_embeddings()
+    head = out.weight.detach().float() if out is not None else embed
+    drafter = Drafter(cfg, embed.clone(), head.clone())
+    drafter.load_state_dict(weights)
+    return drafter.eval()
+
+
+def step_acceptance(drafter: Drafter, policy: torch.nn.Module, prompts: list[list[int]],
+                    groups: list[list[list[int]]], depth: int) -> tuple[float, int]:
+    """``chain_acceptance`` of ``drafter`` on one GRPO step's responses (``groups[i]``: the
+    responses to ``prompts[i]``), over the hidden states of the ``policy`` that sampled them."""
+    was_training = policy.training
+    policy.eval()
+    try:
+        data = teacher_forced(policy, [(p, r) for p, g in zip(prompts, groups) for r in g])
+    finally:
+        policy.train(was_training)
+    return chain_acceptance(drafter, data, depth)
+
+
+class StepEvaluator:
+    """Per GRPO step (config key ``drafter_eval``): the drafter the step's rollout started with
+    (its trainable weights, taken before the rollout), measured exactly on the step's
+    responses under the policy that sampled them, before the update. ``drafter_dir``: the
+    run's drafter (for its sizes); ``depth``: the draft length."""
+
+    def __init__(self, drafter_dir: str, depth: int) -> None:
+        self.cfg = read_config(os.path.join(drafter_dir, CONFIG_FILE))
+        self.depth = depth
+
+    def measure(self, weights: dict[str, torch.Tensor], policy: torch.nn.Module, prompts: list[list[int]],
+                groups: list[list[list[int]]]) -> dict[str, float]:
+        """``drafter/eval_accept_length`` (tokens per verify step, bonus included),
+        ``drafter/eval_verify_steps`` (how many it rests on), ``timing_s/drafter_eval``."""
+        t0 = time.perf_counter()
+        accept, steps = step_acceptance(on_policy(self.cfg, weights, policy), policy, prompts, groups, self.depth)
+        return {"drafter/eval_accept_length": accept, "drafter/eval_verify_steps": float(steps),
+                "timing_s/drafter_eval": time.perf_counter() - t0}

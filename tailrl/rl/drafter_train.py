@@ -52,11 +52,8 @@ def teacher_forced(model: str | torch.nn.Module, sequences: list[tuple[list[int]
         tokens.append(torch.tensor(ids))
         lengths.append(len(ids))
         first.append(len(prompt) - 1)
-    data = DrafterData(torch.cat(hidden), torch.cat(tokens), torch.tensor([0] + lengths).cumsum(0),
+    return DrafterData(torch.cat(hidden), torch.cat(tokens), torch.tensor([0] + lengths).cumsum(0),
                        torch.tensor(first))
-    if data.windows(1) == 0:
-        raise ValueError("train-drafter: no response is long enough to train on (raise --max-tokens)")
-    return data
 
 
 @dataclass
@@ -158,6 +155,8 @@ def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 
     seqs = sample_responses(model_dir, prompts, n, max_tokens, seed)
     t1 = time.perf_counter()
     data = teacher_forced(model_dir, seqs)
+    if data.windows(1) == 0:
+        raise ValueError("train-drafter: no response is long enough to train on (raise --max-tokens)")
     drafter = Drafter.for_target(load_model(model_dir, "float32"), size)
     t2 = time.perf_counter()
     figures = train(drafter, data, steps, batch, lr, unroll, seed)

@@ -23,6 +23,7 @@ from tailrl.rl import checkpoint as ckpt
 from tailrl.rl import online_drafter
 from tailrl.rl.config import RESUMABLE_CHANGES, TrainConfig
 from tailrl.rl.data import Prompt, RewardFn, batch_indices, compute_rewards, load_dataset, resolve_reward
+from tailrl.rl.drafter_eval import StepEvaluator
 from tailrl.rl.grpo import group_advantages, grpo_loss
 from tailrl.rl.metrics import MetricsLogger, console_line
 from tailrl.rl.policy import frozen_copy, hf_state_dict, load_policy, response_logprobs
@@ -80,12 +81,14 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # a pool when configured: weights go to every instance after each update (load_weights),
         # and the history policy reads the lengths that each generate records in llm.history
-        spec = cfg.speculative_config(online_drafter.drafter_dir(cfg, self.model_dir, start_dir)
-                                      if cfg.drafter else None)
+        drafter_dir = online_drafter.drafter_dir(cfg, self.model_dir, start_dir) if cfg.drafter else None
+        spec = cfg.speculative_config(drafter_dir)
         self.llm = LLM(model=self.model_dir, speculative=spec, dtype=cfg.dtype, seed=cfg.seed,
                        pool=cfg.pool_config())
         # the learned drafter, trained online on the rollout's hidden states (None: off)
         self.spot = online_drafter.attach(self.llm, cfg, start_dir) if cfg.drafter else None
+        self.drafter_eval = (StepEvaluator(drafter_dir, spec.max_draft_tokens)
+                             if cfg.drafter and cfg.drafter_eval else None)
         if self.llm.tokenizer is None:
             raise ValueError(f"config key 'model': {self.model_dir} has no tokenizer files")
         self.pad_id = self.llm.tokenizer.pad_token_id or 0
@@ -199,8 +202,11 @@ class Trainer:
         batch = [self.prompts[i] for i in batch_indices(step, cfg.batch_size, len(self.prompts), cfg.seed, cfg.shuffle)]
         if self.spot is not None:
             self.spot.reset_metrics()
+        start = self.spot.weights() if self.drafter_eval is not None else None    # the drafter it drafts with
         prompt_ids, groups, logps = self.rollout(step, batch)
         m = {k: float(v) for k, v in self.llm.last_metrics.items()}
+        if start is not None:              # before the update: the policy that sampled them
+            m.update(self.drafter_eval.measure(start, self.policy, prompt_ids, groups))
         t1 = time.perf_counter()
         texts = [[self.llm.tokenizer.decode(r, skip_special_tokens=True) for r in g] for g in groups]
         rewards = compute_rewards(self.reward_fn, batch, texts)

@@ -1,6 +1,7 @@
 """`drafter: true` in a training run: config keys checked by name, the spot trainer trains
 inside the rollout and between rollout and update, the drafter is in every checkpoint and
 `--resume` restores it; responses are those of the run without a drafter."""
+import copy
 import os
 
 import pytest
@@ -29,7 +30,7 @@ def config(tmp_path, name: str, **kw) -> TrainConfig:
     ("drafter", "yes", "'drafter'"), ("drafter_lr", 0.0, "'drafter_lr'"), ("drafter_buffer", 0, "'drafter_buffer'"),
     ("drafter_batch", 0, "'drafter_batch'"), ("drafter_spot_batch", -1, "'drafter_spot_batch'"),
     ("drafter_train_steps", -2, "'drafter_train_steps'"), ("drafter_size", 0, "'drafter_size'"),
-    ("drafter_init", "/nowhere", "'drafter_init'")])
+    ("drafter_init", "/nowhere", "'drafter_init'"), ("drafter_eval", 1, "'drafter_eval'")])
 def test_bad_drafter_keys_are_named(tmp_path, key, value, match):
     with pytest.raises(ValueError, match=match):
         config(tmp_path, "bad", **{**DRAFTER, key: value})
@@ -113,3 +114,26 @@ def test_a_drafter_that_is_never_trained_collects_nothing(tmp_path):
     assert rows[-1]["drafter/version"] == 0 and len(frozen.spot.buffer) == 0
     trained = Trainer(config(tmp_path, "trained", total_steps=1, **DRAFTER))
     assert trained.llm.engine.speculator.collector is trained.spot.buffer
+
+
+def test_drafter_eval_measures_the_drafter_each_rollout_started_with(tmp_path):
+    """``drafter_eval``: per step, the exact acceptance of the drafter the rollout started with
+    on the step's responses, under the policy that sampled them (recomputed here from the
+    weights and policy taken before the step); no metric without the key."""
+    from tailrl.rl.drafter_eval import on_policy, step_acceptance
+    tr = Trainer(config(tmp_path, "eval", total_steps=2, drafter_eval=True, **DRAFTER))
+    kept = {}
+    rollout = tr.rollout
+    tr.rollout = lambda step, batch: kept.setdefault(step, rollout(step, batch))
+    for step in range(2):
+        weights, policy = tr.spot.weights(), copy.deepcopy(tr.policy)
+        m = tr.train_step()
+        ids, groups, _ = kept[step]
+        drafter = on_policy(tr.drafter_eval.cfg, weights, policy)
+        want = step_acceptance(drafter, policy, ids, groups, tr.llm.speculative.max_draft_tokens)
+        assert (m["drafter/eval_accept_length"], m["drafter/eval_verify_steps"]) == (want[0], float(want[1]))
+        assert m["drafter/eval_verify_steps"] > 0 and 1.0 <= m["drafter/eval_accept_length"] <= 7.0
+    assert tr.spot.version > 0                    # the second step's drafter is another one
+    tr.logger.close()
+    plain = Trainer(config(tmp_path, "no-eval", total_steps=1, **DRAFTER))
+    assert plain.drafter_eval is None and "drafter/eval_accept_length" not in plain.train_step()
