@@ -28,44 +28,60 @@ from tailrl.rl.drafter_train import teacher_forced
 
 
 @torch.no_grad()
-def accepted_per_root(drafter: Drafter, hidden: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
-    """One sequence, hidden [T, H] and tokens [T] -> accepted [T] (long): the leading tokens of
-    the greedy ``depth``-chain rooted at each position that equal the sequence's; only
-    positions that exist count (a root r needs x_{r+2} to draft anything: 0 otherwise)."""
-    t = tokens.shape[0]
-    outs = drafter.unroll(hidden[None], tokens[None], torch.tensor([t]), depth)
-    accepted = torch.zeros(t, dtype=torch.long)
-    alive = torch.ones(t, dtype=torch.bool)
+def accepted_per_root(drafter: Drafter, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
+                      lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Sequences hidden [B, T, H] and tokens [B, T] padded past ``lengths`` [B] (or one
+    sequence, [T, H] and [T]) -> accepted [B, T] (or [T]), long: the leading tokens of the
+    greedy ``depth``-chain rooted at each position that equal the sequence's; only positions
+    that exist count (a root r needs x_{r+2} to draft anything: 0 otherwise, and 0 past the
+    sequence's end)."""
+    if tokens.dim() == 1:
+        return accepted_per_root(drafter, hidden[None], tokens[None], depth, torch.tensor([tokens.shape[0]]))[0]
+    b, t = tokens.shape
+    outs = drafter.unroll(hidden, tokens, lengths, depth)
+    accepted = torch.zeros(b, t, dtype=torch.long)
+    alive = torch.ones(b, t, dtype=torch.bool)
     roots = torch.arange(t)
     for k, (_, logits) in enumerate(outs):
-        at = roots + k                       # step k of root r is computed at position r + k
+        at = (roots + k).clamp(max=t - 1)    # step k of root r is computed at position r + k
         target = roots + k + 2               # and predicts the token at r + k + 2
-        ok = target < t
-        hit = torch.zeros(t, dtype=torch.bool)
-        hit[ok] = logits[0, at[ok]].argmax(-1) == tokens[target[ok]]
-        alive &= hit
+        ok = target[None] < lengths[:, None]                                     # [B, T]
+        guess = logits.argmax(-1).gather(1, at.expand(b, t))                     # [B, T]
+        truth = tokens.gather(1, target.clamp(max=t - 1).expand(b, t))
+        alive &= ok & (guess == truth)
         accepted += alive.long()
     return accepted
 
 
-def chain_acceptance(drafter: Drafter, data: DrafterData, depth: int) -> tuple[float, int]:
+def chain_acceptance(drafter: Drafter, data: DrafterData, depth: int, chunk: int = 8) -> tuple[float, int]:
     """(mean tokens per verify step, bonus token included; verify steps) of ``depth``-chains
     over the responses of ``data``, each walked from its first root as the drafter alone would
-    verify it. (0.0, 0) when no response has a position to draft."""
+    verify it (``chunk`` sequences of similar length unrolled at a time). (0.0, 0) when no
+    response has a position to draft."""
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     tokens_total = steps = 0
     was_training = drafter.training
     drafter.eval()
-    for s in range(len(data.first)):
-        lo, hi = int(data.offsets[s]), int(data.offsets[s + 1])
-        accepted = accepted_per_root(drafter, data.hidden[lo:hi], data.tokens[lo:hi], depth).tolist()
-        r = int(data.first[s])
-        while r + 2 < hi - lo:
-            a = accepted[r]
-            tokens_total += a + 1
-            steps += 1
-            r += a + 1
+    lengths = data.lengths.tolist()
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    for lo in range(0, len(order), chunk):
+        rows = order[lo:lo + chunk]
+        width = max(lengths[s] for s in rows)
+        hidden = data.hidden.new_zeros(len(rows), width, data.hidden.shape[1])
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, s in enumerate(rows):
+            o = int(data.offsets[s])
+            hidden[b, :lengths[s]] = data.hidden[o:o + lengths[s]]
+            tokens[b, :lengths[s]] = data.tokens[o:o + lengths[s]]
+        accepted = accepted_per_root(drafter, hidden, tokens, depth, torch.tensor([lengths[s] for s in rows])).tolist()
+        for b, s in enumerate(rows):
+            r = int(data.first[s])
+            while r + 2 < lengths[s]:
+                a = accepted[b][r]
+                tokens_total += a + 1
+                steps += 1
+                r += a + 1
     drafter.train(was_training)
     return (tokens_total / steps if steps else 0.0), steps
 

@@ -36,24 +36,35 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def teacher_forced(model: str | torch.nn.Module, sequences: list[tuple[list[int], list[int]]]) -> DrafterData:
+def teacher_forced(model: str | torch.nn.Module, sequences: list[tuple[list[int], list[int]]],
+                   chunk: int = 8) -> DrafterData:
     """``sequences``: (prompt ids, response ids) pairs -> every position's h_t and x_t; roots
     count from the last prompt position on. ``model``: a checkpoint directory (loaded in
-    float32) or a Hugging Face causal LM already loaded (e.g. the policy being trained)."""
+    float32) or a Hugging Face causal LM already loaded (e.g. the policy being trained). The
+    forward runs ``chunk`` sequences of similar length at a time, right-padded (a causal
+    model's states before the padding do not see it)."""
     if isinstance(model, str):
         import transformers
         hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     else:
         hf = model
-    hidden, tokens, lengths, first = [], [], [], []
-    for prompt, response in tqdm(sequences, desc="teacher-forced forward", leave=False, disable=None):
-        ids = list(prompt) + list(response)
-        hidden.append(hf.model(torch.tensor([ids])).last_hidden_state[0].float())   # [T, H], after the final norm
-        tokens.append(torch.tensor(ids))
-        lengths.append(len(ids))
-        first.append(len(prompt) - 1)
-    return DrafterData(torch.cat(hidden), torch.cat(tokens), torch.tensor([0] + lengths).cumsum(0),
-                       torch.tensor(first))
+    ids = [list(p) + list(r) for p, r in sequences]
+    hidden: list[torch.Tensor | None] = [None] * len(ids)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    for lo in tqdm(range(0, len(order), chunk), desc="teacher-forced forward", leave=False, disable=None):
+        rows = order[lo:lo + chunk]
+        width = max(len(ids[i]) for i in rows)
+        batch = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, i in enumerate(rows):
+            batch[b, :len(ids[i])] = torch.tensor(ids[i])
+            mask[b, :len(ids[i])] = 1
+        out = hf.model(batch, attention_mask=mask).last_hidden_state.float()   # [B, T, H], after the final norm
+        for b, i in enumerate(rows):
+            hidden[i] = out[b, :len(ids[i])]
+    lengths = [len(x) for x in ids]
+    return DrafterData(torch.cat(hidden), torch.tensor([t for x in ids for t in x]),
+                       torch.tensor([0] + lengths).cumsum(0), torch.tensor([len(p) - 1 for p, _ in sequences]))
 
 
 @dataclass
