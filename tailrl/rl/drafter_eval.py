@@ -30,14 +30,15 @@ from tailrl.rl.drafter_train import teacher_forced
 @torch.no_grad()
 def accepted_per_root(drafter: Drafter, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
                       lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """Sequences hidden [B, T, H] and tokens [B, T] padded past ``lengths`` [B] (or one
-    sequence, [T, H] and [T]) -> accepted [B, T] (or [T]), long: the leading tokens of the
+    """Sequences hidden [B, T, H] and tokens [B, T] padded past ``lengths`` [B] (default: none
+    padded; or one sequence, [T, H] and [T]) -> accepted [B, T] (or [T]), long: the leading tokens of the
     greedy ``depth``-chain rooted at each position that equal the sequence's; only positions
     that exist count (a root r needs x_{r+2} to draft anything: 0 otherwise, and 0 past the
     sequence's end)."""
     if tokens.dim() == 1:
         return accepted_per_root(drafter, hidden[None], tokens[None], depth, torch.tensor([tokens.shape[0]]))[0]
     b, t = tokens.shape
+    lengths = torch.full((b,), t) if lengths is None else lengths
     outs = drafter.unroll(hidden, tokens, lengths, depth)
     accepted = torch.zeros(b, t, dtype=torch.long)
     alive = torch.ones(b, t, dtype=torch.bool)
