@@ -89,6 +89,8 @@ class Speculator:
         self.max_draft_tokens = self.config.max_draft_tokens
         # sources that read the target's hidden states (the drafter's past); called every step
         self._hidden_takers = [s.observe_hidden for s in self.sources if hasattr(s, "observe_hidden")]
+        # a source drafts from hidden states (the drafter): read once, not per engine step
+        self._drafts_from_hidden = any(getattr(s, "needs_hidden", False) for s in self.sources)
         # per request: suffix draft, drafter draft or none (only with a batched source: the drafter)
         batched = [s for s in self.sources if hasattr(s, "prepare")]
         # the drafter alone (no suffix source) drafts for every request, verified
@@ -111,7 +113,7 @@ class Speculator:
     def needs_hidden(self) -> bool:
         """Whether the engine must hand out hidden states (a source drafts from them, or a
         collector keeps them)."""
-        return self.collector is not None or any(getattr(s, "needs_hidden", False) for s in self.sources)
+        return self.collector is not None or self._drafts_from_hidden
 
     def wants_hidden(self, batch_size: int) -> bool:
         """Whether a step of ``batch_size`` rows hands out its hidden states: always for a
@@ -121,7 +123,7 @@ class Speculator:
         before it starts (the drafter needs its recent positions: see drafter_past.MAX_WAIT).
         The choice learns whether the next step's requests have draft roots."""
         bound = 2 * self.config.max_spec_batch
-        drafting = (bound <= 0 or batch_size <= bound) and any(getattr(s, "needs_hidden", False) for s in self.sources)
+        drafting = self._drafts_from_hidden and (bound <= 0 or batch_size <= bound)
         out = self.collector is not None or (drafting and (self.choice is None or self.choice.ready(batch_size)))
         if self.choice is not None:
             self.choice.handed = out
