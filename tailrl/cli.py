@@ -9,7 +9,7 @@ import sys
 # subcommand -> (module, function, one-line help). The function takes argv (list[str]).
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "generate": ("tailrl.generate_cli", "main", "sample responses from a checkpoint"),
-    "make-model": ("tailrl.tasks.make_model", "main", "train the workload model (presets test, small)"),
+    "make-model": ("tailrl.tasks.make_model", "main", "train the workload model, or build a stand-in of it"),
     "workload-report": ("tailrl.workload_report", "main", "accuracy, length tail and group similarity of a model"),
     "simulate": ("tailrl.sim.cli", "main", "cluster-scale rollout simulator: compare scheduling policies"),
     "train": ("tailrl.rl.cli", "train_main", "GRPO training with accelerated rollouts"),

@@ -1,9 +1,12 @@
-"""`tailrl make-model --preset {test,small} --out DIR`: train the workload model.
+"""`tailrl make-model --preset {test,small} | --standin {50m,0.5b} --out DIR`: train a workload model, or widen one.
 
-Builds the tokenizer and a Qwen2 model from scratch on the mixed task solutions and saves a
-Hugging Face checkpoint (bf16 safetensors, config.json with eos_token_id,
+``--preset`` builds the tokenizer and a Qwen2 model from scratch on the mixed task solutions
+and saves a Hugging Face checkpoint (bf16 safetensors, config.json with eos_token_id,
 generation_config.json, tokenizer files, train_info.json). The output is a pure function of
 the preset (see tailrl/tasks/train.py for the determinism caveats).
+
+A stand-in (tailrl/model/standin.py) is computed from a trained checkpoint (``--source``,
+default the shipped ``models/small``): the same tokens at a larger model's cost per step.
 """
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ from pathlib import Path
 
 import torch
 
+from tailrl.model.standin import STANDINS, build_standin, get_standin
 from tailrl.tasks import mixture
+from tailrl.tasks.models import shipped_model
 from tailrl.tasks.presets import PRESETS, ModelPreset, get_preset
 from tailrl.tasks.tokenizer import save_tokenizer, special_ids, train_tokenizer
 from tailrl.tasks.train import batches, train
@@ -93,16 +98,42 @@ def build(preset: ModelPreset, out: str | Path) -> dict[str, float | None]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tailrl make-model", description=__doc__.splitlines()[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--preset", choices=sorted(PRESETS), default=None, help="train this preset (default small)")
+    what.add_argument("--standin", metavar="NAME", default=None,
+                      help=f"build this stand-in of --source instead of training ({', '.join(STANDINS)})")
     p.add_argument("--out", required=True, help="output checkpoint directory")
+    p.add_argument("--source", default=None, help="stand-in only: the checkpoint to widen (default models/small)")
     p.add_argument("--steps", type=int, default=None, help="override the preset's step count")
     p.add_argument("--checkpoint-every", type=int, default=None, help="also save every N steps")
     p.add_argument("--threads", type=int, default=None, help="torch threads (changes the last bits)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    preset = get_preset(args.preset).with_overrides(
+    if args.standin is not None:
+        return _standin_main(p, args)
+    if args.source is not None:
+        p.error("--source goes with --standin")
+    preset = get_preset(args.preset or "small").with_overrides(
         steps=args.steps, checkpoint_every=args.checkpoint_every, num_threads=args.threads)
     figures = build(preset, args.out)
     print(f"saved {args.out}")
     print(json.dumps({"preset": preset.name, "out": str(args.out), **figures}))
+    return 0
+
+
+def _standin_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    training = [f"--{k.replace('_', '-')}" for k in ("steps", "checkpoint_every", "threads")
+                if getattr(args, k) is not None]
+    if training:
+        p.error(f"{', '.join(training)} train a preset; a stand-in is not trained")
+    source = args.source or shipped_model("small")
+    if source is None:     # never fall back to an 80-minute build of small behind the user's back
+        p.error("no models/small in this checkout: pass --source DIR (or build it with --preset small)")
+    try:
+        spec = get_standin(args.standin)
+        figures = build_standin(spec, source, args.out)
+    except ValueError as e:
+        p.error(str(e))
+    print(f"saved {args.out}")
+    print(json.dumps({"standin": spec.name, "source": str(source), "out": str(args.out), **figures}))
     return 0
