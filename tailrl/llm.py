@@ -13,6 +13,7 @@ from tailrl.engine.metrics import rollout_metrics
 from tailrl.engine.outputs import RequestOutput
 from tailrl.engine.request import Request
 from tailrl.spec.history import HistoryStore
+from tailrl.threads import release_pool
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class LLM:
         self.seed = seed
         self.last_metrics: dict[str, float] = {}
         self._calls = 0
+        release_pool()           # generate may run on another thread: leave no idle OpenMP pool here
 
     # ---- generate -----------------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -61,7 +63,10 @@ class LLM:
             counters, spec, extra = self.pool.run(reqs, self.history, _by_request(groups, true_lengths))
         else:
             self.engine.begin_rollout()
-            self._run(reqs, use_tqdm)
+            try:
+                self._run(reqs, use_tqdm)
+            finally:
+                release_pool()   # the next call may come from another thread (threads.py says why)
             counters, spec, extra = self.engine.rollout_counters(), self.engine.spec_metrics(), {}
         end = time.perf_counter()
         outputs = [self.inputs.output(g[0].group_id, texts[i], ids[i], pids[i], g) for i, g in enumerate(groups)]

@@ -20,6 +20,7 @@ from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
 from tailrl.model.loader import DTYPES, load_model, read_args
 from tailrl.spec.history import HistoryStore
+from tailrl.threads import use_threads
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, speculative: SpeculativeConfig | None = None,
                  history: HistoryStore | None = None, *, speculator=None):
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        # a fixed thread count, or threads sized to the cores other processes leave free
+        self.threads = use_threads(config.num_threads, config.dtype)
         args = read_args(config.model)
         self.max_model_len = min(config.max_model_len or args.max_position_embeddings, args.max_position_embeddings)
         self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
@@ -100,6 +101,8 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One step for every scheduled request. Returns the requests that finished."""
+        if self.threads is not None:
+            self.threads.tick()
         clock = [time.perf_counter()]
         kv_data = self.kv.data                                             # a step may grow the cache
         sched = self.scheduler.schedule()                                  # 1. schedule
@@ -227,7 +230,7 @@ class LLMEngine:
 
     # ---- moving requests between instances ------------------------------------------------
     def export_request(self, request_id: str) -> RequestState:
-        """Take an unfinished request out of this engine with its tokens and K/V."""
+        """Take an unfinished request out of this engine with its tokens, K/V and drafting state."""
         req = self.requests.get(request_id)
         if req is None or req.status.finished:
             raise ValueError(f"request_id {request_id!r} is not an unfinished request of this engine")
@@ -235,10 +238,12 @@ class LLMEngine:
         if req.row >= 0 and req.num_computed_tokens > 0:
             kv = self.kv.export_row(req.row, req.num_computed_tokens)
         self.scheduler.remove(req)
+        spec = None
         if self.speculator is not None:
+            spec = self.speculator.export_state(req)     # its drafts continue where it goes
             self.speculator.finish(req)
         del self.requests[request_id]
-        return RequestState.from_request(req, kv)
+        return RequestState.from_request(req, kv, spec)
 
     def import_request(self, state: RequestState) -> Request:
         req = state.to_request()

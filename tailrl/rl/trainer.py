@@ -27,6 +27,7 @@ from tailrl.rl.drafter_eval import StepEvaluator
 from tailrl.rl.grpo import group_advantages, grpo_loss
 from tailrl.rl.metrics import MetricsLogger, console_line
 from tailrl.rl.policy import frozen_copy, hf_state_dict, load_policy, response_logprobs
+from tailrl.threads import use_threads
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ def pad_rows(rows: list[list[float]], like: torch.Tensor) -> torch.Tensor:
 class Trainer:
     def __init__(self, cfg: TrainConfig, reward_fn: RewardFn | None = None, resume: bool = False):
         self.cfg = cfg
-        if cfg.num_threads is not None:
-            torch.set_num_threads(cfg.num_threads)
+        # a fixed thread count, or threads sized to the cores other processes leave free
+        self.threads = use_threads(cfg.num_threads, cfg.dtype)   # the engine's dtype
         self.prompts: list[Prompt] = load_dataset(cfg)          # config and data errors before heavy work
         self.reward_fn = reward_fn or resolve_reward(cfg)
         self.model_dir = resolve_model(cfg.model)
@@ -169,6 +170,8 @@ class Trainer:
             num_tokens = float(max(sum(len(responses[i]) for i in rows), 1))
             self.optimizer.zero_grad(set_to_none=True)
             for mb in self.micro_batches(rows, lengths):
+                if self.threads is not None:
+                    self.threads.tick()
                 p, r = [prompts[i] for i in mb], [responses[i] for i in mb]   # the engine emits >= 1 token
                 logp, mask = response_logprobs(self.policy, p, r, cfg.temperature, self.pad_id)
                 engine = pad_rows([old_logp[i] for i in mb], logp)
