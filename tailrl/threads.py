@@ -83,6 +83,7 @@ class ThreadGovernor:
         self.threads = self.cap
         self.others = 0.0                # other processes' load in the last window, in cores
         self.changes = 0                 # thread-count changes made (a metric)
+        self.seconds_at: dict[int, float] = {}   # wall seconds of the finished windows by thread count
         self._up_votes = 0
         self._mark = self._sample()
         torch.set_num_threads(self.threads)
@@ -100,6 +101,7 @@ class ThreadGovernor:
         if mark[1] is None or self._mark[1] is None:
             return self.threads
         wall = self._mark[0] - mark[0]
+        self.seconds_at[self.threads] = self.seconds_at.get(self.threads, 0.0) + wall
         ours = self._mark[2] - mark[2]
         self.others = max(0.0, (self._mark[1] - mark[1] - ours) / wall)
         self._apply(self.want(self.others))
@@ -134,14 +136,27 @@ def governor() -> ThreadGovernor:
     return _governor
 
 
-def use_threads(num_threads: int | None, dtype: str = "bfloat16") -> ThreadGovernor | None:
-    """``num_threads`` fixed: set it and return None. None: the process's governor, for an
-    engine whose ``dtype`` computes the same bits at any thread count (bfloat16, float64);
-    in float32 MKL's GEMMs split reductions by thread, so log-probabilities would follow the
-    machine's load: the count stays as torch has it (None returned)."""
+class FixedThreads:
+    """A fixed count, set again at each tick: another engine or a governor in this process
+    may have changed torch's process-wide count since."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        torch.set_num_threads(threads)
+
+    def tick(self) -> int:
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        return self.threads
+
+
+def use_threads(num_threads: int | None, dtype: str = "bfloat16") -> ThreadGovernor | FixedThreads | None:
+    """``num_threads`` given: that count. None: the process's governor, for an engine whose
+    ``dtype`` computes the same bits at any thread count (bfloat16, float64); in float32 MKL's
+    GEMMs split reductions by thread, so log-probabilities would follow the machine's load:
+    the count stays as torch has it (None)."""
     if num_threads:
-        torch.set_num_threads(num_threads)
-        return None
+        return FixedThreads(num_threads)
     return governor() if dtype != "float32" else None
 
 

@@ -95,7 +95,10 @@ def test_our_own_work_is_not_counted_as_others(restore_threads):
 
 
 def test_fixed_count_and_float32_are_not_governed(restore_threads):
-    assert th.use_threads(1) is None and torch.get_num_threads() == 1
+    fixed = th.use_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)                     # e.g. a governed engine in the same process
+    assert fixed.tick() == 1 == torch.get_num_threads()
     assert th.use_threads(None, "float32") is None
     assert th.use_threads(None, "bfloat16") is th.governor() is th.use_threads(None, "float64")
 
