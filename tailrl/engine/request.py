@@ -48,6 +48,7 @@ class Request:
     arrival: int = 0                     # admission order; preemption evicts the newest
     max_model_len: int = 1 << 30
     pending_kv: object = None            # imported K/V waiting for a row (see engine.import_request)
+    pending_spec: object = None          # imported drafting state waiting for the speculator's start
     num_preemptions: int = 0
     finish_time: float = 0.0             # perf_counter() when it finished
     # the target's normed hidden state at the position that sampled the last token, and

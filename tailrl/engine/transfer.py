@@ -2,10 +2,15 @@
 
 Sampling noise is keyed by the request's seed key and output position only, and the K/V of its
 computed tokens travels with it, so a resumed request emits exactly the tokens it would have.
+Its drafts too: the target's hidden state at its draft root (``hidden``) and what the
+speculator's drafts depend on (``speculation``: the learned drafter's past, a carried chain)
+travel with it, so the importing instance drafts for it as the exporting one would have
+(drafts never change outputs; without them it would draft worse until it caught up).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,20 +30,35 @@ class RequestState:
     prompt_id: str
     index: int
     kv: torch.Tensor | None          # [L, 2, KV, n, D]: K/V of the first n tokens (None = recompute)
+    hidden: torch.Tensor | None = None   # [H]: the target's state that sampled the last token (drafter's root)
+    speculation: dict[str, Any] | None = None   # ``Speculator.export_state``: drafter past, carried chain
 
     @property
     def kv_bytes(self) -> int:
         return 0 if self.kv is None else self.kv.numel() * self.kv.element_size()
 
+    @property
+    def spec_bytes(self) -> int:
+        """Bytes of the drafting state carried besides the K/V (root state, drafter past)."""
+        past = (self.speculation or {}).get("sources", {}).get("drafter")
+        return (0 if self.hidden is None else self.hidden.numel() * self.hidden.element_size()) + (
+            past.nbytes if past is not None else 0)
+
     @classmethod
-    def from_request(cls, req: Request, kv: torch.Tensor | None) -> "RequestState":
+    def from_request(cls, req: Request, kv: torch.Tensor | None,
+                     speculation: dict[str, Any] | None = None) -> "RequestState":
+        hidden = req.last_hidden
+        # a copy: the kept state is a row of a step's tensor, which a view would pickle whole
         return cls(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
                    list(req.output_logprobs), req.params, req.seed_key, req.group_id, req.prompt_id,
-                   req.index, kv)
+                   req.index, kv, None if hidden is None else hidden.clone(), speculation)
 
     def to_request(self) -> Request:
-        return Request(self.request_id, list(self.prompt_token_ids), self.params, self.seed_key,
-                       group_id=self.group_id, prompt_id=self.prompt_id, index=self.index,
-                       output_token_ids=list(self.output_token_ids),
-                       output_logprobs=list(self.output_logprobs), status=RequestStatus.WAITING,
-                       pending_kv=self.kv)
+        req = Request(self.request_id, list(self.prompt_token_ids), self.params, self.seed_key,
+                      group_id=self.group_id, prompt_id=self.prompt_id, index=self.index,
+                      output_token_ids=list(self.output_token_ids),
+                      output_logprobs=list(self.output_logprobs), status=RequestStatus.WAITING,
+                      pending_kv=self.kv, pending_spec=self.speculation)
+        if self.hidden is not None:
+            req.keep_hidden(self.hidden)
+        return req

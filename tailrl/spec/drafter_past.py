@@ -21,6 +21,15 @@ A request's past is the contiguous positions ``[base, base + len)``:
   the past afresh at the new position: the drafter attends only over what it can read. A
   request imported without K/V is re-prefilled, so its whole past is rebuilt from that prefill.
 
+Migration: ``export(req)`` packs a request's past (held K/V, and the target states of the
+positions logged but not computed yet) into a ``PastState`` that travels with the request
+(``RequestState.speculation``); ``adopt(req, state)`` on the importing instance continues it,
+so the request drafts there exactly as it would have here. Carrying it is the cheaper of
+the two ways: the drafter's K/V are ``heads * head_dim * 2`` values per position (a sixth of
+the target K/V that travels anyway, on ``small``), while recomputing them needs the target's
+hidden states of every position, i.e. a target forward over the whole sequence, which is
+what importing with K/V avoids (the target K/V do not give the hidden states back).
+
 Weights: K/V are computed with the drafter weights current at the flush; an online update
 (a new spot-trainer version, a few small steps) does not recompute them. Drafts are verified,
 so stale K/V cost acceptance, never correctness.
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -49,6 +59,22 @@ MAX_WAIT = 128
 # Hand-outs kept in the log (about one per engine step): a request read after a longer pause
 # restarts its past at the oldest position still logged. Bounds the states kept alive.
 LOG_HAND_OUTS = 128
+
+
+@dataclass
+class PastState:
+    """A request's drafter past, portable (pickled with the request between processes):
+    positions ``base .. base + n - 1`` held as K/V, then ``m`` positions whose K/V are not
+    computed yet, as the target's states (computed where the request next drafts, batched
+    with the others, exactly as they would have been here)."""
+    base: int
+    k: torch.Tensor                # [heads, D, n]: keys, transposed as ``_Past`` holds them
+    v: torch.Tensor                # [heads, n, D]
+    queued: torch.Tensor | None    # [m, H]: target states of positions base + n .. (target's dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.queued) if t is not None)
 
 
 class _Past:
@@ -186,8 +212,9 @@ class DrafterPast:
         if start == end and k > 0:                        # the next prefill chunk
             pieces.append((start, hidden, row, k))
 
-    def _sync(self, req: Any) -> _Past | None:
-        """Read the request's logged positions into its queue (creating its past)."""
+    def _sync(self, req: Any, restart: bool = True) -> _Past | None:
+        """Read the request's logged positions into its queue (creating its past); past
+        ``MAX_WAIT`` queued positions (and ``restart``) keep only the newest."""
         rid = req.request_id
         p = self._past.get(rid)
         if self._log and p is not None and p.synced < self._log[0].number - 1:
@@ -208,7 +235,7 @@ class DrafterPast:
             p.take(start, entry.hidden, row, k)
         if p is not None and self._log:
             p.synced = self._log[-1].number
-            if p.queued_n > MAX_WAIT:
+            if restart and p.queued_n > MAX_WAIT:
                 self._restart(p)
         return p
 
@@ -251,6 +278,36 @@ class DrafterPast:
 
     def free(self, req: Any) -> None:
         self._past.pop(req.request_id, None)
+
+    def export(self, req: Any) -> PastState | None:
+        """``req``'s past with every position logged for it, for another instance's ``adopt``
+        (None: nothing held or logged). Queued positions travel as target states, not as K/V:
+        no work here, and no ``MAX_WAIT`` cut, which the next draft makes wherever it happens,
+        so the importer's past is the one this instance would have had. Copies: a view would
+        pickle the whole step tensor it belongs to."""
+        p = self._sync(req, restart=False)
+        if p is None:
+            return None
+        queued = torch.cat([h[lo:hi] for _, h, lo, hi in p.queued]) if p.queued else None
+        return PastState(p.base, p.k[:, :, :p.length].clone(), p.v[:, :p.length].clone(), queued)
+
+    def adopt(self, req: Any, state: PastState) -> None:
+        """Continue ``req``'s past from ``state`` (``export`` on another instance): its K/V are
+        held, its queued positions computed at its next draft; hand-outs logged here before
+        are not its own (``_HandOut.find`` matches the request object)."""
+        c = self.drafter.cfg
+        n = state.k.shape[-1]
+        if (tuple(state.k.shape), tuple(state.v.shape)) != ((c.num_heads, c.head_dim, n), (c.num_heads, n, c.head_dim)):
+            raise ValueError(f"drafter past of request {req.request_id!r}: K/V of shapes {tuple(state.k.shape)}, "
+                             f"{tuple(state.v.shape)} do not fit this drafter ({c.num_heads} heads of {c.head_dim})")
+        if state.queued is not None and state.queued.shape[-1] != c.hidden_size:
+            raise ValueError(f"drafter past of request {req.request_id!r}: queued states of width "
+                             f"{state.queued.shape[-1]}, this drafter reads {c.hidden_size}")
+        p = self._past[req.request_id] = _Past(state.base, c.num_heads, c.head_dim, req)
+        p.k, p.v, p.length = state.k, state.v, n
+        if state.queued is not None and state.queued.shape[0]:
+            p.queued, p.queued_n = [(state.base + n, state.queued, 0, state.queued.shape[0])], state.queued.shape[0]
+        p.synced = self._count - 1                       # read up to here: none of the log is its own
 
     def flush(self, requests: list[Any] | None = None) -> None:
         """K/V for every logged position of ``requests`` (default: every request logged or

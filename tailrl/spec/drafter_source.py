@@ -23,7 +23,8 @@ different lengths padded and masked); ``propose`` then hands out the prepared dr
 drafts that one request alone if it was not prepared. With ``fast_dtype`` (bfloat16, given
 for a bfloat16 target) calls of ``FAST_ROWS`` rows or more, and the committed K/V, run in a
 copy of the drafter in that dtype (``LowPrecision``). Per-request state: the committed K/V
-(freed in ``finish``) and this step's prepared drafts.
+(freed in ``finish``; ``export`` / ``adopt`` move them with a migrating request) and this
+step's prepared drafts.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import torch
 
 from tailrl.model.drafter import Drafter
 from tailrl.spec.draft import Draft
-from tailrl.spec.drafter_past import DrafterPast
+from tailrl.spec.drafter_past import DrafterPast, PastState
 
 # Rows from which a drafting call runs in the low-precision copy: on this CPU a bfloat16
 # drafter step is slower than float32 at 1 row (0.37 vs 0.23 ms), even at 16, and 1.6x
@@ -70,6 +71,15 @@ class DrafterSource:
     def finish(self, req: Any) -> None:
         self._ready.pop(req.request_id, None)
         self.past.free(req)
+
+    def export(self, req: Any) -> PastState | None:
+        """What ``req`` takes to another instance to draft there as here (its past; the
+        state at its draft root travels with the request itself: ``RequestState.hidden``)."""
+        return self.past.export(req)
+
+    def adopt(self, req: Any, state: PastState) -> None:
+        """``req`` arrived from another instance with ``export``'s state."""
+        self.past.adopt(req, state)
 
     def target_updated(self, model: Any) -> None:
         """The target's weights changed: the drafter reads its embedding and head anew."""

@@ -36,7 +36,8 @@ Per engine step:
    key position) pairs; ``reads``: its (row, key position) pairs; see ``CostModel``).
 
 ``calibrate(forward_fn)`` (optional, once at start-up) times synthetic forwards so the cost
-model is measured before the first step. ``start(req)`` / ``finish(req)`` bracket a request's stay in the engine.
+model is measured before the first step. ``start(req)`` / ``finish(req)`` bracket a request's stay in the engine;
+``export_state(req)`` before ``finish`` packs what its drafts depend on for another instance's ``start``.
 
 ``metrics()`` (verl-style keys, totals since ``reset_metrics``):
 ``rollout/spec_draft_tokens``, ``rollout/spec_accepted_tokens``, ``rollout/spec_verify_steps``,
@@ -56,6 +57,7 @@ per source also ``rollout/spec_verify_steps/<source>``.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -69,6 +71,8 @@ from tailrl.spec.history import HistoryStore
 from tailrl.spec.policy import SpecPolicy
 from tailrl.spec.source import DraftSource
 from tailrl.spec.source_choice import SourceChoice
+
+log = logging.getLogger(__name__)
 
 
 class Speculator:
@@ -135,10 +139,44 @@ class Speculator:
 
     # ---- request lifecycle ------------------------------------------------------------
     def start(self, req: Any) -> None:
+        """``req`` entered the engine; one imported from another instance brings what its
+        drafts there depended on (``req.pending_spec``: ``export_state`` of that instance)."""
         t0 = time.perf_counter()
         for s in self.sources:
             s.start(req)
+        imported = getattr(req, "pending_spec", None)
+        if imported is not None:
+            req.pending_spec = None
+            self._adopt(req, imported)
         self._index_s += time.perf_counter() - t0
+
+    def export_state(self, req: Any) -> dict[str, Any] | None:
+        """What ``req``'s next drafts depend on here beyond its tokens, to travel with it to
+        another instance (``RequestState.speculation``; call before ``finish``): per source
+        its own state (``export``: the drafter's past), and the unverified rest of a fully
+        accepted chain (the carry). None when there is none. Shadow drafts (measurement only)
+        and the policy's per-request statistics stay here."""
+        own = {}
+        for s in self.sources:
+            state = s.export(req) if hasattr(s, "export") else None
+            if state is not None:
+                own[s.name] = state
+        carry = self._carry.get(req.request_id)
+        return {"sources": own, "carry": carry} if own or carry is not None else None
+
+    def _adopt(self, req: Any, state: dict[str, Any]) -> None:
+        """Continue ``export_state``'s state on this instance. A source's state that does not
+        fit here (another drafter's shapes) is dropped with a warning: the request then
+        drafts from what this instance computes, and drafts never change outputs."""
+        for s in self.sources:
+            own = state["sources"].get(s.name)
+            if own is not None and hasattr(s, "adopt"):
+                try:
+                    s.adopt(req, own)
+                except ValueError as e:
+                    log.warning("imported request %r: its %s state is dropped (%s)", req.request_id, s.name, e)
+        if state["carry"] is not None:
+            self._carry[req.request_id] = state["carry"]
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
         t0 = time.perf_counter()

@@ -1,7 +1,8 @@
 """The drafter's per-request K/V of committed positions: appended only for committed
-positions, each computed once (batched); kept through preemption, partial after a migration
-with K/V, rebuilt by a recomputing import, shared by a group's samples, freed on finish; and
-batched drafting over pasts of different lengths equals drafting each request alone."""
+positions, each computed once (batched); kept through preemption, carried by a migrating
+request (else partial after a migration with K/V, rebuilt by a recomputing import), shared by
+a group's samples, freed on finish; and batched drafting over pasts of different lengths
+equals drafting each request alone."""
 import pytest
 import torch
 
@@ -168,9 +169,13 @@ def test_engine_appends_committed_positions_only_each_computed_once_and_frees(mo
         assert 0.8 * sum(r.num_tokens - 1 for r in reqs) < sum(calls) <= sum(r.num_tokens - 1 for r in reqs) - shared
 
 
-def test_partial_past_after_import_with_kv_and_rebuilt_after_recompute(model, drafter_dir):
+def test_past_travels_with_a_migrating_request_else_partial_or_rebuilt(model, drafter_dir):
+    """Exported mid-flight, a request takes its past along (``export`` / ``adopt``): the
+    importer holds it from position 0, with or without the target K/V. A state without it (from
+    an instance without the drafter) attends only over what the importer computes: partial
+    after an import with K/V, rebuilt from the recomputed prefill without. Outputs never change."""
     cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
-    engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(3)]
+    engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(2)]
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     ref = Request("x", PROMPTS[2], sp, seed_key=11)
     engines[0].add_request(ref)
@@ -178,7 +183,7 @@ def test_partial_past_after_import_with_kv_and_rebuilt_after_recompute(model, dr
         engines[0].step()
     engines[0].release("x")
     outs = []
-    for keep_kv, target in ((True, engines[1]), (False, engines[2])):
+    for carry, keep_kv in ((True, True), (True, False), (False, True), (False, False)):
         req = Request("x", PROMPTS[2], sp, seed_key=11)
         engines[0].add_request(req)
         while req.num_output_tokens < 12:
@@ -187,15 +192,18 @@ def test_partial_past_after_import_with_kv_and_rebuilt_after_recompute(model, dr
         assert "x" not in source_of(engines[0]).past               # freed on export
         if not keep_kv:
             state.kv = None                                        # the receiver recomputes the prefix
+        if not carry:
+            state.speculation = state.hidden = None
         at = req.num_tokens
-        moved = target.import_request(state)
-        target.step()
-        first, end = source_of(target).past.span(moved)
-        assert first == (at - 1 if keep_kv else 0) and end == moved.num_tokens - 1
-        while target.has_unfinished():
-            target.step()
+        moved = engines[1].import_request(state)
+        engines[1].step()
+        first, end = source_of(engines[1]).past.span(moved)
+        assert first == (0 if carry or not keep_kv else at - 1) and end == moved.num_tokens - 1
+        while engines[1].has_unfinished():
+            engines[1].step()
         outs.append(moved.output_token_ids)
-    assert outs == [ref.output_token_ids] * 2                      # drafts stay valid either way
+        engines[1].release("x")
+    assert outs == [ref.output_token_ids] * 4                      # drafts stay valid either way
 
 
 @pytest.mark.parametrize("paths", [1, 3])

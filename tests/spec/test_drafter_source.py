@@ -113,7 +113,7 @@ def test_a_drafter_for_another_model_is_refused(ckpt_dir, drafter_dir):
 
 def test_identical_under_preemption_and_after_migration(model, drafter_dir):
     """Preempted (recomputed) requests keep drafting; a request exported mid-flight resumes in
-    another engine with no kept hidden state (it drafts again after its first sampled token)."""
+    another engine with its draft root's hidden state (it drafts at its first step there)."""
     from tailrl import EngineConfig
     from tailrl.engine.engine import LLMEngine
     sp = [SamplingParams(n=2, temperature=t, max_tokens=50, ignore_eos=True, seed=3) for t in (0.0, 1.0) * 2]
@@ -133,8 +133,9 @@ def test_identical_under_preemption_and_after_migration(model, drafter_dir):
     engines[1].add_request(req)
     while req.num_output_tokens < 12:
         engines[1].step()
+    at = req.last_hidden.clone()
     moved = engines[0].import_request(engines[1].export_request("x"))
-    assert moved.last_hidden is None
+    assert torch.equal(moved.last_hidden, at)
     while engines[0].has_unfinished():
         engines[0].step()
     assert moved.output_token_ids == ref.output_token_ids
