@@ -8,7 +8,9 @@
 - ``history.json``: the rollout history store (last epoch's responses per prompt id);
 - ``trainer_state.json``: step, data cursor and the config the run was started with.
 - ``drafter/`` (runs with ``drafter: true``): the online drafter's newest weights, a drafter
-  checkpoint that ``SpeculativeConfig(drafter=...)`` loads, plus its optimizer and version.
+  checkpoint that ``SpeculativeConfig(drafter=...)`` loads, plus its optimizer, version and
+  batch sampler (``spot_trainer.pt``) and its training buffer (``buffer.safetensors``: the
+  rollouts' hidden states and tokens it trains on), so the drafter resumes exactly.
 A checkpoint is written to a temporary directory and renamed into place, so a crash while
 saving never leaves a half checkpoint that ``latest_checkpoint`` would pick.
 """

@@ -26,6 +26,7 @@ not on separate idle GPUs; it costs wall time (measured: ``timing_s/spot_train``
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from tailrl.rl.drafter_train import drafter_loss, sample_batch
 from tailrl.spec.drafter_buffer import DrafterBuffer
 
 STATE_FILE = "spot_trainer.pt"
+BUFFER_FILE = "buffer.safetensors"     # the training buffer (``DrafterBuffer.save``)
 
 
 @dataclass
@@ -168,14 +170,21 @@ class SpotTrainer:
     # ---- checkpoint ---------------------------------------------------------------------
     def save(self, path: str) -> None:
         """The shadow (the newest weights) as a deployable drafter checkpoint, plus the
-        optimizer and counters. The buffer is not saved: a resumed run collects anew."""
+        optimizer, counters, batch sampler and the buffer: everything the next training step
+        reads, so a resumed run trains exactly as the uninterrupted one (a cold buffer would
+        wait for ``min_windows`` and then train on other data). Saving the buffer costs its
+        size on disk (the target's dtype per state; measured in docs/training.md)."""
         self.shadow.save(path)
         torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version, "steps": self.steps,
                     "gen": self.gen.get_state()}, f"{path}/{STATE_FILE}")
+        self.buffer.save(f"{path}/{BUFFER_FILE}")
 
     def load(self, path: str) -> None:
-        """Restore what ``save`` wrote (the drafter's weights were loaded from ``path`` too)."""
+        """Restore what ``save`` wrote (the drafter's weights were loaded from ``path`` too); a
+        checkpoint written before buffers were saved leaves the buffer empty."""
         state = torch.load(f"{path}/{STATE_FILE}", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version, self.steps = state["version"], state["steps"]
         self.gen.set_state(state["gen"])
+        if os.path.isfile(f"{path}/{BUFFER_FILE}"):
+            self.buffer.load(f"{path}/{BUFFER_FILE}")

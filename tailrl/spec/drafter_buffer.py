@@ -16,24 +16,35 @@ Bounded: at most ``capacity`` positions in all. Adding past it evicts the oldest
 (running or finished), so the buffer holds the most recent data, i.e. the current policy's;
 a single run longer than the buffer keeps its newest positions.
 ``data(unroll)`` lays the runs out as a ``DrafterData`` (cached until the next change).
+
+Persistent: ``save(path)`` writes the runs in eviction order to one safetensors file (states
+in the dtype they were handed out in, the target's; tokens; per run its start, first root and
+length; the open runs' requests) and ``load(path)`` restores them, so a resumed training run
+trains on exactly the data the uninterrupted run would (the spot trainer saves it with every
+checkpoint).
 """
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from tailrl.model.drafter import DrafterData
 
 OWN_AT = 32                # chunks after which a run copies its states into one tensor
+FORMAT = 1                 # ``save``'s layout version (in the file's metadata)
 
 
 class _Run:
     __slots__ = ("hidden", "tokens", "start", "first", "group", "prompt")
 
-    def __init__(self, start: int, first: int, req: Any) -> None:
-        self.group, self.prompt = req.group_id, req.prompt_token_ids
+    def __init__(self, start: int, first: int, group: str, prompt: list[int]) -> None:
+        # what ``_borrow`` matches an open run on (a closed run is never borrowed from)
+        self.group, self.prompt = group, prompt
         # (states, first row, end row) chunks of step tensors, in order; row i is position start + i
         self.hidden: list[tuple[torch.Tensor, int, int]] = []
         self.tokens: list[int] = []             # the token at each position
@@ -53,6 +64,10 @@ class _Run:
             h = torch.cat([t[lo:hi] for t, lo, hi in self.hidden])
             self.hidden = [(h, 0, h.shape[0])]
         return self.hidden[0][0]
+
+    def chunks(self) -> list[torch.Tensor]:
+        """The run's states as views of the tensors it references, in order (no copy)."""
+        return [t[lo:hi] for t, lo, hi in self.hidden]
 
     def drop_head(self, n: int) -> None:
         h = self.states()[n:]
@@ -93,7 +108,8 @@ class DrafterBuffer:
             key = self._open.get(req.request_id)
             run = self._runs.get(key) if key is not None else None
             if run is None or start > run.end:
-                key, run = self._next_key, _Run(start, max(start, req.num_prompt_tokens - 1), req)
+                key, run = self._next_key, _Run(start, max(start, req.num_prompt_tokens - 1), req.group_id,
+                                                req.prompt_token_ids)
                 self._next_key += 1
                 if 0 < start < req.num_prompt_tokens:
                     self._borrow(run)
@@ -159,3 +175,50 @@ class DrafterBuffer:
             data = DrafterData(torch.cat(hidden).float(), torch.cat(tokens), offsets, torch.tensor(first))
         self._cache = (self.added, unroll, data)
         return data
+
+    # ---- checkpoint ---------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """All runs, oldest first, to the safetensors file ``path``: ``hidden`` [size, H] (the
+        handed-out dtype; runs of different dtypes are promoted, losslessly, as ``data``
+        does before training), ``tokens`` [size] int32, ``runs`` [R, 3] (start, first root,
+        length) int64; metadata: the open runs (request id -> run index, group, prompt) and
+        the ``added`` counter."""
+        runs = list(self._runs.items())
+        index = {key: i for i, (key, _) in enumerate(runs)}
+        chunks = [c for _, run in runs for c in run.chunks()]
+        hidden = torch.cat(chunks) if chunks else torch.zeros(0, 0)
+        tokens = torch.tensor([t for _, run in runs for t in run.tokens], dtype=torch.int32)
+        table = torch.tensor([[run.start, run.first, len(run)] for _, run in runs], dtype=torch.int64).reshape(-1, 3)
+        opened = {rid: [index[key], self._runs[key].group, list(self._runs[key].prompt)]
+                  for rid, key in self._open.items() if key in index}
+        meta = {"format": str(FORMAT), "added": str(self.added), "open": json.dumps(opened)}
+        save_file({"hidden": hidden.contiguous(), "tokens": tokens, "runs": table}, path, metadata=meta)
+
+    def load(self, path: str) -> None:
+        """Replace the buffer's contents with what ``save`` wrote to ``path``; a capacity
+        smaller than the saved size evicts the oldest runs at once (as adding would)."""
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") != str(FORMAT):
+            raise ValueError(f"drafter buffer: {path} has format {meta.get('format')!r}, expected {FORMAT}")
+        t = load_file(path)
+        hidden, tokens, table = t["hidden"], t["tokens"].tolist(), t["runs"].tolist()
+        if sum(n for _, _, n in table) != len(tokens) or (table and hidden.shape[0] != len(tokens)):
+            raise ValueError(f"drafter buffer: {path} is inconsistent (runs, tokens and states disagree in length)")
+        opened = {i: (rid, group, prompt) for rid, (i, group, prompt) in json.loads(meta["open"]).items()}
+        self._runs.clear()
+        self._open.clear()
+        self.size, row = 0, 0
+        for i, (start, first, n) in enumerate(table):
+            rid, group, prompt = opened.get(i, (None, "", []))
+            run = self._runs[i] = _Run(start, first, group, prompt)
+            h = hidden[row:row + n].clone()                  # each run owns its states (eviction frees them)
+            run.hidden, run.tokens = [(h, 0, n)], tokens[row:row + n]
+            row += n
+            if rid is not None:
+                self._open[rid] = i
+            self.size += n
+        self._next_key = len(table)
+        self.added = int(meta["added"])
+        self._cache = None
+        self._evict()

@@ -3,6 +3,7 @@ inside the rollout and between rollout and update, the drafter is in every check
 `--resume` restores it; responses are those of the run without a drafter."""
 import copy
 import os
+import shutil
 
 import pytest
 import torch
@@ -75,6 +76,41 @@ def test_online_drafter_trains_checkpoints_and_resumes(tmp_path):
     assert len(resumed.spot.optimizer.state) > 0                     # AdamW moments restored
     with pytest.raises(ValueError, match="'drafter'"):
         Trainer(config(tmp_path, "full", total_steps=2), resume=True)   # the drafter key may not change
+
+
+# The drafter's figures a resumed run must reproduce exactly (timings are not reproducible).
+EXACT_DRAFTER_KEYS = ("drafter/train_steps", "drafter/loss", "drafter/agreement", "drafter/version",
+                      "drafter/buffer_tokens", "drafter/eval_accept_length", "drafter/eval_verify_steps",
+                      "rollout/spec_draft_tokens/drafter", "rollout/spec_accepted_tokens/drafter",
+                      "rollout/spec_accept_length/drafter")
+
+
+def test_resume_continues_the_drafter_exactly(tmp_path):
+    """A run resumed at step 2 restores the drafter's training buffer with its weights and
+    optimizer, so at steps 3 and 4 its drafter trains on the same data and drafts and accepts
+    exactly as the uninterrupted run's: equal losses, buffer, exact acceptance on the step's
+    responses (``drafter_eval``) and acceptance of its verified drafts in the rollout; its final
+    weights are equal bit for bit. Deterministic by construction: no training inside rollouts
+    (whether a spot step fits its share of the rollout's time depends on the clock) and the
+    drafter alone with a fixed depth (hybrid's per-request choice is priced by measured times);
+    the buffer is small enough to evict."""
+    kw = {**DRAFTER, "speculative": {"method": "drafter", "policy": "fixed"}, "drafter_spot_batch": 0,
+          "drafter_eval": True, "drafter_buffer": 400}
+    full = Trainer(config(tmp_path, "run", total_steps=4, **kw))
+    rows = full.train()
+    assert rows[-1]["drafter/buffer_tokens"] <= 400 < full.spot.buffer.added       # it evicted
+    assert all(r["drafter/train_steps"] == 3 and r["rollout/spec_draft_tokens/drafter"] > 0 for r in rows)
+    ckpts = tmp_path / "run" / "checkpoints"
+    for step in (3, 4):                                   # interrupted after step 2
+        shutil.rmtree(ckpts / f"step_{step:06d}")
+    resumed = Trainer(config(tmp_path, "run", total_steps=4, **kw), resume=True)
+    assert resumed.step == 2 and len(resumed.spot.buffer) > 0
+    again = resumed.train()
+    assert len(again) == 2
+    for want, got in zip(rows[2:], again):
+        assert {k: got[k] for k in EXACT_DRAFTER_KEYS} == {k: want[k] for k in EXACT_DRAFTER_KEYS}
+    want = full.spot.shadow.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in resumed.spot.shadow.state_dict().items())
 
 
 def test_online_drafter_on_a_pool_of_worker_processes(tmp_path):

@@ -1,6 +1,8 @@
 """The spot trainer's buffer: bounded, runs split at gaps, windows laid out as the drafter loss
 reads them; fed by the engine with exactly the hidden states that sampled each token (checked
 against a teacher-forced forward, through accepted and rejected drafts)."""
+import copy
+
 import pytest
 import torch
 
@@ -119,3 +121,62 @@ def test_the_engine_hands_over_the_state_of_every_position_once(model):
         n = len(p) + len(r) - 1
         mine = runs[tuple(p) + tuple(r[:-1])]
         assert torch.allclose(mine.float(), ref.hidden[start:start + n], atol=1e-3)
+
+
+def snapshot(buf: DrafterBuffer, unroll: int = 1):
+    """What training reads (``data``) plus the bookkeeping that decides future adds."""
+    d = buf.data(unroll)
+    laid = None if d is None else (d.hidden.tolist(), d.tokens.tolist(), d.offsets.tolist(), d.first.tolist())
+    return laid, len(buf), buf.added, sorted(rid for rid, key in buf._open.items() if key in buf._runs)
+
+
+def test_save_and_load_continue_exactly_as_the_buffer_would_have(tmp_path):
+    """A saved and loaded buffer holds the same runs in the same (eviction) order, its open
+    runs stay open, and the same adds after it give the same data as the original's; the
+    handed-out dtype is kept; a smaller capacity evicts the oldest runs at once."""
+    buf = DrafterBuffer(34)
+    reqs = [Request(f"r{i}", [1 + i, 2, 3], SP(), 0, group_id=f"g{i % 2}") for i in range(4)]
+    for step in range(5):
+        for i, r in enumerate(reqs):
+            if i > 0 or step < 2:                             # r0 finishes after step 1
+                grow(buf, r, [step + 2] * (1 + i % 2), h0=100 * step + i, start=0 if step == 0 else None)
+        if step == 1:
+            buf.finish(reqs[0])
+    buf.add(reqs[3], 0, torch.zeros(1, 2))                  # recomputed: skipped (the run stays open)
+    closed = req("c", (7, 8))
+    grow(buf, closed, [1, 2], start=0)
+    buf.finish(closed)
+    half = DrafterBuffer(40)
+    half.add_spans(torch.tensor([[1.5, 0.0], [2.5, 1.0]], dtype=torch.bfloat16), [(req("h", (5, 6, 7)), 0, 0, 2)])
+    assert buf.added > len(buf) and len(buf._runs) == 4 and snapshot(buf)[3] == ["r1", "r2", "r3"]   # r0 evicted
+    path = str(tmp_path / "buffer.safetensors")
+    buf.save(path)
+    again = DrafterBuffer(34)
+    again.load(path)
+    assert snapshot(again) == snapshot(buf) and snapshot(again, 2) == snapshot(buf, 2)
+    twins = copy.deepcopy(reqs)                               # the same requests, for the loaded buffer
+    for b, rs in ((buf, reqs), (again, twins)):               # the same future: open runs grow, old ones go
+        sibling = Request("s", [4, 2, 3], SP(), 0, group_id="g1")   # shares r3's prompt: borrows its states
+        grow(b, sibling, [9, 9], h0=50, start=2)
+        assert b._runs[b._open["s"]].start == 0                  # borrowed from r3's run, open after loading
+        for step in range(5, 8):
+            for r in rs[1:]:
+                grow(b, r, [step], h0=100 * step)
+    assert snapshot(again) == snapshot(buf)
+    half.save(path)
+    h = DrafterBuffer(10)
+    h.load(path)
+    kept = h._runs[0].states()
+    assert kept.dtype == torch.bfloat16 and kept[:, 0].tolist() == [1.5, 2.5]
+    buf.save(path)
+    small = DrafterBuffer(12)
+    small.load(path)
+    assert len(small) <= 12 and snapshot(small)[0][1] == snapshot(buf)[0][1][-len(small):]   # the newest runs
+    empty = DrafterBuffer(10)
+    empty.save(path)
+    small.load(path)
+    assert len(small) == 0 and small.data(1) is None
+    from safetensors.torch import save_file
+    save_file({"hidden": torch.zeros(1, 2)}, path, metadata={"format": "pt"})   # not a buffer file
+    with pytest.raises(ValueError, match="format"):
+        small.load(path)
