@@ -159,6 +159,7 @@ class EngineConfig:
 
 POOL_BACKENDS = ("local", "ray")
 POOL_SCHEDULERS = ("static", "divided", "context", "history", "oracle", "group-oracle")
+CHUNK_MIN, CHUNK_MAX = 64, 2048   # bounds of the default chunk (PoolConfig.chunk_for)
 
 
 @dataclass
@@ -169,7 +170,7 @@ class PoolConfig:
     scheduler: str = "context"                    # a policy of tailrl/rollout/policies
     backend: str = "local"                        # "local": this process (1) or worker processes; "ray"
     address: str | None = None                    # ray: cluster to join (None: a local ray.init())
-    chunk_tokens: int = 8192                      # divided rollout: max new tokens per chunk
+    chunk_tokens: int | None = None               # divided rollout: max new tokens per chunk (None: chunk_for)
     threads_per_instance: int | None = None       # None: the machine's cores split evenly
     steps_per_call: int = 8                       # engine steps per worker message (at most; stops at a chunk end)
     processes: bool | None = None                 # local: worker processes (None: when instances > 1)
@@ -179,9 +180,35 @@ class PoolConfig:
                self.instances)
         _check(self.scheduler in POOL_SCHEDULERS, "scheduler", f"must be one of {POOL_SCHEDULERS}", self.scheduler)
         _check(self.backend in POOL_BACKENDS, "backend", f"must be one of {POOL_BACKENDS}", self.backend)
-        _check(isinstance(self.chunk_tokens, int) and self.chunk_tokens >= 1, "chunk_tokens",
-               "must be an integer >= 1", self.chunk_tokens)
+        _check(self.chunk_tokens is None or (isinstance(self.chunk_tokens, int) and not isinstance(
+               self.chunk_tokens, bool) and self.chunk_tokens >= 1), "chunk_tokens",
+               "must be None (chosen from max_tokens) or an integer >= 1", self.chunk_tokens)
         _check(self.threads_per_instance is None or self.threads_per_instance >= 1, "threads_per_instance",
                "must be >= 1", self.threads_per_instance)
         _check(isinstance(self.steps_per_call, int) and self.steps_per_call >= 1, "steps_per_call",
                "must be an integer >= 1", self.steps_per_call)
+
+    def chunk_for(self, max_tokens: int) -> int:
+        """Max new tokens per chunk for a generate call whose responses may run to
+        ``max_tokens``: ``chunk_tokens`` if set; else, with several instances, a quarter of
+        ``max_tokens`` within [CHUNK_MIN, CHUNK_MAX], and with one instance the whole request.
+
+        Why a quarter: divided rollout gains only if a long request comes back to the buffer
+        a few times (to be re-ranked, or to move to an idle instance in the tail); the pool
+        ladder on this machine (docs/pool.md) ran max_tokens 960 in chunks of 240. Why at
+        most 2,048: in the simulator at max_tokens 40,960, chunks of 2,048 gave 1.28x over
+        static, 512 1.29x (moving 3.7x the K/V) and 8,192 only 1.12x (a chunk's K/V growth is
+        reserved at admission, so large chunks run fewer requests at once; docs/scheduling.md).
+        Why at least 64: every chunk end is a report, a policy decision and, unless the
+        instance resumes the request at once, a parked or moved K/V; below 64 tokens that
+        would come every few worker messages (``steps_per_call`` steps each) in responses too
+        short to leave a tail worth re-placing. Why whole on one instance: a chunk end there
+        can only park the request and give its slot to another, which nothing measured here
+        shows to pay (the one-engine figures of docs/pool.md ran whole requests)."""
+        _check(isinstance(max_tokens, int) and max_tokens >= 1, "max_tokens", "must be an integer >= 1",
+               max_tokens)
+        if self.chunk_tokens is not None:
+            return self.chunk_tokens
+        if self.instances == 1:
+            return max_tokens
+        return min(CHUNK_MAX, max(CHUNK_MIN, max_tokens // 4))

@@ -79,7 +79,7 @@ class TrainConfig:
     instances: int = 1                    # engine instances; > 1 (or a scheduler) runs a rollout pool
     scheduler: str | None = None          # static | divided | context | history (null: one plain engine)
     backend: str = "local"                # local (worker processes) | ray
-    chunk_tokens: int = 8192              # divided rollout: max new tokens per chunk
+    chunk_tokens: int | None = None       # divided rollout: max new tokens per chunk (null: PoolConfig.chunk_for)
     # ---- run ----
     seed: int = 0
     output_dir: str = "runs/demo"

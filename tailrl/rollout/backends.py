@@ -6,17 +6,26 @@ blocks for its reply, and the backend's `wait(handles)` returns the handles whos
 arrived. A dead instance (its process gone) raises `InstanceDied` from `result()`, and the
 pool carries on without it. The Ray backend (one actor per instance) is in `ray_backend.py`.
 
-Local worker processes are spawned, not forked: torch's thread pools do not survive a fork.
-Messages go over `multiprocessing` pipes (pickled; tensors travel by value).
+A local worker process runs ``python -m tailrl.rollout.process_worker``, not a
+`multiprocessing` fork or spawn: torch's thread pools do not survive a fork, and spawn re-runs
+the caller's main script in every worker, which breaks scripts without an
+``if __name__ == "__main__":`` guard (process_worker.py). Messages go over a socket pair as
+`multiprocessing.connection` messages, pickled by multiprocessing's pickler: torch tensors
+travel through shared memory, which the worker may open because it shares this process's
+`multiprocessing` authkey, as a spawned child would.
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
 import os
-import traceback
+import signal
+import socket
+import subprocess
+import sys
 from multiprocessing.connection import Connection, wait as wait_connections
 
+import tailrl
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.rollout.worker import EngineWorker
 
@@ -60,46 +69,52 @@ class InProcessInstance:
         self.alive = False
 
 
-def _serve(conn: Connection, config: EngineConfig, speculative: SpeculativeConfig | None) -> None:
-    """Main loop of a local worker process: one reply per message, errors sent back as text."""
-    try:
-        worker = EngineWorker(config, speculative)
-        conn.send((True, None))
-    except Exception:
-        conn.send((False, traceback.format_exc()))
-        return
-    while True:
+# how long a worker whose connection broke gets to exit before its exit status is read
+DEATH_WAIT_S = 5.0
+
+
+def describe_exit(code: int | None) -> str:
+    """A process's exit status in words (a negative code is the signal that killed it)."""
+    if code is None:
+        return "still running with its connection closed (killed now)"
+    if code < 0:
         try:
-            op, payload = conn.recv()
-        except EOFError:
-            return
-        if op == "close":
-            return
-        try:
-            conn.send((True, worker.handle(op, payload)))
-        except Exception:
-            conn.send((False, traceback.format_exc()))
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 class ProcessInstance:
-    """A worker in a local process of its own (spawned; its own torch threads)."""
+    """A worker in a local process of its own (its own torch threads)."""
 
     def __init__(self, index: int, config: EngineConfig, speculative: SpeculativeConfig | None) -> None:
         self.index, self.alive = index, True
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, config, speculative), daemon=True,
-                                   name=f"tailrl-instance-{index}")
-        self.process.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        # the tailrl the caller imported, whatever the worker's current directory holds
+        root = os.path.dirname(os.path.dirname(os.path.abspath(tailrl.__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tailrl.rollout.process_worker", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        finally:
+            theirs.close()
         self.pid = self.process.pid
+        self.conn = Connection(ours.detach())
+        # before any payload: the key tensors' shared memory is handed over with, and where
+        # the classes it will unpickle come from
+        self._send((bytes(mp.current_process().authkey), list(sys.path)))
+        self._send((config, speculative))   # answered once the engine is built (LocalBackend.start)
+
+    def _send(self, message) -> None:
+        try:
+            self.conn.send(message)
+        except (BrokenPipeError, ConnectionResetError, OSError) as e:
+            raise self._died() from e
 
     def submit(self, op: str, payload=None) -> None:
-        try:
-            self.conn.send((op, payload))
-        except (BrokenPipeError, ConnectionResetError, OSError) as e:
-            self.alive = False
-            raise InstanceDied(f"instance {self.index} (pid {self.pid}) is gone: {e}") from e
+        self._send((op, payload))
 
     @property
     def ready(self) -> bool:
@@ -109,9 +124,7 @@ class ProcessInstance:
         try:
             ok, value = self.conn.recv()
         except (EOFError, ConnectionResetError, OSError) as e:
-            self.alive = False
-            raise InstanceDied(f"instance {self.index} (pid {self.pid}) died "
-                               f"(exit code {self.process.exitcode})") from e
+            raise self._died() from e
         if not ok:
             raise RuntimeError(f"instance {self.index} failed:\n{value}")
         return value
@@ -120,16 +133,30 @@ class ProcessInstance:
         self.submit(op, payload)
         return self.result()
 
+    def _died(self) -> InstanceDied:
+        """The process is gone (or going): collect it, then say how it ended."""
+        self.alive = False
+        try:
+            code = self.process.wait(timeout=DEATH_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+            self.process.kill()
+            self.process.wait()
+        return InstanceDied(f"instance {self.index} (pid {self.pid}) died: {describe_exit(code)}")
+
     def close(self) -> None:
         if self.alive:
             try:
                 self.conn.send(("close", None))
             except OSError:
                 pass
-        self.process.join(timeout=10)
-        if self.process.is_alive():
-            self.process.kill()
         self.alive = False
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.conn.close()
 
 
 class LocalBackend:
@@ -141,9 +168,16 @@ class LocalBackend:
     def start(self, config: EngineConfig, speculative: SpeculativeConfig | None, n: int) -> list:
         if not self.processes:
             return [InProcessInstance(i, config, speculative) for i in range(n)]
-        insts = [ProcessInstance(i, config, speculative) for i in range(n)]
-        for inst in insts:                      # they load the model in parallel
-            inst.result()
+        insts = []
+        try:
+            for i in range(n):
+                insts.append(ProcessInstance(i, config, speculative))
+            for inst in insts:                  # they load the model in parallel
+                inst.result()
+        except BaseException:                   # no worker outlives a pool that never started
+            for inst in insts:
+                inst.close()
+            raise
         return insts
 
     def wait(self, busy: list) -> list:

@@ -80,7 +80,9 @@ class RolloutPool:
         buffer = self._buffer(reqs)
         lengths = {r.prompt_id: history.lengths(r.prompt_id) for r in reqs}
         oracle = None if true_lengths is None else {k: true_lengths[r.request_id] for k, r in enumerate(reqs)}
-        policy = make_policy(self.cfg.scheduler, PolicyConfig(chunk_tokens=self.cfg.chunk_tokens),
+        # the longest a response may run in this call (its max_tokens, capped by the context)
+        chunk = self.cfg.chunk_for(max((e.max_tokens for e in buffer), default=1))
+        policy = make_policy(self.cfg.scheduler, PolicyConfig(chunk_tokens=chunk),
                              history={p: v for p, v in lengths.items() if v}, true_lengths=oracle)
         self._each("begin")
         self._sync_history(history, {r.prompt_id for r in reqs})
@@ -91,7 +93,7 @@ class RolloutPool:
         self.last_counters = counters
         parts = [h.call("counters") for h in self.alive]
         engine = merge_counters([p[0] for p in parts])
-        return engine, _mean_spec([p[1] for p in parts]), self._metrics(counters)
+        return engine, _mean_spec([p[1] for p in parts]), self._metrics(counters, chunk)
 
     def _buffer(self, reqs: list[Request]) -> RequestBuffer:
         groups: dict[str, int] = {}
@@ -138,20 +140,23 @@ class RolloutPool:
 
     def _each(self, op: str, payload=None) -> list:
         """The same message to every live instance, answered in parallel; the answers."""
-        sent, out = [], []
+        sent, out, last = [], [], None
         for h in self.alive:
             try:
                 h.submit(op, payload)
                 sent.append(h)
             except InstanceDied as e:
                 log.warning("rollout pool: %s", e)
+                last = e
         for h in sent:
             try:
                 out.append(h.result())
             except InstanceDied as e:
                 log.warning("rollout pool: %s", e)
+                last = e
         if not self.alive:
-            raise RuntimeError("rollout pool: every instance has died")
+            why = f" (last: {last})" if last is not None else ""
+            raise RuntimeError(f"rollout pool: every instance has died{why}") from last
         return out
 
     def _call(self, h, op: str, payload=None):
@@ -160,12 +165,13 @@ class RolloutPool:
         except InstanceDied as e:
             log.warning("rollout pool: %s", e)
             if not self.alive:
-                raise RuntimeError("rollout pool: every instance has died") from e
+                raise RuntimeError(f"rollout pool: every instance has died (last: {e})") from e
             return None
 
-    def _metrics(self, c: PoolCounters) -> dict[str, float]:
+    def _metrics(self, c: PoolCounters, chunk_tokens: int) -> dict[str, float]:
         m = {"pool/instances": float(len(self.instances)), "pool/instances_alive": float(len(self.alive)),
-             "pool/chunks": float(c.chunks), "pool/local_resumes": float(c.local_resumes),
+             "pool/chunk_tokens": float(chunk_tokens), "pool/chunks": float(c.chunks),
+             "pool/local_resumes": float(c.local_resumes),
              "pool/migrations": float(c.migrations), "pool/kv_bytes_moved": float(c.kv_bytes_moved),
              "pool/recomputes": float(c.recomputes), "pool/recomputed_tokens": float(c.recomputed_tokens),
              "pool/banked_chunks": float(c.banked), "pool/faults": float(c.faults),
