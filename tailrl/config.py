@@ -141,7 +141,9 @@ class EngineConfig:
     max_model_len: int | None = None              # default: the checkpoint's max_position_embeddings
     kv_cache_tokens: int | None = None            # KV budget in token slots; None = from kv_cache_gib
     kv_cache_gib: float = 4.0
-    num_threads: int | None = None                # torch intra-op threads; None = leave as is
+    num_threads: int | None = None                # torch threads; None = as many cores as other
+                                                  # processes leave free (bfloat16, float64; float32:
+                                                  # torch's count, tailrl/threads.py says why)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and self.model != "", "model", "must be a checkpoint directory", self.model)

@@ -63,7 +63,7 @@ class TrainConfig:
     speculative: bool | dict | None = True   # True = SpeculativeConfig() defaults; dict = its fields; False/None = off
     dtype: str = "bfloat16"               # engine dtype (spec on/off runs are identical in all three)
     train_dtype: str = "float32"          # policy dtype for the update
-    num_threads: int | None = None        # torch threads (None = leave as is)
+    num_threads: int | None = None        # torch threads (None = as many as other processes leave free)
     # ---- learned drafter (TLT): trained online by the spot trainer, drafts next to suffix drafts ----
     drafter: bool = False                 # on: speculative method becomes hybrid (drafter: stays drafter)
     drafter_init: str | None = None       # warm start (`tailrl train-drafter` directory); None = fresh

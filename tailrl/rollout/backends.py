@@ -25,7 +25,6 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection, wait as wait_connections
 
-import tailrl
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.rollout.worker import EngineWorker
 
@@ -92,7 +91,7 @@ class ProcessInstance:
         self.index, self.alive = index, True
         ours, theirs = socket.socketpair()
         # the tailrl the caller imported, whatever the worker's current directory holds
-        root = os.path.dirname(os.path.dirname(os.path.abspath(tailrl.__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # above tailrl/
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         try:
             self.process = subprocess.Popen(
