@@ -11,8 +11,9 @@ as many as other processes leave free, tailrl/threads.py) and with a fixed count
   timed rollout starts from the same history (a first round's responses) and the same seeds,
   so every run does the same work. Quiet runs alternate governed/fixed (ABBA) for the
   quiet-speed comparison; the no-tail bound (total tokens / full-batch throughput) is printed.
-- ``grpo``: ``configs/demo.yaml`` steps 2-3 (median) of a fresh trainer per setting.
-- ``threads``: the governed rollout from the main thread and from a worker thread (ABBA).
+- ``grpo``: ``configs/demo.yaml`` steps 2..``--grpo-steps`` (median) of a trainer per setting; quiet,
+  the two settings' trainers alternate step by step and their paired ratio is reported.
+- ``threads``: the governed rollout from the main thread and from a worker thread (ABBA rounds).
 Ends with one JSON line: {"regions": {...}, "rollout": {...}, "grpo": {...}, "threads": {...}}.
 Usage: python benchmarks/shared_machine.py [--quick] [--skip-grpo]
 """
@@ -151,47 +152,71 @@ def rollout(args: argparse.Namespace) -> dict:
     return out
 
 
-def grpo(args: argparse.Namespace) -> dict:
+def _trainer(setting: str, tmp: str):
     from tailrl.rl.config import load_config
     from tailrl.rl.trainer import Trainer
+    sets = [f"output_dir={tmp}/{setting}", "checkpoint_every=0", "progress=false", "total_steps=1000",
+            "log_tensorboard=false"] + ([f"num_threads={available_cores()}"] if setting == "fixed" else [])
+    return Trainer(load_config(str(ROOT / "configs/demo.yaml"), sets))
+
+
+def grpo(args: argparse.Namespace) -> dict:
+    """Two trainers (governed, fixed) take the same steps; quiet, they alternate step by step
+    (ABBA); beside neighbours each runs its steps beside its own neighbours (a tailrl
+    neighbour has the same thread setting)."""
     out: dict = {}
-    for kind in ("quiet", "python", "tailrl"):
-        for name in ("governed", "fixed"):
-            with tempfile.TemporaryDirectory() as tmp:
-                sets = [f"output_dir={tmp}", "checkpoint_every=0", "progress=false", "total_steps=3",
-                        "log_tensorboard=false"] + ([f"num_threads={available_cores()}"] if name == "fixed" else [])
-                with Neighbours(kind, available_cores() - 1, args, fixed=name == "fixed"):
-                    rows = Trainer(load_config(str(ROOT / "configs/demo.yaml"), sets)).train()
-            later = rows[1:]
-            step = statistics.median(r["timing_s/step"] for r in later)
-            out[f"{kind}/{name}"] = {"step_s": round(step, 3),
-                                     "rollout_s": round(statistics.median(r["timing_s/gen"] for r in later), 3),
-                                     "update_s": round(statistics.median(r["timing_s/update"] for r in later), 3)}
-            quiet = out[f"quiet/{name}"]["step_s"]
-            print(f"grpo {kind:6s} {name:8s}: step {step:.2f} s ({step / quiet:.2f}x quiet), "
-                  f"rollout {out[f'{kind}/{name}']['rollout_s']:.2f} s, update {out[f'{kind}/{name}']['update_s']:.2f} s",
-                  flush=True)
-            out[f"{kind}/{name}"]["slowdown"] = round(step / quiet, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("quiet", "python", "tailrl"):
+            trainers = {name: _trainer(name, f"{tmp}/{kind}") for name in ("governed", "fixed")}
+            rows: dict[str, list[dict]] = {"governed": [], "fixed": []}
+            if kind == "quiet":
+                for step in range(args.grpo_steps):
+                    for name in ("governed", "fixed") if step % 2 == 0 else ("fixed", "governed"):
+                        rows[name].append(trainers[name].train_step())
+            else:
+                for name in ("governed", "fixed"):
+                    with Neighbours(kind, available_cores() - 1, args, fixed=name == "fixed"):
+                        rows[name] = [trainers[name].train_step() for _ in range(args.grpo_steps)]
+            for name, r in rows.items():
+                later = r[1:]                              # the first step starts the engine's caches
+                res = {k: round(statistics.median(x[f"timing_s/{m}"] for x in later), 3)
+                       for k, m in (("step_s", "step"), ("rollout_s", "gen"), ("update_s", "update"))}
+                res["slowdown"] = round(res["step_s"] / out["quiet/" + name]["step_s"], 2) if kind != "quiet" else 1.0
+                out[f"{kind}/{name}"] = res
+                print(f"grpo {kind:6s} {name:8s}: step {res['step_s']:.2f} s ({res['slowdown']:.2f}x quiet), "
+                      f"rollout {res['rollout_s']:.2f} s, update {res['update_s']:.2f} s", flush=True)
+            if kind == "quiet":
+                ratios = [g["timing_s/step"] / f["timing_s/step"] for g, f in zip(rows["governed"][1:], rows["fixed"][1:])]
+                out["quiet_governed_over_fixed"] = round(statistics.median(ratios), 3)
+                print(f"grpo quiet: governed / fixed step time, median of paired steps "
+                      f"{out['quiet_governed_over_fixed']:.3f}", flush=True)
+            for t in trainers.values():
+                t.llm.close()
     return out
 
 
 def calling_threads(args: argparse.Namespace) -> dict:
+    """The governed rollout from the main thread and from a fresh worker thread, in ABBA
+    rounds; the ratio is the median over rounds of (worker sum / main sum)."""
     engine = Rollout(args, fixed=False)
     out: dict = {}
     for kind in ("quiet", "python"):
         times: dict[str, list[float]] = {"main": [], "worker": []}
         with Neighbours(kind, available_cores() - 1, args, fixed=False):
-            for where in ("main", "worker", "worker", "main"):
-                if where == "main":
-                    times["main"].append(engine.timed()[0])
-                else:
-                    t = threading.Thread(target=lambda: times["worker"].append(engine.timed()[0]))
-                    t.start()
-                    t.join()
-        out[kind] = {k: round(min(v), 3) for k, v in times.items()}
-        out[kind]["worker_over_main"] = round(out[kind]["worker"] / out[kind]["main"], 3)
-        print(f"calling thread, {kind}: main {out[kind]['main']:.2f} s, worker {out[kind]['worker']:.2f} s "
-              f"(ratio {out[kind]['worker_over_main']:.3f})", flush=True)
+            for _ in range(args.thread_rounds):
+                for where in ("main", "worker", "worker", "main"):
+                    if where == "main":
+                        times["main"].append(engine.timed()[0])
+                    else:
+                        t = threading.Thread(target=lambda: times["worker"].append(engine.timed()[0]))
+                        t.start()
+                        t.join()
+        m, w = times["main"], times["worker"]
+        ratios = [(w[2 * i] + w[2 * i + 1]) / (m[2 * i] + m[2 * i + 1]) for i in range(args.thread_rounds)]
+        out[kind] = {"main": round(statistics.median(m), 3), "worker": round(statistics.median(w), 3),
+                     "worker_over_main": round(statistics.median(ratios), 3)}
+        print(f"calling thread, {kind}: main {[round(x, 2) for x in m]} s, worker {[round(x, 2) for x in w]} s "
+              f"(worker / main per round {[round(x, 3) for x in ratios]})", flush=True)
     return out
 
 
@@ -208,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=960)
     p.add_argument("--quiet-rounds", type=int, default=2, help="ABBA rounds of the quiet rollout")
+    p.add_argument("--grpo-steps", type=int, default=5, help="GRPO steps per setting (the first is not counted)")
+    p.add_argument("--thread-rounds", type=int, default=3, help="ABBA rounds of the main/worker thread comparison")
     p.add_argument("--quick", action="store_true", help="16 prompts, max 512 tokens, one quiet round")
     p.add_argument("--skip-grpo", action="store_true")
     p.add_argument("--neighbour", action="store_true", help=argparse.SUPPRESS)
