@@ -50,7 +50,7 @@ class SamplingParams:
 
 SPEC_METHODS = ("suffix", "drafter", "hybrid")
 SPEC_SOURCES = ("history", "group", "self")
-SPEC_POLICIES = ("adaptive", "bandit", "fixed")
+SPEC_POLICIES = ("priced", "adaptive", "bandit", "fixed")
 
 
 @dataclass
@@ -62,19 +62,21 @@ class SpeculativeConfig:
     sources: tuple[str, ...] = SPEC_SOURCES       # suffix draft sources to consult
     drafter: str | None = None                    # learned drafter directory (`tailrl train-drafter`);
                                                   # required by "drafter" and "hybrid", unused by "suffix"
-    # "fixed": every request drafts up to max_draft_tokens at every batch size up to
-    # max_spec_batch. The default because it measured fastest on the benchmark rollout
-    # (README, Speculation); "adaptive" (Seer's budget + RhymeRL's window; e.g. with
-    # max_draft_tokens=16, max_tree_paths=4) and "bandit" (TLT) are the papers' controllers.
-    policy: str = "fixed"
-    max_draft_tokens: int = 6                     # per request per step (adaptive: the window's cap)
+    # "priced" (the default): each step verifies the draft tokens that save the most time, priced
+    # by this engine's measured step-time curve and acceptance (tailrl/spec/priced_policy.py;
+    # docs/speculation.md); "fixed": every request drafts up to max_draft_tokens at every batch
+    # size up to max_spec_batch; "adaptive" (Seer's budget + RhymeRL's window) and "bandit" (TLT)
+    # are the papers' controllers.
+    policy: str = "priced"
+    max_draft_tokens: int | None = None           # per request per step; None: 16 for "priced" (its
+                                                  # cap: it picks the depth), 6 for the others
     min_draft_tokens: int = 2                     # RhymeRL min window (adaptive)
     max_tree_paths: int = 1                       # >1 = multi-path (tree) drafts
     min_match_len: int = 2                        # a shorter suffix match proposes nothing
     min_token_prob: float = 0.1                   # stop a draft when the estimated prob falls below
-    # SD off above this batch size (0 = never off). 64 by default: on a CPU a 7-token verify step at
-    # batch 256 costs ~5x a plain step, more than the drafts save (README, Speculation)
-    max_spec_batch: int = 64
+    # SD off above this batch size (0 = never off). None: 0 for "priced" (its prices switch drafting
+    # off), 64 for the others (on a CPU a 7-token verify step at batch 256 costs ~5x a plain step)
+    max_spec_batch: int | None = None
     # above max_spec_batch (or wherever the policy turns drafting off) the requests expected to
     # run longest still draft, up to this many per step: the critical path of the rollout
     # (expected lengths come from the scheduler's length-aware policies, `Request.priority`;
@@ -101,6 +103,14 @@ class SpeculativeConfig:
         _check(needs or self.drafter is None, "drafter", "is only used by method 'drafter' or 'hybrid'",
                self.drafter)
         _check(self.policy in SPEC_POLICIES, "policy", f"must be one of {SPEC_POLICIES}", self.policy)
+        if self.max_draft_tokens is None:
+            self.max_draft_tokens = 16 if self.policy == "priced" else 6
+        if self.max_spec_batch is None:
+            self.max_spec_batch = 0 if self.policy == "priced" else 64
+        _check(isinstance(self.max_draft_tokens, int), "max_draft_tokens", "must be an integer or None",
+               self.max_draft_tokens)
+        _check(isinstance(self.max_spec_batch, int), "max_spec_batch", "must be an integer or None",
+               self.max_spec_batch)
         _check(1 <= self.max_draft_tokens <= 64, "max_draft_tokens", "must be in [1, 64]", self.max_draft_tokens)
         _check(1 <= self.min_draft_tokens <= self.max_draft_tokens, "min_draft_tokens",
                "must be in [1, max_draft_tokens]", self.min_draft_tokens)

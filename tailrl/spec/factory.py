@@ -22,6 +22,7 @@ from tailrl.spec.group_source import GroupSource
 from tailrl.spec.history import HistoryStore
 from tailrl.spec.history_source import HistorySource
 from tailrl.spec.policy import FixedPolicy, SpecPolicy
+from tailrl.spec.priced_policy import PricedPolicy
 from tailrl.spec.self_source import SelfSource
 from tailrl.spec.source import DraftSource, MatchParams
 
@@ -76,6 +77,10 @@ def make_spec_policy(config: SpeculativeConfig, cost_model: CostModel | None = N
                 history_store: HistoryStore | None = None, seed: int = 0) -> SpecPolicy:
     if config.policy == "fixed":
         return FixedPolicy(config.max_draft_tokens, config.max_tree_paths, config.max_spec_batch)
+    if config.policy == "priced":
+        return PricedPolicy(max_draft_tokens=config.max_draft_tokens, max_tree_paths=config.max_tree_paths,
+                            max_spec_batch=config.max_spec_batch,
+                            priority_fn=expected_length_fn(history_store) if history_store is not None else None)
     if config.policy == "bandit":
         arms = tuple((min(k, config.max_draft_tokens), min(p, config.max_tree_paths)) for k, p in DEFAULT_ARMS)
         return BanditPolicy(tuple(dict.fromkeys(arms)), seed=seed, max_spec_batch=config.max_spec_batch)

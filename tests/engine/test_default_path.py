@@ -1,11 +1,13 @@
-"""The default path: ``LLM(model, speculative=SpeculativeConfig())`` (real draft sources, the
-default policy) gives the outputs of plain ``LLM(model)``, in float64: tokens and finish
-reasons identical, logprobs to rounding (batch composition changes float64 sums by ~1e-13).
+"""The default path: ``LLM(model, speculative=SpeculativeConfig(...))`` (real draft sources)
+gives the outputs of plain ``LLM(model)``, in float64: tokens and finish reasons identical,
+logprobs to rounding (batch composition changes float64 sums by ~1e-13).
 
 The model has peaked logits (large init_std) so that history, group and self drafts get
-accepted; each test checks that speculation really ran. Whether the default policy drafts
-at a given step depends on measured costs; its exploration steps draft even where it judges
-speculation not worth it, so drafting happens on any machine.
+accepted; each test checks that speculation really ran. Whether the default policy
+("priced") drafts at a step depends on the step times it measured on this machine, so the
+tests of mechanics under speculation (mixed sampling, preemption, chunked prefill, export /
+import) use the fixed policy, which drafts at every step; the default's own tests run it
+until it has learned its curve (tests/spec/test_priced_policy.py tests its decisions).
 """
 import pytest
 
@@ -27,11 +29,11 @@ def assert_same(plain, spec):
             assert cb.logprobs == pytest.approx(ca.logprobs, abs=1e-9)
 
 
-def run_both(model, prompts, params, calls=2, **engine_kw):
+def run_both(model, prompts, params, calls=2, policy="fixed", **engine_kw):
     """``calls`` generate calls on a plain and a speculative LLM; every call's outputs must
     match. Returns both LLMs' metrics per call."""
     plain = LLM(model, dtype="float64", **engine_kw)
-    spec = LLM(model, speculative=SpeculativeConfig(), dtype="float64", **engine_kw)
+    spec = LLM(model, speculative=SpeculativeConfig(policy=policy), dtype="float64", **engine_kw)
     plain_m, spec_m = [], []
     for _ in range(calls):
         assert_same(plain.generate(prompts, params), spec.generate(prompts, params))
@@ -60,6 +62,14 @@ def greedy_and_sampled(n: int) -> list[SamplingParams]:
     accepted whenever the policy verifies them; sampled prompts check the noise positions."""
     return [SamplingParams(n=2, temperature=0 if i % 2 == 0 else 1.0, max_tokens=50, ignore_eos=True)
             for i in range(n)]
+
+
+def test_the_default_policy_learns_to_draft_and_stays_lossless(model):
+    """The priced default, from a fresh engine: by its third call it drafts (its curve and
+    acceptance measured), and every call's outputs equal plain decoding's."""
+    params = [SamplingParams(n=4, temperature=1.0, max_tokens=60, seed=s) for s in (3, 4, 5, 6)]
+    _, spec = run_both(model, PROMPTS, params, calls=3, policy="priced")
+    assert_speculated(spec[2])
 
 
 def test_preemption_under_a_small_kv_budget(model):
@@ -99,8 +109,8 @@ def test_export_import_mid_speculation(model):
     _run(plain)
     history = HistoryStore()
     history.record("x", [r.output_token_ids for r in earlier])
-    src = LLMEngine(EngineConfig(model=model, dtype="float64", seed=1), SpeculativeConfig(), history)
-    dst = LLMEngine(EngineConfig(model=model, dtype="float64", seed=2), SpeculativeConfig(), history)
+    src = LLMEngine(EngineConfig(model=model, dtype="float64", seed=1), SpeculativeConfig(policy="fixed"), history)
+    dst = LLMEngine(EngineConfig(model=model, dtype="float64", seed=2), SpeculativeConfig(policy="fixed"), history)
     moved = _request("x", [7, 1, 7, 2], 5, sp)
     src.add_request(moved)
     src.add_request(_request("other", [5, 5, 5], 3, sp))

@@ -48,7 +48,7 @@ def run(model, drafter_dir, paths: int, every: int | None):
     """One request in a drafter-only engine, alone; with ``every``, exported after every
     ``every`` steps and imported (pickled) into the other engine, back and forth. Returns
     (request, drafts proposed for it, states moved)."""
-    cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0, max_tree_paths=paths)
+    cfg = SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, max_tree_paths=paths)
     engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(2)]
     seen: list = []
     for e in engines:
@@ -88,7 +88,7 @@ def test_an_unfit_past_is_dropped_and_a_carried_chain_travels(model, drafter_dir
     """The speculator's hook on its own: a carried chain (the unverified rest of a fully accepted
     chain) is restored on import; a drafter past of other shapes (another drafter) is dropped
     with a warning, and the request drafts from what the importer computes."""
-    cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
+    cfg = SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0)
     src, dst = (LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(2))
     req = Request("x", PROMPT, SamplingParams(max_tokens=30, ignore_eos=True), seed_key=3)
     src.add_request(req)

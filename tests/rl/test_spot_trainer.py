@@ -17,7 +17,7 @@ PARAMS = [SamplingParams(n=3, max_tokens=40, seed=1), SamplingParams(n=2, temper
 
 
 def spot_llm(model, drafter_dir, method="drafter", **spot) -> tuple[LLM, SpotTrainer]:
-    llm = LLM(model, dtype="float64", speculative=SpeculativeConfig(method=method, drafter=drafter_dir,
+    llm = LLM(model, dtype="float64", speculative=SpeculativeConfig(policy="fixed", method=method, drafter=drafter_dir,
                                                                     min_token_prob=0.0))
     src = next(s for s in llm.engine.speculator.sources if s.name == "drafter")
     llm.engine.speculator.choice.always = True                 # the trained drafts are verified, whatever they cost
@@ -38,7 +38,7 @@ def outputs(outs):
 @pytest.mark.parametrize("method", ["drafter", "hybrid"])
 def test_outputs_identical_with_spot_training_on_and_off_float64(model, drafter_dir, method):
     plain = LLM(model, dtype="float64")
-    frozen = LLM(model, dtype="float64", speculative=SpeculativeConfig(method=method, drafter=drafter_dir,
+    frozen = LLM(model, dtype="float64", speculative=SpeculativeConfig(policy="fixed", method=method, drafter=drafter_dir,
                                                                        min_token_prob=0.0))
     llm, trainer = spot_llm(model, drafter_dir, method)
     for _ in range(2):

@@ -146,7 +146,7 @@ def test_engine_appends_committed_positions_only_each_computed_once_and_frees(mo
     positions < num_tokens - 1; over the run no position's K/V was computed twice."""
     for paths in (1, 3):
         engine = LLMEngine(EngineConfig(model=model, dtype="float64", max_model_len=128, kv_cache_tokens=128),
-                           SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0,
+                           SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0,
                                              max_tree_paths=paths))
         src = source_of(engine)
         calls = counting(src)
@@ -174,7 +174,7 @@ def test_past_travels_with_a_migrating_request_else_partial_or_rebuilt(model, dr
     importer holds it from position 0, with or without the target K/V. A state without it (from
     an instance without the drafter) attends only over what the importer computes: partial
     after an import with K/V, rebuilt from the recomputed prefill without. Outputs never change."""
-    cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
+    cfg = SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0)
     engines = [LLMEngine(EngineConfig(model=model, dtype="float64"), cfg) for _ in range(2)]
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     ref = Request("x", PROMPTS[2], sp, seed_key=11)

@@ -65,7 +65,7 @@ PARAMS = [SamplingParams(n=3, max_tokens=40, seed=1), SamplingParams(n=2, temper
 @pytest.mark.parametrize("method,paths", [("drafter", 1), ("drafter", 3), ("hybrid", 2)])
 def test_outputs_identical_with_drafter_speculation(model, drafter_dir, dtype, method, paths):
     plain = LLM(model, dtype=dtype)
-    spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(
+    spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed",
         method=method, drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
     spec.engine.speculator.choice.always = True     # verify the drafter's drafts at every step
     for _ in range(2):                                          # the second call: hybrid has history too
@@ -80,7 +80,7 @@ def test_a_draft_scored_on_the_emitted_tokens_gets_what_verification_gave_it(mod
     """Shadow drafts are scored by ``Draft.accepted_by`` on the tokens the request goes on to
     emit. On the drafter's verified drafts (float64, chains and trees, acceptances and
     rejections) it gives the verifier's count for every draft that lies inside its response."""
-    spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(
+    spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(policy="fixed",
         method="drafter", drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
     s = spec.engine.speculator
     at, seen = {}, []
@@ -118,7 +118,7 @@ def test_identical_under_preemption_and_after_migration(model, drafter_dir):
     from tailrl.engine.engine import LLMEngine
     sp = [SamplingParams(n=2, temperature=t, max_tokens=50, ignore_eos=True, seed=3) for t in (0.0, 1.0) * 2]
     kw = dict(max_model_len=512, kv_cache_tokens=512)
-    cfg = SpeculativeConfig(method="drafter", drafter=drafter_dir, min_token_prob=0.0)
+    cfg = SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0)
     plain = LLM(model, dtype="float64", **kw).generate(PROMPTS, sp)
     spec = LLM(model, dtype="float64", speculative=cfg, **kw)
     assert_same(plain, spec.generate(PROMPTS, sp))
@@ -144,7 +144,7 @@ def test_identical_under_preemption_and_after_migration(model, drafter_dir):
 def test_load_weights_refreshes_the_drafters_shared_embedding_and_head(model, drafter_dir):
     """After an RL update the drafter must read the new embedding and head, not a stale copy."""
     from tailrl.model.loader import load_state_dict
-    llm = LLM(model, dtype="float32", speculative=SpeculativeConfig(method="drafter", drafter=drafter_dir))
+    llm = LLM(model, dtype="float32", speculative=SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir))
     target = llm.engine.model
     drafter = llm.engine.speculator.sources[0].drafter
     sd = load_state_dict(model)                               # the checkpoint under HF names
@@ -167,7 +167,7 @@ def test_bfloat16_targets_draft_big_batches_in_a_bfloat16_copy_kept_current(mode
     prompts = [[(5 * i + j) % 60 + 3 for j in range(4 + i % 5)] for i in range(12)]
     sp = SamplingParams(n=3, max_tokens=30, seed=4)
     assert len(prompts) * sp.n >= FAST_ROWS
-    spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(method="drafter", drafter=drafter_dir,
+    spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir,
                                                                       min_token_prob=0.0))
     src = spec.engine.speculator.sources[0]
     rows = []
@@ -194,7 +194,7 @@ def test_hidden_states_are_handed_out_only_where_the_drafter_drafts(model, draft
     outputs stay identical to plain decoding."""
     prompts = [[(3 * i + j) % 70 + 3 for j in range(5)] for i in range(4)]
     sp = [SamplingParams(n=3, max_tokens=m, ignore_eos=True, seed=6) for m in (10, 20, 40, 80)]   # 12 rows, then 9, 6, 3
-    spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(method="drafter", drafter=drafter_dir,
+    spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir,
                                                                      min_token_prob=0.0, max_spec_batch=3))
     s = spec.engine.speculator
     assert s.wants_hidden(6) and not s.wants_hidden(7)
@@ -214,7 +214,7 @@ def test_hybrid_goes_dormant_where_no_call_pays_and_stays_lossless(model, drafte
     Outputs equal plain decoding throughout (float64)."""
     for track in (False, True):
         plain = LLM(model, dtype="float64")
-        spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(
+        spec = LLM(model, dtype="float64", speculative=SpeculativeConfig(policy="fixed",
             method="hybrid", drafter=drafter_dir, min_token_prob=0.0, drafter_tracking=track))
         s = spec.engine.speculator
         assert_same(plain.generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))   # the drafter is measured

@@ -7,6 +7,7 @@ from tailrl.spec.cost_model import CostModel, batch_bucket
 from tailrl.spec.draft import Draft
 from tailrl.spec.factory import make_spec_policy
 from tailrl.spec.policy import FixedPolicy, SpecPolicy
+from tailrl.spec.priced_policy import PricedPolicy
 
 from spec_fakes import FakeRequest
 
@@ -135,7 +136,8 @@ def test_fixed_policy_and_factory():
     assert pol.allocate([(r, Draft.chain([1, 2, 3, 4]))], 8) == [0]
     assert isinstance(make_spec_policy(SpeculativeConfig(policy="fixed")), FixedPolicy)
     assert isinstance(make_spec_policy(SpeculativeConfig(policy="bandit")), BanditPolicy)
-    assert isinstance(make_spec_policy(SpeculativeConfig()), FixedPolicy)          # the default
+    assert isinstance(make_spec_policy(SpeculativeConfig()), PricedPolicy)         # the default
+    assert make_spec_policy(SpeculativeConfig(policy="fixed")).k == 6
     ad = make_spec_policy(SpeculativeConfig(policy="adaptive", max_draft_tokens=8, min_draft_tokens=4))
     assert isinstance(ad, AdaptivePolicy) and ad.max_draft_tokens == 8 and ad.window(r) == 4
 

@@ -331,7 +331,7 @@ def test_readiness_follows_the_batch_sizes_where_calls_were_approved():
 
 
 def test_the_engine_hands_out_hidden_states_only_where_the_drafter_could_be_used():
-    spec = Speculator(SpeculativeConfig(), sources=[NoSuffix(), FakeDrafter()], policy=FixedPolicy(6),
+    spec = Speculator(SpeculativeConfig(policy="fixed"), sources=[NoSuffix(), FakeDrafter()], policy=FixedPolicy(6),
                       cost_model=FlatCost())
     assert spec.wants_hidden(128) and not spec.wants_hidden(129)      # 2 x max_spec_batch
     measured(spec.choice, drafter_accepts=3, calls=PRICED)
