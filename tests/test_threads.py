@@ -121,13 +121,15 @@ def _rollout(llm: LLM, prompts) -> list:
 def test_outputs_do_not_depend_on_thread_count_or_calling_thread(model, dtype, restore_threads):
     """Outputs (tokens and log-probabilities) are the same at 1 and 2 threads, with
     speculation, and whether generate runs on the main thread or another one (float32 is not
-    governed: MKL's rounding follows the thread count)."""
+    governed: MKL's rounding follows the thread count). Fixed-depth drafts: the default policy's
+    draft shapes follow measured step times, and float64 log-probabilities follow the batch's
+    shape by ~1e-13 (bfloat16 is exact across shapes too, tests/engine/test_default_path.py)."""
     prompts = [[3, 17, 5, 9], [4, 4, 21, 8, 2, 30], [11, 12], [6, 19, 2]]
     runs = {}
     for n in (1, 2):
-        llm = LLM(model, dtype=dtype, num_threads=n, speculative=SpeculativeConfig(method="suffix"))
+        llm = LLM(model, dtype=dtype, num_threads=n, speculative=SpeculativeConfig(method="suffix", policy="fixed"))
         runs[n] = _rollout(llm, prompts)
-    governed = LLM(model, dtype=dtype, speculative=SpeculativeConfig(method="suffix"))
+    governed = LLM(model, dtype=dtype, speculative=SpeculativeConfig(method="suffix", policy="fixed"))
     on_worker: list = []
     t = threading.Thread(target=lambda: on_worker.append(_rollout(governed, prompts)))
     t.start()

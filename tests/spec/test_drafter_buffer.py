@@ -100,7 +100,8 @@ def test_the_engine_hands_over_the_state_of_every_position_once(model):
     with suffix drafts accepted and rejected."""
     from tailrl.rl.drafter_train import teacher_forced
     llm = LLM(model, dtype="float64", max_num_batched_tokens=16,
-              speculative=SpeculativeConfig(sources=("self",), min_token_prob=0.0, min_match_len=1))
+              speculative=SpeculativeConfig(sources=("self",), min_token_prob=0.0, min_match_len=1,
+                                                policy="fixed"))
     rec = Recorder(DrafterBuffer(10_000))
     llm.engine.speculator.collector = rec
     prompts = [[1, 2, 3, 1, 2, 3], [(7 * i) % 89 + 1 for i in range(30)]]
