@@ -7,6 +7,7 @@ the preset (see tailrl/tasks/train.py for the determinism caveats).
 
 A stand-in (tailrl/model/standin.py) is computed from a trained checkpoint (``--source``,
 default the shipped ``models/small``): the same tokens at a larger model's cost per step.
+``--drafter DIR`` widens a learned drafter of the source with it (``OUT/drafter``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tailrl.model.standin import STANDINS, build_standin, get_standin
+from tailrl.model.standin import STANDINS, build_standin, build_standin_drafter, get_standin
 from tailrl.tasks import mixture
 from tailrl.tasks.models import shipped_model
 from tailrl.tasks.presets import PRESETS, ModelPreset, get_preset
@@ -104,6 +105,8 @@ def main(argv: list[str]) -> int:
                       help=f"build this stand-in of --source instead of training ({', '.join(STANDINS)})")
     p.add_argument("--out", required=True, help="output checkpoint directory")
     p.add_argument("--source", default=None, help="stand-in only: the checkpoint to widen (default models/small)")
+    p.add_argument("--drafter", default=None,
+                   help="stand-in only: also widen this drafter of the source into OUT/drafter")
     p.add_argument("--steps", type=int, default=None, help="override the preset's step count")
     p.add_argument("--checkpoint-every", type=int, default=None, help="also save every N steps")
     p.add_argument("--threads", type=int, default=None, help="torch threads (changes the last bits)")
@@ -111,8 +114,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.standin is not None:
         return _standin_main(p, args)
-    if args.source is not None:
-        p.error("--source goes with --standin")
+    if args.source is not None or args.drafter is not None:
+        p.error("--source and --drafter go with --standin")
     preset = get_preset(args.preset or "small").with_overrides(
         steps=args.steps, checkpoint_every=args.checkpoint_every, num_threads=args.threads)
     figures = build(preset, args.out)
@@ -132,8 +135,11 @@ def _standin_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         spec = get_standin(args.standin)
         figures = build_standin(spec, source, args.out)
+        if args.drafter is not None:
+            build_standin_drafter(spec, source, args.drafter, Path(args.out) / "drafter")
     except ValueError as e:
         p.error(str(e))
     print(f"saved {args.out}")
-    print(json.dumps({"standin": spec.name, "source": str(source), "out": str(args.out), **figures}))
+    drafter = {"drafter": str(Path(args.out) / "drafter")} if args.drafter is not None else {}
+    print(json.dumps({"standin": spec.name, "source": str(source), "out": str(args.out), **figures, **drafter}))
     return 0
