@@ -290,7 +290,7 @@ class AdaptivePolicy:
         self._draft_obs += 1
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
-               max_depth: int | None = None) -> None:
+               max_depth: int | None = None, score: float | None = None) -> None:
         if draft_nodes <= 0:
             return
         full = accepted >= (draft_nodes if max_depth is None else max_depth)

@@ -100,7 +100,7 @@ class BanditPolicy:
         pass
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
-               max_depth: int | None = None) -> None:
+               max_depth: int | None = None, score: float | None = None) -> None:
         self._accepted += accepted
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:

@@ -20,15 +20,29 @@ probability (within the node budget) become the next depth's nodes and frontier.
 Batching: ``prepare(requests, max_tokens, max_paths)`` (called by the speculator once per
 step) drafts for every ready request in one set of batched drafter steps (pasts of
 different lengths padded and masked); ``propose`` then hands out the prepared draft, or
-drafts that one request alone if it was not prepared. With ``fast_dtype`` (bfloat16, given
-for a bfloat16 target) calls of ``FAST_ROWS`` rows or more, and the committed K/V, run in a
-copy of the drafter in that dtype (``LowPrecision``). Per-request state: the committed K/V
+drafts that one request alone if it was not prepared. Per-request state: the committed K/V
 (freed in ``finish``; ``export`` / ``adopt`` move them with a migrating request) and this
 step's prepared drafts.
+
+Precision. With ``fast_dtype`` (bfloat16, given for a bfloat16 target) the committed K/V run
+in a copy of the drafter in that dtype (``LowPrecision``), and each call drafts in whichever
+copy steps faster at its row count, as measured (``PrecisionChoice``): a drafter of a model
+whose weights stream from memory steps 2.5-3.5x faster in bfloat16 at every row count (0.5B
+stand-in: 1.5 vs 3.7 ms at 1 row); `small`'s drafter, which sits in the cache, steps faster in
+float32 below ~16 rows (0.21 vs 0.39 ms at 1 row).
+
+Depth. A chain is grown one drafter step at a time, for all rows at once. Given the value of
+an expected accepted token and the verify cost of a node (``pricing``, set by the speculator
+per call from its measured prices under the priced policy), growing stops once the next depth could not pay for its
+own step: the rows' path probabilities bound the next depth's expected accepted tokens, so a
+step is taken only while ``sum(max(path_prob * value - node_cost, 0)) > step_seconds`` (the
+measured seconds of one drafter step at this row count). So a drafter that is cheap next to
+its target drafts deep, an expensive one only as deep as its confidence pays for.
 """
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import torch
@@ -37,10 +51,53 @@ from tailrl.model.drafter import Drafter
 from tailrl.spec.draft import Draft
 from tailrl.spec.drafter_past import DrafterPast, PastState
 
-# Rows from which a drafting call runs in the low-precision copy: on this CPU a bfloat16
-# drafter step is slower than float32 at 1 row (0.37 vs 0.23 ms), even at 16, and 1.6x
-# faster at 64 (benchmarks/drafter.py cost rows); committed K/V (many rows) always use it.
-FAST_ROWS = 32
+TRIES = 2          # calls measured per precision and row bucket before the choice is made
+
+
+class PrecisionChoice:
+    """Per row bucket (powers of two), the drafter copy whose steps were faster: each copy is
+    tried ``TRIES`` times first (in turn), then the faster by its best step time (the first
+    call of a shape builds its kernels). Also the seconds of one drafter step per bucket, as
+    last measured with the chosen copy (an average with forgetting)."""
+
+    def __init__(self, names: list[str], decay: float = 0.8) -> None:
+        self.names = names
+        self.decay = decay
+        self._best: dict[tuple[str, int], list[float]] = {}   # (copy, bucket) -> step seconds tried
+        self._chosen: dict[int, str] = {}
+        self._step_s: dict[int, float] = {}
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return 1 << max(rows - 1, 0).bit_length()
+
+    def pick(self, rows: int) -> str:
+        b = self.bucket(rows)
+        if b in self._chosen:
+            return self._chosen[b]
+        tried = {n: len(self._best.get((n, b), [])) for n in self.names}
+        least = min(self.names, key=lambda n: tried[n])
+        if tried[least] < TRIES:
+            return least
+        self._chosen[b] = min(self.names, key=lambda n: min(self._best[(n, b)]))
+        return self._chosen[b]
+
+    def observe(self, name: str, rows: int, step_seconds: float) -> None:
+        b = self.bucket(rows)
+        if b not in self._chosen:
+            self._best.setdefault((name, b), []).append(step_seconds)
+        elif self._chosen[b] == name:
+            old = self._step_s.get(b, min(self._best[(name, b)]))
+            self._step_s[b] = self.decay * old + (1 - self.decay) * step_seconds
+
+    def step_seconds(self, rows: int) -> float | None:
+        """Seconds of one step at this row count: the chosen copy's (before the choice, the
+        best tried); None before any was measured."""
+        b = self.bucket(rows)
+        if b in self._chosen:
+            return self._step_s.get(b, min(self._best[(self._chosen[b], b)]))
+        tried = [t for (_, bb), ts in self._best.items() if bb == b for t in ts]
+        return min(tried) if tried else None
 
 
 class DrafterSource:
@@ -53,6 +110,10 @@ class DrafterSource:
         self._ready: dict[str, tuple[int, int, Draft | None]] = {}   # id -> (num_tokens, paths, draft)
         self.fast = LowPrecision(self.drafter, fast_dtype) if fast_dtype not in (None, torch.float32) else None
         self.past = DrafterPast(self.drafter, self.fast.get if self.fast is not None else None)
+        self.precision = PrecisionChoice(["base", "fast"] if self.fast is not None else ["base"])
+        # (seconds an expected accepted token is worth, seconds a verified node costs), set per
+        # call by the speculator: chains grow only as deep as pays (None: to the node budget)
+        self.pricing: tuple[float, float] | None = None
 
     def start(self, req: Any) -> None:
         pass
@@ -107,7 +168,8 @@ class DrafterSource:
         if not requests or max_tokens <= 0:
             return [None] * len(requests)
         width = max(1, max_paths)
-        drafter = self.fast.get() if self.fast is not None and len(requests) >= FAST_ROWS else self.drafter
+        copy_name = self.precision.pick(len(requests))
+        drafter = self.fast.get() if copy_name == "fast" else self.drafter
         self.past.flush(requests)
         roots = [r.num_tokens - 2 for r in requests]                           # where last_hidden sits
         past = self.past.gather(requests, roots, drafter.fc.weight.dtype)      # [B, heads, L, D] x2, [B, L]
@@ -115,18 +177,40 @@ class DrafterSource:
         toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
                              for r in requests])                                # [B]
         pos = torch.tensor(roots)
-        if width == 1:
-            return self._chains(drafter, feats, toks, pos, past, max_tokens)
-        nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in requests]
+        t0, steps = time.perf_counter(), [0]
+        try:
+            if width == 1:
+                return self._chains(drafter, feats, toks, pos, past, max_tokens, steps)
+            return self._tree(drafter, feats, toks, pos, past, max_tokens, width, len(requests), steps)
+        finally:
+            if steps[0]:
+                self.precision.observe(copy_name, len(requests), (time.perf_counter() - t0) / steps[0])
+
+    def _deeper(self, path_probs: list[float] | torch.Tensor, rows: int) -> bool:
+        """Whether one more drafter step for these paths' children can pay for itself."""
+        if self.pricing is None:
+            return True
+        step_s = self.precision.step_seconds(rows)
+        if step_s is None:
+            return True
+        value, node_cost = self.pricing
+        pp = torch.as_tensor(path_probs, dtype=torch.float64)
+        return float((pp * value - node_cost).clamp(min=0).sum()) > step_s
+
+    def _tree(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
+              max_tokens: int, width: int, n: int, steps: list[int]) -> list[Draft | None]:
+        """Trees of ``width`` paths (see the module docstring) for ``n`` requests."""
+        nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in range(n)]
         # frontier entries, one per row of feats / toks: (request index, node index (-1 = root), path prob)
-        frontier = [(b, -1, 1.0) for b in range(len(requests))]
+        frontier = [(b, -1, 1.0) for b in range(n)]
         owner, path = None, None                  # past row of each frontier row (None: row b = request b)
         while frontier:
             out, logits, k, v = drafter.step(feats, toks, pos, past, owner, path)   # [F, H], [F, V]
+            steps[0] += 1
             top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
             chosen = self._choose(frontier, top_p.tolist(), top_t.tolist(), nodes, max_tokens, width)
             frontier, rows, new_toks = self._append(chosen, nodes)
-            if not frontier:
+            if not frontier or not self._deeper([f[2] for f in frontier], len(frontier)):
                 break
             idx = torch.tensor(rows)
             path = _extend(path, k, v, idx)
@@ -135,22 +219,23 @@ class DrafterSource:
         return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
 
     def _chains(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
-                max_tokens: int) -> list[Draft | None]:
+                max_tokens: int, steps: list[int]) -> list[Draft | None]:
         """Greedy chains for all rows in tensor ops (the common case; no per-row Python per
         depth). A chain ends before its first node whose path probability is below
-        ``min_path_prob``."""
+        ``min_path_prob``; all end where one more step could not pay (``_deeper``)."""
         tokens, probs = [], []
         path_prob = torch.ones(len(toks))
         path = None
         for _ in range(max_tokens):
             feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path)
+            steps[0] += 1
             path = _extend(path, k, v)
             q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
             tokens.append(toks)
             probs.append(q)
             pos = pos + 1
             path_prob = path_prob * q
-            if bool((path_prob < self.min_path_prob).all()):
+            if bool((path_prob < self.min_path_prob).all()) or not self._deeper(path_prob, len(toks)):
                 break
         keep = (torch.stack(probs, 1).cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()   # [B]
         t_rows, q_rows = torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist()

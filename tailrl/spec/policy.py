@@ -12,9 +12,11 @@ Per engine step the ``Speculator`` calls, in order:
    (``0`` = plain decode). The caller truncates each draft with ``draft.truncate(k)``.
 3. ``observe_draft(seconds, requests)``: CPU time this step spent drafting for ``requests``
    requests (the per-request cost scales with how many ask). *Extension.*
-4. ``update(req, draft_nodes, accepted, source, max_depth=...)``: after verification of one
-   request's draft: nodes verified, tokens accepted (bonus excluded) and the draft's deepest
-   path (full acceptance = ``accepted == max_depth``; defaults to ``draft_nodes``, i.e. a chain).
+4. ``update(req, draft_nodes, accepted, source, max_depth=..., score=...)``: after
+   verification of one request's draft: nodes verified, tokens accepted (bonus excluded), the
+   draft's deepest path (full acceptance = ``accepted == max_depth``; defaults to
+   ``draft_nodes``, i.e. a chain) and its score (expected accepted nodes by its own path
+   probabilities).
 5. ``observe_step(batch_size, num_tokens, seconds)``: every decode step, drafts or not (steps
    with prefill chunks are not reported); ``seconds`` is the whole step, drafting included.
 6. ``finish(req)``: the request left this engine.
@@ -40,7 +42,7 @@ class SpecPolicy(Protocol):
     def observe_draft(self, seconds: float, requests: int = 1) -> None: ...
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
-               max_depth: int | None = None) -> None: ...
+               max_depth: int | None = None, score: float | None = None) -> None: ...
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None: ...
 
@@ -79,7 +81,7 @@ class FixedPolicy:
         pass
 
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
-               max_depth: int | None = None) -> None:
+               max_depth: int | None = None, score: float | None = None) -> None:
         pass
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:

@@ -8,7 +8,11 @@ Per step with ``B`` requests sampling (the default policy, ``SpeculativeConfig(p
    token now). A draft node at depth ``j`` of request ``i`` is accepted with probability
    ``p_ij = path_prob_j * a_i^j``: its draft's own path probability times the geometric
    acceptance model of Seer's cost formula (``a_i``: the request's running acceptance once it
-   has ``min_request_steps`` verifications, else its draft source's).
+   has ``min_request_steps`` verifications, else its draft source's). A source whose path
+   probabilities are a model's own next-token probabilities (``model_sources``: the learned
+   drafter) already prices depth in them: its nodes are valued ``path_prob_j * c``, ``c``
+   being the source's calibration (accepted nodes over the path probabilities of the nodes
+   verified, with forgetting; 1 before any), not discounted by ``a^j`` a second time.
 2. *Depth by value.* Nodes are taken best-first (a node after its parent; among equal gains
    the request expected to run longest first: ``priority_fn``, its expected length), and the
    step verifies the first ``k`` nodes for the ``k`` that maximises the expected time saved,
@@ -54,7 +58,7 @@ def _remaining(expected: float, generated: int) -> float:
 class PricedPolicy:
     def __init__(self, curve: StepCurve | None = None, *, max_draft_tokens: int = 16, max_tree_paths: int = 1,
                  max_spec_batch: int = 0, min_saving: float = 0.02, explore_every: int = 32,
-                 min_request_steps: int = 3,
+                 min_request_steps: int = 3, model_sources: frozenset[str] = frozenset({"drafter"}),
                  priority_fn: Callable[[Any], float] | None = None) -> None:
         if max_draft_tokens < 1 or max_tree_paths < 1:
             raise ValueError(f"PricedPolicy needs max_draft_tokens >= 1 and max_tree_paths >= 1, got "
@@ -67,6 +71,8 @@ class PricedPolicy:
         self.explore_every = explore_every
         self.min_request_steps = min_request_steps
         self.priority_fn = priority_fn or _output_length
+        self.model_sources = model_sources
+        self._calib: dict[str, list[float]] = {}   # model source -> [accepted, score] with forgetting
         self.overall = AcceptanceStats()
         self.by_source: dict[str, AcceptanceStats] = {}
         self._by_request: dict[str, AcceptanceStats] = {}
@@ -168,8 +174,12 @@ class PricedPolicy:
             for j, p in enumerate(d.parents):
                 kids[p if p >= 0 else len(d)].append(j)
             children.append(kids)
-            rate = self._rate(req, d.source)
-            gains.append([min(1.0, p * rate ** k) for p, k in zip(d.path_probs, d.depths)])
+            if d.source in self.model_sources:
+                c = self.calibration(d.source)
+                gains.append([min(1.0, p * c) for p in d.path_probs])
+            else:
+                rate = self._rate(req, d.source)
+                gains.append([min(1.0, p * rate ** k) for p, k in zip(d.path_probs, d.depths)])
             for j in kids[len(d)]:
                 heapq.heappush(heap, (-gains[i][j], -left[i], i, j))
         taken: list[int] = []
@@ -204,10 +214,18 @@ class PricedPolicy:
         self._draft_obs += 1
         self._step_draft_s = seconds
 
+    def calibration(self, source: str) -> float:
+        acc, score = self._calib.get(source, (0.0, 0.0))
+        return acc / score if score > 0 else 1.0
+
     def update(self, req: Any, draft_nodes: int, accepted: int, source: str, *,
-               max_depth: int | None = None) -> None:
+               max_depth: int | None = None, score: float | None = None) -> None:
         if draft_nodes <= 0:
             return
+        if score is not None and source in self.model_sources:
+            st = self._calib.setdefault(source, [0.0, 0.0])
+            st[0] = 0.98 * st[0] + accepted
+            st[1] = 0.98 * st[1] + score
         full = accepted >= (draft_nodes if max_depth is None else max_depth)
         for st in (self.overall, self.by_source.setdefault(source, AcceptanceStats()),
                    self._by_request.setdefault(req.request_id, AcceptanceStats())):

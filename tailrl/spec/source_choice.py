@@ -25,7 +25,8 @@ any). Its value over ``k`` verified nodes is ``v = e * tau - k * c``.
    asked (a call that could pay, an exploring call that is due); most steps nothing is, and
    the speculator does not look at the requests.
 1. ``ask``: before drafting, the drafter is expected to accept ``A`` tokens per verify step
-   (its measured mean, with forgetting). Its gain for a request is ``A * tau - k * c`` over
+   (its measured mean, with forgetting) with drafts of ``k`` nodes (their measured mean size,
+   at most the request's limit). Its gain for a request is ``A * tau - k * c`` over
    the value of what the request already has (a suffix draft, or nothing = 0), minus ``d2 q_r``
    for its own queued positions (``pending(req)``, set by the speculator). The drafter is
    called for the requests with a positive gain if their gains add up to more than
@@ -100,6 +101,7 @@ class SourceChoice:
         self._acc: dict[str, float] = {}         # source -> forgotten sum of accepted tokens
         self._score: dict[str, float] = {}       # source -> forgotten sum of draft scores
         self._steps: dict[str, float] = {}       # source -> forgotten count of verify steps
+        self._nodes: dict[str, float] = {}       # source -> forgotten sum of draft sizes (when given)
         self._xtx = np.zeros((3, 3))             # forgotten sums of x x^T, x = (1, n, q), over drafter calls
         self._xty = np.zeros(3)                  # ... and of x * seconds
         self._prices: np.ndarray | None = None   # call_prices() solved from them
@@ -117,13 +119,17 @@ class SourceChoice:
         self.gate = CallGate()
 
     # ---- learning ------------------------------------------------------------------------
-    def record(self, source: str, score: float, accepted: int, verified: bool = True) -> None:
+    def record(self, source: str, score: float, accepted: int, verified: bool = True,
+               nodes: int | None = None) -> None:
         """One draft of ``source`` scored: its score and the tokens accepted (bonus excluded);
-        ``verified=False`` for a shadow draft (its acceptance counts, not for this step's gate)."""
+        ``verified=False`` for a shadow draft (its acceptance counts, not for this step's gate);
+        ``nodes``: the draft's size (what verifying a draft of this source costs)."""
         d = self.decay
         self._acc[source] = self._acc.get(source, 0.0) * d + accepted
         self._score[source] = self._score.get(source, 0.0) * d + score
         self._steps[source] = self._steps.get(source, 0.0) * d + 1.0
+        if nodes is not None:
+            self._nodes[source] = self._nodes.get(source, 0.0) * d + nodes
         if verified:
             self.gate.record(accepted)
             self._step_accepted += accepted
@@ -154,6 +160,13 @@ class SourceChoice:
     def calibration(self, source: str) -> float:
         s = self._score.get(source, 0.0)
         return self._acc[source] / s if s > 0 else 1.0
+
+    def drafter_nodes(self, limit: int) -> float:
+        """The nodes a drafter draft is expected to have: its drafts' mean size (it drafts only
+        as deep as pays under the priced policy), at most ``limit``; ``limit`` before any."""
+        st = self._steps.get(self.drafter, 0.0)
+        n = self._nodes.get(self.drafter)
+        return min(limit, n / st) if n is not None and st > 0 else float(limit)
 
     def drafter_mean(self) -> float | None:
         """The drafter's accepted tokens per draft, bonus excluded (None before any was scored)."""
@@ -308,7 +321,8 @@ class SourceChoice:
         for r in open_:
             limit = limits[r.request_id]
             a = limit if accepts is None else accepts
-            g = a * tau - limit * c - d2 * queued(r) - max(self.value(have[r.request_id], limit, tau, c), 0.0)
+            k = limit if accepts is None else self.drafter_nodes(limit)
+            g = a * tau - k * c - d2 * queued(r) - max(self.value(have[r.request_id], limit, tau, c), 0.0)
             if g > 0:
                 worth.append(r)
                 total += g

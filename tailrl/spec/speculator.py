@@ -194,7 +194,7 @@ class Speculator:
             return
         del self._shadow[req.request_id]
         accepted = draft.accepted_by(req.tokens(first, end))
-        self.choice.record(draft.source, draft.score, accepted, verified=False)
+        self.choice.record(draft.source, draft.score, accepted, verified=False, nodes=len(draft))
         self._shadow_n += 1
         self._shadow_accepted += accepted
 
@@ -321,7 +321,7 @@ class Speculator:
             return found
         limits = {r.request_id: min(self.max_draft_tokens, self.policy.draft_limit(r)) for r in rest}
         asked = self.choice.ask(rest, found, limits, batch_size, plan)
-        drafted = self._draft_batched(asked, paths, batched)
+        drafted = self._draft_batched(asked, paths, batched, batch_size)
         if self.choice.exploring:                      # shadow drafts, scored as the tokens come
             for req in asked:
                 if req.request_id in drafted:
@@ -341,14 +341,20 @@ class Speculator:
             found[rid] = pick
         return found
 
-    def _draft_batched(self, requests: list[Any], paths: int,
-                       sources: list[DraftSource]) -> dict[str, tuple[Draft, Draft | None]]:
+    def _draft_batched(self, requests: list[Any], paths: int, sources: list[DraftSource],
+                       batch_size: int) -> dict[str, tuple[Draft, Draft | None]]:
         """The batched sources' drafts for ``requests``: {id: (draft, its untruncated chain)};
-        the call's time teaches ``choice`` the drafter's cost."""
+        the call's time teaches ``choice`` the drafter's cost. Under the priced policy each
+        source is told what an expected accepted token is worth and what a verified node costs
+        at this batch size (``pricing``), so it drafts only as deep as pays."""
         if not requests:
             return {}
         queued = sum(map(self.choice.pending, requests)) if self.choice.pending is not None else 0
         t0 = time.perf_counter()
+        if self.config.policy == "priced":          # the other policies set depths themselves
+            tau, c = self.choice.prices(batch_size)
+            for s in sources:
+                s.pricing = (tau * self.choice.calibration(s.name), c)
         self._prepare(requests, paths, sources)
         out = {}
         for req in requests:
@@ -390,8 +396,8 @@ class Speculator:
             # the engine samples now equals its first token (checked in ``best_draft``)
             self._carry[req.request_id] = full.rest(n)
         if self.choice is not None:
-            self.choice.record(draft.source, draft.score, accepted)
-        self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth)
+            self.choice.record(draft.source, draft.score, accepted, nodes=n)
+        self.policy.update(req, n, accepted, draft.source, max_depth=draft.max_depth, score=draft.score)
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float, attention: float = 0.0,
                      prefill: bool = False, reads: float = 0.0) -> None:

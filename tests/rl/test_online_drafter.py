@@ -92,10 +92,11 @@ def test_resume_continues_the_drafter_exactly(tmp_path):
     responses (``drafter_eval``) and acceptance of its verified drafts in the rollout; its final
     weights are equal bit for bit. Deterministic by construction: no training inside rollouts
     (whether a spot step fits its share of the rollout's time depends on the clock) and the
-    drafter alone with a fixed depth (hybrid's per-request choice is priced by measured times);
-    the buffer is small enough to evict."""
+    drafter alone with a fixed depth (hybrid's per-request choice is priced by measured times)
+    on a float32 engine (a bfloat16 one drafts in whichever copy of the drafter, float32 or
+    bfloat16, it measured faster); the buffer is small enough to evict."""
     kw = {**DRAFTER, "speculative": {"method": "drafter", "policy": "fixed"}, "drafter_spot_batch": 0,
-          "drafter_eval": True, "drafter_buffer": 400}
+          "drafter_eval": True, "drafter_buffer": 400, "dtype": "float32"}
     full = Trainer(config(tmp_path, "run", total_steps=4, **kw))
     rows = full.train()
     assert rows[-1]["drafter/buffer_tokens"] <= 400 < full.spot.buffer.added       # it evicted

@@ -157,24 +157,22 @@ def test_load_weights_refreshes_the_drafters_shared_embedding_and_head(model, dr
     assert torch.equal(drafter.head, head.float())
 
 
-def test_bfloat16_targets_draft_big_batches_in_a_bfloat16_copy_kept_current(model, drafter_dir):
-    """With a bfloat16 target, committed K/V and drafting calls of >= FAST_ROWS rows run in a
-    bfloat16 copy of the drafter: outputs stay identical to plain decoding, and the copy is
-    made again after each in-place change of the drafter's weights (a published version, the
-    target's new embedding), never used stale."""
+def test_bfloat16_targets_draft_in_the_faster_copy_kept_current(model, drafter_dir):
+    """With a bfloat16 target, committed K/V run in a bfloat16 copy of the drafter, and calls
+    draft in whichever copy (float32 or bfloat16) was measured faster at their row count, both
+    tried first: outputs stay identical to plain decoding, and the copy is made again after
+    each in-place change of the drafter's weights (a published version, the target's new
+    embedding), never used stale."""
     from tailrl.model.loader import load_state_dict
-    from tailrl.spec.drafter_source import FAST_ROWS
     prompts = [[(5 * i + j) % 60 + 3 for j in range(4 + i % 5)] for i in range(12)]
     sp = SamplingParams(n=3, max_tokens=30, seed=4)
-    assert len(prompts) * sp.n >= FAST_ROWS
     spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir,
                                                                       min_token_prob=0.0))
     src = spec.engine.speculator.sources[0]
-    rows = []
-    inner = src.grow
-    src.grow = lambda reqs, *a: (rows.append(len(reqs)), inner(reqs, *a))[1]
     assert_same(LLM(model, dtype="bfloat16").generate(prompts, sp), spec.generate(prompts, sp))
-    assert max(rows) >= FAST_ROWS and spec.last_metrics["rollout/spec_accepted_tokens/drafter"] > 0
+    assert spec.last_metrics["rollout/spec_accepted_tokens/drafter"] > 0
+    tried = {name for name, _ in src.precision._best}
+    assert tried == {"base", "fast"}
     fast = src.fast.get()
     assert fast.fc.weight.dtype == torch.bfloat16 and src.fast.get() is fast      # unchanged: the same copy
     other = src.drafter.shadow()
@@ -186,6 +184,43 @@ def test_bfloat16_targets_draft_big_batches_in_a_bfloat16_copy_kept_current(mode
     sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"] * 2.0
     spec.load_weights(sd)
     assert torch.equal(src.fast.get().embed, src.drafter.embed.bfloat16())
+
+
+def test_precision_choice_tries_both_copies_then_keeps_the_faster_per_row_bucket():
+    from tailrl.spec.drafter_source import TRIES, PrecisionChoice
+    choice = PrecisionChoice(["base", "fast"])
+    seconds = {("base", 1): 1e-3, ("fast", 1): 3e-3, ("base", 64): 5e-3, ("fast", 64): 2e-3}
+    for rows in (1, 64):
+        picks = []
+        for _ in range(2 * TRIES):
+            name = choice.pick(rows)
+            picks.append(name)
+            choice.observe(name, rows, seconds[(name, choice.bucket(rows))])
+        assert sorted(picks) == ["base"] * TRIES + ["fast"] * TRIES
+    assert choice.pick(1) == "base" and choice.pick(64) == "fast" and choice.pick(40) == "fast"
+    assert choice.step_seconds(1) == 1e-3 and choice.step_seconds(33) == 2e-3 and choice.step_seconds(8) is None
+
+
+def test_chains_grow_only_as_deep_as_pays(model, drafter_dir):
+    """Priced: a chain stops where its rows' path probabilities cannot pay for one more drafter
+    step (a token worth nothing: one step; worth everything: the node budget); unpriced, the
+    node budget. The step time it weighs is its own, measured per row count."""
+    from tailrl.spec.drafter_source import TRIES
+    target = load_model(model)
+    src = DrafterSource(Drafter.load(drafter_dir, target))
+    reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
+    for r in reqs:
+        r.keep_hidden(torch.randn(target.args.hidden_size, generator=torch.Generator().manual_seed(len(r.prompt_token_ids))))
+    for _ in range(TRIES):
+        src.grow(reqs, 8, 1)
+    assert src.precision.step_seconds(len(reqs)) > 0
+    assert max(len(d) for d in src.grow(reqs, 8, 1)) == 8
+    src.pricing = (1e-12, 0.0)
+    assert max(len(d) for d in src.grow(reqs, 8, 1)) == 1
+    src.pricing = (1e6, 0.0)
+    assert max(len(d) for d in src.grow(reqs, 8, 1)) == 8
+    src.pricing = (1e6, 2e6)                              # a node costs more than it can be worth
+    assert max(len(d) for d in src.grow(reqs, 8, 1)) == 1
 
 
 def test_hidden_states_are_handed_out_only_where_the_drafter_drafts(model, drafter_dir):
