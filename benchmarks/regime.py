@@ -13,8 +13,9 @@ rollout does the same work (the same tokens come out: speculation is lossless). 
 ``plain`` (no speculation), ``fixedK`` (policy "fixed", max_draft_tokens=K, for K in
 ``--depths``), ``default`` (``SpeculativeConfig()``), ``adaptive`` (policy "adaptive"), and with
 ``--drafter DIR`` ``drafter`` and ``hybrid`` on every model whose hidden size and vocabulary
-match the drafter's (the stand-ins are wider than `small`, so a drafter of `small` is skipped
-there). Each engine first runs one untimed rollout (``--warmup``; its KV cache grows and the
+match the drafter's and on the stand-ins of `small` given a drafter of `small` (widened for
+each: it drafts there exactly what it drafts on `small`, at a drafter's cost for that width).
+``--settings`` runs only the settings named (plain always). Each engine first runs one untimed rollout (``--warmup``; its KV cache grows and the
 adaptive policy learns its costs; reported as ``first_makespan_s``), then the settings take
 turns for ``--rounds`` rounds, the order reversed every other round (ABBA: the machine's speed
 drifts over minutes, a fixed order would favour whichever runs first).
@@ -56,7 +57,8 @@ sizes binned to powers of two) and from the fixed-batch plain runs.
 The last line is one JSON object: {"models": {name: {"model_dir", "total_tokens",
 "full_batch_tokens_per_s", "no_tail_bound_s", "settings": {setting: {"makespan_best_s",
 "makespan_median_s", "first_makespan_s", "ratio_to_plain": {"mean", "se", "min", "max",
-"rounds"}, "accept_length", "tail_share", "identical_to_plain", "bound_ratio"}},
+"rounds"}, "accept_length", "drafter_s" (the drafter's calls, mean seconds per rollout), "tail_share",
+"identical_to_plain", "bound_ratio"}},
 "depth_estimate": {"makespan_s", "ratio_to_plain", "chosen_depth_share", "draft_per_row_step",
 "tokens_per_row_step", "fit", "check"}, "ridge_batch" (null: not reached), "per_row_ms", "skipped"
 (settings left out: a drafter of another width), "seconds"}},
@@ -66,6 +68,7 @@ The last line is one JSON object: {"models": {name: {"model_dir", "total_tokens"
 Usage:
   python benchmarks/regime.py --models small,50m,0.5b [--standin-dir /tmp/tailrl-standins]
       [--depths 2,4,8] [--rounds 2] [--drafter DIR] [--bound-rows 128,128,32] [--quick]
+      [--settings plain,default,hybrid]
 Cost: 1 + (warm-up + rounds) x settings rollouts per model. On this 2-core machine a 16x8,
 max-512 rollout takes ~2 s on small, ~8 s on 50m and ~110-120 s on 0.5b, so the full
 three-model run (6 settings, 2 rounds) takes about an hour: 0.5b's rollouts ~36 min, its
@@ -94,7 +97,7 @@ from speculation import full_batch_throughput, load_prompts, rollout  # noqa: E4
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig  # noqa: E402
 from tailrl.model.loader import weight_files  # noqa: E402
-from tailrl.model.standin import STANDINS, build_standin, get_standin  # noqa: E402
+from tailrl.model.standin import STANDINS, build_standin, build_standin_drafter, get_standin  # noqa: E402
 from tailrl.sim.step_model import CalibratedStepModel  # noqa: E402
 from tailrl.tasks.models import get_model  # noqa: E402
 
@@ -138,6 +141,20 @@ def drafter_fits(drafter: str, mdir: str) -> bool:
     d = json.loads((Path(drafter) / "drafter.json").read_text())
     c = json.loads((Path(mdir) / "config.json").read_text())
     return d["hidden_size"] == c["hidden_size"] and d["vocab_size"] == c["vocab_size"]
+
+
+def drafter_for(name: str, mdir: str, drafter: str | None) -> str | None:
+    """The drafter to use on model ``name``: ``drafter`` where the widths match; on a stand-in
+    of small, ``drafter`` (a drafter of small) widened for it (tailrl.model.standin, written
+    into the stand-in's ``drafter/``, drafting exactly what it drafts on small); else None."""
+    if drafter is None or drafter_fits(drafter, mdir):
+        return drafter
+    small = get_model("small")
+    if name not in STANDINS or not drafter_fits(drafter, small):
+        return None
+    out = Path(mdir) / "drafter"
+    build_standin_drafter(get_standin(name), small, drafter, out)
+    return str(out)
 
 
 def settings(depths: list[int], drafter: str | None) -> dict[str, SpeculativeConfig | None]:
@@ -254,11 +271,13 @@ def run_model(name: str, mdir: str, a: argparse.Namespace, depths: list[int], bo
     t0 = time.perf_counter()
     prompts = load_prompts(mdir, a.prompts)
     skipped = []
-    if drafter is not None and not drafter_fits(drafter, mdir):
+    given, drafter = drafter, drafter_for(name, mdir, drafter)
+    if given is not None and drafter is None:
         skipped = ["drafter", "hybrid"]
-        print(f"{name}: drafter {drafter} does not fit this model's width; drafter and hybrid skipped")
-        drafter = None
-    cfgs = settings(depths, drafter)
+        print(f"{name}: drafter {given} does not fit this model's width; drafter and hybrid skipped")
+    elif drafter != given:
+        print(f"{name}: drafter {given} widened into {drafter}", flush=True)
+    cfgs = {s: c for s, c in settings(depths, drafter).items() if not a.settings or s in a.settings}
     llms = {s: LLM(mdir, dtype=a.dtype, seed=0, speculative=c) for s, c in cfgs.items()}
     history, _ = rollout(llms["plain"], prompts, a.n, HISTORY_SEED, a.max_tokens)      # round 1
     names = list(cfgs)
@@ -287,13 +306,14 @@ def run_model(name: str, mdir: str, a: argparse.Namespace, depths: list[int], bo
                     "first_makespan_s": round(first[s], 3) if s in first else None,
                     "ratio_to_plain": spread([p / x for p, x in zip(plain_spans, spans)]),
                     "accept_length": mean("rollout/spec_accept_length"),
+                    "drafter_s": mean("timing_s/drafter"),
                     "tail_share": round(float(np.mean([x["m"].get("rollout/tail_s", 0.0) / x["m"]["timing_s/gen"]
                                                        for x in runs[s]])), 3),
                     "identical_to_plain": round(float(np.mean([identical_share(runs["plain"][0]["out"], x["out"])
                                                                for x in runs[s]])), 4),
                     "bound_ratio": round(float(np.median(spans)) / bound, 3)}
     fixed = {k: runs[f"fixed{k}"] for k in depths}
-    est = depth_estimate(runs["plain"], fixed, SpeculativeConfig().max_spec_batch)
+    est = depth_estimate(runs["plain"], fixed, SpeculativeConfig(policy="fixed").max_spec_batch)   # where fixedK drafts
     curve = per_row_curve(runs["plain"])
     res = {"model_dir": mdir, "total_tokens": total, "full_batch_tokens_per_s": round(full, 1),
            "no_tail_bound_s": round(bound, 3), "settings": table, "depth_estimate": est,
@@ -313,6 +333,12 @@ def summary(name: str, res: dict) -> str:
         lines.append(f"{s:9s} {r['makespan_best_s']:8.2f} {r['makespan_median_s']:9.2f} "
                      f"{q['mean']:9.3f} [{q['min']:.2f}, {q['max']:.2f}] {r['accept_length']:10.2f} "
                      f"{r['tail_share']:10.2f} {r['bound_ratio']:8.2f} {r['identical_to_plain']:.4f}")
+    plain = res["settings"]["plain"]["makespan_median_s"]
+    for s, r in res["settings"].items():
+        if r["drafter_s"] > 0:          # the learned drafter's calls: what drafting for free would give
+            free = r["makespan_median_s"] - r["drafter_s"]
+            lines.append(f"{s}: the drafter's calls took {r['drafter_s']:.2f} s of the rollout; without them "
+                         f"{free:.2f} s ({plain / free:.3f}x plain)")
     e = res["depth_estimate"]
     lines.append(f"best depth per step (estimate): {e['makespan_s']:.2f} s, {e['ratio_to_plain']:.3f}x plain; "
                  f"depth chosen on steps {e['chosen_depth_share']}; tokens per row-step {e['tokens_per_row_step']}; "
@@ -378,7 +404,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="timed ABBA rounds of every setting")
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                     help="one untimed rollout per engine first")
-    ap.add_argument("--drafter", default=None, help="learned drafter directory (models of its width only)")
+    ap.add_argument("--drafter", default=None,
+                    help="learned drafter directory: models of its width, and stand-ins of small (widened)")
+    ap.add_argument("--settings", default="", help="only these settings (comma-separated; plain is always run)")
     ap.add_argument("--bound-rows", default=None,
                     help="full-batch rows of the no-tail bound, one value or one per model (default prompts x n)")
     ap.add_argument("--bound-tokens", type=int, default=200)
@@ -393,6 +421,9 @@ def main() -> None:
         a.bound_tokens, a.fixed_batches, a.fixed_tokens = 32, "1,4", 32
     names = a.models.split(",")
     depths = ints(a.depths)
+    a.settings = {s for s in a.settings.split(",") if s} | {"plain"} if a.settings else set()
+    if a.settings:
+        depths = [k for k in depths if f"fixed{k}" in a.settings]
     rows = ints(a.bound_rows) if a.bound_rows else [a.prompts * a.n]
     if len(rows) not in (1, len(names)):
         ap.error(f"--bound-rows: one value or one per model ({len(names)}), got {a.bound_rows!r}")
@@ -408,7 +439,7 @@ def main() -> None:
         res, llms, prompts, history = run_model(m, dirs[m], a, depths, r, a.drafter)
         out["models"][m] = res
         if sizes and m == fixed_model:
-            keep = ["plain", "default", *(f"fixed{k}" for k in depths)]
+            keep = [s for s in ("plain", "default", *(f"fixed{k}" for k in depths)) if s in llms]
             print(f"fixed batch sizes on {m}: {a.fixed_tokens} tokens per request, EOS ignored", flush=True)
             fb = fixed_batches(llms, keep, prompts, history, sizes, a.fixed_tokens, a.fixed_rounds)
             out["fixed_batch"] = {"model": m, **fb}
