@@ -64,18 +64,32 @@ def _filter_sorted(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     return vals.masked_fill(drop, float("-inf")), idx
 
 
+def _cdf(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: the unnormalised CDF of exp(logits - max), its total and the max. Sampling and
+    ``token_logprobs`` both take logsumexp from here (max + log(total)): the same bits."""
+    mx = logits.amax(dim=-1, keepdim=True)
+    cdf = (logits - mx).exp_().cumsum_(dim=-1)                        # [M, V], unnormalised
+    return cdf, cdf[:, -1].contiguous(), mx.squeeze(1)
+
+
 def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the index i with cdf[i-1] <= u*total < cdf[i], and logsumexp(row).
     logits may hold -inf (filtered tokens)."""
-    mx = logits.amax(dim=-1, keepdim=True)
-    cdf = (logits - mx).exp_().cumsum_(dim=-1)                        # [M, V], unnormalised
-    total = cdf[:, -1].contiguous()
+    cdf, total, mx = _cdf(logits)
     target = (u.to(cdf.dtype) * total).unsqueeze(1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
     # u * total can round up to total (u within 2^-25 of 1 in float32): never go past the last
     # token with probability mass, which is where the cdf first reaches its total
     last = torch.searchsorted(cdf, total.unsqueeze(1), right=False).squeeze(1)
-    return torch.minimum(idx, last), mx.squeeze(1) + total.log()
+    return torch.minimum(idx, last), mx + total.log()
+
+
+def _scale(logits: torch.Tensor, temperature: list[float]) -> torch.Tensor:
+    """logits / T per row (T = 0, greedy, reports at T = 1); untouched when every T is 0 or 1."""
+    if all(t in (0.0, 1.0) for t in temperature):
+        return logits
+    inv_t = torch.tensor([1.0 / t if t else 1.0 for t in temperature], dtype=logits.dtype, device=logits.device)
+    return logits * inv_t[:, None]
 
 
 def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
@@ -88,11 +102,7 @@ def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top
     m = logits.shape[0]
     greedy = [i for i, t in enumerate(temperature) if t == 0]
     sampled = [i for i, t in enumerate(temperature) if t != 0]
-    if any(t not in (0.0, 1.0) for t in temperature):
-        inv_t = torch.tensor([1.0 / t if t else 1.0 for t in temperature], dtype=logits.dtype, device=dev)
-        scaled = logits * inv_t[:, None]
-    else:
-        scaled = logits
+    scaled = _scale(logits, temperature)
     tokens = torch.empty(m, dtype=torch.long, device=dev)
     lse = torch.empty(m, dtype=logits.dtype, device=dev)
     if greedy:
@@ -114,3 +124,23 @@ def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top
     # log p(token) = scaled[token] - logsumexp(scaled): the target's log-softmax, never a draft's
     lp = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
     return tokens.tolist(), lp.tolist()
+
+
+def token_logprobs(logits: torch.Tensor, temperature: list[float], tokens: list[int]) -> list[float]:
+    """logits [M, V] -> log_softmax(logits / T)[token] per row, computed as ``sample`` computes
+    the log-probability it reports (bit for bit: each row on its own, the same operations), for
+    tokens known in advance (teacher forcing: ``tailrl.engine.score``)."""
+    dev = logits.device
+    scaled = _scale(logits, temperature)
+    lse = torch.empty(logits.shape[0], dtype=logits.dtype, device=dev)
+    greedy = [i for i, t in enumerate(temperature) if t == 0]
+    sampled = [i for i, t in enumerate(temperature) if t != 0]
+    if greedy:
+        g = torch.tensor(greedy, device=dev) if len(greedy) < len(temperature) else slice(None)
+        lse[g] = scaled[g].logsumexp(dim=-1)
+    if sampled:
+        rows = torch.tensor(sampled, device=dev) if len(sampled) < len(temperature) else slice(None)
+        _, total, mx = _cdf(scaled[rows])
+        lse[rows] = mx + total.log()
+    tok = torch.tensor(tokens, dtype=torch.long, device=dev)
+    return (scaled.gather(1, tok[:, None]).squeeze(1) - lse).tolist()

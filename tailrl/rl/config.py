@@ -53,7 +53,8 @@ class TrainConfig:
     kl_coef: float = 0.0                  # > 0 keeps a frozen reference model (k3 estimator)
     loss_agg_mode: str = "token-mean"     # DAPO/verl token-level, or GRPO paper's per-sequence mean
     norm_adv_by_std: bool = True          # False = Dr. GRPO (centre only)
-    old_logprobs: str = "recompute"       # pi_old from the trainer's policy (verl) or "engine" (rollout logprobs)
+    old_logprobs: str = "engine"          # pi_old: the rollout's logprobs, or "recompute" (the trainer's policy, verl)
+    exact_logprobs: bool = True           # update log-prob values from the engine's kernels (= the rollout's in bf16)
     # ---- sampling ----
     temperature: float = 1.0
     top_p: float = 1.0
@@ -119,6 +120,7 @@ class TrainConfig:
                self.loss_agg_mode)
         _check(self.old_logprobs in ("recompute", "engine"), "old_logprobs", "must be 'recompute' or 'engine'",
                self.old_logprobs)
+        _check(isinstance(self.exact_logprobs, bool), "exact_logprobs", "must be true or false", self.exact_logprobs)
         _check(self.temperature > 0, "temperature", "must be > 0 (GRPO needs sampled groups)", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (disabled) or >= 1", self.top_k)

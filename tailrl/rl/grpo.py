@@ -12,19 +12,21 @@ Departures from the paper, each a setting:
   mean, then the mean over responses.
 - The clip range may be asymmetric: [1 - clip_ratio_low, 1 + clip_ratio_high] (DAPO
   clip-higher); the default is symmetric 0.2.
-- pi_old is the trainer's policy before the update (``old_logprobs: recompute``, as verl):
-  with one update per batch it is the current policy detached, so no extra forward, and the
-  update depends only on the sampled responses (bit-identical with speculation on or off).
-  ``old_logprobs: engine`` uses the rollout engine's log-probabilities instead (they agree
-  to float rounding; ``actor/rollout_logprob_diff`` logs the mean gap per token).
+- pi_old is the behaviour policy's log-probabilities as the rollout engine reported them
+  (``old_logprobs: engine``), and the current policy's log-probabilities are computed with the
+  engine's own kernels (``exact_logprobs``, tailrl/engine/score.py; the gradient comes from the
+  Hugging Face policy's forward): in bfloat16 the two are equal bit for bit before the first
+  optimizer step, so the first ratio is exactly 1 (``actor/first_ratio_dev``) and
+  ``actor/rollout_logprob_diff`` is 0, with no second forward for pi_old. ``old_logprobs:
+  recompute`` takes pi_old from the trainer's policy before the update instead (verl).
 - The KL term is off by default (DAPO, Dr. GRPO); when on it uses the k3 estimator
   exp(ref - logp) - (ref - logp) - 1 per token, added to the loss as in the paper (not to
   the reward).
 - ``norm_adv_by_std=False`` drops the division by std (Dr. GRPO). std is the unbiased
   sample std (as torch, TRL and verl compute it), plus eps = 1e-6.
 - One optimizer step per rollout batch by default (``ppo_minibatches=1``, fully on-policy
-  as in nanochat): the ratio is then 1 up to rounding and the clip only acts with
-  ``ppo_minibatches > 1``. The paper's multiple GRPO iterations per batch are not used.
+  as in nanochat): the ratio is then 1 and the clip only acts with ``ppo_minibatches > 1``.
+  The paper's multiple GRPO iterations per batch are not used.
 - The current policy's log-probabilities use logits / temperature, the distribution the
   responses were sampled from (verl does the same); top-k / top-p truncation is ignored.
 """

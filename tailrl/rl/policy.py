@@ -65,3 +65,24 @@ def response_logprobs(model: torch.nn.Module, prompts: list[list[int]], response
 def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Detached weights under Hugging Face names, what ``LLM.load_weights`` takes."""
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+class _WithValues(torch.autograd.Function):
+    """``values`` forward, the gradient to ``ref`` (see ``with_values``)."""
+
+    @staticmethod
+    def forward(ctx, ref: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return values.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def with_values(ref: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A tensor equal to ``values`` (bit for bit: not ``ref + (values - ref)``, which rounds)
+    whose gradient flows to ``ref`` as if it were ``ref``: the engine kernels' exact
+    log-probabilities with the gradient of the policy's own forward (the two differ by the
+    rounding of bfloat16 weights and kernels, so the gradient is the reference's at nearly the
+    same point)."""
+    return _WithValues.apply(ref, values.to(ref.dtype))

@@ -26,7 +26,8 @@ from tailrl.rl.data import Prompt, RewardFn, batch_indices, compute_rewards, loa
 from tailrl.rl.drafter_eval import StepEvaluator
 from tailrl.rl.grpo import group_advantages, grpo_loss
 from tailrl.rl.metrics import MetricsLogger, console_line
-from tailrl.rl.policy import frozen_copy, hf_state_dict, load_policy, response_logprobs
+from tailrl.engine.score import Scorer
+from tailrl.rl.policy import frozen_copy, hf_state_dict, load_policy, response_logprobs, with_values
 from tailrl.threads import use_threads
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class Trainer:
         self.spot = online_drafter.attach(self.llm, cfg, start_dir) if cfg.drafter else None
         self.drafter_eval = (StepEvaluator(drafter_dir, spec.max_draft_tokens)
                              if cfg.drafter and cfg.drafter_eval else None)
+        # the update's log-probability values from the engine's kernels (the rollout's, bit for bit)
+        self.scorer = Scorer(self.model_dir, cfg.dtype) if cfg.exact_logprobs else None
         if self.llm.tokenizer is None:
             raise ValueError(f"config key 'model': {self.model_dir} has no tokenizer files")
         self.pad_id = self.llm.tokenizer.pad_token_id or 0
@@ -103,6 +106,13 @@ class Trainer:
                 shutil.rmtree(stale)
         self.logger = MetricsLogger(cfg.output_dir, cfg.log_tensorboard, resume_step=self.step if resume else None)
 
+    def sync_weights(self) -> None:
+        """The policy's weights to the rollout engines (and the scorer)."""
+        sd = hf_state_dict(self.policy)
+        self.llm.load_weights(sd)
+        if self.scorer is not None:
+            self.scorer.load_weights(sd)
+
     def _resume_from(self, path: Path) -> None:
         state = ckpt.load_state(path)
         if self.ref is not None:   # the reference is the run's initial model, not the checkpoint
@@ -113,7 +123,7 @@ class Trainer:
             raise ValueError(f"--resume: config key {changed[0]!r} differs from the run's ({saved.get(changed[0])!r} "
                              f"-> {now[changed[0]]!r}); only {RESUMABLE_CHANGES} may change")
         ckpt.restore(path, self.optimizer, self.llm.history)
-        self.llm.load_weights(hf_state_dict(self.policy))
+        self.sync_weights()
         self.step = state["step"]
         log.info("resumed from %s at step %d", path, self.step)
 
@@ -146,6 +156,17 @@ class Trainer:
                 out.append([i])
         return out
 
+    def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's log-probabilities of the responses [B, R] with their mask. With
+        ``exact_logprobs`` their values are the engine kernels' (``self.scorer``: bit for bit
+        what the rollout reported in bfloat16) and their gradient the policy's own forward's."""
+        cfg = self.cfg
+        logp, mask = response_logprobs(self.policy, prompts, responses, cfg.temperature, self.pad_id)
+        if self.scorer is None:
+            return logp, mask
+        exact = pad_rows(self.scorer.logprobs(prompts, responses, cfg.temperature), logp)
+        return with_values(logp, exact), mask
+
     def update(self, prompts: list[list[int]], responses: list[list[int]], old_logp: list[list[float]],
                adv: torch.Tensor) -> dict[str, float]:
         """ppo_minibatches optimizer steps over the rollout batch."""
@@ -154,26 +175,26 @@ class Trainer:
         per_mb = n // cfg.ppo_minibatches
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         sums: dict[str, float] = {}
+        clock = {"old_log_prob": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         recompute = cfg.old_logprobs == "recompute"
         before: list[list[float]] | None = None
         if recompute and cfg.ppo_minibatches > 1:       # pi_old = the policy before this batch's first step
-            before = [[] for _ in range(n)]
-            with torch.no_grad():
-                for mb in self.micro_batches(list(range(n)), lengths):
-                    lp, _ = response_logprobs(self.policy, [prompts[i] for i in mb], [responses[i] for i in mb],
-                                              cfg.temperature, self.pad_id)
-                    for k, i in enumerate(mb):
-                        before[i] = lp[k, : len(responses[i])].tolist()
+            t = time.perf_counter()
+            before = self._old_logprobs(prompts, responses, lengths)
+            clock["old_log_prob"] += time.perf_counter() - t
         self.policy.train()
         for lo in range(0, n, per_mb):
             rows = list(range(lo, lo + per_mb))
             num_tokens = float(max(sum(len(responses[i]) for i in rows), 1))
             self.optimizer.zero_grad(set_to_none=True)
+            if lo > 0 and self.scorer is not None:      # the policy stepped: score its new weights
+                self.scorer.load_weights(hf_state_dict(self.policy))
             for mb in self.micro_batches(rows, lengths):
                 if self.threads is not None:
                     self.threads.tick()
+                t = time.perf_counter()
                 p, r = [prompts[i] for i in mb], [responses[i] for i in mb]   # the engine emits >= 1 token
-                logp, mask = response_logprobs(self.policy, p, r, cfg.temperature, self.pad_id)
+                logp, mask = self.logprobs(p, r)
                 engine = pad_rows([old_logp[i] for i in mb], logp)
                 if before is not None:
                     old = pad_rows([before[i] for i in mb], logp)
@@ -184,20 +205,46 @@ class Trainer:
                 if lo == 0:   # before any step of this batch: how far the engine's logprobs are from ours
                     sums["rollout_logprob_diff"] = sums.get("rollout_logprob_diff", 0.0) + float(
                         ((logp.detach() - engine).abs() * mask).sum()) / num_tokens
+                    dev = float(((torch.exp(logp.detach() - old) - 1).abs() * mask).max())
+                    sums["first_ratio_dev"] = max(sums.get("first_ratio_dev", 0.0), dev)
                 ref = None
                 if self.ref is not None:
                     with torch.no_grad():
                         ref, _ = response_logprobs(self.ref, p, r, cfg.temperature, self.pad_id)
                 loss, stats = grpo_loss(logp, old, adv[mb], mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
                                         cfg.kl_coef, ref, cfg.loss_agg_mode, num_tokens, float(per_mb))
+                t1 = time.perf_counter()
                 loss.backward()
+                clock["forward"] += t1 - t
+                clock["backward"] += time.perf_counter() - t1
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v) / cfg.ppo_minibatches
+            t = time.perf_counter()
             if cfg.max_grad_norm > 0:
                 norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) / cfg.ppo_minibatches
             self.optimizer.step()
-        return {f"actor/{k}": v for k, v in sums.items()}
+            clock["optimizer"] += time.perf_counter() - t
+        out = {f"actor/{k}": v for k, v in sums.items()}
+        out["timing_s/old_log_prob"] = clock.pop("old_log_prob")
+        out.update({f"timing_s/update_{k}": v for k, v in clock.items()})
+        return out
+
+    def _old_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
+                      lengths: list[int]) -> list[list[float]]:
+        """pi_old before the batch's first optimizer step: the engine kernels' values (no
+        gradient needed, no policy forward) with ``exact_logprobs``, else a policy forward."""
+        cfg = self.cfg
+        if self.scorer is not None:
+            return self.scorer.logprobs(prompts, responses, cfg.temperature)
+        before: list[list[float]] = [[] for _ in responses]
+        with torch.no_grad():
+            for mb in self.micro_batches(list(range(len(responses))), lengths):
+                lp, _ = response_logprobs(self.policy, [prompts[i] for i in mb], [responses[i] for i in mb],
+                                          cfg.temperature, self.pad_id)
+                for k, i in enumerate(mb):
+                    before[i] = lp[k, : len(responses[i])].tolist()
+        return before
 
     def train_step(self) -> dict[str, float]:
         cfg, step = self.cfg, self.step
@@ -224,7 +271,7 @@ class Trainer:
         flat_resp = [r for g in groups for r in g]
         m.update(self.update(flat_prompts, flat_resp, [lp for g in logps for lp in g], adv))
         t3 = time.perf_counter()
-        self.llm.load_weights(hf_state_dict(self.policy))
+        self.sync_weights()
         t4 = time.perf_counter()
         self.step += 1
         r = torch.tensor(rewards, dtype=torch.float64)
