@@ -63,7 +63,8 @@ class TrainConfig:
     # ---- engine ----
     speculative: bool | dict | None = True   # True = SpeculativeConfig() defaults; dict = its fields; False/None = off
     dtype: str = "bfloat16"               # engine dtype (spec on/off runs are identical in all three)
-    train_dtype: str = "float32"          # policy dtype for the update
+    train_dtype: str = "float32"          # policy dtype for the update (weights, gradients, AdamW)
+    autocast: bool = True                 # the update's forward and backward in bfloat16 autocast (float32 policy)
     num_threads: int | None = None        # torch threads (None = as many as other processes leave free)
     # ---- learned drafter (TLT): trained online by the spot trainer, drafts next to suffix drafts ----
     drafter: bool = False                 # on: speculative method becomes hybrid (drafter: stays drafter)
@@ -120,7 +121,8 @@ class TrainConfig:
                self.loss_agg_mode)
         _check(self.old_logprobs in ("recompute", "engine"), "old_logprobs", "must be 'recompute' or 'engine'",
                self.old_logprobs)
-        _check(isinstance(self.exact_logprobs, bool), "exact_logprobs", "must be true or false", self.exact_logprobs)
+        for key in ("exact_logprobs", "autocast"):
+            _check(isinstance(getattr(self, key), bool), key, "must be true or false", getattr(self, key))
         _check(self.temperature > 0, "temperature", "must be > 0 (GRPO needs sampled groups)", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (disabled) or >= 1", self.top_k)

@@ -33,6 +33,9 @@ from tailrl.threads import use_threads
 log = logging.getLogger(__name__)
 
 
+LOGPROB_CHECK_ROWS = 4     # responses per step scored by the engine's kernels to check exactness
+
+
 def prompt_seed(run_seed: int, step: int, uid: str) -> int:
     """Per-prompt sampling seed: a pure function of (run seed, step, prompt id)."""
     digest = hashlib.sha256(f"{run_seed}/{step}/{uid}".encode()).digest()
@@ -93,6 +96,7 @@ class Trainer:
                              if cfg.drafter and cfg.drafter_eval else None)
         # the update's log-probability values from the engine's kernels (the rollout's, bit for bit)
         self.scorer = Scorer(self.model_dir, cfg.dtype) if cfg.exact_logprobs else None
+        self._exact_s = 0.0                  # the scorer's seconds in the current update
         if self.llm.tokenizer is None:
             raise ValueError(f"config key 'model': {self.model_dir} has no tokenizer files")
         self.pad_id = self.llm.tokenizer.pad_token_id or 0
@@ -156,16 +160,26 @@ class Trainer:
                 out.append([i])
         return out
 
-    def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, prompts: list[list[int]], responses: list[list[int]],
+                 exact: list[list[float]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's log-probabilities of the responses [B, R] with their mask. With
-        ``exact_logprobs`` their values are the engine kernels' (``self.scorer``: bit for bit
-        what the rollout reported in bfloat16) and their gradient the policy's own forward's."""
+        ``exact_logprobs`` their values are the engine kernels' (``exact``, or ``self.scorer``'s
+        now: bit for bit what the rollout reported in bfloat16) and their gradient the policy's
+        own forward's."""
         cfg = self.cfg
-        logp, mask = response_logprobs(self.policy, prompts, responses, cfg.temperature, self.pad_id)
+        logp, mask = response_logprobs(self.policy, prompts, responses, cfg.temperature, self.pad_id, cfg.autocast)
         if self.scorer is None:
             return logp, mask
-        exact = pad_rows(self.scorer.logprobs(prompts, responses, cfg.temperature), logp)
-        return with_values(logp, exact), mask
+        if exact is None:
+            exact = self.exact_logprobs(prompts, responses)
+        return with_values(logp, pad_rows(exact, logp)), mask
+
+    def exact_logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """The engine kernels' log-probabilities of the responses under the scorer's weights."""
+        t = time.perf_counter()
+        out = self.scorer.logprobs(prompts, responses, self.cfg.temperature)
+        self._exact_s += time.perf_counter() - t
+        return out
 
     def update(self, prompts: list[list[int]], responses: list[list[int]], old_logp: list[list[float]],
                adv: torch.Tensor) -> dict[str, float]:
@@ -176,6 +190,7 @@ class Trainer:
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         sums: dict[str, float] = {}
         clock = {"old_log_prob": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        self._exact_s = 0.0                             # the scorer's share of the forwards
         recompute = cfg.old_logprobs == "recompute"
         before: list[list[float]] | None = None
         if recompute and cfg.ppo_minibatches > 1:       # pi_old = the policy before this batch's first step
@@ -187,14 +202,17 @@ class Trainer:
             rows = list(range(lo, lo + per_mb))
             num_tokens = float(max(sum(len(responses[i]) for i in rows), 1))
             self.optimizer.zero_grad(set_to_none=True)
-            if lo > 0 and self.scorer is not None:      # the policy stepped: score its new weights
-                self.scorer.load_weights(hf_state_dict(self.policy))
+            t = time.perf_counter()
+            exact, diff = self._exact_values(lo == 0, rows, prompts, responses, old_logp)
+            clock["forward"] += time.perf_counter() - t
+            if diff is not None:
+                sums["rollout_logprob_diff"] = diff
             for mb in self.micro_batches(rows, lengths):
                 if self.threads is not None:
                     self.threads.tick()
                 t = time.perf_counter()
                 p, r = [prompts[i] for i in mb], [responses[i] for i in mb]   # the engine emits >= 1 token
-                logp, mask = self.logprobs(p, r)
+                logp, mask = self.logprobs(p, r, None if exact is None else [exact[i] for i in mb])
                 engine = pad_rows([old_logp[i] for i in mb], logp)
                 if before is not None:
                     old = pad_rows([before[i] for i in mb], logp)
@@ -203,14 +221,15 @@ class Trainer:
                 else:
                     old = engine
                 if lo == 0:   # before any step of this batch: how far the engine's logprobs are from ours
-                    sums["rollout_logprob_diff"] = sums.get("rollout_logprob_diff", 0.0) + float(
-                        ((logp.detach() - engine).abs() * mask).sum()) / num_tokens
+                    if exact is None:
+                        sums["rollout_logprob_diff"] = sums.get("rollout_logprob_diff", 0.0) + float(
+                            ((logp.detach() - engine).abs() * mask).sum()) / num_tokens
                     dev = float(((torch.exp(logp.detach() - old) - 1).abs() * mask).max())
                     sums["first_ratio_dev"] = max(sums.get("first_ratio_dev", 0.0), dev)
                 ref = None
                 if self.ref is not None:
                     with torch.no_grad():
-                        ref, _ = response_logprobs(self.ref, p, r, cfg.temperature, self.pad_id)
+                        ref, _ = response_logprobs(self.ref, p, r, cfg.temperature, self.pad_id, cfg.autocast)
                 loss, stats = grpo_loss(logp, old, adv[mb], mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
                                         cfg.kl_coef, ref, cfg.loss_agg_mode, num_tokens, float(per_mb))
                 t1 = time.perf_counter()
@@ -228,7 +247,27 @@ class Trainer:
         out = {f"actor/{k}": v for k, v in sums.items()}
         out["timing_s/old_log_prob"] = clock.pop("old_log_prob")
         out.update({f"timing_s/update_{k}": v for k, v in clock.items()})
+        out["timing_s/update_exact"] = self._exact_s
         return out
+
+    def _exact_values(self, first: bool, rows: list[int], prompts: list[list[int]], responses: list[list[int]],
+                      old_logp: list[list[float]]) -> tuple[dict[int, list[float]] | None, float | None]:
+        """With ``exact_logprobs``, the engine kernels' values of a minibatch's rows, and before
+        the batch's first optimizer step the check that they are the rollout's. Then the
+        policy still has the weights that sampled the batch, so the rollout's log-probabilities
+        are its values bit for bit (``tests/engine/test_score.py``): they are used as they are,
+        and ``LOGPROB_CHECK_ROWS`` rows are scored anew to measure ``rollout_logprob_diff``
+        (0 in bfloat16). After a step the scorer scores the new weights."""
+        if self.scorer is None:
+            return None, None
+        take = lambda idx: ([prompts[i] for i in idx], [responses[i] for i in idx])   # noqa: E731
+        if not first:
+            self.scorer.load_weights(hf_state_dict(self.policy))
+            return dict(zip(rows, self.exact_logprobs(*take(rows)))), None
+        check = rows[:LOGPROB_CHECK_ROWS]
+        got = self.exact_logprobs(*take(check))
+        gap = sum(abs(a - b) for i, g in zip(check, got) for a, b in zip(g, old_logp[i]))
+        return {i: old_logp[i] for i in rows}, gap / max(sum(len(responses[i]) for i in check), 1)
 
     def _old_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
                       lengths: list[int]) -> list[list[float]]:
@@ -241,7 +280,7 @@ class Trainer:
         with torch.no_grad():
             for mb in self.micro_batches(list(range(len(responses))), lengths):
                 lp, _ = response_logprobs(self.policy, [prompts[i] for i in mb], [responses[i] for i in mb],
-                                          cfg.temperature, self.pad_id)
+                                          cfg.temperature, self.pad_id, cfg.autocast)
                 for k, i in enumerate(mb):
                     before[i] = lp[k, : len(responses[i])].tolist()
         return before
