@@ -150,7 +150,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024            # tokens per forward (prefill chunks + decodes + drafts)
     max_model_len: int | None = None              # default: the checkpoint's max_position_embeddings
     kv_cache_tokens: int | None = None            # KV budget in token slots; None = from kv_cache_gib
-    kv_cache_gib: float = 4.0
+    kv_cache_gib: float | None = None             # None: 4 GiB, raised so one full-context request fits if
+                                                  # memory allows, else the context capped (kv_cache.size_kv)
     num_threads: int | None = None                # torch threads; None = as many cores as other
                                                   # processes leave free (bfloat16, float64; float32:
                                                   # torch's count, tailrl/threads.py says why)
@@ -166,7 +167,8 @@ class EngineConfig:
                self.max_model_len)
         _check(self.kv_cache_tokens is None or self.kv_cache_tokens >= 2, "kv_cache_tokens", "must be >= 2",
                self.kv_cache_tokens)
-        _check(self.kv_cache_gib > 0, "kv_cache_gib", "must be > 0", self.kv_cache_gib)
+        _check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "kv_cache_gib", "must be None or > 0",
+               self.kv_cache_gib)
 
 
 POOL_BACKENDS = ("local", "ray")

@@ -11,7 +11,7 @@ import torch
 
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.batch import Batch, ModelRunner
-from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.kv_cache import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.sampler import sample
@@ -34,13 +34,11 @@ class LLMEngine:
         self.config = config
         # a fixed thread count, or threads sized to the cores other processes leave free
         self.threads = use_threads(config.num_threads, config.dtype)
-        args = read_args(config.model)
-        self.max_model_len = min(config.max_model_len or args.max_position_embeddings, args.max_position_embeddings)
+        dtype = DTYPES[config.dtype]
+        # the KV budget and the context that fits it, before any weight is read
+        budget, self.max_model_len = size_kv(read_args(config.model), config, torch.tensor([], dtype=dtype).element_size())
         self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
         self.args = self.model.args
-        dtype = DTYPES[config.dtype]
-        budget = config.kv_cache_tokens or int(config.kv_cache_gib * 2**30 // (
-            self.args.kv_bytes_per_token * torch.tensor([], dtype=dtype).element_size()))
         self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv)

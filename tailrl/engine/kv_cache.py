@@ -13,12 +13,66 @@ row, so growing, copying and moving rows copy flat prefixes. Exports and imports
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from tailrl.config import EngineConfig
 from tailrl.model.args import ModelArgs
 from tailrl.model.attention import BLOCK, blocks, key_index
 
+log = logging.getLogger(__name__)
+
 MIN_CAP = 128
+DEFAULT_KV_GIB = 4.0       # the budget when neither kv_cache_gib nor kv_cache_tokens is given ...
+MEMORY_SHARE = 0.5         # ... raised up to this share of available memory for one full-context request
+USEFUL_CONTEXT = 2048      # a context capped to fit must keep at least min(this, the checkpoint's)
+
+
+def available_memory() -> int | None:
+    """Bytes the OS can give without swapping (``MemAvailable``; None where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def size_kv(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> tuple[int, int]:
+    """(KV budget in token slots, max_model_len) for an engine. The budget is ``kv_cache_tokens``,
+    else ``kv_cache_gib``, else 4 GiB raised to hold one request of the whole context if that
+    takes at most half the available memory. A context that still does not fit is capped to
+    what fits, with one log line naming both settings, unless the caller asked for that
+    ``max_model_len`` or the cap would leave less than ``USEFUL_CONTEXT``: then a ValueError
+    says what to pass. The cache itself grows as requests need it; the budget is its bound."""
+    ctx = args.max_position_embeddings
+    length = min(config.max_model_len or ctx, ctx)
+    per_token = args.kv_bytes_per_token * elem_bytes
+    gib = lambda tokens: tokens * per_token / 2**30   # noqa: E731
+    if config.kv_cache_tokens is not None:
+        budget, knob = config.kv_cache_tokens, f"kv_cache_tokens={config.kv_cache_tokens}"
+    elif config.kv_cache_gib is not None:
+        budget, knob = int(config.kv_cache_gib * 2**30 // per_token), f"kv_cache_gib={config.kv_cache_gib:g}"
+    else:
+        budget, knob = int(DEFAULT_KV_GIB * 2**30 // per_token), f"kv_cache_gib={DEFAULT_KV_GIB:g} (default)"
+        avail = available_memory()
+        if blocks(length) > budget and avail is not None and gib(blocks(length)) * 2**30 <= MEMORY_SHARE * avail:
+            log.warning("KV cache budget raised from %g to %.1f GiB so that one %d-token request fits (%.1f GiB "
+                        "available); set kv_cache_gib, or max_model_len, to choose", DEFAULT_KV_GIB,
+                        gib(blocks(length)), length, avail / 2**30)
+            budget = blocks(length)
+    if blocks(length) <= budget:
+        return budget, length
+    fit = budget // BLOCK * BLOCK
+    if config.max_model_len is not None or fit < min(ctx, USEFUL_CONTEXT):
+        raise ValueError(f"max_model_len: {length} tokens need {gib(blocks(length)):.2f} GiB of KV cache per request, "
+                         f"but {knob} holds {fit} tokens; pass a smaller max_model_len or a larger kv_cache_gib")
+    log.warning("max_model_len capped from the checkpoint's %d to %d tokens: that is what %s holds (%.2f GiB); "
+                "set max_model_len or kv_cache_gib to choose", ctx, fit, knob, gib(budget))
+    return budget, fit
 
 
 def _grow(current: int, needed: int, limit: int) -> int:

@@ -30,6 +30,8 @@ class ModelArgs:
     mlp_bias: bool
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
+    # Llama 3.1 rope scaling: (factor, low_freq_factor, high_freq_factor, original context); None: plain
+    rope_llama3: tuple[float, float, float, int] | None = None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -59,8 +61,13 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
         heads = int(cfg["num_attention_heads"])
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ValueError(f"model: rope type {rope_type!r} in {source} is not supported (only 'default')")
+        if rope_type not in ("default", None, "llama3"):
+            raise ValueError(f"model: rope type {rope_type!r} in {source} is not supported (only 'default' "
+                             f"and 'llama3')")
+        llama3 = None
+        if rope_type == "llama3":
+            llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
+                      int(rope["original_max_position_embeddings"]))
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
         if cfg.get("use_sliding_window"):
             raise ValueError(f"model: use_sliding_window=true in {source} is not supported")
@@ -87,6 +94,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=flags["qk_norm"],
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
+            rope_llama3=llama3,
         )
     except KeyError as e:
         raise ValueError(f"model: {source} is missing the field {e.args[0]!r}") from None

@@ -79,11 +79,11 @@ class Transformer(nn.Module):
         self.norm = nn.Parameter(torch.ones(a.hidden_size))
         self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
         self.to(dtype)
-        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, dtype)
+        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, dtype, llama3=a.rope_llama3)
         self.register_buffer("cos", cos, persistent=False)                 # [max_len, D]
         self.register_buffer("sin", sin, persistent=False)
         acc = torch.float64 if dtype == torch.float64 else torch.float32   # the native kernels' accumulation type
-        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, acc)
+        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, acc, llama3=a.rope_llama3)
         self.register_buffer("cos_acc", cos, persistent=False)
         self.register_buffer("sin_acc", sin, persistent=False)
 

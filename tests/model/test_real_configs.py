@@ -1,0 +1,98 @@
+"""Checkpoints with the published configs of Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B (random
+weights, 2 layers; vocabulary, heads, head_dim, norms, tying, rope and context as published)
+load with the defaults, equal Hugging Face (greedy tokens and log-probabilities in float32),
+and a speculative rollout equals plain decoding in bfloat16. Their full-depth contexts get a
+KV budget that fits, or a context capped with a log line, or an error that names the fix."""
+import logging
+
+import pytest
+import torch
+import transformers
+from real_configs import REAL_CONFIGS, make_real_checkpoint
+
+from tailrl import LLM, SamplingParams, SpeculativeConfig
+from tailrl.config import EngineConfig
+from tailrl.engine import kv_cache
+from tailrl.engine.kv_cache import size_kv
+from tailrl.model.args import parse_config
+from tailrl.model.rope import inv_frequencies
+
+GiB = 2**30
+
+
+@pytest.fixture(scope="module", params=sorted(REAL_CONFIGS))
+def real(request, tmp_path_factory):
+    return request.param, make_real_checkpoint(str(tmp_path_factory.mktemp(request.param)), request.param)
+
+
+def test_loads_with_defaults_and_equals_hugging_face(real):
+    name, path = real
+    llm = LLM(path)                                                 # the defaults: bfloat16, the checkpoint's context
+    assert llm.engine.max_model_len == REAL_CONFIGS[name]["max_position_embeddings"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = [[5, 17, 30, 8, 9], [40, 41, 42]]
+    outs = LLM(path, dtype="float32").generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    for p, o in zip(prompts, outs, strict=True):
+        got = o.outputs[0]
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0].tolist()
+        assert got.token_ids == ref[len(p):], name
+        with torch.no_grad():
+            logp = torch.log_softmax(hf(torch.tensor([ref[:-1]])).logits[0].double(), -1)
+        want = [float(logp[len(p) - 1 + j, t]) for j, t in enumerate(got.token_ids)]
+        assert got.logprobs == pytest.approx(want, abs=2e-4), name
+
+
+def test_a_speculative_rollout_equals_plain_decoding(real):
+    name, path = real
+    prompts = [[5, 17, 30, 8, 9, 5, 17, 30], [40, 41, 42, 40, 41]]
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=24, ignore_eos=True, seed=3)
+    plain, spec = LLM(path), LLM(path, speculative=SpeculativeConfig(policy="fixed"))
+    for _ in range(2):                                              # the second call drafts from the first's history
+        a, b = plain.generate(prompts, sp), spec.generate(prompts, sp)
+        for x, y in zip(a, b, strict=True):
+            for cx, cy in zip(x.outputs, y.outputs, strict=True):
+                assert (cy.token_ids, cy.logprobs) == (cx.token_ids, cx.logprobs), name
+    assert spec.last_metrics["rollout/spec_draft_tokens"] > 0
+
+
+def test_llama3_rope_scaling_matches_the_published_rule():
+    """Llama 3.1's frequencies: long wavelengths / factor, short ones kept, the band between
+    blended; equal to transformers' own computation."""
+    cfg = transformers.LlamaConfig(**{k: v for k, v in REAL_CONFIGS["llama-3.2-1b"].items() if k != "architectures"})
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    args = parse_config(REAL_CONFIGS["llama-3.2-1b"])
+    got = inv_frequencies(args.head_dim, args.rope_theta, args.rope_llama3)
+    assert torch.allclose(got.float(), ref.float(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
+def test_full_depth_contexts_get_a_budget_that_fits(name, monkeypatch, caplog):
+    """Defaults: 4 GiB, raised (with one log line) so one full-context request fits when that
+    takes at most half the available memory; else the context is capped to what fits (a log
+    line naming both settings); an explicit max_model_len that does not fit, or a cap below a
+    useful context, is a ValueError naming both."""
+    args = parse_config(REAL_CONFIGS[name])
+    ctx, per_token = args.max_position_embeddings, args.kv_bytes_per_token * 2          # bfloat16
+    cfg = EngineConfig(model="unused")
+    monkeypatch.setattr(kv_cache, "available_memory", lambda: 64 * GiB)
+    with caplog.at_level(logging.WARNING):
+        budget, length = size_kv(args, cfg, 2)
+    assert length == ctx and budget >= ctx
+    raised = ctx * per_token > 4 * GiB                                # Qwen3-0.6B: 40,960 x 112 KiB = 4.4 GiB
+    assert raised == (name == "qwen3-0.6b") and ("raised" in caplog.text) == raised
+    caplog.clear()
+    monkeypatch.setattr(kv_cache, "available_memory", lambda: 4 * GiB)
+    with caplog.at_level(logging.WARNING):
+        budget, length = size_kv(args, cfg, 2)
+    if raised:
+        assert length == 4 * GiB // per_token // 32 * 32 < ctx and "max_model_len" in caplog.text
+        assert "kv_cache_gib" in caplog.text
+        with pytest.raises(ValueError, match="max_model_len.*kv_cache_gib"):
+            size_kv(args, EngineConfig(model="unused", max_model_len=ctx), 2)
+    else:
+        assert length == ctx and not caplog.text
+    with pytest.raises(ValueError, match="max_model_len.*kv_cache_gib"):
+        size_kv(args, EngineConfig(model="unused", kv_cache_gib=1000 * per_token / GiB), 2)   # 1,000 tokens
+    assert size_kv(args, EngineConfig(model="unused", max_model_len=4096), 2)[1] == 4096
