@@ -48,10 +48,15 @@ def uniforms(keys: list[int], positions: list[int]) -> np.ndarray:
     return (_splitmix64_np(k ^ _splitmix64_np(p)) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def _filter_sorted(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+def _filter_sorted(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int | None = None):
     """Sort each row descending and mask tokens outside top-k / the top-p nucleus.
-    Returns (sorted filtered logits [M, V], sort indices [M, V])."""
-    vals, idx = scaled.sort(dim=-1, descending=True)
+    Returns (sorted filtered logits [M, C], sort indices [M, C]): C = V, or ``candidates``
+    (top-k rows, top-p or not, need only their k best, found without sorting the row: at a
+    152k vocabulary a full sort is most of a decode step)."""
+    if candidates is not None and candidates < scaled.shape[-1]:
+        vals, idx = scaled.topk(candidates, dim=-1, sorted=True)
+    else:
+        vals, idx = scaled.sort(dim=-1, descending=True)
     v = vals.shape[-1]
     rank = torch.arange(v, device=vals.device)
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
@@ -114,12 +119,15 @@ def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top
         uu = torch.as_tensor(np.asarray(u, dtype=np.float64)[sampled], device=dev)
         tokens[rows], lse[rows] = _inverse_cdf(scaled[rows], uu)
         filt = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1]
-        if filt:
-            rows = torch.tensor(filt, device=dev)
-            k = torch.tensor([top_k[i] for i in filt], device=dev)
-            p = torch.tensor([top_p[i] for i in filt], dtype=logits.dtype, device=dev)
-            vals, idx = _filter_sorted(scaled[rows], k, p)
-            pick, _ = _inverse_cdf(vals, torch.as_tensor(np.asarray(u, dtype=np.float64)[filt], device=dev))
+        by_k = [i for i in filt if top_k[i] > 0]        # a top-k row (top-p applies inside it): its k best suffice
+        for group in (by_k, [i for i in filt if top_k[i] <= 0]):
+            if not group:
+                continue
+            rows = torch.tensor(group, device=dev)
+            k = torch.tensor([top_k[i] for i in group], device=dev)
+            p = torch.tensor([top_p[i] for i in group], dtype=logits.dtype, device=dev)
+            vals, idx = _filter_sorted(scaled[rows], k, p, max(top_k[i] for i in group) if group is by_k else None)
+            pick, _ = _inverse_cdf(vals, torch.as_tensor(np.asarray(u, dtype=np.float64)[group], device=dev))
             tokens[rows] = idx.gather(1, pick[:, None]).squeeze(1)
     # log p(token) = scaled[token] - logsumexp(scaled): the target's log-softmax, never a draft's
     lp = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
