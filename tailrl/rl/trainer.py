@@ -214,24 +214,16 @@ class Trainer:
                 p, r = [prompts[i] for i in mb], [responses[i] for i in mb]   # the engine emits >= 1 token
                 logp, mask = self.logprobs(p, r, None if exact is None else [exact[i] for i in mb])
                 engine = pad_rows([old_logp[i] for i in mb], logp)
-                if before is not None:
-                    old = pad_rows([before[i] for i in mb], logp)
-                elif recompute:   # one update per batch: pi_old is the current policy, so the update depends
-                    old = logp.detach()   # on the responses only, not on the engine's float rounding
-                else:
-                    old = engine
+                old = self._pi_old(mb, logp, engine, before)
                 if lo == 0:   # before any step of this batch: how far the engine's logprobs are from ours
                     if exact is None:
                         sums["rollout_logprob_diff"] = sums.get("rollout_logprob_diff", 0.0) + float(
                             ((logp.detach() - engine).abs() * mask).sum()) / num_tokens
                     dev = float(((torch.exp(logp.detach() - old) - 1).abs() * mask).max())
                     sums["first_ratio_dev"] = max(sums.get("first_ratio_dev", 0.0), dev)
-                ref = None
-                if self.ref is not None:
-                    with torch.no_grad():
-                        ref, _ = response_logprobs(self.ref, p, r, cfg.temperature, self.pad_id, cfg.autocast)
                 loss, stats = grpo_loss(logp, old, adv[mb], mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
-                                        cfg.kl_coef, ref, cfg.loss_agg_mode, num_tokens, float(per_mb))
+                                        cfg.kl_coef, self._ref_logprobs(p, r), cfg.loss_agg_mode, num_tokens,
+                                        float(per_mb))
                 t1 = time.perf_counter()
                 loss.backward()
                 clock["forward"] += t1 - t
@@ -249,6 +241,23 @@ class Trainer:
         out.update({f"timing_s/update_{k}": v for k, v in clock.items()})
         out["timing_s/update_exact"] = self._exact_s
         return out
+
+    def _pi_old(self, mb: list[int], logp: torch.Tensor, engine: torch.Tensor,
+                before: list[list[float]] | None) -> torch.Tensor:
+        """pi_old of a micro-batch's tokens: recomputed before the batch's first step, or (one
+        update per batch) the current policy detached, so the update depends on the responses
+        only; else the rollout's (``engine``)."""
+        if before is not None:
+            return pad_rows([before[i] for i in mb], logp)
+        return logp.detach() if self.cfg.old_logprobs == "recompute" else engine
+
+    def _ref_logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor | None:
+        """The frozen reference's log-probabilities (the KL term), None without one."""
+        if self.ref is None:
+            return None
+        with torch.no_grad():
+            return response_logprobs(self.ref, prompts, responses, self.cfg.temperature, self.pad_id,
+                                     self.cfg.autocast)[0]
 
     def _exact_values(self, first: bool, rows: list[int], prompts: list[list[int]], responses: list[list[int]],
                       old_logp: list[list[float]]) -> tuple[dict[int, list[float]] | None, float | None]:
