@@ -195,7 +195,7 @@ class Trainer:
         before: list[list[float]] | None = None
         if recompute and cfg.ppo_minibatches > 1:       # pi_old = the policy before this batch's first step
             t = time.perf_counter()
-            before = self._old_logprobs(prompts, responses, lengths)
+            before = self._old_logprobs(prompts, responses, lengths, old_logp)
             clock["old_log_prob"] += time.perf_counter() - t
         self.policy.train()
         for lo in range(0, n, per_mb):
@@ -278,13 +278,15 @@ class Trainer:
         gap = sum(abs(a - b) for i, g in zip(check, got) for a, b in zip(g, old_logp[i]))
         return {i: old_logp[i] for i in rows}, gap / max(sum(len(responses[i]) for i in check), 1)
 
-    def _old_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
-                      lengths: list[int]) -> list[list[float]]:
-        """pi_old before the batch's first optimizer step: the engine kernels' values (no
-        gradient needed, no policy forward) with ``exact_logprobs``, else a policy forward."""
+    def _old_logprobs(self, prompts: list[list[int]], responses: list[list[int]], lengths: list[int],
+                      old_logp: list[list[float]]) -> list[list[float]]:
+        """pi_old before the batch's first optimizer step: with ``exact_logprobs`` the rollout's
+        own log-probabilities (the policy still has the weights that sampled the batch, and the
+        engine's kernels are what the update's values come from: nothing to recompute), else a
+        policy forward."""
         cfg = self.cfg
         if self.scorer is not None:
-            return self.scorer.logprobs(prompts, responses, cfg.temperature)
+            return old_logp
         before: list[list[float]] = [[] for _ in responses]
         with torch.no_grad():
             for mb in self.micro_batches(list(range(len(responses))), lengths):
