@@ -2,7 +2,8 @@
 
 The uniform for request r at output position t is a pure function of (r's seed key, t)
 (splitmix64 of the two), and the sampled token is the inverse CDF of the row's own filtered
-distribution at that uniform. So a token depends only on the model's logits for that prefix
+distribution at that uniform (under top-p: of the unfiltered one, redrawn at a hash of the
+uniform while outside the nucleus, ``_nucleus``). So a token depends only on the model's logits for that prefix
 and on (seed, r, t): not on batch composition, not on what ran before, and not on whether the
 token was drafted (speculative verification recomputes exactly the same function).
 """
@@ -48,19 +49,14 @@ def uniforms(keys: list[int], positions: list[int]) -> np.ndarray:
     return (_splitmix64_np(k ^ _splitmix64_np(p)) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def _filter_sorted(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int | None = None):
-    """Sort each row descending and mask tokens outside top-k / the top-p nucleus.
-    Returns (sorted filtered logits [M, C], sort indices [M, C]): C = V, or ``candidates``
-    (top-k rows, top-p or not, need only their k best, found without sorting the row: at a
-    152k vocabulary a full sort is most of a decode step)."""
-    if candidates is not None and candidates < scaled.shape[-1]:
-        vals, idx = scaled.topk(candidates, dim=-1, sorted=True)
-    else:
-        vals, idx = scaled.sort(dim=-1, descending=True)
+def _top_k_filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int):
+    """Rows with top-k (top-p applies inside it): their ``candidates`` best, sorted (found with
+    ``topk``, not a sort of the row), the tokens outside top-k or the top-p nucleus of the
+    top-k distribution masked. Returns (filtered logits [M, C], vocabulary ids [M, C])."""
+    vals, idx = scaled.topk(min(candidates, scaled.shape[-1]), dim=-1, sorted=True)
     v = vals.shape[-1]
     rank = torch.arange(v, device=vals.device)
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
-    drop = rank[None, :] >= k[:, None]
+    drop = rank[None, :] >= top_k[:, None]
     probs = vals.masked_fill(drop, float("-inf")).softmax(dim=-1)
     # keep the smallest prefix whose mass reaches top_p: drop a token if the mass before it >= top_p
     before = probs.cumsum(dim=-1) - probs
@@ -77,16 +73,74 @@ def _cdf(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return cdf, cdf[:, -1].contiguous(), mx.squeeze(1)
 
 
-def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: the index i with cdf[i-1] <= u*total < cdf[i], and logsumexp(row).
-    logits may hold -inf (filtered tokens)."""
-    cdf, total, mx = _cdf(logits)
+def _pick(cdf: torch.Tensor, total: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row: the index i with cdf[i-1] <= u*total < cdf[i] (the inverse CDF at u)."""
     target = (u.to(cdf.dtype) * total).unsqueeze(1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
     # u * total can round up to total (u within 2^-25 of 1 in float32): never go past the last
     # token with probability mass, which is where the cdf first reaches its total
     last = torch.searchsorted(cdf, total.unsqueeze(1), right=False).squeeze(1)
-    return torch.minimum(idx, last), mx + total.log()
+    return torch.minimum(idx, last)
+
+
+def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the inverse CDF's index at u, and logsumexp(row). logits may hold -inf."""
+    cdf, total, mx = _cdf(logits)
+    return _pick(cdf, total, u), mx + total.log()
+
+
+def _retry(u: np.ndarray, attempt: int) -> np.ndarray:
+    """A fresh uniform per row for a top-p row's ``attempt``-th redraw: a hash of u's 53 bits."""
+    bits = (np.asarray(u, dtype=np.float64) * (1 << 53)).astype(np.uint64)
+    return (_splitmix64_np(bits ^ np.uint64(splitmix64(attempt))) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _probabilities(x: torch.Tensor, mx: torch.Tensor) -> torch.Tensor:
+    """exp(x - mx) per row: the unnormalised probabilities ``_cdf`` sums."""
+    return (x - mx[:, None]).exp_()
+
+
+def _mass_above(e: torch.Tensor, value: list[float]) -> torch.Tensor:
+    """Per row r: the sum of e[r] over the tokens whose e is above ``value[r]``, overwriting e
+    (a sequential scan in vocabulary order: the same bits whatever the batch or thread count)."""
+    for r, v in enumerate(value):
+        torch.threshold_(e[r], v, 0.0)                            # e where e > v, else 0
+    return e.cumsum_(dim=-1)[:, -1]
+
+
+def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.Tensor, first: torch.Tensor,
+             top_p: torch.Tensor, u: np.ndarray, attempts: int = 8) -> torch.Tensor:
+    """Top-p without sorting the rows x (their max mx, ``_cdf``'s cdf and total). With
+    e = exp(x - mx), the nucleus is every token whose e has mass(e above it) < top_p * total:
+    the smallest set of most probable tokens reaching top_p, ties at its edge kept. A token
+    drawn from the unfiltered distribution (``first``, at u) is kept if it lies in the
+    nucleus, else redrawn at a hash of u (``_retry``): a kept token follows the filtered
+    distribution exactly, and each draw lands in the nucleus with probability >= top_p. Rows
+    still outside after ``attempts`` redraws find the nucleus's edge by bisection over their
+    sorted e with the same membership test, and draw inside it."""
+    bound = top_p * total
+    tok = first.clone()
+    todo = torch.arange(x.shape[0], device=x.device)
+    for attempt in range(1, attempts + 2):
+        e = _probabilities(x, mx) if attempt == 1 else _probabilities(x[todo], mx[todo])
+        value = e.gather(1, tok[todo][:, None]).squeeze(1).tolist()
+        todo = todo[_mass_above(e, value) >= bound[todo]]
+        if not len(todo) or attempt > attempts:
+            break
+        tok[todo] = _pick(cdf[todo], total[todo], torch.as_tensor(_retry(u[todo.numpy()], attempt)))
+    for r in todo.tolist():
+        e = _probabilities(x[r:r + 1], mx[r:r + 1])
+        values = e.unique(sorted=True).tolist()                    # ascending; the top one is always kept
+        lo, hi = 0, len(values) - 1                                # find the lowest kept value
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _mass_above(e.clone(), [values[mid]])[0] < bound[r]:
+                hi = mid
+            else:
+                lo = mid + 1
+        kept = e.masked_fill_(e < values[lo], 0.0).cumsum_(dim=-1)
+        tok[r] = _pick(kept, kept[:, -1], torch.as_tensor(_retry(u[r:r + 1], attempts + 1)))[0]
+    return tok
 
 
 def _scale(logits: torch.Tensor, temperature: list[float]) -> torch.Tensor:
@@ -97,38 +151,79 @@ def _scale(logits: torch.Tensor, temperature: list[float]) -> torch.Tensor:
     return logits * inv_t[:, None]
 
 
+def _index(rows: list[int], m: int, device) -> torch.Tensor | slice:
+    return slice(None) if len(rows) == m else torch.tensor(rows, device=device)
+
+
+CHUNK_ELEMENTS = 1 << 21          # rows go in chunks of about 8 MB of float32 logits
+
+
+def _in_chunks(fn, logits: torch.Tensor, *per_row: list) -> tuple[list, ...]:
+    """fn(logits chunk, *per_row chunks) -> a tuple of per-row lists, over chunks of rows. Every
+    row is computed on its own, so chunks keep each pass's data in the CPU cache without
+    changing a bit (at a 152k vocabulary and 64 rows: half the time of one pass over all)."""
+    rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+    if logits.shape[0] <= rows:
+        return fn(logits, *per_row)
+    parts = [fn(logits[i:i + rows], *(x[i:i + rows] for x in per_row)) for i in range(0, logits.shape[0], rows)]
+    return tuple([v for part in parts for v in part[k]] for k in range(len(parts[0])))
+
+
 def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
            u: list[float] | np.ndarray) -> tuple[list[int], list[float]]:
     """logits [M, V] -> (token per row, logprob of it under log_softmax(logits / T)).
     Temperature 0 is greedy (argmax, logprob at T = 1). Filtered rows (top-k / top-p) sample
     from the filtered distribution; their logprob is still the unfiltered tempered one (what a
     trainer recomputes for importance ratios)."""
-    dev = logits.device
-    m = logits.shape[0]
+    return _in_chunks(_sample_rows, logits, temperature, top_k, top_p, u)
+
+
+def _normaliser(scaled: torch.Tensor, temperature: list[float]):
+    """logsumexp of each row (greedy rows: at T = 1), and for the sampled rows (T > 0) their
+    indices, cdf, total and max (``_cdf``). ``sample`` and ``token_logprobs`` both take their
+    log-probabilities' normaliser from here: the same bits."""
+    m, dev = scaled.shape[0], scaled.device
     greedy = [i for i, t in enumerate(temperature) if t == 0]
     sampled = [i for i, t in enumerate(temperature) if t != 0]
-    scaled = _scale(logits, temperature)
-    tokens = torch.empty(m, dtype=torch.long, device=dev)
-    lse = torch.empty(m, dtype=logits.dtype, device=dev)
+    lse = torch.empty(m, dtype=scaled.dtype, device=dev)
     if greedy:
-        g = torch.tensor(greedy, device=dev) if len(greedy) < m else slice(None)
-        tokens[g] = scaled[g].argmax(dim=-1)
+        g = _index(greedy, m, dev)
         lse[g] = scaled[g].logsumexp(dim=-1)
+    if not sampled:
+        return lse, sampled, None
+    cdf, total, mx = _cdf(scaled[_index(sampled, m, dev)])
+    lse[_index(sampled, m, dev)] = mx + total.log()
+    return lse, sampled, (cdf, total, mx)
+
+
+def _sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
+                 u: list[float] | np.ndarray) -> tuple[list[int], list[float]]:
+    dev = logits.device
+    m = logits.shape[0]
+    scaled = _scale(logits, temperature)
+    lse, sampled, sums = _normaliser(scaled, temperature)
+    tokens = torch.empty(m, dtype=torch.long, device=dev)
+    greedy = [i for i, t in enumerate(temperature) if t == 0]
+    if greedy:
+        tokens[_index(greedy, m, dev)] = scaled[_index(greedy, m, dev)].argmax(dim=-1)
     if sampled:
-        rows = torch.tensor(sampled, device=dev) if len(sampled) < m else slice(None)
-        uu = torch.as_tensor(np.asarray(u, dtype=np.float64)[sampled], device=dev)
-        tokens[rows], lse[rows] = _inverse_cdf(scaled[rows], uu)
-        filt = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1]
-        by_k = [i for i in filt if top_k[i] > 0]        # a top-k row (top-p applies inside it): its k best suffice
-        for group in (by_k, [i for i in filt if top_k[i] <= 0]):
-            if not group:
-                continue
-            rows = torch.tensor(group, device=dev)
-            k = torch.tensor([top_k[i] for i in group], device=dev)
-            p = torch.tensor([top_p[i] for i in group], dtype=logits.dtype, device=dev)
-            vals, idx = _filter_sorted(scaled[rows], k, p, max(top_k[i] for i in group) if group is by_k else None)
-            pick, _ = _inverse_cdf(vals, torch.as_tensor(np.asarray(u, dtype=np.float64)[group], device=dev))
-            tokens[rows] = idx.gather(1, pick[:, None]).squeeze(1)
+        cdf, total, mx = sums
+        uu = np.asarray(u, dtype=np.float64)[sampled]
+        tokens[_index(sampled, m, dev)] = _pick(cdf, total, torch.as_tensor(uu, device=dev))
+        by_k = [j for j, i in enumerate(sampled) if top_k[i] > 0]      # a top-k row: its k best suffice
+        by_p = [j for j, i in enumerate(sampled) if top_k[i] <= 0 and top_p[i] < 1]
+        if by_k:
+            at = torch.tensor([sampled[j] for j in by_k], device=dev)
+            k = torch.tensor([top_k[sampled[j]] for j in by_k], device=dev)
+            p = torch.tensor([top_p[sampled[j]] for j in by_k], dtype=logits.dtype, device=dev)
+            vals, idx = _top_k_filter(scaled[at], k, p, int(k.max()))
+            pick, _ = _inverse_cdf(vals, torch.as_tensor(uu[by_k], device=dev))
+            tokens[at] = idx.gather(1, pick[:, None]).squeeze(1)
+        if by_p:                                 # (every row: slices, not copies of [M, V] tensors)
+            at = _index([sampled[j] for j in by_p], m, dev)
+            j = _index(by_p, len(sampled), dev)
+            p = torch.tensor([top_p[sampled[i]] for i in by_p], dtype=logits.dtype, device=dev)
+            tokens[at] = _nucleus(scaled[at], mx[j], cdf[j], total[j], tokens[at], p, uu[by_p])
     # log p(token) = scaled[token] - logsumexp(scaled): the target's log-softmax, never a draft's
     lp = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
     return tokens.tolist(), lp.tolist()
@@ -138,17 +233,11 @@ def token_logprobs(logits: torch.Tensor, temperature: list[float], tokens: list[
     """logits [M, V] -> log_softmax(logits / T)[token] per row, computed as ``sample`` computes
     the log-probability it reports (bit for bit: each row on its own, the same operations), for
     tokens known in advance (teacher forcing: ``tailrl.engine.score``)."""
-    dev = logits.device
+    return _in_chunks(_token_logprobs_rows, logits, temperature, tokens)[0]
+
+
+def _token_logprobs_rows(logits: torch.Tensor, temperature: list[float], tokens: list[int]) -> tuple[list[float]]:
     scaled = _scale(logits, temperature)
-    lse = torch.empty(logits.shape[0], dtype=logits.dtype, device=dev)
-    greedy = [i for i, t in enumerate(temperature) if t == 0]
-    sampled = [i for i, t in enumerate(temperature) if t != 0]
-    if greedy:
-        g = torch.tensor(greedy, device=dev) if len(greedy) < len(temperature) else slice(None)
-        lse[g] = scaled[g].logsumexp(dim=-1)
-    if sampled:
-        rows = torch.tensor(sampled, device=dev) if len(sampled) < len(temperature) else slice(None)
-        _, total, mx = _cdf(scaled[rows])
-        lse[rows] = mx + total.log()
-    tok = torch.tensor(tokens, dtype=torch.long, device=dev)
-    return (scaled.gather(1, tok[:, None]).squeeze(1) - lse).tolist()
+    lse, _, _ = _normaliser(scaled, temperature)
+    tok = torch.tensor(tokens, dtype=torch.long, device=logits.device)
+    return ((scaled.gather(1, tok[:, None]).squeeze(1) - lse).tolist(),)

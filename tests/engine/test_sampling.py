@@ -5,7 +5,8 @@ import torch
 import transformers
 
 from tailrl import LLM, SamplingParams
-from tailrl.engine.sampler import sample, uniform
+from tailrl.engine import sampler
+from tailrl.engine.sampler import _cdf, _nucleus, sample, uniform
 
 
 def test_same_tokens_alone_and_in_batch_of_64(ckpt_dir):
@@ -59,6 +60,67 @@ def test_sampler_chi_square(temperature, top_k, top_p):
     assert counts[~keep.numpy()].sum() == 0
     nz = q > 0
     assert chisquare(counts[nz], q[nz] * n).pvalue > 1e-3
+
+
+def _chi_square_ok(counts: np.ndarray, q: np.ndarray) -> bool:
+    from scipy.stats import chisquare
+    nz = q > 0
+    if counts[~nz].sum():
+        return False
+    return nz.sum() == 1 or chisquare(counts[nz], q[nz] * counts.sum()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("top_p,nucleus", [(0.3, [0]), (0.5, [0, 1, 2, 3]), (0.95, [0, 1, 2, 3, 4])])
+@pytest.mark.parametrize("attempts", [8, 0])
+def test_top_p_keeps_ties_at_the_edge_and_follows_the_filtered_distribution(top_p, nucleus, attempts):
+    """The nucleus is every token with mass(logits above it) < top_p: tied tokens at its edge are
+    all kept (p = [.44, .16, .16, .16, .06, .02]: 0.5 keeps the three tied 1.0s). The redraws
+    (attempts=8) and the bisection alone (attempts=0) both follow the filtered distribution."""
+    logits = torch.tensor([2.0, 1.0, 1.0, 1.0, 0.0, -1.0], dtype=torch.float64)
+    n = 20000
+    x = logits.expand(n, 6)
+    cdf, total, mx = _cdf(x)
+    u = np.array([uniform(777, t) for t in range(n)])
+    first = torch.searchsorted(cdf, (torch.as_tensor(u) * total)[:, None], right=True).squeeze(1)
+    toks = _nucleus(x, mx, cdf, total, first, torch.full((n,), top_p, dtype=torch.float64), u, attempts=attempts)
+    p = torch.softmax(logits, -1).numpy()
+    q = np.zeros(6)
+    q[nucleus] = p[nucleus]
+    assert _chi_square_ok(np.bincount(toks.numpy(), minlength=6), q / q.sum())
+
+
+def test_top_p_token_is_the_unfiltered_one_when_that_lies_in_the_nucleus():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(200, 500, generator=g) * 3
+    u = [uniform(5, t) for t in range(200)]
+    plain, _ = sample(logits, [1.0] * 200, [-1] * 200, [1.0] * 200, u)
+    nucleus, _ = sample(logits, [1.0] * 200, [-1] * 200, [0.9] * 200, u)
+    probs = logits.softmax(-1)
+    inside = [(probs[i][logits[i] > logits[i, t]].sum() < 0.9).item() for i, t in enumerate(plain)]
+    assert 100 < sum(inside) < 200
+    assert all(a == b for a, b, ok in zip(plain, nucleus, inside) if ok)
+    assert all(a != b for a, b, ok in zip(plain, nucleus, inside) if not ok)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("chunk_rows", [None, 5])
+def test_sampler_rows_alone_equal_rows_in_a_batch(dtype, chunk_rows, monkeypatch):
+    """Every setting (greedy, T, top-k, top-k + top-p, top-p down to 0.02, where redraws and the
+    bisection run) gives a row the same token and log-probability alone as in a batch of 48,
+    whole or in chunks of 5 rows; ``token_logprobs`` gives the same log-probabilities."""
+    if chunk_rows:
+        monkeypatch.setattr(sampler, "CHUNK_ELEMENTS", 5000 * chunk_rows)
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(48, 5000, generator=g) * torch.linspace(0.2, 4, 48)[:, None]).to(dtype)
+    temp = [0.0, 1.0, 0.7, 1.3] * 12
+    top_k = [-1, -1, -1, 20, -1, 50] * 8
+    top_p = [1.0, 0.02, 0.5, 0.9, 0.99, 0.95, 0.2, 1.0] * 6
+    u = [uniform(9, t) for t in range(48)]
+    together = sample(logits, temp, top_k, top_p, u)
+    alone = [sample(logits[i:i + 1], temp[i:i + 1], top_k[i:i + 1], top_p[i:i + 1], u[i:i + 1]) for i in range(48)]
+    assert together[0] == [a[0][0] for a in alone]
+    assert together[1] == [a[1][0] for a in alone]
+    assert sampler.token_logprobs(logits, temp, together[0]) == together[1]
 
 
 def test_logprobs_are_hf_log_softmax_at_temperature(ckpt_dir):
