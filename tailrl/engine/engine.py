@@ -82,6 +82,13 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def free_cache(self) -> None:
+        """Give back the memory of a grown KV cache between rollouts (nothing queued, running or
+        unreleased); it grows again on demand."""
+        if self.has_unfinished() or any(r.row >= 0 for r in self.requests.values()):
+            raise RuntimeError("free_cache: requests still hold the KV cache")
+        self.kv.shrink()
+
     # ---- metrics of one rollout (a generate call) --------------------------------------------
     def begin_rollout(self) -> None:
         """Start counting a rollout: ``rollout_counters`` and ``spec_metrics`` cover what follows."""
@@ -184,6 +191,9 @@ class LLMEngine:
             emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
             if plan.draft_tokens:
                 total_accepted += accepted
+                plan.req.spec_draft_tokens += len(plan.draft_tokens)
+                plan.req.spec_accepted_tokens += accepted
+                plan.req.spec_verify_steps += 1
                 self.speculator.record_verification(plan.req, plan.draft, accepted)
             if status is not None:
                 plan.req.status = status

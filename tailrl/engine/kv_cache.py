@@ -90,8 +90,13 @@ class KVCache:
                              f"({blocks(max_len)}) so one request always fits, got {budget_tokens}")
         self.args, self.dtype, self.device = args, dtype, device
         self.budget_tokens, self.max_rows, self.max_len = budget_tokens, max_rows, max_len
-        cap = blocks(min(MIN_CAP, max_len))
-        self.data = self._alloc(max(1, min(4, max_rows, budget_tokens // cap)), cap)   # within budget
+        self.shrink()                                  # a few rows, within budget; grows on demand
+
+    def shrink(self) -> None:
+        """Back to the initial few rows (the caller makes sure no row is in use): gives the
+        memory of a grown cache back while nothing runs (a rollout asleep during training)."""
+        cap = blocks(min(MIN_CAP, self.max_len))
+        self.data = self._alloc(max(1, min(4, self.max_rows, self.budget_tokens // cap)), cap)
 
     def _alloc(self, rows: int, cap: int) -> torch.Tensor:
         a = self.args

@@ -50,6 +50,9 @@ class Request:
     pending_kv: object = None            # imported K/V waiting for a row (see engine.import_request)
     pending_spec: object = None          # imported drafting state waiting for the speculator's start
     num_preemptions: int = 0
+    spec_draft_tokens: int = 0           # draft tokens this request verified,
+    spec_accepted_tokens: int = 0        # of them accepted (bonus tokens excluded),
+    spec_verify_steps: int = 0           # in this many verify steps
     finish_time: float = 0.0             # perf_counter() when it finished
     # the target's normed hidden state at the position that sampled the last token, and
     # num_tokens when it was kept (kept only when a draft source reads it: the drafter)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from concurrent.futures import Future
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,11 +56,15 @@ class _Group:
 
 
 class EngineLoop:
-    """Runs ``llm.engine`` in a daemon thread; ``submit``/``abort`` are safe from any thread."""
+    """Runs ``llm.engine`` in a daemon thread; ``submit``/``abort``/``call`` are safe from any
+    thread. ``on_retire(requests)`` (default: the group's responses become its prompt's history,
+    as after ``LLM.generate``) runs in the loop thread when a group that was not aborted ends."""
 
-    def __init__(self, llm, stats_every_s: float = 0.5) -> None:
+    def __init__(self, llm, stats_every_s: float = 0.5,
+                 on_retire: Callable[[list[Request]], None] | None = None) -> None:
         self.llm = llm
         self.engine = llm.engine
+        self._on_retire = on_retire or self._record_history
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._groups: list[_Group] = []
         self._stop = threading.Event()
@@ -102,6 +107,13 @@ class EngineLoop:
         if request_ids:
             self._inbox.put(("abort", list(request_ids)))
 
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run ``fn()`` in the loop thread between two steps (new weights, for one); the future
+        gets its result or exception."""
+        done: Future = Future()
+        self._inbox.put(("call", (fn, done)))
+        return done
+
     def stats(self) -> dict[str, float]:
         """The latest metrics snapshot (replaced whole by the loop thread, so reading it is safe)."""
         return self._stats
@@ -129,6 +141,12 @@ class EngineLoop:
             kind, payload = item
             if kind == "add":
                 self._add(payload)
+            elif kind == "call":
+                fn, done = payload
+                try:
+                    done.set_result(fn())
+                except Exception as e:                    # the caller gets it; the loop goes on
+                    done.set_exception(e)
             else:
                 for rid in payload:
                     self.engine.abort(rid)
@@ -178,10 +196,13 @@ class EngineLoop:
         aborted = sum(r.finish_reason == "abort" for r in g.requests)
         self.aborted_sequences += aborted
         if not aborted:
-            # the responses become the prompt's history (previous epoch), as after LLM.generate
-            self.llm.history.record(g.requests[0].prompt_id, [list(r.output_token_ids) for r in g.requests])
+            self._on_retire(g.requests)
         with self._live_lock:
             self._live -= len(g.requests)
+
+    def _record_history(self, requests: list[Request]) -> None:
+        """The responses become the prompt's history (previous epoch), as after LLM.generate."""
+        self.llm.history.record(requests[0].prompt_id, [list(r.output_token_ids) for r in requests])
 
     def _report_error(self, g: _Group, message: str) -> None:
         g.sink([Update(r.request_id, [], [], "abort", message) for r in g.requests])
