@@ -182,12 +182,12 @@ class EngineLoop:
                     updates.append(Update(r.request_id, r.output_token_ids[g.sent[j]:n],
                                           r.output_logprobs[g.sent[j]:n], r.finish_reason if done else None))
                     g.sent[j], g.reported[j] = n, done
-            if updates:
-                g.sink(updates)
-            if all(g.reported):
-                self._retire(g)
+            if all(g.reported):              # before the sink: a caller that got its last update
+                self._retire(g)              # finds the history recorded and the KV released
             else:
                 still.append(g)
+            if updates:
+                g.sink(updates)
         self._groups = still
 
     def _retire(self, g: _Group) -> None:

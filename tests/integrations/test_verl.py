@@ -1,0 +1,196 @@
+"""verl 0.9.1's rollout path with rollout.name=tailrl on this CPU: its LLMServerManager launches
+tailrl's replica, its AgentLoopManager runs the single-turn agent loop against it, and the
+responses and log-probabilities equal ``LLM.generate``'s for the same seeds (with speculation on,
+against plain decoding); new weights sent by the trainer-side ServerAdapter change the outputs
+exactly as ``LLM.load_weights`` does."""
+import asyncio
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from checkpoints import make_checkpoint  # noqa: E402
+from text_tokenizer import save_char_tokenizer  # noqa: E402
+
+from tailrl import LLM, SamplingParams  # noqa: E402
+from tailrl.engine.inputs import default_prompt_id  # noqa: E402
+from tailrl.integrations.verl.requests import prompt_seed  # noqa: E402
+
+N = 4
+PROMPT_LEN, RESPONSE_LEN = 64, 48
+SPECULATIVE = "{method:suffix,policy:fixed,max_draft_tokens:4}"
+MESSAGES = [[{"role": "user", "content": c}] for c in ("add 12 34", "sort 3 1 2", "hello there")]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("verl") / "tiny")
+    make_checkpoint(path, vocab_size=97, eos_token_id=2, max_pos=1024)
+    save_char_tokenizer(path, chat_template=True)
+    return path
+
+
+def verl_config(model_dir: str, *overrides: str):
+    import verl
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                               version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[
+            f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=tailrl",
+            f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.rollout.prompt_length={PROMPT_LEN}",
+            f"actor_rollout_ref.rollout.response_length={RESPONSE_LEN}",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.agent.num_workers=1",
+            "actor_rollout_ref.rollout.calculate_log_probs=True",
+            f"+actor_rollout_ref.rollout.engine_kwargs.tailrl.speculative={SPECULATIVE}",
+            f"data.max_prompt_length={PROMPT_LEN}", f"data.max_response_length={RESPONSE_LEN}", *overrides])
+
+
+def rows(out) -> dict[tuple, list[tuple]]:
+    """verl's padded output batch -> {prompt tokens: sorted [(response tokens, logprobs)]}."""
+    prompts, responses = out.batch["prompts"], out.batch["responses"]
+    mask, lps = out.batch["attention_mask"], out.batch["rollout_log_probs"]
+    groups: dict[tuple, list[tuple]] = {}
+    for i in range(len(prompts)):
+        p = tuple(prompts[i][mask[i, :prompts.shape[1]].bool()].tolist())
+        n = int(out.batch["response_mask"][i].sum())
+        groups.setdefault(p, []).append((tuple(responses[i, :n].tolist()), tuple(lps[i, :n].tolist())))
+    return {p: sorted(v) for p, v in groups.items()}
+
+
+def expected(llm: LLM, groups, epoch: int) -> dict[tuple, list[tuple]]:
+    """The same prompts through LLM.generate (no speculation), with the server's seeds."""
+    prompts = [list(p) for p in groups]
+    params = [SamplingParams(n=N, temperature=1.0, max_tokens=RESPONSE_LEN, seed=prompt_seed(epoch, p))
+              for p in prompts]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return {tuple(p): sorted((tuple(c.token_ids), tuple(torch.tensor(c.logprobs, dtype=torch.float32).tolist()))
+                             for c in o.outputs) for p, o in zip(prompts, outs)}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_agent_loop_equals_llm_generate_and_weight_updates_apply(model_dir, ray_cluster):
+    from verl import DataProto
+    from verl.experimental.agent_loop import AgentLoopManager
+    from verl.workers.rollout.llm_server import LLMServerManager
+    from transformers import AutoModelForCausalLM
+
+    from tailrl.integrations.verl.adapter import ServerAdapter
+
+    config = verl_config(model_dir)
+    manager = LLMServerManager.create(config)
+    loops = AgentLoopManager.create(config, manager.get_client())
+    raw = np.empty(len(MESSAGES), dtype=object)
+    for i, m in enumerate(MESSAGES):
+        raw[i] = m
+    batch = DataProto.from_dict(non_tensors={"raw_prompt": raw})
+
+    first = rows(loops.generate_sequences(batch.repeat(N, interleave=True)))
+    assert len(first) == 3 and all(len(v) == N for v in first.values())
+    reference = LLM(model_dir, seed=config.actor_rollout_ref.rollout.seed,
+                    max_model_len=PROMPT_LEN + RESPONSE_LEN)
+    assert first == expected(reference, first, epoch=0)
+
+    # new weights from the trainer side, as verl's actor worker sends them after a step
+    hf = AutoModelForCausalLM.from_pretrained(model_dir)
+    torch.manual_seed(1)
+    state = {k: v + 0.05 * torch.randn_like(v) for k, v in hf.state_dict().items()}
+    adapter = ServerAdapter(config.actor_rollout_ref.rollout, config.actor_rollout_ref.model)
+    asyncio.run(adapter.update_weights(iter(state.items()), global_steps=1))
+    out = loops.generate_sequences(batch.repeat(N, interleave=True))
+    second = rows(out)
+    reference.load_weights(state)
+    assert second == expected(reference, second, epoch=1)
+    assert second != first
+    assert sum(out.non_tensor_batch["spec_num_verify_steps"]) > 0      # history drafts were verified
+
+
+@pytest.fixture
+def server(model_dir):
+    from tailrl.integrations.verl.server import TailRLServer
+    config = verl_config(model_dir)
+    return TailRLServer(config.actor_rollout_ref.rollout, config.actor_rollout_ref.model, http=False)
+
+
+SAMPLE = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+
+def test_server_groups_siblings_and_records_their_history(server):
+    prompt = [4, 8, 15, 16, 23]
+
+    async def run():
+        return await asyncio.gather(*[server.generate(prompt, dict(SAMPLE), f"r{j}") for j in range(2 * N)])
+
+    outs = asyncio.run(run())
+    assert all(o.stop_reason == "completed" and len(o.log_probs) == len(o.token_ids) for o in outs)
+    history = server.llm.history.get(default_prompt_id(prompt))
+    assert sorted(history) == sorted(o.token_ids for o in outs)      # the group's N responses, together
+    again = asyncio.run(run())                                       # next samples of the prompt: new noise
+    assert sorted(o.token_ids for o in again) != sorted(history)
+    assert sum(o.extra_fields["spec_num_verify_steps"] for o in again) > 0    # drafted from the history
+    kv = server.llm.engine.kv.bytes                                  # grown to 8 rows
+    asyncio.run(server.sleep())
+    assert server.llm.engine.kv.bytes < kv
+
+
+@pytest.mark.parametrize("params,field", [({"repetition_penalty": 1.2}, "repetition_penalty"),
+                                          ({"best_of": 2}, "best_of"), ({"top_p": 0.0}, "top_p"),
+                                          ({"temperature": -1.0}, "temperature")])
+def test_server_rejects_what_it_does_not_take_and_stays_usable(server, params, field):
+    with pytest.raises(ValueError, match=field):
+        asyncio.run(server.generate([5, 6, 7], {**SAMPLE, **params}, "bad"))
+    with pytest.raises(ValueError, match="prompt_ids"):
+        asyncio.run(server.generate([5, 600], dict(SAMPLE), "bad"))
+    out = asyncio.run(server.generate([5, 6, 7], dict(SAMPLE), "good"))
+    assert out.stop_reason == "completed" and out.token_ids
+
+
+def test_abort_ends_running_requests_and_holds_new_ones_until_resume(server):
+    long = {**SAMPLE, "max_tokens": RESPONSE_LEN, "ignore_eos": True}
+
+    async def run():
+        running = [asyncio.ensure_future(server.generate([9, 9, 9], dict(long), f"a{j}")) for j in range(2)]
+        while server.llm.engine.metrics.num_forward < 3:
+            await asyncio.sleep(0.01)
+        await server.abort_all_requests()
+        aborted = await asyncio.gather(*running)
+        held = asyncio.ensure_future(server.generate([9, 9, 8], dict(SAMPLE), "held"))
+        await asyncio.sleep(0.2)
+        assert not held.done()
+        await server.resume_generation()
+        await server.abort_all_requests(reject_request=True)
+        rejected = await server.generate([9, 9, 7], dict(SAMPLE), "rejected")
+        await server.resume_generation()
+        return aborted, await held, rejected
+
+    aborted, held, rejected = asyncio.run(run())
+    assert all(o.stop_reason == "aborted" and 0 < len(o.token_ids) < RESPONSE_LEN for o in aborted)
+    assert held.stop_reason == "completed" and held.token_ids
+    assert rejected.stop_reason == "aborted" and rejected.token_ids == []
+    assert server.llm.history.get(default_prompt_id([9, 9, 9])) == []            # cut short: no history
+
+
+def test_task_parquet_and_reward(tmp_path):
+    import pyarrow.parquet as pq
+    from tailrl.integrations.verl.tasks import compute_score, write
+    from tailrl.tasks.mixture import heldout_examples
+    train, test = write(tmp_path, train_size=5, test_size=4)
+    got = pq.read_table(train).to_pylist()
+    assert len(got) == 5 and got[0]["prompt"][0]["role"] == "user"
+    assert got[0]["data_source"].startswith("tailrl/")
+    ex = heldout_examples(4)
+    rows_ = pq.read_table(test).to_pylist()
+    assert [r["prompt"][0]["content"] for r in rows_] == [e.prompt for e in ex]
+    for r, e in zip(rows_, ex):
+        assert compute_score(r["data_source"], e.solution, r["reward_model"]["ground_truth"], r["extra_info"]) == 1.0
+        assert compute_score(r["data_source"], "answer nope", r["reward_model"]["ground_truth"], r["extra_info"]) == 0.0
