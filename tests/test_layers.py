@@ -24,7 +24,9 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"config", "rollout", "tasks"},                        # the schedulers, never the engine
     "rl": {"config", "model", "spec", "engine", "rollout", "tasks", "llm", "tailrl"},
     "serve": {"config", "model", "spec", "engine", "rollout", "llm", "tailrl"},
-    "integrations": API | {"rollout"},                            # public API only
+    # public API; a framework's rollout server is a server (verl's wraps serve/samples.py);
+    # task data in a framework's layout (verl's parquet and reward)
+    "integrations": API | {"rollout", "serve", "tasks"},
     # applications at the top: command lines and reports
     "cli": set(),                                                 # dispatches by module name only
     "generate_cli": API,

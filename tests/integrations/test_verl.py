@@ -4,7 +4,6 @@ responses and log-probabilities equal ``LLM.generate``'s for the same seeds (wit
 against plain decoding); new weights sent by the trainer-side ServerAdapter change the outputs
 exactly as ``LLM.load_weights`` does."""
 import asyncio
-import os
 
 import numpy as np
 import pytest
@@ -17,7 +16,8 @@ from text_tokenizer import save_char_tokenizer  # noqa: E402
 
 from tailrl import LLM, SamplingParams  # noqa: E402
 from tailrl.engine.inputs import default_prompt_id  # noqa: E402
-from tailrl.integrations.verl.requests import prompt_seed  # noqa: E402
+from tailrl.integrations.verl.config import compose  # noqa: E402
+from tailrl.serve.samples import prompt_seed  # noqa: E402
 
 N = 4
 PROMPT_LEN, RESPONSE_LEN = 64, 48
@@ -34,19 +34,8 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def verl_config(model_dir: str, *overrides: str):
-    import verl
-    from hydra import compose, initialize_config_dir
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
-                               version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[
-            f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=tailrl",
-            f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.rollout.prompt_length={PROMPT_LEN}",
-            f"actor_rollout_ref.rollout.response_length={RESPONSE_LEN}",
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.nnodes=1",
-            "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.agent.num_workers=1",
-            "actor_rollout_ref.rollout.calculate_log_probs=True",
-            f"+actor_rollout_ref.rollout.engine_kwargs.tailrl.speculative={SPECULATIVE}",
-            f"data.max_prompt_length={PROMPT_LEN}", f"data.max_response_length={RESPONSE_LEN}", *overrides])
+    return compose(model_dir, *overrides, n=N, prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN,
+                   speculative=SPECULATIVE)
 
 
 def rows(out) -> dict[tuple, list[tuple]]:
@@ -115,6 +104,32 @@ def test_agent_loop_equals_llm_generate_and_weight_updates_apply(model_dir, ray_
     assert sum(out.non_tensor_batch["spec_num_verify_steps"]) > 0      # history drafts were verified
 
 
+def test_task_parquet_through_verls_dataset_and_agent_loop(model_dir, ray_cluster, tmp_path):
+    """verl's RLHFDataset reads tailrl's task parquet; its batch goes through the agent loop to
+    the tailrl replica; the reward function scores every response."""
+    from transformers import AutoTokenizer
+    from verl import DataProto
+    from verl.experimental.agent_loop import AgentLoopManager
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    from tailrl.integrations.verl.tasks import compute_score, write
+
+    train, _ = write(tmp_path, train_size=3, test_size=1)
+    config = verl_config(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    dataset = RLHFDataset(str(train), tok, config.data)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
+    manager = LLMServerManager.create(config, start_rank=1)         # rank 0 is the first test's
+    out = AgentLoopManager.create(config, manager.get_client()).generate_sequences(batch.repeat(N, interleave=True))
+    assert out.batch["responses"].shape[0] == 3 * N
+    meta = out.non_tensor_batch
+    texts = [tok.decode(out.batch["responses"][i][out.batch["response_mask"][i].bool()]) for i in range(3 * N)]
+    scores = [compute_score(meta["data_source"][i], texts[i], meta["reward_model"][i]["ground_truth"],
+                            meta["extra_info"][i]) for i in range(3 * N)]
+    assert set(scores) <= {0.0, 1.0} and all(meta["data_source"][i].startswith("tailrl/") for i in range(3 * N))
+
+
 @pytest.fixture
 def server(model_dir):
     from tailrl.integrations.verl.server import TailRLServer
@@ -160,7 +175,9 @@ def test_abort_ends_running_requests_and_holds_new_ones_until_resume(server):
 
     async def run():
         running = [asyncio.ensure_future(server.generate([9, 9, 9], dict(long), f"a{j}")) for j in range(2)]
-        while server.llm.engine.metrics.num_forward < 3:
+        for _ in range(500):                             # a few steps in (bounded: a failed call ends it)
+            if server.llm.engine.metrics.num_forward >= 3 or any(r.done() for r in running):
+                break
             await asyncio.sleep(0.01)
         await server.abort_all_requests()
         aborted = await asyncio.gather(*running)

@@ -5,8 +5,10 @@ and asks it to launch its servers in one of three modes (hybrid: in the trainer'
 colocated; standalone: a resource pool of its own). tailrl runs on CPU cores, needs no GPU
 placement or CUDA IPC, and shards nothing, so every mode launches the same thing: one Ray actor
 per replica (``TailRLServer``, named ``tailrl_server_<rank><suffix>`` so the trainer-side
-``ServerAdapter`` finds it for weight updates) with ``num_cpus=0`` (its torch threads follow
-``engine_kwargs.tailrl.num_threads`` and tailrl's thread governor, not Ray's CPU slots).
+``ServerAdapter`` finds it for weight updates) with ``num_cpus=0``: its torch threads follow
+``engine_kwargs.tailrl.num_threads`` (default: the driver's available cores, passed as
+``OMP_NUM_THREADS``, since Ray sets 1 for an actor without CPU slots) and tailrl's thread
+governor, not Ray's CPU slots.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import ray
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
 from tailrl.integrations.verl.server import TailRLServer
+from tailrl.threads import available_cores
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
@@ -44,9 +47,11 @@ class TailRLReplica(RolloutReplica):
         return False
 
     async def launch_servers(self) -> None:
+        # Ray gives an actor without CPU slots OMP_NUM_THREADS=1: the engine would run one thread
+        threads = (self.config.engine_kwargs or {}).get("tailrl", {}).get("num_threads") or available_cores()
         actor = ray.remote(TailRLServer).options(
             name=server_name(self.replica_rank, self.name_suffix), num_cpus=0,
-            max_concurrency=self.max_concurrency)
+            max_concurrency=self.max_concurrency, runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}})
         server = actor.remote(self.config, self.model_config, self.replica_rank)
         host, port = await server.get_server_address.remote()
         self.servers = [server]

@@ -1,30 +1,40 @@
 """One tailrl rollout server of a verl replica: the body of its Ray actor.
 
 verl's ``LLMServerClient`` calls ``generate(prompt_ids, sampling_params, request_id)`` once per
-sample, hundreds at a time, on the server's asyncio loop. Each call becomes one engine request
-(``VerlRequests``: prompt id, group, noise) submitted to the ``EngineLoop`` thread, which runs
-every live request in one continuously batched engine, with tailrl's speculation and
-scheduling; the call returns verl's ``TokenOutput`` (tokens, the target's log-probabilities,
-per-request speculation counters under verl's keys). The same engine answers OpenAI requests
-on ``server_address`` (tailrl's server), for agent loops that talk HTTP.
+sample, hundreds at a time, on the server's asyncio loop. Each call goes to tailrl's
+``SampleServer`` (``tailrl/serve/samples.py``: siblings with the same prompt tokens form one
+group per weight version, a token digest is the prompt id for history drafts, the noise is
+``LLM.generate``'s for ``prompt_seed(epoch, tokens)``), which runs every live sample in one
+continuously batched engine with tailrl's speculation and scheduling. The call returns verl's
+``TokenOutput``: tokens, the target's log-probabilities, and per-request speculation counters
+under verl's ``spec_num_*`` keys (verl's trainer turns them into ``rollout/spec_accept_rate``
+and ``rollout/spec_accept_length``). With ``rollout.full_determinism`` verl's request ids are
+``det-<priority>``: the priority is then the sample's noise index, whatever the arrival order.
+The same engine answers OpenAI requests at ``server_address``, for agent loops that talk HTTP.
 
-Control methods (verl's replica calls them on every server): ``update_weights`` (named
-tensors from the trainer, through Ray's object store, no disk; applied between two engine
-steps; starts a new epoch of groups and noise), ``sleep`` (waits until nothing runs, then
-gives back the KV cache's memory for the trainer), ``wake_up``, ``abort_all_requests`` (ends
-running requests with what they generated, ``stop_reason="aborted"``, and holds or rejects new
-ones) and ``resume_generation``.
+Control methods, called by verl's replica and ``ServerAdapter``: ``update_weights`` (named
+tensors from the trainer through Ray's object store), ``sleep`` (gives back the KV cache's
+memory while the trainer trains), ``wake_up``, ``abort_all_requests`` / ``resume_generation``
+(partial rollout: running samples end with what they generated, ``stop_reason="aborted"``).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 
-from tailrl.integrations.verl.requests import VerlRequests
-from tailrl.serve.loop import EngineLoop, Update
+from tailrl import LLM
+from tailrl.config import SamplingParams
+from tailrl.serve.samples import SampleServer
 
 log = logging.getLogger(__name__)
+
+# verl's sampling parameters tailrl takes, and those it takes only at their neutral value
+TAKEN = {"temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "logprobs", "seed",
+         "stop_token_ids", "ignore_eos"}
+NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0, "n": 1}
+DETERMINISTIC_ID = re.compile(r"det-(\d+)$")
 
 
 def engine_kwargs(config) -> dict:
@@ -37,83 +47,63 @@ def engine_kwargs(config) -> dict:
     return {**kwargs, **dict(extra)}
 
 
+def to_sampling_params(params: dict, config, prompt_len: int, max_model_len: int) -> tuple[SamplingParams, bool]:
+    """(``SamplingParams``, whether log-probabilities are wanted) from verl's dict, with verl's
+    default length (the response length, within prompt + response length and the context);
+    ``ValueError`` names a field tailrl does not take."""
+    for key, value in params.items():
+        if key in NEUTRAL and value is not None and value != NEUTRAL[key]:
+            raise ValueError(f"sampling_params['{key}'] = {value!r} is not supported by tailrl (only {NEUTRAL[key]!r})")
+        if key not in TAKEN and key not in NEUTRAL:
+            raise ValueError(f"sampling_params['{key}'] is not supported by tailrl")
+    max_tokens = params.get("max_tokens", params.get("max_new_tokens"))
+    if max_tokens is None:
+        max_tokens = min(config.response_length, config.prompt_length + config.response_length - prompt_len)
+    sp = SamplingParams(temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
+                        top_k=int(params.get("top_k", -1)),
+                        max_tokens=max(1, min(int(max_tokens), max_model_len - prompt_len)),
+                        seed=params.get("seed"), stop_token_ids=params.get("stop_token_ids"),
+                        ignore_eos=bool(params.get("ignore_eos", config.ignore_eos)))
+    return sp, bool(params.get("logprobs"))
+
+
 class TailRLServer:
     """Made a Ray actor by ``TailRLReplica``; usable in-process too (tests)."""
 
     def __init__(self, config, model_config, replica_rank: int = 0, http: bool = True) -> None:
         from verl.utils.config import omega_conf_to_dataclass
-        from tailrl.llm import LLM
         self.config = omega_conf_to_dataclass(config)
         self.model_config = omega_conf_to_dataclass(model_config)
         self.replica_rank = replica_rank
-        path = self.model_config.local_path or self.model_config.path
-        self.llm = LLM(path, **engine_kwargs(self.config))
-        self.requests = VerlRequests(self.llm.inputs, self.config.prompt_length, self.config.response_length,
-                                     self.config.ignore_eos)
-        self.loop = EngineLoop(self.llm, on_retire=self._retire).start()
+        self.llm = LLM(self.model_config.local_path or self.model_config.path, **engine_kwargs(self.config))
+        self.samples = SampleServer(self.llm)
         self.global_steps: int | None = None
-        self._gate: asyncio.Event | None = None          # set = admitting; made on the actor's loop
-        self._reject = False
-        self._live: dict[str, object] = {}
         self._http = http
         self._address: tuple[str, int] | None = None
         self._http_task = None
 
-    # ---- generation -------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling_params: dict, request_id: str,
                        image_data=None, video_data=None, audio_data=None, mm_processor_kwargs=None,
                        priority: int = 0, **unused):
         from verl.workers.rollout.replica import TokenOutput
         if image_data or video_data or audio_data:
             raise ValueError("tailrl serves text models: image_data, video_data and audio_data must be empty")
-        req, want_logprobs = self.requests.make(request_id, prompt_ids, sampling_params)
-        if not await self._admitted():
-            self.requests.forget(req)
-            return TokenOutput(token_ids=[], log_probs=[] if want_logprobs else None, stop_reason="aborted",
-                               extra_fields={"global_steps": self.global_steps})
-        aloop = asyncio.get_running_loop()
-        done: asyncio.Future = aloop.create_future()
-
-        def sink(updates: list[Update]) -> None:                # the engine-loop thread
-            aloop.call_soon_threadsafe(lambda: done.done() or done.set_result(updates[-1]))
-
-        self._live[req.request_id] = req
-        try:
-            self.loop.submit([req], sink, final_only=True)
-            u: Update = await done
-        finally:
-            self._live.pop(req.request_id, None)
-        if u.error or u.finish_reason == "abort":
-            self.requests.forget(req)
-        if u.error:
-            raise RuntimeError(f"tailrl engine: {u.error}")
+        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+            raise ValueError("prompt_ids must be a non-empty list of token ids")
+        sp, want_logprobs = to_sampling_params(dict(sampling_params), self.config, len(prompt_ids),
+                                            self.llm.inputs.max_model_len)
+        det = DETERMINISTIC_ID.match(str(request_id))
+        s = await self.samples.generate(request_id, prompt_ids, sp, int(det.group(1)) if det else None)
         return TokenOutput(
-            token_ids=list(u.token_ids), log_probs=list(u.logprobs) if want_logprobs else None,
-            stop_reason="aborted" if u.finish_reason == "abort" else "completed",
-            num_preempted=req.num_preemptions,
-            extra_fields={"global_steps": self.global_steps, "spec_num_draft_tokens": req.spec_draft_tokens,
-                          "spec_num_accepted_tokens": req.spec_accepted_tokens,
-                          "spec_num_verify_steps": req.spec_verify_steps})
+            token_ids=s.token_ids, log_probs=s.logprobs if want_logprobs else None,
+            stop_reason="aborted" if s.aborted else "completed", num_preempted=s.num_preemptions,
+            extra_fields={"global_steps": self.global_steps, "spec_num_draft_tokens": s.spec_draft_tokens,
+                          "spec_num_accepted_tokens": s.spec_accepted_tokens,
+                          "spec_num_verify_steps": s.spec_verify_steps})
 
-    def _retire(self, requests) -> None:                       # the engine-loop thread
-        for prompt_id, responses in self.requests.retire(requests):
-            self.llm.history.record(prompt_id, responses)
-
-    async def _admitted(self) -> bool:
-        if self._gate is None:
-            self._gate = asyncio.Event()
-            self._gate.set()
-        if not self._gate.is_set():
-            if self._reject:
-                return False
-            await self._gate.wait()
-        return True
-
-    # ---- control ----------------------------------------------------------------------------
     async def update_weights(self, state_dict: dict, global_steps: int | None = None) -> None:
-        """New policy weights (Hugging Face names); applied between two engine steps."""
-        await asyncio.wrap_future(self.loop.call(lambda: self.llm.load_weights(state_dict)))
-        self.requests.new_epoch()
+        """New policy weights (Hugging Face names), loaded between two engine steps."""
+        await self.samples.update_weights(state_dict)
         if global_steps is not None:
             self.global_steps = global_steps
 
@@ -121,59 +111,43 @@ class TailRLServer:
         self.global_steps = global_steps
 
     async def abort_all_requests(self, reject_request: bool = False, **unused) -> dict:
-        """Close admission (new calls wait for ``resume_generation``, or end at once as aborted
-        with ``reject_request``) and end every running request with what it generated."""
-        if self._gate is None:
-            self._gate = asyncio.Event()
-        self._gate.clear()
-        self._reject = reject_request
-        ids = list(self._live)
-        self.loop.abort(ids)
-        return {"aborted": len(ids)}
+        return {"aborted": await self.samples.abort_all(reject_request)}
 
     async def resume_generation(self) -> None:
-        if self._gate is None:
-            self._gate = asyncio.Event()
-        self._reject = False
-        self._gate.set()
+        await self.samples.resume()
 
     async def sleep(self) -> None:
-        """Wait until nothing runs, then give back the KV cache's memory (it grows on demand)."""
-        while self.loop.live_sequences:
-            await asyncio.sleep(0.05)
-        await asyncio.wrap_future(self.loop.call(self.llm.engine.free_cache))
+        await self.samples.sleep()
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        """Nothing to restore: weights stay in memory and the cache grows when requests come."""
+        """Nothing to restore: the weights stay in memory and the cache grows when samples come."""
 
     async def clear_kv_cache(self) -> None:
         """tailrl keeps no prefix cache between requests: nothing to clear."""
 
     async def release_kv_cache(self) -> None:
-        await self.sleep()
+        await self.samples.sleep()
 
     async def resume_kv_cache(self) -> None:
-        """The cache grows when requests come."""
+        """The cache grows when samples come."""
 
     async def start_profile(self, **kwargs) -> None:
-        log.warning("tailrl: profiling is not supported through verl; use benchmarks/ and engine metrics")
+        log.warning("tailrl: no profiler through verl; the engine's metrics are in stats()")
 
     async def stop_profile(self) -> None:
         pass
 
     async def stats(self) -> dict[str, float]:
         """The engine's counters under verl-style names (``rollout/...``, ``timing_s/...``)."""
-        return dict(self.loop.stats())
+        return dict(self.samples.loop.stats())
 
-    # ---- the OpenAI server --------------------------------------------------------------------
     async def get_server_address(self) -> tuple[str, int]:
-        """(host, port) of the OpenAI server on this engine (started on first call)."""
+        """(host, port) of the OpenAI server on this engine (started on the first call)."""
         if self._address is None:
-            host = socket.gethostbyname(socket.gethostname())
             with socket.socket() as s:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
-            self._address = (host, port)
+            self._address = (socket.gethostbyname(socket.gethostname()), port)
             if self._http:
                 self._http_task = asyncio.get_running_loop().create_task(self._serve(port))
         return self._address
@@ -182,5 +156,5 @@ class TailRLServer:
         import uvicorn
         from tailrl.serve.app import build_app
         from tailrl.serve.config import ServeConfig
-        app = build_app(self.llm, ServeConfig(model_name=self.model_config.path), loop=self.loop)
+        app = build_app(self.llm, ServeConfig(model_name=self.model_config.path), loop=self.samples.loop)
         await uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=port, log_level="warning")).serve()

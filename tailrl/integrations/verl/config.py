@@ -1,0 +1,30 @@
+"""verl's own trainer config with tailrl as the rollout, composed in Python (hydra).
+
+``compose(model_dir, *overrides)`` is verl's ``ppo_trainer`` config with
+``actor_rollout_ref.rollout.name=tailrl`` on one replica of one CPU "device" (no tensor
+parallelism, one agent-loop worker), the prompt/response lengths given, and tailrl's engine
+options under ``actor_rollout_ref.rollout.engine_kwargs.tailrl``. It is what the tests and
+``benchmarks/verl_rollout.py`` hand to verl's ``LLMServerManager`` and ``AgentLoopManager``;
+further hydra overrides go on top.
+"""
+from __future__ import annotations
+
+import os
+
+
+def compose(model_dir: str, *overrides: str, n: int = 4, prompt_length: int = 64, response_length: int = 48,
+            speculative: str | None = None):
+    """``speculative``: a hydra value for ``SpeculativeConfig`` (e.g. ``{method:suffix}``), or None."""
+    import verl
+    from hydra import compose as hydra_compose, initialize_config_dir
+    spec = [f"+actor_rollout_ref.rollout.engine_kwargs.tailrl.speculative={speculative}"] if speculative else []
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                               version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=[
+            f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=tailrl",
+            f"actor_rollout_ref.rollout.n={n}", f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
+            f"actor_rollout_ref.rollout.response_length={response_length}",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.agent.num_workers=1",
+            "actor_rollout_ref.rollout.calculate_log_probs=True", *spec,
+            f"data.max_prompt_length={prompt_length}", f"data.max_response_length={response_length}", *overrides])

@@ -1,0 +1,197 @@
+"""One sample per call: the token-in, token-out front RL frameworks' rollout servers call.
+
+verl's agent loop (and frameworks like it) send every sample as its own request: ``n``
+siblings with the same prompt tokens, each under its own request id, with no uid or group.
+``SampleServer`` rebuilds from the tokens what the engine needs, and runs every call in the
+shared ``EngineLoop`` (one continuously batched engine, tailrl's speculation and scheduling):
+
+- prompt id: a digest of the prompt tokens (``default_prompt_id``, as ``LLM.generate`` without
+  prompt ids), so a prompt meets its responses of the previous epoch (history drafts);
+- group: the prompt's samples within one weight version (``epoch``, advanced by every weight
+  update). Sample ``j`` is the ``j``-th call with these tokens in the epoch, or the caller's
+  ``index``. Siblings share the group id: they feed each other's group drafts and the engine
+  sees them together;
+- noise: sample ``j``'s key is ``mix(engine seed, prompt seed, j)`` with prompt seed
+  ``prompt_seed(epoch, tokens)`` (or ``SamplingParams.seed``): exactly
+  ``LLM(seed=...).generate(tokens, SamplingParams(n=N, seed=prompt_seed(epoch, tokens)))`` for
+  samples 0..N-1;
+- history: once every sibling of a group has finished, their responses become the prompt's
+  history; a group cut short by an abort or an error records nothing.
+
+Control: ``update_weights`` (applied between two engine steps; a new epoch), ``sleep`` (waits
+until nothing runs, then gives back the KV cache's memory), ``abort_all`` (ends running calls
+with what they generated and holds, or rejects, new ones) and ``resume``.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+from tailrl.config import SamplingParams
+from tailrl.engine.inputs import default_prompt_id
+from tailrl.engine.request import Request
+from tailrl.engine.sampler import mix
+from tailrl.serve.loop import EngineLoop, Update
+
+
+def prompt_seed(epoch: int, token_ids: list[int]) -> int:
+    """The prompt seed of ``token_ids`` in weight version ``epoch`` (module docstring)."""
+    return mix(epoch, int(default_prompt_id(token_ids), 16))
+
+
+@dataclass
+class Sample:
+    """What one call generated."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    aborted: bool
+    num_preemptions: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
+    spec_verify_steps: int
+
+
+class SampleGroups:
+    """Per-sample calls -> engine requests in groups; when a group's history is due."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.epoch = 0
+        self._issued: dict[str, int] = {}                      # group id -> samples issued
+        self._live: dict[str, int] = {}                        # group id -> samples running
+        self._done: dict[str, list[list[int]] | None] = {}     # group id -> responses (None: cut short)
+        self._lock = threading.Lock()                          # make: asyncio side; retire: loop thread
+
+    def new_epoch(self) -> None:
+        """New weights: the next calls with a prompt form a new group, with new noise."""
+        with self._lock:
+            self.epoch += 1
+            self._issued.clear()
+
+    def make(self, call_id: str, prompt_ids: list[int], params: SamplingParams, index: int | None = None) -> Request:
+        pid = default_prompt_id(prompt_ids)
+        with self._lock:
+            epoch = self.epoch
+            gid = f"s{epoch}-{pid}"
+            if index is None:
+                index = self._issued.get(gid, 0)
+                self._issued[gid] = index + 1
+            self._live[gid] = self._live.get(gid, 0) + 1
+        seed = params.seed if params.seed is not None else prompt_seed(epoch, prompt_ids)
+        return Request(f"{gid}-{index}-{call_id}", list(prompt_ids), params, mix(self.seed, seed, index),
+                       group_id=gid, prompt_id=pid, index=index)
+
+    def retire(self, requests: list[Request]) -> list[tuple[str, list[list[int]]]]:
+        """Requests that ended (not aborted) -> the (prompt id, responses) pairs to record as
+        history: a group's, once none of its siblings runs any more."""
+        out = []
+        with self._lock:
+            for r in requests:
+                done = self._done.setdefault(r.group_id, [])
+                if done is not None:
+                    done.append(list(r.output_token_ids))
+                out += self._leave(r)
+        return out
+
+    def forget(self, request: Request) -> None:
+        """A request that was aborted or failed: its group records nothing this time."""
+        with self._lock:
+            self._done[request.group_id] = None
+            self._leave(request)
+
+    def _leave(self, r: Request) -> list[tuple[str, list[list[int]]]]:
+        self._live[r.group_id] -= 1
+        if self._live[r.group_id]:
+            return []
+        del self._live[r.group_id]
+        done = self._done.pop(r.group_id, None)
+        return [(r.prompt_id, done)] if done else []
+
+
+class SampleServer:
+    """``generate`` one sample per call over ``llm``'s engine; call from one asyncio loop."""
+
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.groups = SampleGroups(llm.seed)
+        self.loop = EngineLoop(llm, on_retire=self._retire).start()
+        self._gate: asyncio.Event | None = None          # set = admitting (made on the caller's loop)
+        self._reject = False
+        self._live: set[str] = set()
+
+    async def generate(self, call_id: str, prompt_ids: list[int], params: SamplingParams,
+                       index: int | None = None) -> Sample:
+        """One sample. Bad input raises ``ValueError`` naming the field before anything runs."""
+        if not isinstance(call_id, str) or not call_id:
+            raise ValueError(f"request_id must be a non-empty string, got {call_id!r}")
+        prompt_ids = [int(t) for t in prompt_ids]
+        self.llm.inputs.check_tokens(prompt_ids, "prompt_ids")
+        params = self.llm.inputs.sampling_params(params, 1)[0]
+        if params.n != 1:
+            raise ValueError(f"n must be 1 (one sample per call), got {params.n}")
+        req = self.groups.make(call_id, prompt_ids, params, index)
+        if not await self._admitted():
+            self.groups.forget(req)
+            return Sample([], [], True, 0, 0, 0, 0)
+        aloop = asyncio.get_running_loop()
+        done: asyncio.Future = aloop.create_future()
+
+        def sink(updates: list[Update]) -> None:                # the engine-loop thread
+            aloop.call_soon_threadsafe(lambda: done.done() or done.set_result(updates[-1]))
+
+        self._live.add(req.request_id)
+        try:
+            self.loop.submit([req], sink, final_only=True)
+            u: Update = await done
+        finally:
+            self._live.discard(req.request_id)
+        if u.error or u.finish_reason == "abort":
+            self.groups.forget(req)
+        if u.error:
+            raise RuntimeError(f"tailrl engine: {u.error}")
+        return Sample(list(u.token_ids), list(u.logprobs), u.finish_reason == "abort", req.num_preemptions,
+                      req.spec_draft_tokens, req.spec_accepted_tokens, req.spec_verify_steps)
+
+    def _retire(self, requests: list[Request]) -> None:        # the engine-loop thread
+        for prompt_id, responses in self.groups.retire(requests):
+            self.llm.history.record(prompt_id, responses)
+
+    async def _admitted(self) -> bool:
+        gate = self._gate_event()
+        if not gate.is_set():
+            if self._reject:
+                return False
+            await gate.wait()
+        return True
+
+    def _gate_event(self) -> asyncio.Event:
+        if self._gate is None:
+            self._gate = asyncio.Event()
+            self._gate.set()
+        return self._gate
+
+    async def update_weights(self, state_dict: dict) -> None:
+        """New policy weights (Hugging Face names), loaded between two engine steps."""
+        await asyncio.wrap_future(self.loop.call(lambda: self.llm.load_weights(state_dict)))
+        self.groups.new_epoch()
+
+    async def abort_all(self, reject: bool = False) -> int:
+        """Close admission (new calls wait for ``resume``, or end at once as aborted with
+        ``reject``) and end every running call with what it generated. Returns how many."""
+        self._gate_event().clear()
+        self._reject = reject
+        ids = list(self._live)
+        self.loop.abort(ids)
+        return len(ids)
+
+    async def resume(self) -> None:
+        self._reject = False
+        self._gate_event().set()
+
+    async def sleep(self) -> None:
+        """Wait until nothing runs, then give back the KV cache's memory (it grows on demand)."""
+        while self.loop.live_sequences:
+            await asyncio.sleep(0.05)
+        await asyncio.wrap_future(self.loop.call(self.llm.engine.free_cache))
