@@ -3,9 +3,9 @@
 The uniform for request r at output position t is a pure function of (r's seed key, t)
 (splitmix64 of the two), and the sampled token is the inverse CDF of the row's own filtered
 distribution at that uniform (under top-p: of the unfiltered one, redrawn at a hash of the
-uniform while outside the nucleus, ``_nucleus``). So a token depends only on the model's logits for that prefix
-and on (seed, r, t): not on batch composition, not on what ran before, and not on whether the
-token was drafted (speculative verification recomputes exactly the same function).
+uniform while outside the nucleus, ``_nucleus``). So a token depends only on the model's logits
+for that prefix and on (seed, r, t): not on batch composition, not on what ran before, and not on
+whether the token was drafted (speculative verification recomputes exactly the same function).
 """
 from __future__ import annotations
 
@@ -49,18 +49,15 @@ def uniforms(keys: list[int], positions: list[int]) -> np.ndarray:
     return (_splitmix64_np(k ^ _splitmix64_np(p)) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def _top_k_filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int):
-    """Rows with top-k (top-p applies inside it): their ``candidates`` best, sorted (found with
-    ``topk``, not a sort of the row), the tokens outside top-k or the top-p nucleus of the
-    top-k distribution masked. Returns (filtered logits [M, C], vocabulary ids [M, C])."""
-    vals, idx = scaled.topk(min(candidates, scaled.shape[-1]), dim=-1, sorted=True)
-    v = vals.shape[-1]
-    rank = torch.arange(v, device=vals.device)
-    drop = rank[None, :] >= top_k[:, None]
-    probs = vals.masked_fill(drop, float("-inf")).softmax(dim=-1)
+def _top_k_filter(scaled: torch.Tensor, top_k: int, top_p: torch.Tensor):
+    """Rows with top-k (top-p applies inside it): their k best, sorted (found with ``topk``, not
+    a sort of the row), the tokens outside the top-p nucleus of the top-k distribution masked.
+    Returns (filtered logits [M, k], vocabulary ids [M, k])."""
+    vals, idx = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1, sorted=True)
+    probs = vals.softmax(dim=-1)
     # keep the smallest prefix whose mass reaches top_p: drop a token if the mass before it >= top_p
     before = probs.cumsum(dim=-1) - probs
-    drop |= before >= top_p[:, None]
+    drop = before >= top_p[:, None]
     drop[:, 0] = False                                 # the top token always survives
     return vals.masked_fill(drop, float("-inf")), idx
 
@@ -127,7 +124,8 @@ def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.
         todo = todo[_mass_above(e, value) >= bound[todo]]
         if not len(todo) or attempt > attempts:
             break
-        tok[todo] = _pick(cdf[todo], total[todo], torch.as_tensor(_retry(u[todo.numpy()], attempt)))
+        tok[todo] = _pick(cdf[todo], total[todo], torch.as_tensor(_retry(u[todo.cpu().numpy()], attempt),
+                                                                  device=x.device))
     for r in todo.tolist():
         e = _probabilities(x[r:r + 1], mx[r:r + 1])
         values = e.unique(sorted=True).tolist()                    # ascending; the top one is always kept
@@ -139,7 +137,7 @@ def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.
             else:
                 lo = mid + 1
         kept = e.masked_fill_(e < values[lo], 0.0).cumsum_(dim=-1)
-        tok[r] = _pick(kept, kept[:, -1], torch.as_tensor(_retry(u[r:r + 1], attempts + 1)))[0]
+        tok[r] = _pick(kept, kept[:, -1], torch.as_tensor(_retry(u[r:r + 1], attempts + 1), device=x.device))[0]
     return tok
 
 
@@ -210,13 +208,14 @@ def _sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int
         cdf, total, mx = sums
         uu = np.asarray(u, dtype=np.float64)[sampled]
         tokens[_index(sampled, m, dev)] = _pick(cdf, total, torch.as_tensor(uu, device=dev))
-        by_k = [j for j, i in enumerate(sampled) if top_k[i] > 0]      # a top-k row: its k best suffice
         by_p = [j for j, i in enumerate(sampled) if top_k[i] <= 0 and top_p[i] < 1]
-        if by_k:
+        # a top-k row needs only its k best; rows go by their own k, so that tied logits come
+        # out of topk in the same order whatever else is in the batch
+        for k in sorted({top_k[i] for i in sampled if top_k[i] > 0}):
+            by_k = [j for j, i in enumerate(sampled) if top_k[i] == k]
             at = torch.tensor([sampled[j] for j in by_k], device=dev)
-            k = torch.tensor([top_k[sampled[j]] for j in by_k], device=dev)
             p = torch.tensor([top_p[sampled[j]] for j in by_k], dtype=logits.dtype, device=dev)
-            vals, idx = _top_k_filter(scaled[at], k, p, int(k.max()))
+            vals, idx = _top_k_filter(scaled[at], k, p)
             pick, _ = _inverse_cdf(vals, torch.as_tensor(uu[by_k], device=dev))
             tokens[at] = idx.gather(1, pick[:, None]).squeeze(1)
         if by_p:                                 # (every row: slices, not copies of [M, V] tensors)

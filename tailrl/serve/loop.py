@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import queue
-from concurrent.futures import Future
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -131,6 +131,13 @@ class EngineLoop:
             self._publish()
             self._refresh_stats()
         self._fail_all("server shutting down")
+        while True:                          # calls queued behind the stop fail, not hang
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "call":
+                payload[1].set_exception(RuntimeError("the engine loop stopped"))
 
     def _drain(self, block: bool) -> None:
         try:

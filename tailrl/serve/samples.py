@@ -114,6 +114,9 @@ class SampleServer:
     """``generate`` one sample per call over ``llm``'s engine; call from one asyncio loop."""
 
     def __init__(self, llm) -> None:
+        if llm.engine is None:
+            raise ValueError("SampleServer runs one engine: build the LLM without instances / scheduler / "
+                             "backend (for more engines, run more servers: verl's replicas)")
         self.llm = llm
         self.groups = SampleGroups(llm.seed)
         self.loop = EngineLoop(llm, on_retire=self._retire).start()

@@ -155,3 +155,15 @@ def test_noise_next_to_one_never_picks_a_filtered_token(dtype):
     assert tokens[0] in (0, 1)            # top-k 2 keeps ids 0 and 1
     assert tokens[1] == 1                 # top-p 0.5 keeps the argmax only
     assert tokens[2] == 2                 # the last id has no mass
+
+
+def test_top_k_row_with_ties_ignores_the_other_rows_k():
+    """Tied logits at a row's top-k edge: the row samples the same tokens whatever top-k its
+    batch neighbours ask for (rows go to topk by their own k)."""
+    row = torch.tensor([[3.0] + [1.0] * 40 + [0.0] * 59])
+    other = torch.randn(1, 100)
+    for t in range(50):
+        u = [uniform(77, t), uniform(78, t)]
+        alone, _ = sample(row, [1.0], [5], [1.0], u[:1])
+        mixed, _ = sample(torch.cat([row, other]), [1.0, 1.0], [5, 60], [1.0, 1.0], u)
+        assert alone[0] == mixed[0]
