@@ -130,6 +130,23 @@ def test_task_parquet_through_verls_dataset_and_agent_loop(model_dir, ray_cluste
     assert set(scores) <= {0.0, 1.0} and all(meta["data_source"][i].startswith("tailrl/") for i in range(3 * N))
 
 
+@pytest.mark.slow
+def test_cpu_grpo_example_trains_through_verls_parts(model_dir, ray_cluster):
+    """examples/verl_cpu_grpo.py: two GRPO steps with verl's dataset, agent loop, advantages and
+    policy loss, tailrl's speculative rollouts and weights sent back through the adapter."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "verl_cpu_grpo.py"
+    spec = importlib.util.spec_from_file_location("verl_cpu_grpo", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rows = example.run(model_dir, steps=2, speculative=True, group=4, prompts=2, max_tokens=RESPONSE_LEN,
+                       replica_rank=7)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(np.isfinite(r["loss"]) and r["response_tokens"] > 0 for r in rows)
+    assert all(r["rollout_probs_diff"] < 0.05 for r in rows)       # bf16 engine vs the float32 policy
+
+
 @pytest.fixture
 def server(model_dir):
     from tailrl.integrations.verl.server import TailRLServer
