@@ -35,9 +35,14 @@ from tailrl.engine.sampler import mix
 from tailrl.serve.loop import EngineLoop, Update
 
 
+def prompt_key(token_ids: list[int]) -> str:
+    """The prompt id of a token list (a digest): what groups, history and routing key on."""
+    return default_prompt_id(token_ids)
+
+
 def prompt_seed(epoch: int, token_ids: list[int]) -> int:
     """The prompt seed of ``token_ids`` in weight version ``epoch`` (module docstring)."""
-    return mix(epoch, int(default_prompt_id(token_ids), 16))
+    return mix(epoch, int(prompt_key(token_ids), 16))
 
 
 @dataclass
@@ -71,7 +76,7 @@ class SampleGroups:
             self._issued.clear()
 
     def make(self, call_id: str, prompt_ids: list[int], params: SamplingParams, index: int | None = None) -> Request:
-        pid = default_prompt_id(prompt_ids)
+        pid = prompt_key(prompt_ids)
         with self._lock:
             epoch = self.epoch
             gid = f"s{epoch}-{pid}"

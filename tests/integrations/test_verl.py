@@ -130,6 +130,37 @@ def test_task_parquet_through_verls_dataset_and_agent_loop(model_dir, ray_cluste
     assert set(scores) <= {0.0, 1.0} and all(meta["data_source"][i].startswith("tailrl/") for i in range(3 * N))
 
 
+def test_prompt_router_keeps_a_prompts_samples_on_one_replica_across_epochs(model_dir, ray_cluster):
+    """Two replicas behind PromptRouter: every prompt's samples, in both calls, ran on one
+    replica (its history there holds the second call's N responses); both replicas got work."""
+    import ray
+    from verl import DataProto
+    from verl.experimental.agent_loop import AgentLoopManager
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    from tailrl.integrations.verl.router import CONFIG
+
+    config = verl_config(model_dir, "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                         f"actor_rollout_ref.rollout.router_config_path={CONFIG}")
+    manager = LLMServerManager.create(config, start_rank=3)
+    loops = AgentLoopManager.create(config, manager.get_client())
+    prompts = [[{"role": "user", "content": f"add {i} {i + 7}"}] for i in range(6)]
+    raw = np.empty(len(prompts), dtype=object)
+    for i, m in enumerate(prompts):
+        raw[i] = m
+    batch = DataProto.from_dict(non_tensors={"raw_prompt": raw}).repeat(N, interleave=True)
+    loops.generate_sequences(batch)
+    out = loops.generate_sequences(batch)
+    keys = {tuple(p[m[:p.shape[0]].bool()].tolist()) for p, m in zip(out.batch["prompts"], out.batch["attention_mask"])}
+    histories = [ray.get(h.__ray_call__.remote(lambda self, ks: [len(self.llm.history.get(default_prompt_id(list(k))))
+                                                                 for k in ks], sorted(keys)))
+                 for h in manager.server_handles]
+    assert len(histories) == 2
+    for counts in zip(*histories):                  # per prompt: N responses on one replica, none on the other
+        assert sorted(counts) == [0, N]
+    assert all(any(c) for c in histories)
+
+
 @pytest.mark.slow
 def test_cpu_grpo_example_trains_through_verls_parts(model_dir, ray_cluster):
     """examples/verl_cpu_grpo.py: two GRPO steps with verl's dataset, agent loop, advantages and
