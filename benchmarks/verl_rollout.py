@@ -1,5 +1,6 @@
 """Rollouts through verl 0.9.1's own path (LLMServerManager + AgentLoopManager, single-turn agent
-loop, rollout.name=tailrl) on the demo's workload: the `small` model, 16 task prompts, 4 prompts x
+loop, rollout.name=tailrl) on the demo's workload: the `small` model (or ``--model``, e.g. a
+stand-in at a bigger model's cost: docs/standins.md), 16 task prompts, 4 prompts x
 8 samples per step, at most 320 tokens, temperature 1, ``--steps`` steps (two epochs by default:
 history drafts from step 5 on).
 
@@ -14,7 +15,7 @@ full-batch decode throughput, measured here with 32 sequences of 64 tokens).
 Ends with one line of JSON.
 
     pip install -e '.[verl]'
-    python benchmarks/verl_rollout.py [--steps 8] [--max-tokens 320]
+    python benchmarks/verl_rollout.py [--steps 8] [--max-tokens 320] [--model DIR] [--threads N]
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=320)
+    ap.add_argument("--model", default="small",
+                    help="a preset or a checkpoint directory (a stand-in: small's tokens at a bigger model's cost)")
     ap.add_argument("--threads", type=int, default=None,
                     help="fixed engine threads in verl's servers (default: tailrl's governor)")
     a = ap.parse_args()
@@ -56,7 +59,7 @@ def main() -> None:
     from tailrl.tasks.mixture import training_examples
     from tailrl.tasks.models import get_model
 
-    model = get_model("small")
+    model = a.model if os.path.isdir(a.model) else get_model(a.model)
     prompts = [ex.prompt for ex in islice(training_examples(), 16)]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     loops = {}
