@@ -4,14 +4,15 @@ stand-in at a bigger model's cost: docs/standins.md), 16 task prompts, 4 prompts
 8 samples per step, at most 320 tokens, temperature 1, ``--steps`` steps (two epochs by default:
 history drafts from step 5 on).
 
-After one untimed step each, three rollouts of the same prompts, step by step, alternating
-their order (ABBA) in one invocation: verl with tailrl's speculation (the demo's: history + group + self suffix drafts,
-6 per step), verl with tailrl plain, and ``LLM.generate`` in this process with the same speculation and
-plain (what ``tailrl train`` runs: the cost of verl's path). Every step's
-responses through verl are checked equal between speculation and plain (sorted per prompt).
-Also printed: verl's own cost of a step (the same 32 samples with 1-token responses: agent
-loop, chat template, routing, padding) and the makespan's ratio to the no-tail bound (the step's generated tokens / the best
-full-batch decode throughput, measured here with 32 sequences of 64 tokens).
+After one untimed step each, four rollouts of the same prompts, step by step, alternating
+their order (ABBA) in one invocation: verl with tailrl's speculation (the demo's: history +
+group + self suffix drafts, 6 per step), verl with tailrl plain, and ``LLM.generate`` in this
+process with the same speculation and plain (what ``tailrl train`` runs: the cost of verl's
+path). Every step's responses through verl are checked equal between speculation and plain
+(sorted per prompt). Also printed: verl's own cost of a step (the same 32 samples with 1-token
+responses: agent loop, chat template, routing, padding) and the makespan's ratio to the no-tail
+bound (the step's generated tokens / the best full-batch decode throughput, measured here with
+32 sequences of 64 tokens).
 Ends with one line of JSON.
 
     pip install -e '.[verl]'
