@@ -27,7 +27,6 @@ import statistics
 import time
 from itertools import islice
 
-import numpy as np
 
 SPEC = "{method:suffix,sources:[history,group,self],policy:fixed,max_draft_tokens:6}"
 SPEC_DICT = {"method": "suffix", "sources": ["history", "group", "self"], "policy": "fixed", "max_draft_tokens": 6}
@@ -51,11 +50,11 @@ def main() -> None:
                     help="fixed engine threads in verl's servers (default: tailrl's governor)")
     a = ap.parse_args()
     import ray
-    from verl import DataProto
     from verl.experimental.agent_loop import AgentLoopManager
     from verl.workers.rollout.llm_server import LLMServerManager
 
     from tailrl import LLM, SamplingParams
+    from tailrl.integrations.verl.config import chat_batch
     from tailrl.serve.samples import prompt_seed
     from tailrl.tasks.mixture import training_examples
     from tailrl.tasks.models import get_model
@@ -73,10 +72,7 @@ def main() -> None:
     tok = direct["LLM.generate spec"].tokenizer
 
     def verl_step(name: str, batch: list[str]):
-        raw = np.empty(len(batch), dtype=object)
-        for i, p in enumerate(batch):
-            raw[i] = [{"role": "user", "content": p}]
-        out = loops[name].generate_sequences(DataProto.from_dict(non_tensors={"raw_prompt": raw}).repeat(8, interleave=True))
+        out = loops[name].generate_sequences(chat_batch([[{"role": "user", "content": p}] for p in batch], 8))
         resp, mask = out.batch["responses"], out.batch["response_mask"]
         groups: dict[int, list] = {}
         for i in range(len(resp)):

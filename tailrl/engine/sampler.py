@@ -177,8 +177,8 @@ def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top
 
 
 def _normaliser(scaled: torch.Tensor, temperature: list[float]):
-    """logsumexp of each row (greedy rows: at T = 1), and for the sampled rows (T > 0) their
-    indices, cdf, total and max (``_cdf``). ``sample`` and ``token_logprobs`` both take their
+    """logsumexp of each row (greedy rows: at T = 1), the greedy and the sampled (T > 0) rows'
+    indices, and the sampled rows' cdf, total and max (``_cdf``). ``sample`` and ``token_logprobs`` both take their
     log-probabilities' normaliser from here: the same bits."""
     m, dev = scaled.shape[0], scaled.device
     greedy = [i for i, t in enumerate(temperature) if t == 0]
@@ -188,10 +188,10 @@ def _normaliser(scaled: torch.Tensor, temperature: list[float]):
         g = _index(greedy, m, dev)
         lse[g] = scaled[g].logsumexp(dim=-1)
     if not sampled:
-        return lse, sampled, None
+        return lse, greedy, sampled, None
     cdf, total, mx = _cdf(scaled[_index(sampled, m, dev)])
     lse[_index(sampled, m, dev)] = mx + total.log()
-    return lse, sampled, (cdf, total, mx)
+    return lse, greedy, sampled, (cdf, total, mx)
 
 
 def _sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
@@ -199,9 +199,8 @@ def _sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int
     dev = logits.device
     m = logits.shape[0]
     scaled = _scale(logits, temperature)
-    lse, sampled, sums = _normaliser(scaled, temperature)
+    lse, greedy, sampled, sums = _normaliser(scaled, temperature)
     tokens = torch.empty(m, dtype=torch.long, device=dev)
-    greedy = [i for i, t in enumerate(temperature) if t == 0]
     if greedy:
         tokens[_index(greedy, m, dev)] = scaled[_index(greedy, m, dev)].argmax(dim=-1)
     if sampled:
@@ -237,6 +236,6 @@ def token_logprobs(logits: torch.Tensor, temperature: list[float], tokens: list[
 
 def _token_logprobs_rows(logits: torch.Tensor, temperature: list[float], tokens: list[int]) -> tuple[list[float]]:
     scaled = _scale(logits, temperature)
-    lse, _, _ = _normaliser(scaled, temperature)
+    lse = _normaliser(scaled, temperature)[0]
     tok = torch.tensor(tokens, dtype=torch.long, device=logits.device)
     return ((scaled.gather(1, tok[:, None]).squeeze(1) - lse).tolist(),)

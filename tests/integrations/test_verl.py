@@ -16,7 +16,7 @@ from text_tokenizer import save_char_tokenizer  # noqa: E402
 
 from tailrl import LLM, SamplingParams  # noqa: E402
 from tailrl.engine.inputs import default_prompt_id  # noqa: E402
-from tailrl.integrations.verl.config import compose  # noqa: E402
+from tailrl.integrations.verl.config import chat_batch, compose  # noqa: E402
 from tailrl.serve.samples import prompt_seed  # noqa: E402
 
 N = 4
@@ -69,7 +69,6 @@ def ray_cluster():
 
 
 def test_agent_loop_equals_llm_generate_and_weight_updates_apply(model_dir, ray_cluster):
-    from verl import DataProto
     from verl.experimental.agent_loop import AgentLoopManager
     from verl.workers.rollout.llm_server import LLMServerManager
     from transformers import AutoModelForCausalLM
@@ -79,12 +78,9 @@ def test_agent_loop_equals_llm_generate_and_weight_updates_apply(model_dir, ray_
     config = verl_config(model_dir)
     manager = LLMServerManager.create(config)
     loops = AgentLoopManager.create(config, manager.get_client())
-    raw = np.empty(len(MESSAGES), dtype=object)
-    for i, m in enumerate(MESSAGES):
-        raw[i] = m
-    batch = DataProto.from_dict(non_tensors={"raw_prompt": raw})
+    batch = chat_batch(MESSAGES, N)
 
-    first = rows(loops.generate_sequences(batch.repeat(N, interleave=True)))
+    first = rows(loops.generate_sequences(batch))
     assert len(first) == 3 and all(len(v) == N for v in first.values())
     reference = LLM(model_dir, seed=config.actor_rollout_ref.rollout.seed,
                     max_model_len=PROMPT_LEN + RESPONSE_LEN)
@@ -96,7 +92,7 @@ def test_agent_loop_equals_llm_generate_and_weight_updates_apply(model_dir, ray_
     state = {k: v + 0.05 * torch.randn_like(v) for k, v in hf.state_dict().items()}
     adapter = ServerAdapter(config.actor_rollout_ref.rollout, config.actor_rollout_ref.model)
     asyncio.run(adapter.update_weights(iter(state.items()), global_steps=1))
-    out = loops.generate_sequences(batch.repeat(N, interleave=True))
+    out = loops.generate_sequences(batch)
     second = rows(out)
     reference.load_weights(state)
     assert second == expected(reference, second, epoch=1)
@@ -134,7 +130,6 @@ def test_prompt_router_keeps_a_prompts_samples_on_one_replica_across_epochs(mode
     """Two replicas behind PromptRouter: every prompt's samples, in both calls, ran on one
     replica (its history there holds the second call's N responses); both replicas got work."""
     import ray
-    from verl import DataProto
     from verl.experimental.agent_loop import AgentLoopManager
     from verl.workers.rollout.llm_server import LLMServerManager
 
@@ -145,10 +140,7 @@ def test_prompt_router_keeps_a_prompts_samples_on_one_replica_across_epochs(mode
     manager = LLMServerManager.create(config, start_rank=3)
     loops = AgentLoopManager.create(config, manager.get_client())
     prompts = [[{"role": "user", "content": f"add {i} {i + 7}"}] for i in range(6)]
-    raw = np.empty(len(prompts), dtype=object)
-    for i, m in enumerate(prompts):
-        raw[i] = m
-    batch = DataProto.from_dict(non_tensors={"raw_prompt": raw}).repeat(N, interleave=True)
+    batch = chat_batch(prompts, N)
     loops.generate_sequences(batch)
     out = loops.generate_sequences(batch)
     keys = {tuple(p[m[:p.shape[0]].bool()].tolist()) for p, m in zip(out.batch["prompts"], out.batch["attention_mask"])}

@@ -5,7 +5,8 @@
 parallelism, one agent-loop worker), the prompt/response lengths given, and tailrl's engine
 options under ``actor_rollout_ref.rollout.engine_kwargs.tailrl``. It is what the tests and
 ``benchmarks/verl_rollout.py`` hand to verl's ``LLMServerManager`` and ``AgentLoopManager``;
-further hydra overrides go on top.
+further hydra overrides go on top. ``chat_batch`` is the batch those take: chat prompts, each
+repeated ``n`` times in a row (as verl's trainer repeats a batch for ``rollout.n``).
 """
 from __future__ import annotations
 
@@ -28,3 +29,13 @@ def compose(model_dir: str, *overrides: str, n: int = 4, prompt_length: int = 64
             "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.agent.num_workers=1",
             "actor_rollout_ref.rollout.calculate_log_probs=True", *spec,
             f"data.max_prompt_length={prompt_length}", f"data.max_response_length={response_length}", *overrides])
+
+
+def chat_batch(messages: list[list[dict]], n: int):
+    """verl's ``DataProto`` of chat prompts (``raw_prompt``), each repeated ``n`` times in a row."""
+    import numpy as np
+    from verl import DataProto
+    raw = np.empty(len(messages), dtype=object)          # one message list per row, not a 2-D array
+    for i, m in enumerate(messages):
+        raw[i] = m
+    return DataProto.from_dict(non_tensors={"raw_prompt": raw}).repeat(n, interleave=True)

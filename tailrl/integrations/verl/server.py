@@ -80,7 +80,7 @@ class TailRLServer:
         self.global_steps: int | None = None
         self._http = http
         self._address: tuple[str, int] | None = None
-        self._http_task = None
+        self._http_task = None                            # holds the OpenAI server's task alive
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict, request_id: str,
                        image_data=None, video_data=None, audio_data=None, mm_processor_kwargs=None,
