@@ -31,11 +31,11 @@ import random
 import time
 
 from tailrl.config import SpeculativeConfig
-from tailrl.spec.group_source import GroupSource
-from tailrl.spec.history import HistoryStore
-from tailrl.spec.factory import make_sources
-from tailrl.spec.speculator import Speculator
-from tailrl.spec.source import MatchParams
+from tailrl.speculative.factory import make_sources
+from tailrl.speculative.history import HistoryStore
+from tailrl.speculative.sources.base import MatchParams
+from tailrl.speculative.sources.group_source import GroupSource
+from tailrl.speculative.speculator import Speculator
 
 
 class Chain:

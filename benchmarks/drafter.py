@@ -48,12 +48,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 from speculation import full_batch_throughput, load_prompts, rollout  # noqa: E402
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig  # noqa: E402
+from tailrl.cli.train_drafter import task_prompts, warm_start  # noqa: E402
+from tailrl.drafter.network import Drafter  # noqa: E402
 from tailrl.engine.batch import ModelRunner  # noqa: E402
 from tailrl.engine.kv_cache import KVCache  # noqa: E402
 from tailrl.engine.request import Request  # noqa: E402
-from tailrl.model.drafter import Drafter  # noqa: E402
 from tailrl.model.loader import DTYPES, load_model  # noqa: E402
-from tailrl.rl.drafter_train import task_prompts, warm_start  # noqa: E402
 
 METHODS = ("suffix", "drafter", "hybrid")
 

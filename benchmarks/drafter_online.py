@@ -13,7 +13,7 @@ drifts over minutes, so the runs see the same drift and their step times compare
 All must sample identical responses (drafts are verified), and so all train the same policy.
 
 The drafter's acceptance per step is measured exactly on the step's responses (the
-``drafter_eval`` config key, ``tailrl.rl.drafter_eval``): the drafter the rollout started
+``drafter_eval`` config key, ``tailrl.drafter.evaluate``): the drafter the rollout started
 with, on the target's hidden states of the policy that sampled them (a teacher-forced
 forward), its greedy chains of the config's draft length at every position, walked as the
 drafter alone would verify them: hundreds of verify steps per GRPO step, where the rollout

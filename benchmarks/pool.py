@@ -36,6 +36,7 @@ log = logging.getLogger("benchmarks.pool")
 
 def load_prompts(model_dir: str, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
+
     from tailrl.tasks import mixture
     tok = AutoTokenizer.from_pretrained(model_dir)
     return [tok.encode(ex.prompt) for ex in mixture.heldout_examples(count)]
@@ -223,6 +224,7 @@ def simulated(a, prompts, lengths, pool: dict) -> dict:
     one thread each), and the steps the first placement's run made (then its prediction is a
     fit, the others' are predictions)."""
     from pool_sim import calibrate, predict, trace_of
+
     from tailrl.sim.step_model import CalibratedStepModel
     grid, samples = calibrate(a.model, threads=1, instances=2)
     names = [k for k, v in pool.items() if isinstance(v, dict)]

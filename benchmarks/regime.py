@@ -96,8 +96,9 @@ from drafter import identical_share, spread  # noqa: E402
 from speculation import full_batch_throughput, load_prompts, rollout  # noqa: E402
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig  # noqa: E402
+from tailrl.drafter.standin import build_standin_drafter  # noqa: E402
 from tailrl.model.loader import weight_files  # noqa: E402
-from tailrl.model.standin import STANDINS, build_standin, build_standin_drafter, get_standin  # noqa: E402
+from tailrl.model.standin import STANDINS, build_standin, get_standin  # noqa: E402
 from tailrl.sim.step_model import CalibratedStepModel  # noqa: E402
 from tailrl.tasks.models import get_model  # noqa: E402
 

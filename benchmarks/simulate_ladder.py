@@ -158,9 +158,9 @@ def measure_rho(prompts: int, n: int, seed: int, rollouts: list[str]) -> dict:
     import torch
     from transformers import AutoTokenizer
 
+    from tailrl.cli.workload_sampling import sample
     from tailrl.tasks import mixture
     from tailrl.tasks.models import get_model
-    from tailrl.workload_sampling import sample
 
     torch.set_num_threads(1)
     model_dir = get_model("small")

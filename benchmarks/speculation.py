@@ -8,7 +8,7 @@ responses from a previous sampling round (other seeds), as the previous epoch in
   first pair's); mean accepted length overall, in the tail, and per source; share of
   responses identical with speculation on and off (``--dtype``, bfloat16 by default);
 - acceptance vs number of finished sibling references (0, 1, 3, 7), chain vs 4-path tree, by
-  exact replay of the rollout's responses (tailrl/spec/replay.py): the shape of Seer's Table 2;
+  exact replay of the rollout's responses (tailrl/speculative/replay.py): the shape of Seer's Table 2;
 - tokens/s at fixed batch sizes (EOS ignored so the batch stays full) off vs on: after a
   warm-up run of each, three pairs in ABBA order, the median of the pairs' ratios.
 The last line is one JSON object: {"rollout": {...}, "by_references": {...}, "fixed_batch": {...}}.
@@ -25,11 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
-from tailrl.spec.replay import replay
+from tailrl.speculative.replay import replay
 
 
 def load_prompts(model_dir: str, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
+
     from tailrl.tasks import mixture
     tok = AutoTokenizer.from_pretrained(model_dir)
     return [tok.encode(ex.prompt) for ex in mixture.heldout_examples(count)]

@@ -36,7 +36,7 @@ class Oracle:
         self.truth = truth
 
     def propose(self, req, max_tokens: int, max_paths: int):
-        from tailrl.spec.draft import Draft
+        from tailrl.speculative.draft import Draft
         fut = self.truth[req.request_id][len(req.output_token_ids):][:max_tokens]
         return Draft.chain(fut, source=self.name) if fut else None
 
@@ -74,8 +74,8 @@ def engine(model: str, dtype: str, k: int, truth):
     cfg = EngineConfig(model=model, dtype=dtype, max_num_batched_tokens=8192, max_num_seqs=256)
     if k == 0:
         return LLMEngine(cfg)
-    from tailrl.spec.policy import FixedPolicy
-    from tailrl.spec.speculator import Speculator
+    from tailrl.speculative.policies.base import FixedPolicy
+    from tailrl.speculative.speculator import Speculator
     return LLMEngine(cfg, speculator=Speculator(sources=[Oracle(truth)], policy=FixedPolicy(k)))
 
 

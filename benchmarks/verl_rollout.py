@@ -27,7 +27,6 @@ import statistics
 import time
 from itertools import islice
 
-
 SPEC = "{method:suffix,sources:[history,group,self],policy:fixed,max_draft_tokens:6}"
 SPEC_DICT = {"method": "suffix", "sources": ["history", "group", "self"], "policy": "fixed", "max_draft_tokens": 6}
 

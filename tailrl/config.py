@@ -63,7 +63,7 @@ class SpeculativeConfig:
     drafter: str | None = None                    # learned drafter directory (`tailrl train-drafter`);
                                                   # required by "drafter" and "hybrid", unused by "suffix"
     # "priced" (the default): each step verifies the draft tokens that save the most time, priced
-    # by this engine's measured step-time curve and acceptance (tailrl/spec/priced_policy.py;
+    # by this engine's measured step-time curve and acceptance (tailrl/speculative/policies/priced.py;
     # docs/speculation.md); "fixed": every request drafts up to max_draft_tokens at every batch
     # size up to max_spec_batch; "adaptive" (Seer's budget + RhymeRL's window) and "bandit" (TLT)
     # are the papers' controllers.

@@ -12,7 +12,7 @@ from tailrl.engine.inputs import InputProcessor, load_tokenizer
 from tailrl.engine.metrics import rollout_metrics
 from tailrl.engine.outputs import RequestOutput
 from tailrl.engine.request import Request
-from tailrl.spec.history import HistoryStore
+from tailrl.speculative.history import HistoryStore
 from tailrl.threads import release_pool
 
 log = logging.getLogger(__name__)

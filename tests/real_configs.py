@@ -41,7 +41,6 @@ REAL_CONFIGS = {"qwen2.5-0.5b": QWEN25_05B, "qwen3-0.6b": QWEN3_06B, "llama-3.2-
 def make_real_checkpoint(path: str, name: str, num_layers: int = 2, seed: int = 0) -> str:
     """A random-weight checkpoint with ``name``'s published config and ``num_layers`` layers."""
     import transformers
-
     from text_tokenizer import save_char_tokenizer
     raw = dict(REAL_CONFIGS[name], num_hidden_layers=num_layers)
     if "max_window_layers" in raw:

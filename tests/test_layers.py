@@ -1,6 +1,7 @@
-"""Data flows one way (docs/DESIGN's layers): ``rl`` -> ``rollout`` -> ``engine`` -> ``model``,
-``spec`` used by ``engine``, ``tasks`` as data. Every import of a ``tailrl`` module, lazy ones
-inside functions included, is checked against the table below."""
+"""Data flows one way (docs/DESIGN's layers): ``rl`` -> ``rollout`` -> ``engine`` -> ``model`` ->
+``kernels``; ``speculative`` used by ``engine``, ``drafter`` by ``speculative`` and ``rl``,
+``tasks`` as data, ``cli`` at the top. Every import of a ``tailrl`` module, lazy ones inside
+functions included, is checked against the table below."""
 import ast
 import pathlib
 
@@ -8,47 +9,38 @@ import tailrl
 
 ROOT = pathlib.Path(tailrl.__file__).parent
 API = {"tailrl", "llm", "config"}          # the public API: the package root re-exports llm and config
+LEAVES = {"extras", "threads", "noise"}    # every layer may use them; they import no other layer
 
 # layer -> the layers it may import. A layer is a subpackage of tailrl or a top-level module.
 ALLOWED: dict[str, set[str]] = {
     "config": set(),
-    "extras": set(),                                              # optional imports: a leaf, like config
-    "threads": set(),                                             # process-wide torch thread count: a leaf
-    "model": {"config"},
-    "spec": {"config", "model"},                                  # the drafter network lives in model
-    "engine": {"config", "model", "spec"},
-    "llm": {"config", "model", "spec", "engine", "rollout"},      # the facade over one engine (or a pool)
+    "extras": set(),                                              # optional imports
+    "threads": set(),                                             # process-wide torch thread count
+    "noise": set(),                                               # counter-based sampling noise, seed keys
+    "kernels": {"config"},                                        # one implementation per device of each hot op
+    "model": {"config", "kernels"},
+    "drafter": {"config", "model"},                               # TLT's drafter: network, state, training
+    "speculative": {"config", "model", "drafter"},                # draft sources, policies, the Speculator
+    "engine": {"config", "kernels", "model", "speculative"},
+    "llm": {"config", "model", "speculative", "engine", "rollout"},   # the facade over one engine (or a pool)
     "tailrl": {"config", "llm"},                                  # tailrl/__init__.py
-    "rollout": {"config", "model", "spec", "engine"},
+    "rollout": {"config", "model", "speculative", "engine"},
     "tasks": {"config"},                                          # data: no engine, no model code
     "sim": {"config", "rollout", "tasks"},                        # the schedulers, never the engine
-    "rl": {"config", "model", "spec", "engine", "rollout", "tasks", "llm", "tailrl"},
-    "serve": {"config", "model", "spec", "engine", "rollout", "llm", "tailrl"},
+    "rl": {"config", "model", "drafter", "speculative", "engine", "rollout", "tasks", "llm", "tailrl"},
+    "serve": {"config", "model", "speculative", "engine", "rollout", "llm", "tailrl"},
     # public API; a framework's rollout server is a server (verl's wraps serve/samples.py);
     # task data in a framework's layout (verl's parquet and reward)
     "integrations": API | {"rollout", "serve", "tasks"},
-    # applications at the top: command lines and reports
-    "cli": set(),                                                 # dispatches by module name only
-    "generate_cli": API,
-    "workload_sampling": API,
-    "workload_report": {"tasks", "workload_sampling"},
+    # applications at the top: commands over several packages (tailrl/cli/), dispatch included
+    "cli": {"config", "kernels", "model", "drafter", "speculative", "engine", "rollout", "tasks", "sim", "rl",
+            "serve", "llm", "tailrl"},
 }
+for _deps in ALLOWED.values():
+    _deps.update(LEAVES)
 
 # Upward imports that remain, each with its reason. Remove an entry when its import goes.
-for _deps in ALLOWED.values():           # extras.py and threads.py are leaves every layer may use
-    _deps.update({"extras", "threads"})
-
-EXCEPTIONS = {
-    # offline acceptance replay for benchmarks/speculation.py reuses the engine's pure
-    # accept/reject function; it belongs outside spec (benchmarks/ or engine/)
-    ("tailrl/spec/replay.py", "engine"),
-    # (being written on the serve branch) derives prompt seeds with engine.sampler.mix as
-    # engine/inputs.py does; the seed derivation should come through the public API
-    ("tailrl/integrations/trl.py", "engine"),
-    # the make-model command also builds stand-ins (tailrl/model/standin.py) of the model it
-    # trains: an application over tasks and model; it belongs beside cli.py
-    ("tailrl/tasks/make_model.py", "model"),
-}
+EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def layer_of(module: str) -> str:

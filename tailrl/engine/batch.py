@@ -16,9 +16,10 @@ import torch
 
 from tailrl.engine.kv_cache import KVCache
 from tailrl.engine.request import Request
-from tailrl.engine.sampler import uniforms
-from tailrl.model.attention import AttentionMeta
+from tailrl.kernels import AttentionMeta
 from tailrl.model.transformer import Transformer
+from tailrl.noise import uniforms
+
 
 def node_depths(parents: list[int]) -> list[int]:
     """Depth of each draft node; children of the root (-1) have depth 1."""

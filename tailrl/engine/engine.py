@@ -19,7 +19,7 @@ from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
 from tailrl.model.loader import DTYPES, load_model, read_args
-from tailrl.spec.history import HistoryStore
+from tailrl.speculative.history import HistoryStore
 from tailrl.threads import use_threads
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv)
         if speculator is None and speculative is not None:
-            from tailrl.spec.speculator import Speculator
+            from tailrl.speculative.speculator import Speculator
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
             speculator = Speculator(speculative, history, target=self.model)
         self.speculator = speculator

@@ -19,7 +19,7 @@ import os
 from tailrl.config import SamplingParams
 from tailrl.engine.outputs import CompletionOutput, RequestOutput
 from tailrl.engine.request import Request
-from tailrl.engine.sampler import mix
+from tailrl.noise import mix
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

@@ -6,7 +6,7 @@ Rows and capacity grow by doubling; their product is bounded by a budget in toke
 (capacities are whole blocks of ``attention.BLOCK`` positions).
 When a step needs more than the budget allows, `reserve` says no and the scheduler preempts.
 
-Layout (``tailrl.model.attention``): a row's keys are key blocks [KV, cap * D], its values
+Layout (``tailrl.kernels.layout``): a row's keys are key blocks [KV, cap * D], its values
 [KV, cap, D]. Both keep position p's data inside the first blocks(p + 1) * D elements of a
 row, so growing, copying and moving rows copy flat prefixes. Exports and imports use the plain
 [L, 2, KV, n, D] layout.
@@ -18,8 +18,8 @@ import logging
 import torch
 
 from tailrl.config import EngineConfig
+from tailrl.kernels import BLOCK, blocks, key_index
 from tailrl.model.args import ModelArgs
-from tailrl.model.attention import BLOCK, blocks, key_index
 
 log = logging.getLogger(__name__)
 

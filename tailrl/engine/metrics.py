@@ -1,9 +1,8 @@
 """Engine counters, summed over steps, and the verl-style metrics of one generate call."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-
 import time
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 

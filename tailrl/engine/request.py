@@ -39,7 +39,7 @@ class Request:
     index: int = 0                       # sample index inside the group
     priority: float = 0.0                # expected length (context / history / oracle estimate):
                                          # higher is admitted first and drafted for first
-    length_prior: tuple = ()             # lengths its length is drawn from (spec/critical.py)
+    length_prior: tuple = ()             # lengths its length is drawn from (speculative/critical.py)
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

@@ -12,41 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
-def mix(*parts: int) -> int:
-    """Hash a tuple of ints (any sign, any size) into a 64-bit key."""
-    h = 0x6A09E667F3BCC908
-    for p in parts:
-        h = splitmix64(h ^ (int(p) & MASK64))
-    return h
-
-
-def uniform(key: int, position: int) -> float:
-    """U[0, 1) with 53 random bits, for request key at output position."""
-    return (splitmix64(key ^ splitmix64(position)) >> 11) * (1.0 / (1 << 53))
-
-
-def _splitmix64_np(x: np.ndarray) -> np.ndarray:
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def uniforms(keys: list[int], positions: list[int]) -> np.ndarray:
-    """``uniform`` of many (key, position) pairs at once (uint64 arithmetic wraps as in Python's & MASK64)."""
-    k = np.array(keys, dtype=np.uint64)
-    p = np.array(positions, dtype=np.uint64)
-    return (_splitmix64_np(k ^ _splitmix64_np(p)) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+from tailrl.noise import splitmix64, splitmix64_np
 
 
 def _top_k_filter(scaled: torch.Tensor, top_k: int, top_p: torch.Tensor):
@@ -89,7 +55,7 @@ def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
 def _retry(u: np.ndarray, attempt: int) -> np.ndarray:
     """A fresh uniform per row for a top-p row's ``attempt``-th redraw: a hash of u's 53 bits."""
     bits = (np.asarray(u, dtype=np.float64) * (1 << 53)).astype(np.uint64)
-    return (_splitmix64_np(bits ^ np.uint64(splitmix64(attempt))) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return (splitmix64_np(bits ^ np.uint64(splitmix64(attempt))) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def _probabilities(x: torch.Tensor, mx: torch.Tensor) -> torch.Tensor:

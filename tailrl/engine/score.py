@@ -24,9 +24,9 @@ from tailrl.engine.batch import build_batch
 from tailrl.engine.kv_cache import KVCache
 from tailrl.engine.request import Request
 from tailrl.engine.sampler import token_logprobs
-from tailrl.model.attention import blocks
+from tailrl.kernels import blocks
 from tailrl.model.loader import DTYPES, load_model, read_args
-from tailrl.spec.draft import Draft
+from tailrl.speculative.draft import Draft
 
 
 class Scorer:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from tailrl.config import SamplingParams
 from tailrl.extras import require
-from tailrl.engine.sampler import mix
+from tailrl.noise import mix
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,3 @@ def rope_table(head_dim: int, max_len: int, theta: float, dtype: torch.dtype,
     angles = torch.cat([angles, angles], dim=-1)                                 # [T, D]
     return angles.cos().to(dtype=dtype, device=device), angles.sin().to(dtype=dtype, device=device)
 
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, D]; cos/sin: [N, 1, D] (already gathered at each token's position)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin

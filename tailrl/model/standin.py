@@ -20,8 +20,7 @@ Construction (every step exact in real arithmetic; float32 differs only by round
   x / sqrt(mean + eps') * w' = x / sqrt(mean0 + eps) * w exactly;
 * embedding and LM head get zero columns (tied or not, as the source).
 
-A learned drafter of the source (tailrl/model/drafter.py) widens the same way
-(``build_standin_drafter``): its features are the target's normed hidden states, which a
+A learned drafter of the source widens the same way (tailrl/drafter/standin.py): its features are the target's normed hidden states, which a
 stand-in's are with zero channels appended, so a drafter whose fc, attention and MLP are
 padded with zeros (its heads to the stand-in's KV-head count, its MLP to the stand-in's
 width, as ``DrafterConfig.from_target`` sizes a drafter) and whose norms are rescaled drafts
@@ -47,7 +46,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tailrl.model.args import ModelArgs
-from tailrl.model.drafter import CONFIG_FILE, WEIGHTS_FILE, DrafterConfig, read_config
 from tailrl.model.loader import read_args, weight_files
 
 log = logging.getLogger(__name__)
@@ -122,7 +120,7 @@ def _head_rows(slots: list[int], head_dim: int) -> torch.Tensor:
     return (torch.tensor(slots)[:, None] * head_dim + torch.arange(head_dim)[None, :]).flatten()
 
 
-def _place(t: torch.Tensor, shape: tuple[int, ...], rows: torch.Tensor | None = None,
+def place(t: torch.Tensor, shape: tuple[int, ...], rows: torch.Tensor | None = None,
            cols: torch.Tensor | None = None) -> torch.Tensor:
     """Zeros of ``shape`` with ``t`` written at ``rows`` (dim 0) and ``cols`` (dim 1); the
     leading block when an index is None."""
@@ -136,7 +134,7 @@ def _place(t: torch.Tensor, shape: tuple[int, ...], rows: torch.Tensor | None = 
     return out
 
 
-class _Widener:
+class Widener:
     """Maps each source tensor, by its Hugging Face name, to the stand-in's tensor."""
 
     def __init__(self, src: ModelArgs, spec: StandinSpec):
@@ -151,7 +149,7 @@ class _Widener:
         # float64 product rounded once; float32 at least (see the module docstring)
         out_dtype = torch.promote_types(t.dtype, torch.float32)
         scaled = (t.double() * self.norm_scale).to(out_dtype)
-        return _place(scaled, (self.spec.hidden_size,))
+        return place(scaled, (self.spec.hidden_size,))
 
     def __call__(self, name: str, t: torch.Tensor) -> torch.Tensor:
         H, I = self.spec.hidden_size, self.spec.intermediate_size
@@ -159,34 +157,34 @@ class _Widener:
         if name.endswith("layernorm.weight") or name == "model.norm.weight":
             return self.norm(t)
         if kind in ("embed_tokens.weight", "lm_head.weight"):
-            return _place(t, (t.shape[0], H))                                # [V, h0] -> [V, H]
+            return place(t, (t.shape[0], H))                                # [V, h0] -> [V, H]
         if kind in ("q_norm.weight", "k_norm.weight"):
             return t.clone()                                                 # per head_dim: unchanged
         if kind == "q_proj.weight":
-            return _place(t, (self.q_dim, H), rows=self.q_rows)              # [Hq0*D, h0] -> [Hq*D, H]
+            return place(t, (self.q_dim, H), rows=self.q_rows)              # [Hq0*D, h0] -> [Hq*D, H]
         if kind == "q_proj.bias":
-            return _place(t, (self.q_dim,), rows=self.q_rows)
+            return place(t, (self.q_dim,), rows=self.q_rows)
         if kind in ("k_proj.weight", "v_proj.weight"):
-            return _place(t, (self.kv_dim, H), rows=self.kv_rows)            # [KV0*D, h0] -> [KV*D, H]
+            return place(t, (self.kv_dim, H), rows=self.kv_rows)            # [KV0*D, h0] -> [KV*D, H]
         if kind in ("k_proj.bias", "v_proj.bias"):
-            return _place(t, (self.kv_dim,), rows=self.kv_rows)
+            return place(t, (self.kv_dim,), rows=self.kv_rows)
         if kind == "o_proj.weight":
-            return _place(t, (H, self.q_dim), cols=self.q_rows)              # [h0, Hq0*D] -> [H, Hq*D]
+            return place(t, (H, self.q_dim), cols=self.q_rows)              # [h0, Hq0*D] -> [H, Hq*D]
         if kind in ("o_proj.bias", "down_proj.bias"):
-            return _place(t, (H,))
+            return place(t, (H,))
         if kind in ("gate_proj.weight", "up_proj.weight"):
-            return _place(t, (I, H))                                         # [i0, h0] -> [I, H]
+            return place(t, (I, H))                                         # [i0, h0] -> [I, H]
         if kind in ("gate_proj.bias", "up_proj.bias"):
-            return _place(t, (I,))
+            return place(t, (I,))
         if kind == "down_proj.weight":
-            return _place(t, (H, I))                                         # [h0, i0] -> [H, I]
+            return place(t, (H, I))                                         # [h0, i0] -> [H, I]
         raise ValueError(f"standin: no rule to widen the tensor {name!r} of shape {tuple(t.shape)}")
 
 
 def widen_state_dict(sd: dict[str, torch.Tensor], src: ModelArgs, spec: StandinSpec) -> dict[str, torch.Tensor]:
     """The stand-in's weights (Hugging Face names) from the source's."""
     check_fits(src, spec)
-    widen = _Widener(src, spec)
+    widen = Widener(src, spec)
     out = {name: widen(name, t) for name, t in sd.items()}
     # Added layers: every tensor of a source layer's shape, zero (o_proj and down_proj above
     # all: the residual stream passes through unchanged).
@@ -252,46 +250,3 @@ def build_standin(spec: StandinSpec, source: str | Path, out: str | Path) -> dic
     log.info("stand-in %s: %.1fM parameters, %.1f MB, from %s", spec.name, figures["params"] / 1e6,
              figures["bytes"] / 1e6, source)
     return figures
-
-
-def widen_drafter(sd: dict[str, torch.Tensor], cfg: DrafterConfig, src: ModelArgs,
-                  spec: StandinSpec) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
-    """A drafter of ``src`` (config ``cfg``, trainable weights ``sd``) for ``spec``'s stand-in:
-    heads padded to the stand-in's KV heads (at least the drafter's own), its MLP to the
-    stand-in's width scaled as the drafter's is to its target's, eps and norms rescaled."""
-    if cfg.hidden_size != src.hidden_size or cfg.vocab_size != src.vocab_size:
-        raise ValueError(f"drafter: hidden_size {cfg.hidden_size} / vocab_size {cfg.vocab_size} are not the "
-                         f"source's ({src.hidden_size} / {src.vocab_size})")
-    check_fits(src, spec)
-    h0, H, d = cfg.hidden_size, spec.hidden_size, cfg.head_dim
-    heads = max(cfg.num_heads, spec.num_kv_heads)
-    inter = max(cfg.intermediate_size, round(cfg.intermediate_size * spec.intermediate_size / src.intermediate_size))
-    out_cfg = DrafterConfig(H, inter, cfg.vocab_size, heads, d, cfg.rope_theta, cfg.rms_norm_eps * h0 / H)
-    i0, n0 = cfg.intermediate_size, cfg.num_heads * d
-    n = heads * d
-    lead = torch.arange(h0)
-    scale = _Widener(src, spec).norm                    # x sqrt(h0/H), zero-padded to H
-    out = {name: scale(t) for name, t in sd.items() if name.endswith("norm")}
-    out["fc.weight"] = _place(sd["fc.weight"], (H, 2 * H), cols=torch.cat([lead, H + lead]))   # [h0, 2h0] -> [H, 2H]
-    out["fc.bias"] = _place(sd["fc.bias"], (H,))
-    rows = torch.cat([j * n + torch.arange(n0) for j in range(3)])                               # q, k, v blocks
-    out["qkv.weight"] = _place(sd["qkv.weight"], (3 * n, H), rows=rows)
-    out["o.weight"] = _place(sd["o.weight"], (H, n))
-    out["gate_up.weight"] = _place(sd["gate_up.weight"], (2 * inter, H),
-                                   rows=torch.cat([torch.arange(i0), inter + torch.arange(i0)]))  # gate, up blocks
-    out["down.weight"] = _place(sd["down.weight"], (H, inter))
-    missing = sorted(set(sd) - set(out))
-    if missing:
-        raise ValueError(f"drafter: no rule to widen {missing}")
-    return out_cfg, out
-
-
-def build_standin_drafter(spec: StandinSpec, source: str | Path, drafter: str | Path, out: str | Path) -> None:
-    """Write the widened ``drafter`` (a drafter directory of the ``source`` checkpoint) to
-    ``out``, a drafter directory that ``SpeculativeConfig(drafter=out)`` loads on the stand-in."""
-    drafter, out = Path(drafter), Path(out)
-    cfg = read_config(str(drafter / CONFIG_FILE))
-    new_cfg, weights = widen_drafter(load_file(str(drafter / WEIGHTS_FILE)), cfg, read_args(str(source)), spec)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_FILE).write_text(json.dumps(asdict(new_cfg), indent=1))
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / WEIGHTS_FILE))

@@ -6,15 +6,13 @@ cache, logits computed only for the rows that are sampled.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tailrl.kernels import AttentionMeta, Backend, Rope, RopeTables, select
 from tailrl.model.args import ModelArgs
-from tailrl.model.attention import AttentionMeta, attend, rms_norm, rope_attend, use_native, write_keys
-from tailrl.model.rope import apply_rope, rope_table
+from tailrl.model.rope import rope_table
 
 
 class DecoderLayer(nn.Module):
@@ -31,43 +29,23 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
         self.down = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
 
-    def forward(self, x: torch.Tensor, rope: "Rope", k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def forward(self, x: torch.Tensor, kernels: Backend, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMeta) -> torch.Tensor:
         a = self.a
         n = x.shape[0]
-        h = rms_norm(x, self.input_norm, a.rms_norm_eps)
+        h = kernels.rms_norm(x, self.input_norm, a.rms_norm_eps)
         qkv = self.qkv(h)                                                   # [N, (H+2KV)*D]
         nqk = a.num_heads + a.num_kv_heads
         if self.qk_norm is not None:                                        # Qwen3: norm each Q and K head
             qk = qkv[:, :nqk * a.head_dim].reshape(n * nqk, a.head_dim)
-            qk = (rms_norm(qk, torch.ones_like(self.qk_norm[0]), a.rms_norm_eps).view(n, nqk, a.head_dim)
+            qk = (kernels.rms_norm(qk, torch.ones_like(self.qk_norm[0]), a.rms_norm_eps).view(n, nqk, a.head_dim)
                   * self.qk_norm)
             qkv = torch.cat([qk.view(n, -1), qkv[:, nqk * a.head_dim:]], dim=1)
-        if rope.native:                  # RoPE, the K/V writes and attention in one native call
-            att = rope_attend(qkv, rope.cos, rope.sin, rope.positions, k_cache, v_cache, meta, a.num_heads)
-        else:
-            qk = apply_rope(qkv[:, :nqk * a.head_dim].view(n, nqk, a.head_dim), rope.cos_at, rope.sin_at)
-            q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
-            write_keys(k_cache, meta.write_rows, meta.write_pos, k)          # [N, KV, D] into the key blocks
-            v_cache[meta.write_rows, :, meta.write_pos] = qkv[:, nqk * a.head_dim:].view(n, a.num_kv_heads,
-                                                                                        a.head_dim)
-            att = attend(q, k_cache, v_cache, meta)
+        att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)   # RoPE, K/V writes, attention
         x = x + self.o(att)
-        h = rms_norm(x, self.post_norm, a.rms_norm_eps)
+        h = kernels.rms_norm(x, self.post_norm, a.rms_norm_eps)
         gate, up = self.gate_up(h).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
-
-
-@dataclass
-class Rope:
-    """The rotary tables for one forward: full tables (native path) or gathered at each token."""
-
-    native: bool
-    positions: torch.Tensor              # [N] long
-    cos: torch.Tensor                    # [max_len, D] in the accumulation type (native path)
-    sin: torch.Tensor
-    cos_at: torch.Tensor | None = None   # [N, 1, D] in the model dtype (PyTorch path)
-    sin_at: torch.Tensor | None = None
 
 
 class Transformer(nn.Module):
@@ -93,14 +71,11 @@ class Transformer(nn.Module):
         """input_ids, positions: [N]; caches: per layer (key blocks [rows, KV, cap * D], values
         [rows, KV, cap, D]) (``KVCache.layers()``). Returns normed hidden [N, hidden]."""
         x = self.embed(input_ids)
-        if use_native(x.dtype):
-            rope = Rope(True, positions, self.cos_acc, self.sin_acc)
-        else:
-            rope = Rope(False, positions, self.cos, self.sin, self.cos[positions].unsqueeze(1),
-                        self.sin[positions].unsqueeze(1))                   # [N, 1, D]
+        kernels = select(x.device, x.dtype)                                 # the one place a backend is chosen
+        rope = kernels.rope(RopeTables(self.cos, self.sin, self.cos_acc, self.sin_acc), positions)
         for layer, (k_cache, v_cache) in zip(self.layers, caches):
-            x = layer(x, rope, k_cache, v_cache, meta)
-        return rms_norm(x, self.norm, self.args.rms_norm_eps)
+            x = layer(x, kernels, rope, k_cache, v_cache, meta)
+        return kernels.rms_norm(x, self.norm, self.args.rms_norm_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

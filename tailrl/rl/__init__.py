@@ -12,7 +12,7 @@ def train(config: TrainConfig | str, overrides: list[str] | None = None, resume:
           reward_fn=None) -> list[dict[str, float]]:
     """Run (or resume) a training run; returns the metrics of the steps run. ``config`` is a
     TrainConfig or a YAML path; ``overrides`` are ``key=value`` strings for a YAML path."""
-    from tailrl.rl.trainer import Trainer   # torch + engine: imported on use
+    from tailrl.rl.trainer import Trainer  # torch + engine: imported on use
 
     cfg = config if isinstance(config, TrainConfig) else load_config(config, overrides)
     return Trainer(cfg, reward_fn=reward_fn, resume=resume).train()

@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from tailrl import LLM
-from tailrl.model.drafter import CONFIG_FILE, Drafter
+from tailrl.drafter.buffer import DrafterBuffer
+from tailrl.drafter.network import CONFIG_FILE, Drafter
+from tailrl.drafter.pool_spot import PoolSpot
+from tailrl.drafter.spot_trainer import STATE_FILE, SpotConfig, SpotTrainer
 from tailrl.rl.config import TrainConfig
-from tailrl.rl.pool_spot import PoolSpot
-from tailrl.rl.spot_trainer import STATE_FILE, SpotConfig, SpotTrainer
-from tailrl.spec.drafter_buffer import DrafterBuffer
 
 CHECKPOINT_SUBDIR = "drafter"      # inside a training checkpoint
 

@@ -19,14 +19,14 @@ import torch
 from tqdm.auto import tqdm
 
 from tailrl import LLM, SamplingParams
+from tailrl.drafter.evaluate import StepEvaluator
+from tailrl.engine.score import Scorer
 from tailrl.rl import checkpoint as ckpt
 from tailrl.rl import online_drafter
 from tailrl.rl.config import RESUMABLE_CHANGES, TrainConfig
 from tailrl.rl.data import Prompt, RewardFn, batch_indices, compute_rewards, load_dataset, resolve_reward
-from tailrl.rl.drafter_eval import StepEvaluator
 from tailrl.rl.grpo import group_advantages, grpo_loss
 from tailrl.rl.metrics import MetricsLogger, console_line
-from tailrl.engine.score import Scorer
 from tailrl.rl.policy import frozen_copy, hf_state_dict, load_policy, response_logprobs, with_values
 from tailrl.threads import use_threads
 

@@ -23,7 +23,8 @@ import signal
 import socket
 import subprocess
 import sys
-from multiprocessing.connection import Connection, wait as wait_connections
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_connections
 
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.rollout.worker import EngineWorker

@@ -24,7 +24,7 @@ from tailrl.rollout.buffer import BufferEntry, RequestBuffer
 from tailrl.rollout.driver import PoolCounters, Rollout
 from tailrl.rollout.policies import PolicyConfig, SchedulerPolicy, make_policy
 from tailrl.rollout.worker import WorkerInfo, merge_counters
-from tailrl.spec.history import HistoryStore
+from tailrl.speculative.history import HistoryStore
 
 log = logging.getLogger(__name__)
 

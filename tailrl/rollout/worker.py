@@ -27,10 +27,10 @@ from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.transfer import RequestState
-from tailrl.spec.history import HistoryStore
+from tailrl.speculative.history import HistoryStore
 
 log = logging.getLogger(__name__)
-# what the pool may ask of an instance's spot trainer (tailrl.rl.spot_trainer.SpotTrainer)
+# what the pool may ask of an instance's spot trainer (tailrl.drafter.spot_trainer.SpotTrainer)
 SPOT_METHODS = ("train", "weights", "set_weights", "metrics", "reset_metrics", "save")
 
 

@@ -5,6 +5,7 @@ Imported only by ``app.build_app``, after it checked that the ``serve`` extra is
 from __future__ import annotations
 
 from fastapi import Request
+
 from tailrl.serve import require
 from tailrl.serve import responses as R
 from tailrl.serve.errors import APIError, error_body

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from tailrl.config import SamplingParams
 from tailrl.engine.inputs import default_prompt_id
 from tailrl.engine.request import Request
-from tailrl.engine.sampler import mix
+from tailrl.noise import mix
 from tailrl.serve.loop import EngineLoop, Update
 
 

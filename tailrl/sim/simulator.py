@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tailrl.rollout.buffer import RequestBuffer, BufferEntry
+from tailrl.rollout.buffer import BufferEntry, RequestBuffer
 from tailrl.rollout.policies import InstanceView, SchedulerPolicy
 from tailrl.sim.instance import SimInstance
 from tailrl.sim.metrics import SimResult

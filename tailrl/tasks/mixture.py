@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from tailrl.tasks.addition import Addition
 from tailrl.tasks.base import Example, TaskFamily
-from tailrl.tasks.search import Search
-from tailrl.tasks.sorting import Sorting
+from tailrl.tasks.families.addition import Addition
+from tailrl.tasks.families.search import Search
+from tailrl.tasks.families.sorting import Sorting
 
 FAMILIES: dict[str, TaskFamily] = {f.name: f for f in (Addition(), Sorting(), Search())}
 

@@ -5,11 +5,11 @@ import pytest
 from tailrl import EngineConfig, SamplingParams, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
 from tailrl.engine.request import Request
-from tailrl.engine.sampler import mix
 from tailrl.engine.verify import accept_draft
-from tailrl.spec.history import HistoryStore
-from tailrl.spec.policy import FixedPolicy
-from tailrl.spec.speculator import Speculator
+from tailrl.noise import mix
+from tailrl.speculative.history import HistoryStore
+from tailrl.speculative.policies.base import FixedPolicy
+from tailrl.speculative.speculator import Speculator
 
 # (case, parents, draft tokens, targets, emitted, accepted node indices)
 # targets[0]: the target token after the root; targets[1 + j]: the target after node j.

@@ -7,15 +7,15 @@ accepted; each test checks that speculation really ran. Whether the default poli
 ("priced") drafts at a step depends on the step times it measured on this machine, so the
 tests of mechanics under speculation (mixed sampling, preemption, chunked prefill, export /
 import) use the fixed policy, which drafts at every step; the default's own tests run it
-until it has learned its curve (tests/spec/test_priced_policy.py tests its decisions).
+until it has learned its curve (tests/speculative/test_priced_policy.py tests its decisions).
 """
 import pytest
 
 from tailrl import LLM, EngineConfig, SamplingParams, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
 from tailrl.engine.request import Request
-from tailrl.engine.sampler import mix
-from tailrl.spec.history import HistoryStore
+from tailrl.noise import mix
+from tailrl.speculative.history import HistoryStore
 
 LONG = [(7 * i) % 89 + 1 for i in range(90)]
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], LONG[:60], [4, 4]]

@@ -5,7 +5,7 @@ import pytest
 from tailrl import LLM, EngineConfig, SamplingParams
 from tailrl.engine.engine import LLMEngine
 from tailrl.engine.request import Request, RequestStatus
-from tailrl.engine.sampler import mix
+from tailrl.noise import mix
 
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], list(range(10, 70)), [4, 4]]
 

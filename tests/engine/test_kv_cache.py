@@ -3,8 +3,9 @@ model of the cache (positions written, grown, rows and positions moved, exported
 import torch
 
 from tailrl.engine.kv_cache import KVCache
+from tailrl.kernels.layout import BLOCK, unpack_keys
+from tailrl.kernels.reference import write_keys
 from tailrl.model.args import ModelArgs
-from tailrl.model.attention import BLOCK, unpack_keys, write_keys
 
 ARGS = ModelArgs(architecture="Qwen2ForCausalLM", vocab_size=16, hidden_size=32, intermediate_size=64,
                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4,

@@ -6,7 +6,8 @@ import transformers
 
 from tailrl import LLM, SamplingParams
 from tailrl.engine import sampler
-from tailrl.engine.sampler import _cdf, _nucleus, sample, uniform
+from tailrl.engine.sampler import _cdf, _nucleus, sample
+from tailrl.noise import uniform
 
 
 def test_same_tokens_alone_and_in_batch_of_64(ckpt_dir):

@@ -5,16 +5,13 @@ exporting one would have (float64), and its outputs are unchanged."""
 import pickle
 
 import pytest
-import torch
 
 from tailrl import EngineConfig, SamplingParams, SpeculativeConfig
+from tailrl.cli.train_drafter import warm_start
+from tailrl.drafter.past import PastState
 from tailrl.engine.engine import LLMEngine
 from tailrl.engine.request import Request
-from tailrl.model.drafter import Drafter
-from tailrl.model.loader import load_model
-from tailrl.rl.drafter_train import warm_start
-from tailrl.spec.draft import Draft
-from tailrl.spec.drafter_past import PastState
+from tailrl.speculative.draft import Draft
 
 PROMPT = [(7 * i) % 89 + 1 for i in range(40)]
 

@@ -10,9 +10,9 @@ from tailrl.engine.batch import ModelRunner
 from tailrl.engine.kv_cache import KVCache
 from tailrl.engine.request import Request
 from tailrl.model.loader import load_model
-from tailrl.spec.draft import Draft
-from tailrl.spec.policy import FixedPolicy
-from tailrl.spec.speculator import Speculator
+from tailrl.speculative.draft import Draft
+from tailrl.speculative.policies.base import FixedPolicy
+from tailrl.speculative.speculator import Speculator
 
 
 def test_tree_logits_equal_feeding_each_path(ckpt_dir):

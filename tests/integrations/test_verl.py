@@ -69,9 +69,9 @@ def ray_cluster():
 
 
 def test_agent_loop_equals_llm_generate_and_weight_updates_apply(model_dir, ray_cluster):
+    from transformers import AutoModelForCausalLM
     from verl.experimental.agent_loop import AgentLoopManager
     from verl.workers.rollout.llm_server import LLMServerManager
-    from transformers import AutoModelForCausalLM
 
     from tailrl.integrations.verl.adapter import ServerAdapter
 
@@ -239,6 +239,7 @@ def test_abort_ends_running_requests_and_holds_new_ones_until_resume(server):
 
 def test_task_parquet_and_reward(tmp_path):
     import pyarrow.parquet as pq
+
     from tailrl.integrations.verl.tasks import compute_score, write
     from tailrl.tasks.mixture import heldout_examples
     train, test = write(tmp_path, train_size=5, test_size=4)

@@ -8,11 +8,11 @@ import shutil
 import pytest
 import torch
 
-from tailrl.model.drafter import Drafter
+from tailrl.drafter.network import Drafter
+from tailrl.drafter.spot_trainer import STATE_FILE
 from tailrl.model.loader import load_model
 from tailrl.rl.config import TrainConfig
 from tailrl.rl.metrics import read_jsonl
-from tailrl.rl.spot_trainer import STATE_FILE
 from tailrl.rl.trainer import Trainer
 
 DRAFTER = dict(drafter=True, speculative={"policy": "fixed", "sources": ["self"]}, drafter_size=32,
@@ -157,7 +157,7 @@ def test_drafter_eval_measures_the_drafter_each_rollout_started_with(tmp_path):
     """``drafter_eval``: per step, the exact acceptance of the drafter the rollout started with
     on the step's responses, under the policy that sampled them (recomputed here from the
     weights and policy taken before the step); no metric without the key."""
-    from tailrl.rl.drafter_eval import on_policy, step_acceptance
+    from tailrl.drafter.evaluate import on_policy, step_acceptance
     tr = Trainer(config(tmp_path, "eval", total_steps=2, drafter_eval=True, **DRAFTER))
     kept = {}
     rollout = tr.rollout

@@ -1,8 +1,8 @@
 """GRPO on a rollout pool: the same training run as on one engine (weights reach every
 instance after each update; the history policy reads the lengths generate recorded)."""
-from tailrl.rl.trainer import Trainer
-
 from test_train import EXACT_KEYS, brevity_reward, tiny_config
+
+from tailrl.rl.trainer import Trainer
 
 
 def test_pool_trains_exactly_like_one_engine(tmp_path):

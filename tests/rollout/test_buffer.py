@@ -1,6 +1,6 @@
 import pytest
 
-from tailrl.rollout.buffer import RequestBuffer, BufferEntry, EntryStatus
+from tailrl.rollout.buffer import BufferEntry, EntryStatus, RequestBuffer
 
 
 def make_buffer(n=4, group_size=2, prompt_len=10, max_tokens=100):

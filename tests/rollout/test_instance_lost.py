@@ -1,9 +1,8 @@
 """A lost instance (a real pool's dead process or actor): its work goes to the survivors."""
 import pytest
+from test_policies import ask, buffer, ids
 
 from tailrl.rollout.policies import DividedPolicy, StaticPolicy
-
-from test_policies import ask, buffer, ids
 
 
 def test_static_deals_a_lost_share_to_the_survivors():

@@ -1,9 +1,18 @@
 """Hand-checkable orders of service for each policy, driven by a fake pool (no simulator)."""
 import pytest
 
-from tailrl.rollout.buffer import RequestBuffer, BufferEntry
-from tailrl.rollout.policies import (ContextPolicy, DividedPolicy, GroupOraclePolicy, HistoryPolicy, InstanceView,
-                                     OraclePolicy, PolicyConfig, StaticPolicy, make_policy)
+from tailrl.rollout.buffer import BufferEntry, RequestBuffer
+from tailrl.rollout.policies import (
+    ContextPolicy,
+    DividedPolicy,
+    GroupOraclePolicy,
+    HistoryPolicy,
+    InstanceView,
+    OraclePolicy,
+    PolicyConfig,
+    StaticPolicy,
+    make_policy,
+)
 
 BIG = 10 ** 9
 
@@ -218,7 +227,7 @@ def test_ranked_policies_share_expected_work_not_request_counts():
 
 
 def test_known_lengths_are_what_each_policy_knows():
-    """What the engines' critical-path estimate conditions on (spec/critical.py)."""
+    """What the engines' critical-path estimate conditions on (speculative/critical.py)."""
     ctx = ContextPolicy(PolicyConfig(chunk_tokens=200))
     ctx.reset(buffer(6, group_size=3), 1)
     ask(ctx, 0, 6)

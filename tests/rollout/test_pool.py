@@ -3,12 +3,11 @@ speculation setting; chunks, K/V moves and recomputation are counted."""
 import os
 
 import pytest
+from pool_utils import PARAMS, PROMPTS, assert_same, lengths, pool_ckpt
 from safetensors.torch import load_file
 
 from tailrl import LLM
 from tailrl.config import PoolConfig
-
-from pool_utils import PARAMS, PROMPTS, assert_same, lengths, pool_ckpt
 
 POLICIES = ("static", "divided", "context", "history", "oracle", "group-oracle")
 
@@ -58,7 +57,7 @@ def test_speculation_in_the_pool_matches_plain_decoding(reference):
 
 def test_engines_get_each_request_s_known_lengths(reference):
     """The oracle's chunks carry each request's true length to the engine (its critical-path
-    estimate, spec/critical.py) along with the expected length."""
+    estimate, speculative/critical.py) along with the expected length."""
     path, ref = reference
     llm = LLM(path, dtype="float64", instances=2, scheduler="oracle", pool={"chunk_tokens": 7, "processes": False})
     true = {f"{o.request_id}-{c.index}": len(c.token_ids) for o in ref for c in o.outputs}

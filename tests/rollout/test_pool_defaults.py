@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from pool_utils import PROMPTS, assert_same, lengths, pool_ckpt
 
 from tailrl import LLM, SamplingParams
 from tailrl.config import PoolConfig
 from tailrl.rl.config import TrainConfig
-
-from pool_utils import PROMPTS, assert_same, lengths, pool_ckpt
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,11 +6,10 @@ import os
 import signal
 
 import pytest
+from pool_utils import PROMPTS, SEEDED, KillAt, assert_same, lengths, pool_ckpt
 
 from tailrl import LLM
 from tailrl.rollout.backends import describe_exit
-
-from pool_utils import PROMPTS, SEEDED, KillAt, assert_same, lengths, pool_ckpt
 
 log = logging.getLogger(__name__)
 

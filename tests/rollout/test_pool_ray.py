@@ -4,10 +4,9 @@ import logging
 import time
 
 import pytest
+from pool_utils import PROMPTS, SEEDED, KillAt, assert_same, lengths, pool_ckpt
 
 from tailrl import LLM
-
-from pool_utils import PROMPTS, SEEDED, KillAt, assert_same, lengths, pool_ckpt
 
 ray = pytest.importorskip("ray")
 log = logging.getLogger(__name__)

@@ -3,7 +3,6 @@ import http.client
 import json
 
 import pytest
-
 from conftest import API_KEY, MODEL
 
 GOOD = {"model": MODEL, "prompt": "hi", "max_tokens": 4}

@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import API_KEY, MODEL, start_server
 
 SLOW = {"model": MODEL, "prompt": "long", "max_tokens": 900, "n": 8, "ignore_eos": True}

@@ -1,6 +1,5 @@
 """The real `openai` client against a real server on a loopback port."""
 import pytest
-
 from conftest import MODEL
 
 from tailrl import LLM, SamplingParams
@@ -119,7 +118,6 @@ def test_prompt_id_groups_feed_history_and_speculation_is_lossless(chat_model, r
     """A speculative server: the n samples of a prompt id become its history, and a second round
     (history + group drafts) still returns exactly the plain engine's tokens."""
     import openai
-
     from conftest import API_KEY, start_server
     # fixed policy: always draft (the adaptive one may not on a loaded CPU), so the check bites
     with start_server(chat_model, speculative={"method": "suffix", "policy": "fixed", "max_draft_tokens": 4}) as s:

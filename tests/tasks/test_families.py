@@ -3,10 +3,10 @@ import re
 
 import pytest
 
-from tailrl.tasks.addition import Addition
 from tailrl.tasks.base import final_answer
-from tailrl.tasks.search import Search, candidates
-from tailrl.tasks.sorting import Sorting, bubble_pass
+from tailrl.tasks.families.addition import Addition
+from tailrl.tasks.families.search import Search, candidates
+from tailrl.tasks.families.sorting import Sorting, bubble_pass
 
 FAMILIES = [Addition(), Sorting(), Search()]
 MALFORMED = [None, 17, b"answer 3", "", "\n\n", "answer", "answer \n", "no answer line here",

@@ -17,7 +17,8 @@ def compose(model_dir: str, *overrides: str, n: int = 4, prompt_length: int = 64
             speculative: str | None = None):
     """``speculative``: a hydra value for ``SpeculativeConfig`` (e.g. ``{method:suffix}``), or None."""
     import verl
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     spec = [f"+actor_rollout_ref.rollout.engine_kwargs.tailrl.speculative={speculative}"] if speculative else []
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
                                version_base=None):

@@ -154,6 +154,7 @@ class TailRLServer:
 
     async def _serve(self, port: int) -> None:
         import uvicorn
+
         from tailrl.serve.app import build_app
         from tailrl.serve.config import ServeConfig
         app = build_app(self.llm, ServeConfig(model_name=self.model_config.path), loop=self.samples.loop)

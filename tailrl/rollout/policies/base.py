@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tailrl.rollout.buffer import RequestBuffer, BufferEntry, EntryStatus
+from tailrl.rollout.buffer import BufferEntry, EntryStatus, RequestBuffer
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class SchedulerPolicy:
     def known_lengths(self, r: BufferEntry) -> tuple[int, ...]:
         """Lengths `r`'s own length is expected to be drawn from, as far as this policy knows
         (the engine conditions them on how far `r` has got to find the critical path:
-        spec/critical.py); () when it knows none."""
+        speculative/critical.py); () when it knows none."""
         return ()
 
     def _requeue(self, r: BufferEntry, now: float) -> None:

@@ -1,0 +1,56 @@
+"""The interface every kernel backend implements: the hot operations of a decoder layer.
+
+A backend is chosen once per (device, dtype) by ``tailrl.kernels.select``; the model calls
+its methods and never asks which backend it has. Every operation is row-local: a token's
+result depends only on its own inputs (and, for attention, its own row's visible K/V), which
+is what makes outputs identical with and without speculation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tailrl.kernels.layout import AttentionMeta
+
+
+@dataclass
+class RopeTables:
+    """A model's rotary tables, [max_len, D] each: in the model's dtype and in the native
+    kernels' accumulation type (float32; float64 for a float64 model)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cos_acc: torch.Tensor
+    sin_acc: torch.Tensor
+
+
+@dataclass
+class Rope:
+    """What one forward's layers need of RoPE (``Backend.rope``): the positions [N] and the
+    backend's tables (full tables, or gathered at each token: [N, 1, D])."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+class Backend:
+    name = "base"
+
+    def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
+        """Once per forward: the rotary data every layer's ``rope_attend`` reads."""
+        raise NotImplementedError
+
+    def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMeta, heads: int) -> torch.Tensor:
+        """A layer's attention from its fused projection ``qkv`` [N, (H + 2 KV) * D]: RoPE on
+        query and key heads, this step's K/V written at (``meta.write_rows``,
+        ``meta.write_pos``) of the key blocks ``k_cache`` [rows, KV, cap * D] and values
+        ``v_cache`` [rows, KV, cap, D], then attention over each query's visible positions.
+        Returns [N, H * D]."""
+        raise NotImplementedError
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMS norm over the last dimension of ``x`` times ``weight``."""
+        raise NotImplementedError

@@ -1,0 +1,79 @@
+"""The reference kernels: plain PyTorch on any device, slow and simple.
+
+Used where no faster backend applies (the native extension not built, ``TAILRL_PURE_PYTHON=1``,
+a dtype the native kernels lack) and in tests as the oracle the fast kernels are checked
+against. RoPE is applied in the model's dtype, attention is SDPA over each query's gathered
+row. Row-local like the others, but SDPA's and the matmuls' reduction orders are PyTorch's:
+bit-identity with and without speculation is the native / Triton backends' property.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tailrl.kernels.backend import Backend, Rope, RopeTables
+from tailrl.kernels.layout import AttentionMeta, key_index, unpack_keys
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, D]; cos/sin: [N, 1, D] (already gathered at each token's position)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def write_keys(k_cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor) -> None:
+    """k [N, KV, D] into key blocks [rows, KV, cap * D] at (rows, positions)."""
+    idx = key_index(positions, k.shape[-1])                             # [N, D]
+    k_cache[rows[:, None, None], torch.arange(k.shape[1], device=k.device)[None, :, None], idx[:, None, :]] = k
+
+
+def visibility(meta: AttentionMeta) -> torch.Tensor:
+    """[N, kv_len] bool: which cache positions of its row each query sees."""
+    n, s = meta.num_tokens, meta.kv_len
+    vis = torch.arange(s, device=meta.prefix.device)[None, :] < meta.prefix.long()[:, None]
+    for t in range(n):
+        c = int(meta.ecount[t])
+        if c:
+            e0 = int(meta.estart[t])
+            vis[t, meta.extra[e0:e0 + c].long()] = True
+    return vis
+
+
+def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     meta: AttentionMeta) -> torch.Tensor:
+    """q: [N, H, D] (RoPE applied); k_cache [rows, KV, cap * D] (key blocks) and v_cache
+    [rows, KV, cap, D] already hold this step's K/V. Returns [N, H*D]: PyTorch's SDPA over each
+    query's gathered row."""
+    n, heads, d = q.shape
+    kv = k_cache.shape[1]
+    s = meta.kv_len
+    rows = meta.q_row.long()
+    k = unpack_keys(k_cache, d)[rows, :, :, :s].transpose(-1, -2)      # [N, KV, S, D]
+    v = v_cache[rows, :, :s]
+    mask = visibility(meta).to(q.device)[:, None, None, :]             # [N, 1, 1, S]
+    o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, d), k, v, attn_mask=mask)
+    return o.reshape(n, heads * d)
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+
+    def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
+        return Rope(positions, tables.cos[positions].unsqueeze(1), tables.sin[positions].unsqueeze(1))  # [N, 1, D]
+
+    def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMeta, heads: int) -> torch.Tensor:
+        n = qkv.shape[0]
+        kv_heads, d = v_cache.shape[1], v_cache.shape[3]
+        nqk = heads + kv_heads
+        qk = apply_rope(qkv[:, :nqk * d].view(n, nqk, d), rope.cos, rope.sin)
+        write_keys(k_cache, meta.write_rows, meta.write_pos, qk[:, heads:])     # [N, KV, D] into the key blocks
+        v_cache[meta.write_rows, :, meta.write_pos] = qkv[:, nqk * d:].view(n, kv_heads, d)
+        return reference_attend(qk[:, :heads], k_cache, v_cache, meta)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+REFERENCE = ReferenceBackend()

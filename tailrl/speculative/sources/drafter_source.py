@@ -1,0 +1,302 @@
+"""The learned drafter as a draft source: chains and trees grown from the target's hidden state.
+
+A request can be drafted for once the engine has kept the hidden state that sampled its last
+token (``req.last_hidden``, position r = num_tokens - 2; the engine keeps it when a source
+has ``needs_hidden``). The draft's first drafter step sits at r with that state and the last
+token; depth d sits at r + d - 1. Every step attends over the request's committed positions
+< r (``DrafterPast``, fed by ``observe_hidden`` with the states the engine computed anyway:
+prompt positions from the prefill, emitted tokens after verification) and over the draft
+positions on its own path. The node probabilities of the draft are the drafter's own
+softmax probabilities, so the draft's score (expected accepted length) is what the drafter
+believes; at temperature 1 a point-mass draft token x is accepted with the target's p(x),
+which the drafter is trained to match.
+
+Tree shape (EAGLE-2-like, but with a fixed width): at each depth every frontier node offers
+its ``max_paths`` most likely children, and the ``max_paths`` candidates of highest path
+probability (within the node budget) become the next depth's nodes and frontier. With
+``max_paths == 1`` this is the greedy chain. A path stops when its probability falls below
+``min_path_prob`` (a node that unlikely costs a verify slot for almost nothing).
+
+Batching: ``prepare(requests, max_tokens, max_paths)`` (called by the speculator once per
+step) drafts for every ready request in one set of batched drafter steps (pasts of
+different lengths padded and masked); ``propose`` then hands out the prepared draft, or
+drafts that one request alone if it was not prepared. Per-request state: the committed K/V
+(freed in ``finish``; ``export`` / ``adopt`` move them with a migrating request) and this
+step's prepared drafts.
+
+Precision. With ``fast_dtype`` (bfloat16, given for a bfloat16 target) the committed K/V run
+in a copy of the drafter in that dtype (``LowPrecision``), and each call drafts in whichever
+copy steps faster at its row count, as measured (``PrecisionChoice``): a drafter of a model
+whose weights stream from memory steps 2.5-3.5x faster in bfloat16 at every row count (0.5B
+stand-in: 1.5 vs 3.7 ms at 1 row); `small`'s drafter, which sits in the cache, steps faster in
+float32 below ~16 rows (0.21 vs 0.39 ms at 1 row).
+
+Depth. A chain is grown one drafter step at a time, for all rows at once. Given the value of
+an expected accepted token and the verify cost of a node (``pricing``, set by the speculator
+per call from its measured prices under the priced policy), growing stops once the next depth could not pay for its
+own step: the rows' path probabilities bound the next depth's expected accepted tokens, so a
+step is taken only while ``sum(max(path_prob * value - node_cost, 0)) > step_seconds`` (the
+measured seconds of one drafter step at this row count). So a drafter that is cheap next to
+its target drafts deep, an expensive one only as deep as its confidence pays for.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+from tailrl.drafter.network import Drafter
+from tailrl.drafter.past import DrafterPast, PastState
+from tailrl.speculative.draft import Draft
+
+TRIES = 2          # calls measured per precision and row bucket before the choice is made
+
+
+class PrecisionChoice:
+    """Per row bucket (powers of two), the drafter copy whose steps were faster: each copy is
+    tried ``TRIES`` times first (in turn), then the faster by its best step time (the first
+    call of a shape builds its kernels). Also the seconds of one drafter step per bucket, as
+    last measured with the chosen copy (an average with forgetting)."""
+
+    def __init__(self, names: list[str], decay: float = 0.8) -> None:
+        self.names = names
+        self.decay = decay
+        self._best: dict[tuple[str, int], list[float]] = {}   # (copy, bucket) -> step seconds tried
+        self._chosen: dict[int, str] = {}
+        self._step_s: dict[int, float] = {}
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return 1 << max(rows - 1, 0).bit_length()
+
+    def pick(self, rows: int) -> str:
+        b = self.bucket(rows)
+        if b in self._chosen:
+            return self._chosen[b]
+        tried = {n: len(self._best.get((n, b), [])) for n in self.names}
+        least = min(self.names, key=lambda n: tried[n])
+        if tried[least] < TRIES:
+            return least
+        self._chosen[b] = min(self.names, key=lambda n: min(self._best[(n, b)]))
+        return self._chosen[b]
+
+    def observe(self, name: str, rows: int, step_seconds: float) -> None:
+        b = self.bucket(rows)
+        if b not in self._chosen:
+            self._best.setdefault((name, b), []).append(step_seconds)
+        elif self._chosen[b] == name:
+            old = self._step_s.get(b, min(self._best[(name, b)]))
+            self._step_s[b] = self.decay * old + (1 - self.decay) * step_seconds
+
+    def step_seconds(self, rows: int) -> float | None:
+        """Seconds of one step at this row count: the chosen copy's (before the choice, the
+        best tried); None before any was measured."""
+        b = self.bucket(rows)
+        if b in self._chosen:
+            return self._step_s.get(b, min(self._best[(self._chosen[b], b)]))
+        tried = [t for (_, bb), ts in self._best.items() if bb == b for t in ts]
+        return min(tried) if tried else None
+
+
+class DrafterSource:
+    name = "drafter"
+    needs_hidden = True
+
+    def __init__(self, drafter: Drafter, min_path_prob: float = 0.0, fast_dtype: torch.dtype | None = None):
+        self.drafter = drafter.eval()
+        self.min_path_prob = min_path_prob
+        self._ready: dict[str, tuple[int, int, Draft | None]] = {}   # id -> (num_tokens, paths, draft)
+        self.fast = LowPrecision(self.drafter, fast_dtype) if fast_dtype not in (None, torch.float32) else None
+        self.past = DrafterPast(self.drafter, self.fast.get if self.fast is not None else None)
+        self.precision = PrecisionChoice(["base", "fast"] if self.fast is not None else ["base"])
+        # (seconds an expected accepted token is worth, seconds a verified node costs), set per
+        # call by the speculator: chains grow only as deep as pays (None: to the node budget)
+        self.pricing: tuple[float, float] | None = None
+
+    def start(self, req: Any) -> None:
+        pass
+
+    def observe(self, req: Any, new_tokens: list[int]) -> None:
+        pass
+
+    def observe_hidden(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
+        """A step's committed states (see ``Speculator.observe_hidden``)."""
+        self.past.add_spans(hidden, spans)
+
+    def pending(self, req: Any) -> int:
+        """Positions of ``req`` whose drafter K/V the next draft for it computes first."""
+        return self.past.pending(req)
+
+    def finish(self, req: Any) -> None:
+        self._ready.pop(req.request_id, None)
+        self.past.free(req)
+
+    def export(self, req: Any) -> PastState | None:
+        """What ``req`` takes to another instance to draft there as here (its past; the
+        state at its draft root travels with the request itself: ``RequestState.hidden``)."""
+        return self.past.export(req)
+
+    def adopt(self, req: Any, state: PastState) -> None:
+        """``req`` arrived from another instance with ``export``'s state."""
+        self.past.adopt(req, state)
+
+    def target_updated(self, model: Any) -> None:
+        """The target's weights changed: the drafter reads its embedding and head anew."""
+        self.drafter.share_target(model)
+
+    def prepare(self, requests: list[Any], max_tokens: int, max_paths: int) -> None:
+        """Draft for all ``requests`` with a current hidden state, batched."""
+        ready = [r for r in requests if r.last_hidden is not None]
+        drafts = self.grow(ready, max_tokens, max_paths)
+        self._ready = {r.request_id: (r.num_tokens, max_paths, d) for r, d in zip(ready, drafts)}
+
+    def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
+        hit = self._ready.pop(req.request_id, None)
+        if hit is not None and hit[:2] == (req.num_tokens, max_paths):
+            d = hit[2]
+        elif req.last_hidden is not None:
+            d = self.grow([req], max_tokens, max_paths)[0]
+        else:
+            return None
+        return d.truncate(max_tokens) if d is not None else None
+
+    @torch.inference_mode()
+    def grow(self, requests: list[Any], max_tokens: int, max_paths: int) -> list[Draft | None]:
+        """One draft per request (None when no node clears ``min_path_prob``)."""
+        if not requests or max_tokens <= 0:
+            return [None] * len(requests)
+        width = max(1, max_paths)
+        copy_name = self.precision.pick(len(requests))
+        drafter = self.fast.get() if copy_name == "fast" else self.drafter
+        self.past.flush(requests)
+        roots = [r.num_tokens - 2 for r in requests]                           # where last_hidden sits
+        past = self.past.gather(requests, roots, drafter.fc.weight.dtype)      # [B, heads, L, D] x2, [B, L]
+        feats = torch.stack([r.last_hidden for r in requests])                  # [B, H]
+        toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
+                             for r in requests])                                # [B]
+        pos = torch.tensor(roots)
+        t0, steps = time.perf_counter(), [0]
+        try:
+            if width == 1:
+                return self._chains(drafter, feats, toks, pos, past, max_tokens, steps)
+            return self._tree(drafter, feats, toks, pos, past, max_tokens, width, len(requests), steps)
+        finally:
+            if steps[0]:
+                self.precision.observe(copy_name, len(requests), (time.perf_counter() - t0) / steps[0])
+
+    def _deeper(self, path_probs: list[float] | torch.Tensor, rows: int) -> bool:
+        """Whether one more drafter step for these paths' children can pay for itself."""
+        if self.pricing is None:
+            return True
+        step_s = self.precision.step_seconds(rows)
+        if step_s is None:
+            return True
+        value, node_cost = self.pricing
+        pp = torch.as_tensor(path_probs, dtype=torch.float64)
+        return float((pp * value - node_cost).clamp(min=0).sum()) > step_s
+
+    def _tree(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
+              max_tokens: int, width: int, n: int, steps: list[int]) -> list[Draft | None]:
+        """Trees of ``width`` paths (see the module docstring) for ``n`` requests."""
+        nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in range(n)]
+        # frontier entries, one per row of feats / toks: (request index, node index (-1 = root), path prob)
+        frontier = [(b, -1, 1.0) for b in range(n)]
+        owner, path = None, None                  # past row of each frontier row (None: row b = request b)
+        while frontier:
+            out, logits, k, v = drafter.step(feats, toks, pos, past, owner, path)   # [F, H], [F, V]
+            steps[0] += 1
+            top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
+            chosen = self._choose(frontier, top_p.tolist(), top_t.tolist(), nodes, max_tokens, width)
+            frontier, rows, new_toks = self._append(chosen, nodes)
+            if not frontier or not self._deeper([f[2] for f in frontier], len(frontier)):
+                break
+            idx = torch.tensor(rows)
+            path = _extend(path, k, v, idx)
+            feats, toks, pos = out[idx], torch.tensor(new_toks), pos[idx] + 1
+            owner = torch.tensor([b for b, _, _ in frontier])
+        return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
+
+    def _chains(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
+                max_tokens: int, steps: list[int]) -> list[Draft | None]:
+        """Greedy chains for all rows in tensor ops (the common case; no per-row Python per
+        depth). A chain ends before its first node whose path probability is below
+        ``min_path_prob``; all end where one more step could not pay (``_deeper``)."""
+        tokens, probs = [], []
+        path_prob = torch.ones(len(toks))
+        path = None
+        for _ in range(max_tokens):
+            feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path)
+            steps[0] += 1
+            path = _extend(path, k, v)
+            q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
+            tokens.append(toks)
+            probs.append(q)
+            pos = pos + 1
+            path_prob = path_prob * q
+            if bool((path_prob < self.min_path_prob).all()) or not self._deeper(path_prob, len(toks)):
+                break
+        keep = (torch.stack(probs, 1).cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()   # [B]
+        t_rows, q_rows = torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist()
+        return [Draft.unchecked(t[:k], list(range(-1, k - 1)), q[:k], self.name, chain=True) if k else None
+                for t, q, k in zip(t_rows, q_rows, keep)]
+
+    def _choose(self, frontier, probs, tokens, nodes, max_tokens: int, width: int) -> list[tuple]:
+        """Per request, the ``width`` best children (by path probability) of its frontier
+        nodes that fit the node budget and clear ``min_path_prob``. Returns entries
+        (request index, frontier row, parent node, token, conditional prob, path prob)."""
+        cands: dict[int, list[tuple]] = {}
+        for row, (b, node, pp) in enumerate(frontier):
+            for q, t in zip(probs[row], tokens[row]):
+                if pp * q >= self.min_path_prob:
+                    cands.setdefault(b, []).append((b, row, node, t, q, pp * q))
+        chosen = []
+        for b, cs in cands.items():
+            room = max_tokens - len(nodes[b][0])
+            cs.sort(key=lambda c: -c[5])
+            chosen += cs[:min(width, room)]
+        return chosen
+
+    @staticmethod
+    def _append(chosen: list[tuple], nodes) -> tuple[list[tuple], list[int], list[int]]:
+        """Add the chosen children as draft nodes; they are the next frontier. Returns (frontier,
+        the drafter-output row each continues from, their tokens)."""
+        frontier, rows, toks = [], [], []
+        for b, row, parent, t, q, pp in chosen:
+            tokens, parents, probs = nodes[b]
+            tokens.append(t)
+            parents.append(parent)
+            probs.append(q)
+            frontier.append((b, len(tokens) - 1, pp))
+            rows.append(row)
+            toks.append(t)
+        return frontier, rows, toks
+
+
+class LowPrecision:
+    """The drafter in a faster dtype (bfloat16 when the target runs in it), copied again when
+    the drafter's weights change (a published spot-trainer version, the target's embedding and
+    head after an RL update: every in-place write bumps a tensor's version)."""
+
+    def __init__(self, drafter: Drafter, dtype: torch.dtype) -> None:
+        self.drafter, self.dtype = drafter, dtype
+        self._copy: Drafter | None = None
+        self._key: tuple = ()
+
+    def get(self) -> Drafter:
+        key = tuple(t._version for t in (*self.drafter.parameters(), *self.drafter.buffers()))
+        if self._copy is None or key != self._key:
+            self._copy, self._key = copy.deepcopy(self.drafter).to(self.dtype).eval(), key
+        return self._copy
+
+
+def _extend(path: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: torch.Tensor,
+            rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft path's K/V [F, heads, d, D] with this step's k, v [F, heads, D] appended, for
+    the children continuing from ``rows`` (default: every row continues)."""
+    if rows is not None:
+        k, v = k[rows], v[rows]
+        path = None if path is None else (path[0][rows], path[1][rows])
+    k, v = k.unsqueeze(2), v.unsqueeze(2)
+    return (k, v) if path is None else (torch.cat([path[0], k], 2), torch.cat([path[1], v], 2))

@@ -1,0 +1,121 @@
+"""``group`` drafts (Seer grouped speculation): live outputs of a request's GRPO siblings.
+
+One suffix index per group id holds every member's ``prompt[-max_match_len:] + output``,
+fed live as members generate, and serves drafts to all members. A request never drafts from
+its own tokens here (that is the ``self`` source's job, and counting them would make the two
+sources' statistics indistinguishable): proposals exclude the occurrences in the member's own
+sequence, so a member sees the counts of its siblings only.
+
+Members that finish stay in the group index (finished siblings are the best references);
+a member that ``start``s again (a resumed chunk) continues its old sequence. The group is
+dropped when no member is live; ``propose`` starts unknown ones.
+
+Indexing is lazy: each member keeps a reference to its request; ``observe`` only marks its
+group stale, and the first ``propose`` of a step in a stale group catches the index up with
+every member's output tokens (live or finished): one pass per group and step, not one per
+member, and groups that finish before speculation turns on are never indexed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tailrl.speculative.draft import Draft
+from tailrl.speculative.sources.base import MatchParams, propose_from
+from tailrl.speculative.sources.suffix_index import SuffixIndex
+
+
+class _Member:
+    __slots__ = ("seq_id", "inserted", "live", "req")
+
+    def __init__(self, seq_id: int, req: Any) -> None:
+        self.seq_id = seq_id         # sequence in the group index
+        self.inserted = 0            # output tokens already inserted
+        self.live = False
+        self.req = req               # the request, read lazily for its output tokens
+
+
+class _Group:
+    __slots__ = ("index", "members", "live", "stale")
+
+    def __init__(self, index: SuffixIndex) -> None:
+        self.index = index
+        self.members: dict[str, _Member] = {}
+        self.live = 0
+        self.stale = True            # some member has tokens the index has not seen
+
+
+class GroupSource:
+    name = "group"
+
+    def __init__(self, params: MatchParams | None = None) -> None:
+        self.params = params or MatchParams()
+        self._groups: dict[str, _Group] = {}
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def start(self, req: Any) -> None:
+        if not req.group_id:
+            return
+        g = self._groups.get(req.group_id)
+        if g is None:
+            g = self._groups[req.group_id] = _Group(self.params.index())
+        m = g.members.get(req.request_id)
+        if m is not None and m.live:
+            return                                    # already live
+        if m is None:
+            prompt = req.prompt_token_ids
+            tail = list(prompt[max(0, len(prompt) - self.params.max_match_len):])
+            m = g.members[req.request_id] = _Member(g.index.add(tail), req)
+        m.req = req
+        m.live = True
+        g.live += 1
+        g.stale = True
+
+    @staticmethod
+    def _sync(g: _Group, m: _Member) -> None:
+        out = m.req.output_token_ids
+        if len(out) > m.inserted:
+            new = out[m.inserted:]
+            g.index.extend(m.seq_id, new)
+            m.inserted = len(out)
+
+    def _member(self, req: Any) -> tuple[_Group, _Member] | None:
+        g = self._groups.get(req.group_id) if req.group_id else None
+        m = g.members.get(req.request_id) if g is not None else None
+        if m is None or not m.live:
+            if not req.group_id:
+                return None
+            self.start(req)
+            g = self._groups[req.group_id]
+            m = g.members[req.request_id]
+        return g, m
+
+    def observe(self, req: Any, new_tokens: list[int]) -> None:
+        """Mark the group stale: ``propose`` reads the members' tokens when a draft is asked for."""
+        g = self._groups.get(req.group_id) if req.group_id else None
+        if g is not None:
+            g.stale = True
+
+    def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
+        gm = self._member(req)
+        if gm is None:
+            return None
+        g, m = gm
+        if len(g.members) < 2:
+            return None
+        if g.stale:
+            for member in g.members.values():
+                self._sync(g, member)
+            g.stale = False
+        return propose_from(g.index, req, self.params, max_tokens, max_paths, self.name, exclude=m.seq_id)
+
+    def finish(self, req: Any) -> None:
+        g = self._groups.get(req.group_id) if req.group_id else None
+        m = g.members.get(req.request_id) if g is not None else None
+        if m is None or not m.live:
+            return
+        m.live = False
+        g.live -= 1
+        if g.live == 0:
+            del self._groups[req.group_id]

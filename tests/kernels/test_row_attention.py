@@ -1,0 +1,100 @@
+"""The native row-attention kernel against the SDPA reference, and its batch invariance."""
+import random
+
+import pytest
+import torch
+
+from tailrl.kernels import cpu
+from tailrl.kernels.cpu import attend
+from tailrl.kernels.layout import AttentionMeta, pack_keys
+from tailrl.kernels.reference import reference_attend
+
+pytestmark = pytest.mark.skipif(not cpu.NATIVE, reason="native row attention not built")
+
+KV, G, D = 2, 2, 32
+
+
+def make_meta(rows_queries: list[list[tuple[int, list[int]]]]) -> AttentionMeta:
+    """rows_queries[r] = [(prefix, extras), ...] for the queries of row r, in flat order."""
+    q_row, prefix, estart, ecount, extra = [], [], [], [], []
+    for r, queries in enumerate(rows_queries):
+        for p, ex in queries:
+            q_row.append(r)
+            prefix.append(p)
+            estart.append(len(extra))
+            ecount.append(len(ex))
+            extra += ex
+    i32 = dict(dtype=torch.int32)
+    kv_len = max(max([p] + [e + 1 for e in ex]) for qs in rows_queries for p, ex in qs)
+    n = len(q_row)
+    return AttentionMeta(torch.tensor(q_row), torch.zeros(n, dtype=torch.long), torch.tensor(q_row, **i32),
+                         torch.tensor(prefix, **i32), torch.tensor(estart, **i32), torch.tensor(ecount, **i32),
+                         torch.tensor(extra or [0], **i32), kv_len, 0, 0)
+
+
+def caches(rows: int, cap: int, dtype, seed: int = 0):
+    """Plain keys [rows, KV, D, cap] and values [rows, KV, cap, D] (cap a multiple of 32)."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(rows, KV, D, cap, generator=g).to(dtype)
+    v = torch.randn(rows, KV, cap, D, generator=g).to(dtype)
+    return k, v
+
+
+def random_queries(rng: random.Random, cap: int) -> list[tuple[int, list[int]]]:
+    """A plain query, a chain of 1-6 nodes, or tree nodes with 1-4 scattered extras."""
+    kind = rng.random()
+    p = rng.randint(1, cap - 8)
+    if kind < 0.3:
+        return [(p, [])]
+    if kind < 0.6:
+        return [(p + i, []) for i in range(rng.randint(1, 6))]
+    return [(p, sorted(rng.sample(range(p, cap), rng.randint(1, 4)))) for _ in range(rng.randint(1, 4))]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_native_matches_reference(dtype, tol):
+    rng = random.Random(1)
+    cap = 160                                          # blocks of 32: full, partial, straddled
+    rows = [random_queries(rng, cap) for _ in range(12)]
+    meta = make_meta(rows)
+    k, v = caches(len(rows), cap, dtype)
+    q = torch.randn(meta.num_tokens, KV * G, D).to(dtype)
+    got = attend(q, pack_keys(k), v, meta)
+    ref = reference_attend(q.double(), pack_keys(k.double()), v.double(), meta)
+    assert (got.double() - ref).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_query_bits_do_not_depend_on_the_batch(dtype):
+    """A query's output is the same bits alone, next to other rows, next to other queries of
+    its row, and as a tree node whose ancestors sit elsewhere in the cache: what makes
+    speculative and plain decoding agree exactly in every dtype."""
+    cap = 192
+    k, v = caches(3, cap, dtype, seed=2)
+    q = torch.randn(1, KV * G, D).to(dtype)
+    # the key sequence plain decoding sees at position 99: positions [0, 100)
+    alone = attend(q, pack_keys(k), v, make_meta([[(100, [])]]))
+    # the same keys for a tree node: committed prefix 70, ancestors copied to 150.., itself last
+    k2, v2 = k.clone(), v.clone()
+    extras = list(range(150, 180))
+    k2[0, :, :, 150:180] = k[0, :, :, 70:100]
+    v2[0, :, 150:180] = v[0, :, 70:100]
+    tree = attend(q, pack_keys(k2), v2, make_meta([[(70, extras)]]))
+    # in a batch: other rows before it, another query of its row after it
+    qs = torch.cat([torch.randn(2, KV * G, D).to(dtype), q, torch.randn(1, KV * G, D).to(dtype)])
+    kb = torch.cat([k[1:], k[:1]])                     # our row is row 2 now
+    vb = torch.cat([v[1:], v[:1]])
+    batch = attend(qs, pack_keys(kb), vb, make_meta([[(37, [])], [(150, [])], [(100, []), (101, [])]]))
+    assert torch.equal(alone[0], tree[0])
+    assert torch.equal(alone[0], batch[2])
+
+
+def test_empty_step_and_bad_layout():
+    k, v = caches(1, 64, torch.float32)
+    meta = make_meta([[(5, [])]])
+    assert attend(torch.zeros(0, KV * G, D), pack_keys(k), v, meta).shape == (0, KV * G * D)
+    with pytest.raises(ValueError, match="keys must be"):
+        attend(torch.randn(1, KV * G, D), k, v, meta)      # plain keys, not blocks
+    with pytest.raises(ValueError, match="contiguous"):
+        attend(torch.randn(1, KV * G, D), pack_keys(k), v.transpose(-1, -2).contiguous().transpose(-1, -2),
+               meta)

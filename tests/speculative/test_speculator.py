@@ -1,0 +1,255 @@
+import pytest
+from spec_fakes import FakeRequest
+
+from tailrl.config import SpeculativeConfig
+from tailrl.speculative.draft import Draft
+from tailrl.speculative.history import HistoryStore
+from tailrl.speculative.policies.base import FixedPolicy
+from tailrl.speculative.speculator import Speculator
+
+PROMPT = [40, 41, 42]
+
+
+def make(policy="fixed", **kw):
+    store = HistoryStore()
+    cfg = SpeculativeConfig(policy=policy, max_draft_tokens=8, **kw)
+    return Speculator(cfg, store), store
+
+
+def group(spec, n):
+    rs = [FakeRequest(f"r{i}", PROMPT, group_id="g", prompt_id="p") for i in range(n)]
+    for r in rs:
+        spec.start(r)
+    return rs
+
+
+def emit(spec, r, toks):
+    r.output_token_ids.extend(toks)
+    spec.observe(r, list(toks))
+
+
+def test_sources_from_config_and_best_score_wins():
+    spec, store = make()
+    assert [s.name for s in spec.sources] == ["history", "group", "self"]
+    store.record("p", [[1, 2, 3, 4, 5, 6]] * 3)
+    a, b = group(spec, 2)
+    emit(spec, a, [1, 2, 9, 9])
+    emit(spec, b, [1, 2])
+    drafts = spec.propose([a, b], 2)
+    assert drafts["r1"].source == "history" and drafts["r1"].tokens == [3, 4, 5, 6]
+    assert "r0" not in drafts                    # "9 9": no source has a continuation
+    emit(spec, a, [7, 7, 7, 7, 9, 9])
+    d = spec.propose([a], 2)["r0"]               # self repeats beat nothing elsewhere
+    assert d.source == "self" and d.tokens[0] == 7
+
+
+def test_metrics_keys_and_accounting():
+    spec, store = make()
+    store.record("p", [[1, 2, 3, 4, 5, 6]])
+    (a,) = group(spec, 1)
+    emit(spec, a, [1, 2])
+    d = spec.propose([a], 1)["r0"]
+    spec.record_verification(a, d, 2)
+    emit(spec, a, [3, 4, 99])
+    spec.observe_step(1, 1 + len(d), 0.01)
+    m = spec.metrics()
+    for key in ("rollout/spec_draft_tokens", "rollout/spec_accepted_tokens", "rollout/spec_accept_length",
+                "rollout/spec_accept_rate", "rollout/spec_verify_steps", "rollout/spec_draft_hit_rate",
+                "rollout/spec_off_steps", "timing_s/draft", "timing_s/draft_index"):
+        assert key in m
+    for src in ("history", "group", "self"):
+        assert f"rollout/spec_accepted_tokens/{src}" in m and f"rollout/spec_draft_tokens/{src}" in m
+    assert m["rollout/spec_draft_tokens"] == len(d) == 4
+    assert m["rollout/spec_accepted_tokens"] == m["rollout/spec_accepted_tokens/history"] == 2
+    assert m["rollout/spec_accept_length"] == pytest.approx(3.0)
+    assert m["timing_s/draft"] > 0
+    with pytest.raises(ValueError):
+        spec.record_verification(a, d, 5)
+    spec.reset_metrics()
+    assert spec.metrics()["rollout/spec_draft_tokens"] == 0
+
+
+def test_policy_off_skips_drafting_and_total_cap_applies():
+    spec = Speculator(sources=[], policy=FixedPolicy(0))
+    assert spec.propose([FakeRequest("x", [1])], 1) == {}
+    spec, store = make(max_spec_batch=2)
+    store.record("p", [[1, 2, 3, 4, 5, 6]])
+    a, b, c = group(spec, 3)
+    for r in (a, b, c):
+        emit(spec, r, [1, 2])
+    assert spec.propose([a, b, c], 3) == {}
+    assert spec.metrics()["rollout/spec_off_steps"] == 1
+    drafts = spec.propose([a, b], 2, max_total_tokens=5)
+    assert sum(len(d) for d in drafts.values()) == 5
+
+
+def test_finish_releases_everything():
+    spec, store = make(policy="adaptive")
+    store.record("p", [[1, 2, 3]])
+    rs = group(spec, 3)
+    for r in rs:
+        emit(spec, r, [1, 2])
+        spec.propose([r], 1)
+    for r in rs:
+        spec.finish(r)
+    assert all(len(s) == 0 for s in spec.sources)
+
+
+def test_adaptive_speculator_drafts_at_small_batch():
+    spec, store = make(policy="adaptive")
+    store.record("p", [[5, 6, 7, 8, 9, 10, 11, 12]] * 4)
+    (a,) = group(spec, 1)
+    emit(spec, a, [5, 6])
+    d = spec.propose([a], 1)["r0"]
+    assert isinstance(d, Draft) and d.tokens[:2] == [7, 8] and len(d) == spec.policy.window(a)
+
+
+def test_calibration_feeds_the_adaptive_policy():
+    spec, _ = make(policy="adaptive")
+    assert spec.policy.cost is spec.cost_model
+    spec.calibrate(lambda bs, n: sum(range(200 * n)), batch_sizes=(1, 2), extra_per_request=(0, 4), repeats=1)
+    assert spec.cost_model.num_observations == 4
+
+
+class RecordingSource:
+    name = "rec"
+
+    def __init__(self):
+        self.asked = []
+
+    def propose(self, req, max_tokens, max_paths):
+        self.asked.append((max_tokens, max_paths))
+        return Draft.chain([1] * max_tokens, source=self.name)
+
+    def observe(self, req, new_tokens):
+        pass
+
+    def start(self, req):
+        pass
+
+    def finish(self, req):
+        pass
+
+
+def test_sources_are_asked_for_no_more_than_the_policy_can_give():
+    src = RecordingSource()
+    spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=2), sources=[src],
+                      policy=FixedPolicy(3, paths=4))
+    d = spec.propose([FakeRequest("x", [1])], 1)["x"]
+    assert src.asked == [(3, 2)] and len(d) == 3
+
+
+def test_a_certain_full_draft_stops_the_search():
+    first, second = RecordingSource(), RecordingSource()
+    spec = Speculator(SpeculativeConfig(), sources=[first, second], policy=FixedPolicy(3))
+    spec.propose([FakeRequest("x", [1])], 1)
+    assert len(first.asked) == 1 and second.asked == []
+
+
+def test_make_sources_follows_the_config():
+    from tailrl.speculative.factory import make_sources
+    with pytest.raises(ValueError, match="drafter"):          # the learned drafter needs its checkpoint
+        SpeculativeConfig(method="drafter")
+    srcs = make_sources(SpeculativeConfig(sources=("self", "group"), min_match_len=3, max_draft_tokens=6))
+    assert [s.name for s in srcs] == ["self", "group"]
+    assert srcs[0].params.min_match_len == 3 and srcs[0].params.max_draft_depth == 6
+
+
+class CountingSource(RecordingSource):
+    """Drafts the continuation of a fixed token stream, and counts the calls."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+
+    def propose(self, req, max_tokens, max_paths):
+        self.asked.append((max_tokens, max_paths))
+        n = len(req.output_token_ids)
+        return Draft.chain(self.stream[n:n + max_tokens], source=self.name)
+
+
+def carrying_speculator():
+    """Chains of 3 verified out of 8 drafted from a known stream, for one request."""
+    stream = list(range(100, 140))
+    src = CountingSource(stream)
+    spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=1), sources=[src],
+                      policy=FixedPolicy(3, paths=1))
+    return stream, src, spec, FakeRequest("x", [1])
+
+
+def test_a_fully_accepted_chain_carries_its_rest_to_the_next_step():
+    stream, src, spec, r = carrying_speculator()
+    d = spec.propose([r], 1)["x"]
+    assert d.tokens == stream[:3] and src.asked == [(8, 1)]        # drafted 8, verifies 3
+    spec.record_verification(r, d, 3)
+    emit(spec, r, stream[:4])                                        # 3 accepted + the bonus token
+    d = spec.propose([r], 1)["x"]
+    assert d.tokens == stream[4:7] and len(src.asked) == 1          # the rest, no source asked
+    spec.record_verification(r, d, 1)                                # a rejection: no carry
+    emit(spec, r, stream[4:5] + [7])
+    spec.propose([r], 1)
+    assert len(src.asked) == 2
+
+
+def test_a_carried_rest_is_dropped_when_the_bonus_token_differs():
+    stream, src, spec, r = carrying_speculator()
+    d = spec.propose([r], 1)["x"]
+    spec.record_verification(r, d, 3)
+    emit(spec, r, stream[:3] + [5])                                  # the bonus token is not the rest's
+    spec.propose([r], 1)
+    assert len(src.asked) == 2
+
+
+class SometimesSource(RecordingSource):
+    """A per-request source with a sure 4-token draft for request "sure" only."""
+    name = "suffix"
+
+    def propose(self, req, max_tokens, max_paths):
+        return Draft.chain([7] * max_tokens, source=self.name) if req.request_id == "sure" else None
+
+
+class BatchedSource(RecordingSource):
+    """A batched source (like the drafter): ``prepare`` once per step, then ``propose``."""
+    name = "batched"
+
+    def __init__(self, prob):
+        super().__init__()
+        self.prob, self.prepared = prob, []
+
+    def prepare(self, requests, max_tokens, max_paths):
+        self.prepared.append(sorted(r.request_id for r in requests))
+
+    def propose(self, req, max_tokens, max_paths):
+        return Draft.chain([3] * max_tokens, [self.prob] * max_tokens, source=self.name)
+
+
+def test_batched_sources_are_asked_only_where_the_others_draft_worse_than_they_accept():
+    batched = BatchedSource(0.5)
+    spec = Speculator(SpeculativeConfig(max_draft_tokens=4), sources=[SometimesSource(), batched],
+                      policy=FixedPolicy(4))
+    reqs = [FakeRequest("sure", [1]), FakeRequest("none", [1])]
+    first = spec.propose(reqs, 2)
+    assert batched.prepared == [["none"]]                     # "sure" has a 4-token certain draft
+    assert set(first) == {"sure"} and first["sure"].source == "suffix"   # "none": a shadow draft
+    emit(spec, reqs[1], [3, 3, 1, 1])                         # the batched source's draft: 2 accepted
+    second = spec.propose(reqs, 2)
+    assert batched.prepared[-1] == ["none"]
+    assert second["none"].source == "batched" and second["sure"].source == "suffix"
+
+
+def test_above_max_spec_batch_only_the_critical_path_drafts():
+    """Drafting is off above max_spec_batch except for the critical_rows requests with the most
+    expected tokens left (here from each request's known length, speculative/critical.py)."""
+    spec, store = make(max_spec_batch=4, critical_rows=2)
+    store.record("p", [[1, 2, 3, 4, 5, 6, 7, 8]] * 3)
+    rs = group(spec, 5)
+    for r, known in zip(rs, (0, 500, 100, 400, 450)):
+        r.length_prior = (known,)
+        emit(spec, r, [1, 2])
+    rs[4].output_token_ids.extend([0] * 100)          # 450 - 102 left: less than r3's 400 - 2
+    assert sorted(spec.propose(rs, 5)) == ["r1", "r3"]
+    assert sorted(spec.propose(rs[:4], 4)) == ["r0", "r1", "r2", "r3"]   # at max_spec_batch: everyone
+    off, _ = make(max_spec_batch=4, critical_rows=0)
+    assert off.propose(rs, 5) == {}
+    with pytest.raises(ValueError, match="critical_rows"):
+        SpeculativeConfig(critical_rows=-1)
