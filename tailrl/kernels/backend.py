@@ -54,3 +54,7 @@ class Backend:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS norm over the last dimension of ``x`` times ``weight``."""
         raise NotImplementedError
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""
+        raise NotImplementedError

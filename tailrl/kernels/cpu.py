@@ -1,10 +1,14 @@
 """The CPU backend: the native kernels of ``_attention.cpp`` (see its header for why a kernel of
 our own, and for batch invariance): row attention for decode, verify (chains and trees) and
-prefill chunks, fused with RoPE and the K/V writes, and RMS norm. OpenMP inside; tensors are
-handed over as raw pointers with element strides, checked here.
+prefill chunks, fused with RoPE and the K/V writes, and RMS norm; and for bfloat16 the
+row-invariant matmul of ``_gemm.cpp`` (oneDNN's bfloat16 GEMM changes a row's bits with the
+number of rows on AVX512 CPUs without native bfloat16 dot products; this one is exact by
+construction on every CPU, and measured faster than oneDNN there: its header). OpenMP inside;
+tensors are handed over as raw pointers with element strides, checked here.
 
-Available when the extension is built (``NATIVE``; ``TAILRL_PURE_PYTHON=1`` turns it off) for
-bfloat16, float32 and float64; otherwise ``tailrl.kernels.select`` picks the reference.
+Available when the extensions are built (``NATIVE``, ``NATIVE_GEMM``; ``TAILRL_PURE_PYTHON=1``
+turns them off) for bfloat16, float32 and float64; otherwise ``tailrl.kernels.select`` picks
+the reference. Float32 and float64 matmuls are PyTorch's.
 """
 from __future__ import annotations
 
@@ -18,16 +22,24 @@ import torch.nn.functional as F
 from tailrl.kernels.backend import Backend, Rope, RopeTables
 from tailrl.kernels.layout import AttentionMeta, check_caches
 
-try:
-    if os.environ.get("TAILRL_PURE_PYTHON"):
-        raise ImportError("TAILRL_PURE_PYTHON is set")
-    _native = importlib.import_module("tailrl.kernels._attention")
-    NATIVE = True
-except ImportError as exc:                 # not built (no compiler at install time)
-    logging.getLogger(__name__).warning("tailrl.kernels: native row attention unavailable (%s); using the "
-                                        "PyTorch reference (slower)", exc)
-    _native = None
-    NATIVE = False
+
+
+def _load(name: str, what: str):
+    """The extension ``name``, or None (not built: no compiler at install time)."""
+    try:
+        if os.environ.get("TAILRL_PURE_PYTHON"):
+            raise ImportError("TAILRL_PURE_PYTHON is set")
+        return importlib.import_module(f"tailrl.kernels.{name}")
+    except ImportError as exc:
+        logging.getLogger(__name__).warning("tailrl.kernels: native %s unavailable (%s); using PyTorch's (slower%s)",
+                                            what, exc, "" if name == "_attention" else ", not row-invariant")
+        return None
+
+
+_native = _load("_attention", "row attention")
+_gemm = _load("_gemm", "bfloat16 matmul")
+NATIVE = _native is not None
+NATIVE_GEMM = _gemm is not None
 
 _DTYPE_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}
 
@@ -82,6 +94,25 @@ class CpuBackend(Backend):
                                 (n, heads, kv_heads, d), _strides(k_cache, v_cache, out), _vis(meta), d ** -0.5,
                                 torch.get_num_threads())
         return out.view(n, heads * d)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """bfloat16: ``_gemm.cpp`` (row-invariant); other dtypes: PyTorch's."""
+        if not NATIVE_GEMM or x.dtype != torch.bfloat16 or x.dim() != 2:
+            return F.linear(x, weight, bias)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        m, k = x.shape
+        n = weight.shape[0]
+        if weight.shape[1] != k or weight.dtype != x.dtype or weight.stride(-1) != 1 or (
+                bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous())):
+            raise ValueError(f"linear: x {tuple(x.shape)} {x.dtype} does not fit weight {tuple(weight.shape)} "
+                             f"{weight.dtype} (rows contiguous, same dtype)")
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        if m:
+            _gemm.linear(x.data_ptr(), x.stride(0), weight.data_ptr(), weight.stride(0),
+                         bias.data_ptr() if bias is not None else 0, out.data_ptr(), n, m, n, k,
+                         torch.get_num_threads())
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """Row-local (batch invariant): a fixed reduction per row."""

@@ -34,7 +34,7 @@ class DecoderLayer(nn.Module):
         a = self.a
         n = x.shape[0]
         h = kernels.rms_norm(x, self.input_norm, a.rms_norm_eps)
-        qkv = self.qkv(h)                                                   # [N, (H+2KV)*D]
+        qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)            # [N, (H+2KV)*D]
         nqk = a.num_heads + a.num_kv_heads
         if self.qk_norm is not None:                                        # Qwen3: norm each Q and K head
             qk = qkv[:, :nqk * a.head_dim].reshape(n * nqk, a.head_dim)
@@ -42,10 +42,10 @@ class DecoderLayer(nn.Module):
                   * self.qk_norm)
             qkv = torch.cat([qk.view(n, -1), qkv[:, nqk * a.head_dim:]], dim=1)
         att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)   # RoPE, K/V writes, attention
-        x = x + self.o(att)
+        x = x + kernels.linear(att, self.o.weight, self.o.bias)
         h = kernels.rms_norm(x, self.post_norm, a.rms_norm_eps)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        gate, up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias).chunk(2, dim=-1)
+        return x + kernels.linear(F.silu(gate) * up, self.down.weight, self.down.bias)
 
 
 class Transformer(nn.Module):
@@ -81,7 +81,7 @@ class Transformer(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[M, hidden] -> [M, vocab]."""
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        return select(hidden.device, hidden.dtype).linear(hidden, weight)
 
     @torch.no_grad()
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
