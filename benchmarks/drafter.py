@@ -51,7 +51,7 @@ from tailrl import LLM, SamplingParams, SpeculativeConfig  # noqa: E402
 from tailrl.cli.train_drafter import task_prompts, warm_start  # noqa: E402
 from tailrl.drafter.network import Drafter  # noqa: E402
 from tailrl.engine.batch import ModelRunner  # noqa: E402
-from tailrl.engine.kv_cache import KVCache  # noqa: E402
+from tailrl.engine.kv import KVCache  # noqa: E402
 from tailrl.engine.request import Request  # noqa: E402
 from tailrl.model.loader import DTYPES, load_model  # noqa: E402
 
@@ -66,7 +66,7 @@ def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: 
     kv = KVCache(model.args, DTYPES[dtype], "cpu", batch * 256, batch, 256)
     runner = ModelRunner(model, kv)
     reqs = [Request(f"r{i}", [(5 * i + j) % 200 + 3 for j in range(128)], SamplingParams(), 0) for i in range(batch)]
-    kv.reserve(batch, 160)
+    kv.grow_rows([(i, 160) for i in range(batch)])
     for i, r in enumerate(reqs):
         r.row = i
     runner.run(runner.build([(r, r.num_prompt_tokens - 1) for r in reqs], {}))

@@ -139,7 +139,6 @@ def main() -> None:
     history, _ = rollout(plain, prompts, a.n, 10_000, a.max_tokens)          # the "previous epoch"
     spec_cfg = {"method": "suffix", **json.loads(a.spec)}
     spec = LLM(model_dir, seed=0, dtype=a.dtype, speculative=SpeculativeConfig(**spec_cfg))
-    spec.engine.kv.reserve(plain.engine.kv.rows, plain.engine.kv.cap)   # as warm as plain's cache
     pairs = []                 # (off, on) rollouts back to back; the first "on" meets a fresh policy
     for k in range(a.rollout_pairs):                 # ABBA order (see fixed_batch)
         if k % 2 == 0:

@@ -151,7 +151,9 @@ class EngineConfig:
     max_model_len: int | None = None              # default: the checkpoint's max_position_embeddings
     kv_cache_tokens: int | None = None            # KV budget in token slots; None = from kv_cache_gib
     kv_cache_gib: float | None = None             # None: 4 GiB, raised so one full-context request fits if
-                                                  # memory allows, else the context capped (kv_cache.size_kv)
+                                                  # memory allows, else the context capped (kv/budget.py);
+                                                  # on a GPU: from gpu_memory_utilization
+    gpu_memory_utilization: float = 0.9           # GPU: this share of its memory for weights, activations and K/V
     num_threads: int | None = None                # torch threads; None = as many cores as other
                                                   # processes leave free (bfloat16, float64; float32:
                                                   # torch's count, tailrl/threads.py says why)
@@ -169,6 +171,8 @@ class EngineConfig:
                self.kv_cache_tokens)
         _check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "kv_cache_gib", "must be None or > 0",
                self.kv_cache_gib)
+        _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]",
+               self.gpu_memory_utilization)
 
 
 POOL_BACKENDS = ("local", "ray")

@@ -1,7 +1,8 @@
 """Build one step's flat batch from scheduled rows and drafts, and run the model on it.
 
 Row r's new tokens are its committed tokens [computed, computed + n) followed by its draft
-nodes. They are written at consecutive cache positions; draft node j gets RoPE position
+nodes. They are written at consecutive positions of the row (slots through its block table:
+the scheduler and the drafts' check have given it the blocks); draft node j gets RoPE position
 computed + n - 1 + depth(j). Sampled positions: the last committed token of every row that is
 caught up (the root) and every draft node. Every new token attends to
 its own row (see ``AttentionMeta``): a committed token or chain node at cache position p sees
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
 from tailrl.kernels import AttentionMeta
 from tailrl.model.transformer import Transformer
@@ -59,7 +60,9 @@ class Batch:
     spans: list[tuple[Request, int, int, int]] = field(default_factory=list)
 
 
-def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
+def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache) -> Batch:
+    """``rows``: (request, committed tokens to compute) in row order (request ``rows[r]`` holds
+    row r of ``kv``'s block table); ``drafts``: request id -> Draft to verify."""
     ids: list[int] = []
     pos: list[int] = []
     wpos: list[int] = []
@@ -110,12 +113,14 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, device) -> Batch:
             topp += [p.top_p] * k
             keys += [req.seed_key] * k
             upos += [t0] + [t0 + d for d in depths]
+    device = kv.device
     as_long = dict(dtype=torch.long, device=device)
     as_int = dict(dtype=torch.int32, device=device)
-    meta = AttentionMeta(torch.tensor(wrow, **as_long), torch.tensor(wpos, **as_long), torch.tensor(wrow, **as_int),
-                         torch.tensor(prefix, **as_int), torch.tensor(estart, **as_int),
-                         torch.tensor(ecount, **as_int), torch.tensor(extra or [0], **as_int),
-                         max(wpos, default=-1) + 1, reads, work)
+    slots = torch.from_numpy(kv.slots(np.asarray(wrow, dtype=np.int64), np.asarray(wpos, dtype=np.int64)))
+    meta = AttentionMeta(slots.to(device), torch.tensor(wrow, **as_int), torch.tensor(prefix, **as_int),
+                         torch.tensor(estart, **as_int), torch.tensor(ecount, **as_int),
+                         torch.tensor(extra or [0], **as_int), kv.table.to(device), max(wpos, default=-1) + 1, reads,
+                         work)
     return Batch(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), meta,
                  torch.tensor(sample_idx, **as_long), plans, temps, topk, topp, uniforms(keys, upos), num_draft,
                  spans)
@@ -148,7 +153,7 @@ class ModelRunner:
         self.kv = kv
 
     def build(self, rows: list[tuple[Request, int]], drafts: dict) -> Batch:
-        return build_batch(rows, drafts, self.model.embed.weight.device)
+        return build_batch(rows, drafts, self.kv)
 
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions; if asked, also their hidden states

@@ -11,7 +11,7 @@ import torch
 
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.batch import Batch, ModelRunner
-from tailrl.engine.kv_cache import KVCache, size_kv
+from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.sampler import sample
@@ -51,6 +51,7 @@ class LLMEngine:
         self.idle_work = None
         self.requests: dict[str, Request] = {}
         self.metrics = EngineMetrics()
+        self._rollout_allocations = self.kv.allocations
         # set to a list to record every step as {"batch", "new_tokens", "kv_tokens", "seconds"}
         # (the simulator's calibration format: `tailrl simulate --step-times`, benchmarks/pool.py)
         self.step_log: list[dict] | None = None
@@ -83,22 +84,28 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def free_cache(self) -> None:
-        """Give back the memory of a grown KV cache between rollouts (nothing queued, running or
-        unreleased); it grows again on demand."""
+        """Give back the memory of the K/V pool between rollouts (nothing queued, running or
+        unreleased); it is allocated again at the next step."""
         if self.has_unfinished() or any(r.row >= 0 for r in self.requests.values()):
             raise RuntimeError("free_cache: requests still hold the KV cache")
-        self.kv.shrink()
+        self.kv.free_memory()
 
     # ---- metrics of one rollout (a generate call) --------------------------------------------
     def begin_rollout(self) -> None:
         """Start counting a rollout: ``rollout_counters`` and ``spec_metrics`` cover what follows."""
         self.metrics.trace.clear()
         self._rollout_start = self.metrics.snapshot()
+        self._rollout_allocations = self.kv.allocations
+        self.kv.reset_peaks()
         if self.speculator is not None:
             self.speculator.reset_metrics()
 
     def rollout_counters(self) -> EngineMetrics:
-        return self.metrics.since(self._rollout_start)
+        out = self.metrics.since(self._rollout_start)
+        kv = self.kv
+        out.kv_blocks, out.kv_blocks_peak, out.kv_shared_peak = kv.num_blocks, kv.peak_used, kv.peak_shared
+        out.kv_allocations = kv.allocations - self._rollout_allocations
+        return out
 
     def spec_metrics(self) -> dict[str, float]:
         return self.speculator.metrics() if self.speculator is not None else {}
@@ -109,7 +116,6 @@ class LLMEngine:
         if self.threads is not None:
             self.threads.tick()
         clock = [time.perf_counter()]
-        kv_data = self.kv.data                                             # a step may grow the cache
         sched = self.scheduler.schedule()                                  # 1. schedule
         if sched.num_tokens == 0:
             if self.scheduler.has_work():
@@ -141,8 +147,8 @@ class LLMEngine:
             self.step_log.append({"batch": len(sched.rows), "new_tokens": len(batch.input_ids),
                                   "kv_tokens": batch.meta.reads, "seconds": clock[-1] - clock[0]})
         if self.speculator is not None:
-            # a step with prefill chunks, or one that grew the KV cache, is not a decode step's cost
-            decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows) and self.kv.data is kv_data
+            # a step with prefill chunks is not a decode step's cost
+            decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows)
             self.speculator.observe_step(len(batch.plans), len(batch.input_ids), clock[-1] - clock[0],
                                          batch.meta.work, prefill=not decode, reads=batch.meta.reads)
         if self.idle_work is not None:                 # a step boundary: nothing is mid-step
@@ -161,8 +167,8 @@ class LLMEngine:
             if len(d.tokens) > room:
                 drafts[rid] = d.truncate(room)
         drafts = {rid: d for rid, d in drafts.items() if len(d.tokens) > 0}
-        longest = max((self.requests[rid].num_tokens + len(d.tokens) for rid, d in drafts.items()), default=0)
-        if not self.kv.reserve(len(sched.rows), longest):
+        reqs = self.requests
+        if not self.kv.grow_rows([(reqs[rid].row, reqs[rid].num_tokens + len(d.tokens)) for rid, d in drafts.items()]):
             return {}                                   # drafts never cost a preemption
         return drafts
 

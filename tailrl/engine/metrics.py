@@ -22,6 +22,11 @@ class EngineMetrics:
     postprocess_s: float = 0.0           # verification, commit, finishing
     num_verify_rows: int = 0             # rows that verified a draft
     num_accepted_tokens: int = 0         # draft tokens accepted (bonus tokens excluded)
+    # the K/V pool over a rollout (set by LLMEngine.rollout_counters; summed over a pool's instances)
+    kv_blocks: int = 0                   # blocks in the pool
+    kv_blocks_peak: int = 0              # most blocks in use at once
+    kv_shared_peak: int = 0              # most blocks held by more than one request at once
+    kv_allocations: int = 0              # times the pool was allocated (0: it was there already)
     # per step (perf_counter at its end, batch size, verify rows, accepted tokens); the caller
     # clears it per rollout, so tail metrics can be computed after the fact
     trace: list[tuple[float, int, int, int]] = field(default_factory=list, repr=False)
@@ -72,6 +77,10 @@ def rollout_metrics(lengths: list[int], prompt_lengths: list[int], finish_times:
         "rollout/batched_tokens": float(engine.num_batched_tokens),
         "rollout/mean_batch_size": engine.sum_batch_size / max(engine.num_forward, 1),
         "rollout/preemptions": float(engine.num_preemptions),
+        "kv/blocks": float(engine.kv_blocks),
+        "kv/blocks_used_peak": float(engine.kv_blocks_peak),
+        "kv/blocks_shared_peak": float(engine.kv_shared_peak),
+        "kv/allocations": float(engine.kv_allocations),
         **{f"timing_s/{name[:-2]}": getattr(engine, name) for name in EngineMetrics.STAGES},
     }
     for q in (50, 90, 99):

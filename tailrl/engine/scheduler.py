@@ -2,19 +2,22 @@
 
 There is no prefill mode and decode mode: every running request catches its computed tokens up
 to its tokens, within a per-step token budget. Decodes go first (one token each), then prefill
-chunks, then new requests are admitted while rows, tokens and KV budget allow. A sibling of a
-request whose prompt is already in the cache copies that prompt's K/V instead of prefilling it
-(the n samples of a prompt share one prefill). When the KV budget cannot hold the running rows,
-the newest request is preempted: its K/V is dropped and it is recomputed later (its tokens are
-kept, and sampling noise is keyed by position, so its output does not change).
+chunks, then new requests are admitted while rows, tokens and free K/V blocks allow. A sibling
+of a request whose prompt is already in the cache shares that prompt's blocks instead of
+prefilling it (the n samples of a prompt share one prefill and one copy of its K/V). When the
+pool cannot give the running rows the blocks this step needs, the newest request is preempted:
+its blocks go back and it is recomputed later (its tokens are kept, and sampling noise is keyed
+by position, so its output does not change).
 """
 from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.kv import KVCache
+from tailrl.engine.kv.cache import num_blocks
 from tailrl.engine.request import Request, RequestStatus
+from tailrl.kernels import BLOCK
 
 
 @dataclass
@@ -69,15 +72,16 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def remove(self, req: Request) -> None:
-        """Take req out of running or waiting; the last row fills its cache row."""
+        """Take req out of running (its blocks go back; the last row takes its row) or waiting."""
         if req.row < 0:
             if req in self.waiting:
                 self.waiting.remove(req)
                 self._waiting_in_group[req.group_id] -= 1
             return
         row, last = req.row, self.running[-1]
+        self.kv.release(row)
         if last is not req:
-            self.kv.move_row(last.row, row, last.num_computed_tokens)
+            self.kv.move_row(last.row, row)
             self.running[row] = last
             last.row = row
         self.running.pop()
@@ -104,7 +108,7 @@ class Scheduler:
                 chunk[id(req)] = n
                 budget -= n
         preempted: list[Request] = []
-        while not self.kv.reserve(len(self.running), self._longest(chunk)):
+        while not self.kv.grow_rows([(r.row, r.num_computed_tokens + chunk.get(id(r), 0)) for r in self.running]):
             victim = max(self.running, key=lambda r: r.arrival)
             budget += chunk.pop(id(victim), 0)
             self.preempt(victim)
@@ -112,11 +116,6 @@ class Scheduler:
         budget = self._admit(chunk, budget, preempted)
         rows = [(req, chunk.get(id(req), 0)) for req in self.running]
         return SchedulerOutput(rows, self.max_num_batched_tokens - budget, budget, preempted)
-
-    def _longest(self, chunk: dict[int, int], extra_len: int = 0) -> int:
-        """Cache positions the running rows need after this step's committed tokens."""
-        longest = max((r.num_computed_tokens + chunk.get(id(r), 0) for r in self.running), default=1)
-        return max(longest, extra_len)
 
     def _admit(self, chunk: dict[int, int], budget: int, preempted: list[Request]) -> int:
         # a running sibling with the prompt (minus its last token) in cache can lend its K/V
@@ -147,7 +146,7 @@ class Scheduler:
                     lender = None
             self._waiting_in_group[req.group_id] -= 1
             n = self._prefill_chunk(req, start, budget)
-            if not self.kv.reserve(len(self.running) + 1, self._longest(chunk, extra_len=start + n)):
+            if not self._place(req, len(self.running), lender, start, start + n):
                 self._waiting_in_group[req.group_id] += 1
                 deferred.append(req)
                 break
@@ -159,11 +158,20 @@ class Scheduler:
             if req.pending_kv is not None:
                 self.kv.import_row(req.row, req.pending_kv)
                 req.pending_kv = None
-            elif lender is not None:
-                self.kv.move_row(lender.row, req.row, start)
             req.num_computed_tokens = start
             chunk[id(req)] = n
             budget -= n
             lenders.setdefault(req.group_id, req)
         self.waiting.extendleft(reversed(deferred))
         return budget
+
+    def _place(self, req: Request, row: int, lender: Request | None, start: int, length: int) -> bool:
+        """Give free row ``row`` the blocks of ``req``'s first ``length`` positions: the
+        lender's first ``start`` shared (its prompt), the rest new. False (no change) when the
+        pool lacks them."""
+        shared = start // BLOCK if lender is not None else 0
+        if num_blocks(length) - shared > self.kv.free_blocks:
+            return False
+        if lender is not None:
+            self.kv.share(lender.row, row, start)
+        return self.kv.grow(row, length)

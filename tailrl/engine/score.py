@@ -21,7 +21,7 @@ import torch
 
 from tailrl.config import SamplingParams
 from tailrl.engine.batch import build_batch
-from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
 from tailrl.engine.sampler import token_logprobs
 from tailrl.kernels import blocks
@@ -86,7 +86,7 @@ class Scorer:
         """One forward: each prompt prefilled and its response verified as a chain draft."""
         longest = max(len(p) + len(r) for p, r in zip(prompts, responses))
         kv = KVCache(self.args, self.dtype, self.device, len(prompts) * blocks(longest), len(prompts), longest)
-        if not kv.reserve(len(prompts), longest):
+        if not kv.grow_rows([(i, longest) for i in range(len(prompts))]):
             raise RuntimeError(f"scorer: no cache for {len(prompts)} rows of {longest} positions")
         rows, drafts = [], {}
         for i, (p, r, t) in enumerate(zip(prompts, responses, temps)):
@@ -94,7 +94,7 @@ class Scorer:
             rows.append((req, len(p)))
             if len(r) > 1:                    # the last response token is only predicted, never read
                 drafts[req.request_id] = Draft.chain(r[:-1], source="score")
-        batch = build_batch(rows, drafts, self.device)
+        batch = build_batch(rows, drafts, kv)
         hidden = self.model(batch.input_ids, batch.positions, kv.layers(), batch.meta)
         logits = self.model.logits(hidden[batch.sample_index])
         if logits.dtype == torch.bfloat16:                 # as ModelRunner.run: sampled in float32

@@ -22,7 +22,7 @@ from tailrl.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from tailrl.engine.batch import RowPlan
-    from tailrl.engine.kv_cache import KVCache
+    from tailrl.engine.kv import KVCache
 
 
 def accept_draft(parents: list[int], draft_tokens: list[int], targets: list[int]) -> tuple[list[int], list[int]]:

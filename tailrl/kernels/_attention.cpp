@@ -1,4 +1,5 @@
-// Row attention over a per-row KV cache: every query token attends to its own row's keys.
+// Row attention over a paged KV cache: every query token attends to its own row's keys, read
+// through the row's block table.
 //
 // Why a kernel of our own: decode and verify steps have 1-17 queries per row, and PyTorch's
 // CPU SDPA spends 5-10x the time of reading the K/V on them (measured: batch 64, 400
@@ -17,11 +18,16 @@
 // than their depths sees the same sequence as plain decoding of that token, so it computes
 // the same bits; so does a query of a row batched with any other rows.
 //
-// Key layout. A row's keys for one KV head are stored in blocks of BLOCK consecutive positions,
-// each block [D/2][BLOCK][2]: pairs of head dimensions side by side for every key (key_at).
-// A block is one contiguous read, and on CPUs with AVX512-BF16 a bfloat16 block is scored with
-// one dot-product-of-pairs instruction per 16 keys and 2 dimensions (the query rounded to
-// bfloat16 once); values stay [cap][D] and are weighed in float.
+// Paging. The cache is a pool of blocks of BLOCK positions (keys [blocks, KV, BLOCK * D],
+// values [blocks, KV, BLOCK, D]); row r's position p lives in block table[r][p / BLOCK] at
+// offset p % BLOCK. Reading through the table changes no arithmetic: a query sees the same
+// keys in the same order wherever their blocks are.
+//
+// Key layout. A block's keys for one KV head are [D/2][BLOCK][2]: pairs of head dimensions side
+// by side for every key (key_at). A block is one contiguous read, and on CPUs with AVX512-BF16 a
+// bfloat16 block is scored with one dot-product-of-pairs instruction per 16 keys and 2
+// dimensions (the query rounded to bfloat16 once); values stay [BLOCK][D] and are weighed in
+// float.
 //
 // Accumulation is in float (double for float64 caches). Tensors are passed as raw pointers
 // with element strides; the Python side checks shapes, dtypes and bounds.
@@ -71,14 +77,26 @@ template <> struct Acc<double> { using type = double; };
 struct Layout {
     int64_t n, heads, kv_heads, dim;
     int64_t q_s0, q_s1;              // q strides (token, head); dim stride 1
-    int64_t k_s0, k_s1;              // key cache strides (row, kv head); blocks inside (key_at)
-    int64_t v_s0, v_s1, v_s2;        // value cache strides (row, kv head, position); dim stride 1
+    int64_t k_s0, k_s1;              // key pool strides (block, kv head); a block's keys inside (key_at)
+    int64_t v_s0, v_s1, v_s2;        // value pool strides (block, kv head, position); dim stride 1
     int64_t o_s0, o_s1;
 };
 
-// Offset of key (dimension d, position p) inside one row and KV head's key blocks.
+// One row's K/V for one KV head, through its block table.
+template <typename T>
+struct RowKV {
+    const T* k;                      // the pool's keys at this head (block 0)
+    const T* v;                      // the pool's values at this head (block 0)
+    const int32_t* table;            // the row's block table
+    int64_t k_s0, v_s0, v_s2;
+    const T* key_block(int64_t b) const { return k + table[b] * k_s0; }      // keys of the row's block b
+    const T* value(int64_t p) const { return v + table[p / BLOCK] * v_s0 + (p % BLOCK) * v_s2; }
+};
+
+// Offset of key (dimension d, lane p of a block) inside one KV head's key block.
 inline int64_t key_at(int64_t d, int64_t p, int64_t D) {
-    return (p / BLOCK) * BLOCK * D + (d / 2) * (2 * BLOCK) + (p % BLOCK) * 2 + (d & 1);
+    (void)D;
+    return (d / 2) * (2 * BLOCK) + p * 2 + (d & 1);
 }
 
 // exp for softmax weights, branch-free so the compiler vectorises it: x = n ln2 + r,
@@ -174,11 +192,11 @@ inline A softmax_block(Query<A>& st, A* s, int64_t nb, A* p) {
     return c;
 }
 
-// acc = acc * c + sum_j p[j] V[pos[j]], each element in j order, in CHAINS interleaved partial
+// acc = acc * c + sum_j p[j] v[j], each element in j order, in CHAINS interleaved partial
 // sums over j; LANES elements at a time in a local array, so they stay in registers.
+// v[j]: the value row of the block's j-th visible key.
 template <typename T, typename A>
-inline void weigh_values(A* acc, A c, const A* p, const T* v, int64_t vs, const int64_t* pos, int64_t nb,
-                         int64_t D) {
+inline void weigh_values(A* acc, A c, const A* p, const T* const* v, int64_t nb, int64_t D) {
     int64_t d0 = 0;
     for (; d0 + LANES <= D; d0 += LANES) {
         A a[CHAINS][LANES] = {};
@@ -186,14 +204,14 @@ inline void weigh_values(A* acc, A c, const A* p, const T* v, int64_t vs, const 
         for (; j + CHAINS <= nb; j += CHAINS) {
             for (int u = 0; u < CHAINS; ++u) {
                 const A pj = p[j + u];
-                const T* vj = v + pos[j + u] * vs + d0;
+                const T* vj = v[j + u] + d0;
 #pragma omp simd
                 for (int i = 0; i < LANES; ++i) a[u][i] += pj * load(vj + i);
             }
         }
         for (; j < nb; ++j) {
             const A pj = p[j];
-            const T* vj = v + pos[j] * vs + d0;
+            const T* vj = v[j] + d0;
 #pragma omp simd
             for (int i = 0; i < LANES; ++i) a[0][i] += pj * load(vj + i);
         }
@@ -202,21 +220,20 @@ inline void weigh_values(A* acc, A c, const A* p, const T* v, int64_t vs, const 
     }
     for (; d0 < D; ++d0) {
         A a = acc[d0] * c;
-        for (int64_t j = 0; j < nb; ++j) a += p[j] * load(v + pos[j] * vs + d0);
+        for (int64_t j = 0; j < nb; ++j) a += p[j] * load(v[j] + d0);
         acc[d0] = a;
     }
 }
 
 // One block of nb visible keys for one query head (generic path): kb in the cache's layout,
-// values read at cache positions pos[j].
+// v[j] the value row of key j.
 template <typename T, typename A>
-inline void block_update(Query<A>& st, const T* kb, const T* v, int64_t vs, const int64_t* pos, int64_t nb,
-                         int64_t D) {
+inline void block_update(Query<A>& st, const T* kb, const T* const* v, int64_t nb, int64_t D) {
     alignas(64) A s[BLOCK];
     alignas(64) A p[BLOCK];
     block_scores(st.q, kb, D, s);
     const A c = softmax_block(st, s, nb, p);
-    weigh_values(st.acc, c, p, v, vs, pos, nb, D);
+    weigh_values(st.acc, c, p, v, nb, D);
 }
 
 #include "_attention_bf16.h"   // block_update_bf16, HAVE_BF16_DOT (the AVX512-BF16 kernels)
@@ -227,13 +244,16 @@ inline bool fast_path(int64_t D) {
     return HAVE_BF16_DOT && std::is_same<T, uint16_t>::value && D % 32 == 0;
 }
 
-// Keys at cache positions pos[0..nb) copied into one block of the cache's layout (kb, zero
+// The row's keys at positions pos[0..nb) copied into one block of the cache's layout (kb, zero
 // past nb): a tree node's gathered block.
 template <typename T>
-inline void gather_block(const T* k, const int64_t* pos, int64_t nb, int64_t D, T* kb) {
+inline void gather_block(const RowKV<T>& r, const int64_t* pos, int64_t nb, int64_t D, T* kb) {
     std::memset(kb, 0, sizeof(T) * BLOCK * D);
-    for (int64_t d = 0; d < D; ++d)
-        for (int64_t j = 0; j < nb; ++j) kb[key_at(d, j, D)] = k[key_at(d, pos[j], D)];
+    for (int64_t j = 0; j < nb; ++j) {
+        const T* src = r.key_block(pos[j] / BLOCK);
+        const int64_t lane = pos[j] % BLOCK;
+        for (int64_t d = 0; d < D; ++d) kb[key_at(d, j, D)] = src[key_at(d, lane, D)];
+    }
 }
 
 // Per-thread scratch of row_head.
@@ -248,15 +268,14 @@ struct Scratch {
 
 // One block of nb keys (kb: in the cache's layout, in place or gathered) for query state st.
 template <typename T, typename A>
-inline void update(Query<A>& st, bool fast, const T* kb, const T* v, int64_t vs, const int64_t* pos, int64_t nb,
-                   int64_t D) {
+inline void update(Query<A>& st, bool fast, const T* kb, const T* const* v, int64_t nb, int64_t D) {
     if constexpr (std::is_same<T, uint16_t>::value) {
         if (fast) {
-            block_update_bf16(st, kb, v, vs, pos, nb, D);
+            block_update_bf16(st, kb, v, nb, D);
             return;
         }
     }
-    block_update(st, kb, v, vs, pos, nb, D);
+    block_update(st, kb, v, nb, D);
 }
 
 inline uint32_t bf16_bits(float f) {
@@ -281,16 +300,16 @@ inline void prefetch_block(const T* k, const T* v, int64_t D) {
     }
 }
 
-// All queries of one row, one KV head (k: the row's key blocks, v: [cap, D]).
+// All queries of one row, one KV head (r: its K/V through its block table).
 // Phase 1: blocks of consecutive positions [0, most), read from memory once and from cache by
 // every other query head that sees them; a query without extras uses its blocks up to its
 // prefix (the last one partial), a query with extras stops at the last block boundary below
 // its prefix. Phase 2: each query with extras gathers the rest of its visible keys (the
 // prefix's tail, then the extras) into blocks of its own, aligned as in phase 1.
 template <typename T, typename A>
-void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
+void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
               const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-              A scale, Scratch<T, A>& sc, const T* next_k, const T* next_v) {
+              A scale, Scratch<T, A>& sc, const RowKV<T>* next) {
     const int64_t D = L.dim, G = L.heads / L.kv_heads, nq = (t1 - t0) * G;
     const bool fast = fast_path<T>(D);
     sc.buf.resize(static_cast<size_t>(2 * nq * D));
@@ -320,19 +339,21 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
         most = std::max(most, end);
     }
     int64_t pos[BLOCK];
+    const T* vrow[BLOCK];
     for (int64_t b0 = 0; b0 < most; b0 += BLOCK) {
         const int64_t nb = std::min<int64_t>(BLOCK, most - b0);
-        for (int64_t j = 0; j < nb; ++j) pos[j] = b0 + j;
-        // the block is read in place (capacities are whole blocks, so a partial block's unused
-        // lanes are readable; they are never used)
+        // the block is read in place (a partial block's unused lanes are readable, never used)
+        const T* kb = r.key_block(b0 / BLOCK);
+        const T* vb = r.value(b0);
+        for (int64_t j = 0; j < nb; ++j) vrow[j] = vb + j * L.v_s2;
         // ask for the next block's K and V, and for the next work item's block b0, while this
         // block is computed (two streams in flight: decode attention is bound by memory latency)
-        if (b0 + BLOCK < most) prefetch_block(k + (b0 + BLOCK) * D, v + (b0 + BLOCK) * L.v_s2, D);
-        if (next_k) prefetch_block(next_k + b0 * D, next_v + b0 * L.v_s2, D);
+        if (b0 + BLOCK < most) prefetch_block(r.key_block(b0 / BLOCK + 1), r.value(b0 + BLOCK), D);
+        if (next) prefetch_block(next->key_block(b0 / BLOCK), next->value(b0), D);
         for (int64_t i = 0; i < nq; ++i) {
             if (sc.shared_end[i] <= b0) continue;
             const int64_t n = std::min<int64_t>(nb, sc.shared_end[i] - b0);
-            update<T, A>(sc.st[i], fast, k + b0 * D, v, L.v_s2, pos, n, D);
+            update<T, A>(sc.st[i], fast, kb, vrow, n, D);
         }
     }
     for (int64_t t = t0; t < t1; ++t) {
@@ -341,10 +362,13 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
         const int32_t* ex = extra + estart[t];
         for (int64_t b0 = from; b0 < total; b0 += BLOCK) {
             const int64_t nb = std::min<int64_t>(BLOCK, total - b0);
-            for (int64_t j = 0; j < nb; ++j) pos[j] = b0 + j < pre ? b0 + j : ex[b0 + j - pre];
-            gather_block(k, pos, nb, D, sc.kb.data());
+            for (int64_t j = 0; j < nb; ++j) {
+                pos[j] = b0 + j < pre ? b0 + j : ex[b0 + j - pre];
+                vrow[j] = r.value(pos[j]);
+            }
+            gather_block(r, pos, nb, D, sc.kb.data());
             for (int64_t g = 0; g < G; ++g)
-                update<T, A>(sc.st[(t - t0) * G + g], fast, sc.kb.data(), v, L.v_s2, pos, nb, D);
+                update<T, A>(sc.st[(t - t0) * G + g], fast, sc.kb.data(), vrow, nb, D);
         }
     }
     for (int64_t t = t0; t < t1; ++t) {
@@ -357,11 +381,12 @@ void row_head(const A* q, const T* k, const T* v, T* out, const Layout& L, int64
     }
 }
 
-// Attention of every query (q: [N, H, D] contiguous, in the accumulation type) over its row.
+// Attention of every query (q: [N, H, D] contiguous, in the accumulation type) over its row
+// (row r's block table: table + r * t_s0).
 template <typename T, typename A>
 void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, const int32_t* qrow,
                const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-               double scale, int threads) {
+               const int32_t* table, int64_t t_s0, double scale, int threads) {
     // Queries are grouped by row (flat order: row after row); find each row's span.
     std::vector<int64_t> span_start, span_end;
     for (int64_t t = 0; t < L.n; ++t) {
@@ -378,20 +403,16 @@ void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, cons
         Scratch<T, A> sc;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t w = 0; w < work; ++w) {
-            auto at = [&](int64_t item, int64_t& row, int64_t& kh) {
-                kh = item % L.kv_heads;
-                row = qrow[span_start[item / L.kv_heads]];
+            auto at = [&](int64_t item) {
+                const int64_t kh = item % L.kv_heads, row = qrow[span_start[item / L.kv_heads]];
+                return RowKV<T>{k + kh * L.k_s1, v + kh * L.v_s1, table + row * t_s0, L.k_s0, L.v_s0, L.v_s2};
             };
-            int64_t row, kh, next_row, next_kh;
-            at(w, row, kh);
+            const RowKV<T> r = at(w);
             const bool more = w + 1 < work;
-            if (more) at(w + 1, next_row, next_kh);
+            const RowKV<T> next = more ? at(w + 1) : r;
             const int64_t sp = w / L.kv_heads;
-            row_head<T, A>(q, k + row * L.k_s0 + kh * L.k_s1, v + row * L.v_s0 + kh * L.v_s1, out, L,
-                           span_start[sp], span_end[sp], kh, prefix, estart, ecount, extra,
-                           static_cast<A>(scale), sc,
-                           more ? k + next_row * L.k_s0 + next_kh * L.k_s1 : nullptr,
-                           more ? v + next_row * L.v_s0 + next_kh * L.v_s1 : nullptr);
+            row_head<T, A>(q, r, out, L, span_start[sp], span_end[sp], w % L.kv_heads, prefix, estart, ecount,
+                           extra, static_cast<A>(scale), sc, more ? &next : nullptr);
         }
     }
 }
@@ -414,13 +435,13 @@ Layout layout(py::tuple shape, py::tuple strides) {
 }
 
 struct Visibility {
-    const int32_t *qrow, *prefix, *estart, *ecount, *extra;
+    const int32_t *qrow, *prefix, *estart, *ecount, *extra, *table;
+    int64_t t_s0;                    // the block table's row stride
 };
 
 Visibility visibility(py::tuple vis) {
-    return Visibility{ptr<const int32_t>(vis[0].cast<uintptr_t>()), ptr<const int32_t>(vis[1].cast<uintptr_t>()),
-                      ptr<const int32_t>(vis[2].cast<uintptr_t>()), ptr<const int32_t>(vis[3].cast<uintptr_t>()),
-                      ptr<const int32_t>(vis[4].cast<uintptr_t>())};
+    auto p = [&](int i) { return ptr<const int32_t>(vis[i].cast<uintptr_t>()); };
+    return Visibility{p(0), p(1), p(2), p(3), p(4), p(5), vis[6].cast<int64_t>()};
 }
 
 // q (type T, strided) -> the accumulation type, then attention.
@@ -435,7 +456,7 @@ void attend_t(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, const Layout
             for (int64_t d = 0; d < L.dim; ++d)
                 qa[(t * L.heads + h) * L.dim + d] = load(qt + t * L.q_s0 + h * L.q_s1 + d);
     attention<T, A>(qa.data(), ptr<const T>(k), ptr<const T>(v), ptr<T>(out), L, V.qrow, V.prefix, V.estart,
-                    V.ecount, V.extra, scale, threads);
+                    V.ecount, V.extra, V.table, V.t_s0, scale, threads);
 }
 
 void attend(int dtype, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
@@ -458,12 +479,12 @@ inline void rope(const T* x, const A* c, const A* s, int64_t D, A* y) {
 
 // One layer's attention from its fused projection qkv [N, (H + 2 KV) * D] (row stride
 // qkv_s0): RoPE on the query and key heads (in the accumulation type, at cos/sin [pos, D]),
-// this step's keys and values written into the caches at (write_row, write_pos), then
+// this step's keys and values written into the pool at their slots (block * BLOCK + lane), then
 // attention. Phase 1 runs over tokens, phase 2 (after every write) over (row, KV head).
 template <typename T>
 void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, const int64_t* positions,
-                   const int64_t* wrow, const int64_t* wpos, uintptr_t k, uintptr_t v, uintptr_t out,
-                   const Layout& L, const Visibility& V, double scale, int threads) {
+                   const int64_t* slot, uintptr_t k, uintptr_t v, uintptr_t out, const Layout& L,
+                   const Visibility& V, double scale, int threads) {
     using A = typename Acc<T>::type;
     const int64_t D = L.dim, H = L.heads, KV = L.kv_heads;
     std::vector<A> qa(static_cast<size_t>(L.n * H * D));
@@ -481,32 +502,32 @@ void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, 
             const A* c = ct + positions[t] * D;
             const A* s = st + positions[t] * D;
             for (int64_t h = 0; h < H; ++h) rope(row + h * D, c, s, D, qa.data() + (t * H + h) * D);
+            const int64_t block = slot[t] / BLOCK, lane = slot[t] % BLOCK;
             for (int64_t kh = 0; kh < KV; ++kh) {
                 rope(row + (H + kh) * D, c, s, D, y.data());
-                T* kd = kc + wrow[t] * L.k_s0 + kh * L.k_s1;
-                for (int64_t d = 0; d < D; ++d) store(kd + key_at(d, wpos[t], D), y[d]);
+                T* kd = kc + block * L.k_s0 + kh * L.k_s1;
+                for (int64_t d = 0; d < D; ++d) store(kd + key_at(d, lane, D), y[d]);
                 const T* vs = row + (H + KV + kh) * D;
-                T* vd = vc + wrow[t] * L.v_s0 + kh * L.v_s1 + wpos[t] * L.v_s2;
+                T* vd = vc + block * L.v_s0 + kh * L.v_s1 + lane * L.v_s2;
                 for (int64_t d = 0; d < D; ++d) vd[d] = vs[d];
             }
         }
     }
-    attention<T, A>(qa.data(), kc, vc, ptr<T>(out), L, V.qrow, V.prefix, V.estart, V.ecount, V.extra, scale,
-                    threads);
+    attention<T, A>(qa.data(), kc, vc, ptr<T>(out), L, V.qrow, V.prefix, V.estart, V.ecount, V.extra, V.table,
+                    V.t_s0, scale, threads);
 }
 
 void rope_attend(int dtype, uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, uintptr_t positions,
-                 uintptr_t wrow, uintptr_t wpos, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape,
-                 py::tuple strides, py::tuple vis, double scale, int threads) {
+                 uintptr_t slots, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
+                 py::tuple vis, double scale, int threads) {
     const Layout L = layout(shape, strides);
     const Visibility V = visibility(vis);
     auto* pos = ptr<const int64_t>(positions);
-    auto* wr = ptr<const int64_t>(wrow);
-    auto* wp = ptr<const int64_t>(wpos);
+    auto* sl = ptr<const int64_t>(slots);
     py::gil_scoped_release release;
-    if (dtype == 0) rope_attend_t<uint16_t>(qkv, qkv_s0, cos, sin, pos, wr, wp, k, v, out, L, V, scale, threads);
-    else if (dtype == 1) rope_attend_t<float>(qkv, qkv_s0, cos, sin, pos, wr, wp, k, v, out, L, V, scale, threads);
-    else rope_attend_t<double>(qkv, qkv_s0, cos, sin, pos, wr, wp, k, v, out, L, V, scale, threads);
+    if (dtype == 0) rope_attend_t<uint16_t>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, threads);
+    else if (dtype == 1) rope_attend_t<float>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, threads);
+    else rope_attend_t<double>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, threads);
 }
 
 // RMS norm of each row of x [N, C] (row stride xs0) times w [C], in the accumulation type:
@@ -548,10 +569,11 @@ void rms_norm(int dtype, uintptr_t x, int64_t xs0, uintptr_t w, uintptr_t out, i
 }  // namespace
 
 PYBIND11_MODULE(_attention, m) {
-    m.doc() = "Row attention over a per-row KV cache, and the fused steps around it (see attention.py)";
+    m.doc() = "Row attention over a paged KV cache, and the fused steps around it (see tailrl/kernels/cpu.py)";
     m.def("attend", &attend, "dtype (0 bf16, 1 f32, 2 f64), q, k, v, out pointers, shape (N, H, KV, D), "
-          "strides, visibility pointers (row, prefix, extra start, extra count, extras), scale, threads");
-    m.def("rope_attend", &rope_attend, "dtype, qkv pointer and row stride, cos, sin, positions, write rows, "
-          "write positions, k, v, out, shape, strides, visibility, scale, threads");
+          "strides, visibility (row, prefix, extra start, extra count, extras, block table pointers; the "
+          "table's row stride), scale, threads");
+    m.def("rope_attend", &rope_attend, "dtype, qkv pointer and row stride, cos, sin, positions, write slots, "
+          "k, v, out, shape, strides, visibility, scale, threads");
     m.def("rms_norm", &rms_norm, "dtype, x pointer and row stride, weight, out, rows, columns, eps, threads");
 }

@@ -24,18 +24,18 @@ inline void block_scores_bf16(const uint32_t* qp, const uint16_t* kb, int64_t D,
     _mm512_store_ps(s + 16, _mm512_add_ps(a1, b1));
 }
 
-// acc = acc * c + sum_j p[j] V[pos[j]] for bfloat16 values, 32 dimensions per load: the even
+// acc = acc * c + sum_j p[j] v[j] for bfloat16 value rows v[j], 32 dimensions per load: the even
 // ones widened by a shift, the odd ones by a mask (acc holds them in that order), two chains.
-inline void weigh_values_bf16(float* acc, float c, const float* p, const uint16_t* v, int64_t vs,
-                              const int64_t* pos, int64_t nb, int64_t D) {
+inline void weigh_values_bf16(float* acc, float c, const float* p, const uint16_t* const* v, int64_t nb,
+                              int64_t D) {
     const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
     const __m512 cc = _mm512_set1_ps(c);
     for (int64_t g = 0; g < D; g += 32) {
         __m512 e0 = _mm512_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;
         int64_t j = 0;
         for (; j + 2 <= nb; j += 2) {
-            const __m512i x0 = _mm512_loadu_si512(v + pos[j] * vs + g);
-            const __m512i x1 = _mm512_loadu_si512(v + pos[j + 1] * vs + g);
+            const __m512i x0 = _mm512_loadu_si512(v[j] + g);
+            const __m512i x1 = _mm512_loadu_si512(v[j + 1] + g);
             const __m512 p0 = _mm512_set1_ps(p[j]), p1 = _mm512_set1_ps(p[j + 1]);
             e0 = _mm512_fmadd_ps(p0, _mm512_castsi512_ps(_mm512_slli_epi32(x0, 16)), e0);
             o0 = _mm512_fmadd_ps(p0, _mm512_castsi512_ps(_mm512_and_si512(x0, high)), o0);
@@ -43,7 +43,7 @@ inline void weigh_values_bf16(float* acc, float c, const float* p, const uint16_
             o1 = _mm512_fmadd_ps(p1, _mm512_castsi512_ps(_mm512_and_si512(x1, high)), o1);
         }
         if (j < nb) {
-            const __m512i x0 = _mm512_loadu_si512(v + pos[j] * vs + g);
+            const __m512i x0 = _mm512_loadu_si512(v[j] + g);
             const __m512 p0 = _mm512_set1_ps(p[j]);
             e0 = _mm512_fmadd_ps(p0, _mm512_castsi512_ps(_mm512_slli_epi32(x0, 16)), e0);
             o0 = _mm512_fmadd_ps(p0, _mm512_castsi512_ps(_mm512_and_si512(x0, high)), o0);
@@ -54,16 +54,15 @@ inline void weigh_values_bf16(float* acc, float c, const float* p, const uint16_
     }
 }
 
-inline void block_update_bf16(Query<float>& st, const uint16_t* kb, const uint16_t* v, int64_t vs,
-                              const int64_t* pos, int64_t nb, int64_t D) {
+inline void block_update_bf16(Query<float>& st, const uint16_t* kb, const uint16_t* const* v, int64_t nb,
+                              int64_t D) {
     alignas(64) float s[BLOCK];
     alignas(64) float p[BLOCK];
     block_scores_bf16(st.qp, kb, D, s);
     const float c = softmax_block(st, s, nb, p);
-    weigh_values_bf16(st.acc, c, p, v, vs, pos, nb, D);
+    weigh_values_bf16(st.acc, c, p, v, nb, D);
 }
 #else
 constexpr bool HAVE_BF16_DOT = false;
-inline void block_update_bf16(Query<float>&, const uint16_t*, const uint16_t*, int64_t, const int64_t*, int64_t,
-                              int64_t) {}
+inline void block_update_bf16(Query<float>&, const uint16_t*, const uint16_t* const*, int64_t, int64_t) {}
 #endif

@@ -23,7 +23,6 @@ from tailrl.kernels.backend import Backend, Rope, RopeTables
 from tailrl.kernels.layout import AttentionMeta, check_caches
 
 
-
 def _load(name: str, what: str):
     """The extension ``name``, or None (not built: no compiler at install time)."""
     try:
@@ -50,7 +49,7 @@ def supports(dtype: torch.dtype) -> bool:
 
 def _vis(meta: AttentionMeta) -> tuple[int, ...]:
     return (meta.q_row.data_ptr(), meta.prefix.data_ptr(), meta.estart.data_ptr(), meta.ecount.data_ptr(),
-            meta.extra.data_ptr())
+            meta.extra.data_ptr(), meta.block_table.data_ptr(), meta.block_table.stride(0))
 
 
 def _strides(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, q_strides=(0, 0)) -> tuple[int, ...]:
@@ -58,12 +57,13 @@ def _strides(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, q_
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
-    """q: [N, H, D] (RoPE applied, last dim contiguous); k_cache [rows, KV, cap * D] (key blocks)
-    and v_cache [rows, KV, cap, D] already hold this step's K/V. Returns [N, H*D]."""
+    """q: [N, H, D] (RoPE applied, last dim contiguous); the pool's keys k_cache [blocks, KV,
+    BLOCK * D] and values v_cache [blocks, KV, BLOCK, D] already hold this step's K/V. Returns
+    [N, H*D]."""
     n, heads, d = q.shape
     if q.stride(-1) != 1:
         raise ValueError("attend: q's head dimension must be contiguous")
-    check_caches(k_cache, v_cache)
+    check_caches(k_cache, v_cache, meta)
     out = torch.empty(n, heads, d, dtype=q.dtype, device=q.device)
     if n:
         _native.attend(_DTYPE_CODE[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
@@ -85,14 +85,15 @@ class CpuBackend(Backend):
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
         if qkv.stride(-1) != 1 or rope.positions.dtype != torch.long:
             raise ValueError("rope_attend: qkv rows must be contiguous and positions int64")
-        check_caches(k_cache, v_cache)
+        check_caches(k_cache, v_cache, meta)
+        if meta.write_slot.dtype != torch.long:
+            raise ValueError("rope_attend: write slots must be int64")
         out = torch.empty(n, heads, d, dtype=qkv.dtype, device=qkv.device)
         if n:
             _native.rope_attend(_DTYPE_CODE[qkv.dtype], qkv.data_ptr(), qkv.stride(0), rope.cos.data_ptr(),
-                                rope.sin.data_ptr(), rope.positions.data_ptr(), meta.write_rows.data_ptr(),
-                                meta.write_pos.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                                (n, heads, kv_heads, d), _strides(k_cache, v_cache, out), _vis(meta), d ** -0.5,
-                                torch.get_num_threads())
+                                rope.sin.data_ptr(), rope.positions.data_ptr(), meta.write_slot.data_ptr(),
+                                k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), (n, heads, kv_heads, d),
+                                _strides(k_cache, v_cache, out), _vis(meta), d ** -0.5, torch.get_num_threads())
         return out.view(n, heads * d)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

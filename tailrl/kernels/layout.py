@@ -1,8 +1,8 @@
 """What every attention kernel agrees on: the K/V cache layout and the per-query visibility.
 
-The tokens of one step are flattened, row after row ([N, ...]); row r owns cache row r and its
-new tokens are written at cache positions start_r .. start_r + n_r - 1 before attention runs.
-Each query token then attends to keys of its own row only, described per query by
+The tokens of one step are flattened, row after row ([N, ...]); row r's new tokens are written
+at its positions start_r .. start_r + n_r - 1 before attention runs. Each query token then
+attends to keys of its own row only, described per query by
 
 * ``prefix``: it sees cache positions [0, prefix) (a committed token or a chain draft node at
   cache position p: prefix = p + 1), followed by
@@ -12,11 +12,14 @@ Each query token then attends to keys of its own row only, described per query b
 
 No mask tensor, no padding: a row's K/V is read once for all of its queries.
 
-Cache layout: values are [rows, KV, cap, D]; keys are [rows, KV, cap * D] in blocks of
-``BLOCK`` positions, each block [D/2][BLOCK][2] (pairs of dimensions side by side per key), so
-a block is one contiguous read and bfloat16 blocks are scored with pairwise dot products.
-``cap`` is a whole number of blocks. ``pack_keys`` / ``unpack_keys`` convert from / to the
-plain [rows, KV, D, cap] view; ``key_index`` addresses single positions.
+Cache layout: a pool of blocks of ``BLOCK`` positions, allocated once (tailrl/engine/kv/cache.py):
+keys [blocks, KV, BLOCK * D], values [blocks, KV, BLOCK, D]. Row r's position p lives in block
+``block_table[r, p // BLOCK]`` at lane p % BLOCK; a new token is written at its *slot*
+block * BLOCK + lane. A block's keys for one KV head are [D/2][BLOCK][2] (pairs of dimensions
+side by side per key), so a block is one contiguous read and bfloat16 blocks are scored with
+pairwise dot products; ``key_index`` addresses single lanes. ``pack_keys`` / ``unpack_keys``
+convert plain keys [..., D, n] from / to consecutive key blocks [..., blocks(n) * D] (a row's
+blocks in order: what ``gather_rows`` returns).
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ def blocks(positions: int) -> int:
 
 
 def key_index(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """[n, D] offsets of each position's keys (dimension order) inside a row's key blocks."""
+    """[n, D] offsets of each position's keys (dimension order) inside consecutive key blocks
+    (a lane < BLOCK: inside one block)."""
     p = positions.long()[:, None]
     d = torch.arange(dim, device=positions.device)[None, :]
     return (p // BLOCK) * (BLOCK * dim) + (d // 2) * (2 * BLOCK) + (p % BLOCK) * 2 + d % 2
@@ -71,26 +75,43 @@ def unpack_keys(k: torch.Tensor, dim: int) -> torch.Tensor:
 class AttentionMeta:
     """Where each flat token goes and what it may see; built once per step, used by every layer."""
 
-    write_rows: torch.Tensor            # [N] long: cache row of each new token
-    write_pos: torch.Tensor             # [N] long: cache position of each new token
-    q_row: torch.Tensor                 # [N] int32: its row (non-decreasing: rows in flat order)
-    prefix: torch.Tensor                # [N] int32: it sees cache positions [0, prefix) ...
+    write_slot: torch.Tensor            # [N] long: where each new token's K/V goes (block * BLOCK + lane)
+    q_row: torch.Tensor                 # [N] int32: its row of block_table (a row's tokens consecutive)
+    prefix: torch.Tensor                # [N] int32: it sees its row's positions [0, prefix) ...
     estart: torch.Tensor                # [N] int32: ... then extra[estart : estart + ecount]
     ecount: torch.Tensor                # [N] int32
     extra: torch.Tensor                 # [E] int32 (at least one element)
-    kv_len: int                         # largest cache position any query sees, plus one
+    block_table: torch.Tensor           # [rows, max blocks] int32: row r's position p is in block [r, p // BLOCK]
+    kv_len: int                         # largest position any query sees, plus one
     reads: int                          # (row, key position) pairs read: the K/V traffic
     work: int                           # (query, key position) pairs scored
 
     @property
     def num_tokens(self) -> int:
-        return self.write_rows.shape[0]
+        return self.write_slot.shape[0]
 
 
-def check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    rows, kv, cap, dim = v_cache.shape
-    if k_cache.dim() != 3 or k_cache.shape != (rows, kv, cap * dim) or cap % BLOCK:
-        raise ValueError(f"attend: keys must be [rows, KV, cap * D] blocks for values [rows, KV, cap, D] with cap a "
-                         f"multiple of {BLOCK}, got keys {tuple(k_cache.shape)}, values {tuple(v_cache.shape)}")
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("attend: the key blocks and the values' head dimension must be contiguous")
+def check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta) -> None:
+    nb, kv, lanes, dim = v_cache.shape
+    if k_cache.dim() != 3 or k_cache.shape != (nb, kv, BLOCK * dim) or lanes != BLOCK:
+        raise ValueError(f"attend: keys must be a pool [blocks, KV, {BLOCK} * D] for values [blocks, KV, {BLOCK}, D], "
+                         f"got keys {tuple(k_cache.shape)}, values {tuple(v_cache.shape)}")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or v_cache.stride(-2) != dim:
+        raise ValueError("attend: the key blocks and the values' positions must be contiguous")
+    t = meta.block_table
+    if t.dtype != torch.int32 or t.dim() != 2 or t.stride(-1) != 1 or t.shape[1] * BLOCK < meta.kv_len:
+        raise ValueError(f"attend: block_table must be [rows, >= {-(-meta.kv_len // BLOCK)}] int32 with contiguous "
+                         f"rows, got {tuple(t.shape)} {t.dtype}")
+
+
+def gather_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K/V of ``rows``' first ``length`` positions, each row's blocks in order: keys
+    [len(rows), KV, blocks(length) * D] (consecutive key blocks), values [len(rows), KV,
+    blocks(length), D]."""
+    nb = -(-length // BLOCK)
+    ids = table[rows.long(), :nb].long()                                 # [R, nb]
+    r, kv, dim = ids.shape[0], v_cache.shape[1], v_cache.shape[3]
+    k = k_cache[ids].transpose(1, 2).reshape(r, kv, nb * BLOCK * dim)
+    v = v_cache[ids].transpose(1, 2).reshape(r, kv, nb * BLOCK, dim)
+    return k, v

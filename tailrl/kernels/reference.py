@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tailrl.kernels.backend import Backend, Rope, RopeTables
-from tailrl.kernels.layout import AttentionMeta, key_index, unpack_keys
+from tailrl.kernels.layout import BLOCK, AttentionMeta, gather_rows, key_index, unpack_keys
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -22,10 +22,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def write_keys(k_cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor) -> None:
-    """k [N, KV, D] into key blocks [rows, KV, cap * D] at (rows, positions)."""
-    idx = key_index(positions, k.shape[-1])                             # [N, D]
-    k_cache[rows[:, None, None], torch.arange(k.shape[1], device=k.device)[None, :, None], idx[:, None, :]] = k
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """k, v [N, KV, D] into the pool (keys [blocks, KV, BLOCK * D], values [blocks, KV, BLOCK, D])
+    at ``slots`` [N] (block * BLOCK + lane)."""
+    block, lane = slots // BLOCK, slots % BLOCK
+    idx = key_index(lane, k.shape[-1])                                  # [N, D]
+    k_cache[block[:, None, None], torch.arange(k.shape[1], device=k.device)[None, :, None], idx[:, None, :]] = k
+    v_cache[block, :, lane] = v
 
 
 def visibility(meta: AttentionMeta) -> torch.Tensor:
@@ -42,17 +46,19 @@ def visibility(meta: AttentionMeta) -> torch.Tensor:
 
 def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      meta: AttentionMeta) -> torch.Tensor:
-    """q: [N, H, D] (RoPE applied); k_cache [rows, KV, cap * D] (key blocks) and v_cache
-    [rows, KV, cap, D] already hold this step's K/V. Returns [N, H*D]: PyTorch's SDPA over each
-    query's gathered row."""
+    """q: [N, H, D] (RoPE applied); the pool (keys [blocks, KV, BLOCK * D], values [blocks, KV,
+    BLOCK, D]) already holds this step's K/V. Returns [N, H*D]: PyTorch's SDPA over each query's
+    row, gathered through its block table. Positions a query does not see are zeroed first: a
+    block's unwritten lanes hold whatever the pool held (never read by the native kernel)."""
     n, heads, d = q.shape
     kv = k_cache.shape[1]
     s = meta.kv_len
-    rows = meta.q_row.long()
-    k = unpack_keys(k_cache, d)[rows, :, :, :s].transpose(-1, -2)      # [N, KV, S, D]
-    v = v_cache[rows, :, :s]
-    mask = visibility(meta).to(q.device)[:, None, None, :]             # [N, 1, 1, S]
-    o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, d), k, v, attn_mask=mask)
+    keys, values = gather_rows(k_cache, v_cache, meta.block_table, meta.q_row, s)
+    vis = visibility(meta).to(q.device)                                # [N, S]
+    seen = vis[:, None, :, None]
+    k = unpack_keys(keys, d)[:, :, :, :s].transpose(-1, -2).masked_fill(~seen, 0)   # [N, KV, S, D]
+    v = values[:, :, :s].masked_fill(~seen, 0)
+    o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, d), k, v, attn_mask=vis[:, None, None, :])
     return o.reshape(n, heads * d)
 
 
@@ -68,8 +74,7 @@ class ReferenceBackend(Backend):
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
         nqk = heads + kv_heads
         qk = apply_rope(qkv[:, :nqk * d].view(n, nqk, d), rope.cos, rope.sin)
-        write_keys(k_cache, meta.write_rows, meta.write_pos, qk[:, heads:])     # [N, KV, D] into the key blocks
-        v_cache[meta.write_rows, :, meta.write_pos] = qkv[:, nqk * d:].view(n, kv_heads, d)
+        write_kv(k_cache, v_cache, meta.write_slot, qk[:, heads:], qkv[:, nqk * d:].view(n, kv_heads, d))
         return reference_attend(qk[:, :heads], k_cache, v_cache, meta)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

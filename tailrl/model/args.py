@@ -38,6 +38,17 @@ class ModelArgs:
         """K and V over all layers, in elements (multiply by the dtype size)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
+    @property
+    def num_parameters(self) -> int:
+        """Weights of our module (fused projections, biases and norms included), in elements."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.num_heads * d, self.num_kv_heads * d
+        layer = (h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
+                 + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0)
+                 + (2 * self.intermediate_size + h if self.mlp_bias else 0) + (q + kv if self.qk_norm else 0))
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + head + h + self.num_layers * layer
+
 
 def _eos_ids(value) -> tuple[int, ...]:
     if value is None:

@@ -78,10 +78,14 @@ class StandinSpec:
 # 14 query / 2 KV heads of 64 dims are 28 / 4 heads of 32 here, the same projection shapes,
 # attention work and KV bytes per token. Its 151,936-token embedding is not reproduced (the
 # vocabulary stays the source's), so this is the 0.36B non-embedding part of Qwen2.5-0.5B.
+# "0.5b-kv" is "0.5b" with 14 KV heads of 32 dims: 43 KB of bfloat16 K/V per token (0.5b: 12 KB;
+# Qwen3-0.6B: 112 KB), the K/V weight of real checkpoints at 0.5b's cost per step.
 STANDINS: dict[str, StandinSpec] = {
     "50m": StandinSpec("50m", hidden_size=512, num_layers=12, num_heads=16, num_kv_heads=8, intermediate_size=2048),
     "0.5b": StandinSpec("0.5b", hidden_size=896, num_layers=24, num_heads=28, num_kv_heads=4,
                         intermediate_size=4864),
+    "0.5b-kv": StandinSpec("0.5b-kv", hidden_size=896, num_layers=24, num_heads=28, num_kv_heads=14,
+                           intermediate_size=4864),
 }
 
 

@@ -145,7 +145,7 @@ def test_engine_appends_committed_positions_only_each_computed_once_and_frees(mo
     (preemptions): after every step each running request's past is exactly its committed
     positions < num_tokens - 1; over the run no position's K/V was computed twice."""
     for paths in (1, 3):
-        engine = LLMEngine(EngineConfig(model=model, dtype="float64", max_model_len=128, kv_cache_tokens=128),
+        engine = LLMEngine(EngineConfig(model=model, dtype="float64", max_model_len=128, kv_cache_tokens=160),
                            SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0,
                                              max_tree_paths=paths))
         src = source_of(engine)

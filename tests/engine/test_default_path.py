@@ -77,8 +77,10 @@ def test_the_default_policy_learns_to_draft_and_stays_lossless(model):
 
 
 def test_preemption_under_a_small_kv_budget(model):
+    """8 blocks of K/V where the batch needs ~19 at its longest: requests are preempted and
+    recomputed, and the outputs do not change."""
     sp = greedy_and_sampled(len(PROMPTS))
-    plain, spec = run_both(model, PROMPTS, sp, max_model_len=512, kv_cache_tokens=512)
+    plain, spec = run_both(model, PROMPTS, sp, max_model_len=128, kv_cache_tokens=256)
     assert all(m["rollout/preemptions"] > 0 for m in plain + spec)
     assert_speculated(spec[1])
 
@@ -148,6 +150,24 @@ def test_bfloat16_identity_on_a_short_context_model(ckpt_dir):
             for cx, cy in zip(x.outputs, y.outputs, strict=True):
                 assert (cy.token_ids, cy.logprobs, cy.finish_reason) == (cx.token_ids, cx.logprobs, cx.finish_reason)
     assert spec.last_metrics["rollout/spec_accepted_tokens"] > 0
+
+
+def test_bfloat16_identity_through_preemption_shared_blocks_and_trees(model):
+    """bfloat16 bits equal plain decoding's in a pool of 8 blocks where the batch needs ~19:
+    requests preempted and recomputed, siblings sharing their prompt's blocks, tree drafts whose
+    accepted nodes move inside a row, plain and speculative engines placing K/V in other blocks."""
+    sp = [SamplingParams(n=2, temperature=t, max_tokens=50, ignore_eos=True, seed=3) for t in (1.0, 0.0, 0.7, 1.0)]
+    kw = dict(max_model_len=128, kv_cache_tokens=256)
+    plain = LLM(model, **kw)
+    spec = LLM(model, speculative=SpeculativeConfig(policy="fixed", max_tree_paths=3), **kw)
+    for _ in range(2):
+        a, b = plain.generate(PROMPTS, sp), spec.generate(PROMPTS, sp)
+        for x, y in zip(a, b, strict=True):
+            for cx, cy in zip(x.outputs, y.outputs, strict=True):
+                assert (cy.token_ids, cy.logprobs, cy.finish_reason) == (cx.token_ids, cx.logprobs, cx.finish_reason)
+    m = spec.last_metrics
+    assert m["rollout/preemptions"] > 0 and plain.last_metrics["rollout/preemptions"] > 0
+    assert m["kv/blocks_shared_peak"] > 0 and m["rollout/spec_accepted_tokens"] > 0
 
 
 def test_critical_path_drafting_above_max_spec_batch(model):

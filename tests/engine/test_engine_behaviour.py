@@ -25,8 +25,11 @@ def test_preemption_under_small_kv_budget_keeps_outputs(reference):
     path, sp, ref = reference
     llm = LLM(path, dtype="float64", max_model_len=128, kv_cache_tokens=300)
     assert tokens(llm.generate(PROMPTS, sp)) == ref
-    assert llm.last_metrics["rollout/preemptions"] > 0
-    assert llm.engine.kv.rows * llm.engine.kv.cap <= 300
+    m = llm.last_metrics
+    assert m["rollout/preemptions"] > 0
+    assert m["kv/blocks"] == 300 // 32 and m["kv/blocks_used_peak"] == m["kv/blocks"]   # the pool, full, never more
+    assert m["kv/allocations"] == 0                        # allocated with the engine, never again
+    assert llm.engine.kv.used == 0                         # every block back
 
 
 def test_chunked_prefill_and_small_token_budget_keep_outputs(reference):
@@ -41,6 +44,22 @@ def test_group_shares_prompt_prefill(ckpt_dir):
     llm.generate([prompt], SamplingParams(n=8, max_tokens=1, ignore_eos=True))
     # one prefill of 60 tokens, then each of 8 samples computes only the prompt's last token
     assert llm.last_metrics["rollout/batched_tokens"] == 60 + 7
+
+
+def test_a_group_holds_its_prompt_once(ckpt_dir):
+    """8 samples of a 300-token prompt, 10 new tokens each: 310 positions, 10 blocks per sample
+    unshared (80 in all); sharing holds the prompt's 9 full blocks once, plus each sample's own
+    last block: 17. The outputs are those of samples that do not share (one at a time)."""
+    path = ckpt_dir("qwen2", max_pos=1024)
+    prompt = [(7 * i) % 89 + 1 for i in range(300)]
+    sp = SamplingParams(n=8, max_tokens=10, ignore_eos=True, seed=5)
+    llm = LLM(path, dtype="float64")
+    out = tokens(llm.generate([prompt], sp))
+    m = llm.last_metrics
+    assert m["kv/blocks_shared_peak"] == 9 and m["kv/blocks_used_peak"] == 9 + 8
+    alone = LLM(path, dtype="float64", max_num_seqs=1)                 # no sibling running to share with
+    assert tokens(alone.generate([prompt], sp)) == out
+    assert alone.last_metrics["kv/blocks_shared_peak"] == 0
 
 
 def test_max_seqs_one_serialises_but_keeps_outputs(reference):

@@ -5,7 +5,7 @@ import transformers
 
 from tailrl import LLM, SamplingParams
 from tailrl.engine.batch import build_batch
-from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
 from tailrl.model.loader import load_model
 
@@ -21,10 +21,10 @@ def our_logits(path: str, tokens: list[int]) -> torch.Tensor:
     """Prefill `tokens` as one chunk and return logits at every position."""
     model = load_model(path)
     kv = KVCache(model.args, torch.float32, "cpu", 4096, 4, 512)
-    kv.reserve(1, len(tokens))
+    kv.grow(0, len(tokens))
     req = Request("r", tokens, SamplingParams(), 0)
     a = model.args
-    batch = build_batch([(req, len(tokens))], {}, "cpu")
+    batch = build_batch([(req, len(tokens))], {}, kv)
     hidden = model(batch.input_ids, batch.positions, kv.layers(), batch.meta)
     return model.logits(hidden)
 

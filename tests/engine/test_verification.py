@@ -7,7 +7,7 @@ import transformers
 
 from tailrl import LLM, SamplingParams
 from tailrl.engine.batch import ModelRunner
-from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
 from tailrl.model.loader import load_model
 from tailrl.speculative.draft import Draft
@@ -23,7 +23,7 @@ def test_tree_logits_equal_feeding_each_path(ckpt_dir):
     runner = ModelRunner(model, kv)
     prompts = [[5, 6, 7, 8, 9, 10], [11, 3, 3]]
     reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(prompts)]
-    kv.reserve(2, 64)
+    kv.grow_rows([(0, 64), (1, 64)])
     for i, r in enumerate(reqs):                           # prefill all but the last prompt token
         r.row = i
     runner.run(runner.build([(r, r.num_prompt_tokens - 1) for r in reqs], {}))

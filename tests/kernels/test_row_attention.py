@@ -1,4 +1,5 @@
-"""The native row-attention kernel against the SDPA reference, and its batch invariance."""
+"""The native row-attention kernel against the SDPA reference, both reading K/V through block
+tables of a shuffled pool, and its batch invariance."""
 import random
 
 import pytest
@@ -6,7 +7,7 @@ import torch
 
 from tailrl.kernels import cpu
 from tailrl.kernels.cpu import attend
-from tailrl.kernels.layout import AttentionMeta, pack_keys
+from tailrl.kernels.layout import BLOCK, AttentionMeta, pack_keys
 from tailrl.kernels.reference import reference_attend
 
 pytestmark = pytest.mark.skipif(not cpu.NATIVE, reason="native row attention not built")
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.skipif(not cpu.NATIVE, reason="native row attention not
 KV, G, D = 2, 2, 32
 
 
-def make_meta(rows_queries: list[list[tuple[int, list[int]]]]) -> AttentionMeta:
+def make_meta(rows_queries: list[list[tuple[int, list[int]]]], table: torch.Tensor) -> AttentionMeta:
     """rows_queries[r] = [(prefix, extras), ...] for the queries of row r, in flat order."""
     q_row, prefix, estart, ecount, extra = [], [], [], [], []
     for r, queries in enumerate(rows_queries):
@@ -27,9 +28,9 @@ def make_meta(rows_queries: list[list[tuple[int, list[int]]]]) -> AttentionMeta:
     i32 = dict(dtype=torch.int32)
     kv_len = max(max([p] + [e + 1 for e in ex]) for qs in rows_queries for p, ex in qs)
     n = len(q_row)
-    return AttentionMeta(torch.tensor(q_row), torch.zeros(n, dtype=torch.long), torch.tensor(q_row, **i32),
-                         torch.tensor(prefix, **i32), torch.tensor(estart, **i32), torch.tensor(ecount, **i32),
-                         torch.tensor(extra or [0], **i32), kv_len, 0, 0)
+    return AttentionMeta(torch.zeros(n, dtype=torch.long), torch.tensor(q_row, **i32), torch.tensor(prefix, **i32),
+                         torch.tensor(estart, **i32), torch.tensor(ecount, **i32), torch.tensor(extra or [0], **i32),
+                         table, kv_len, 0, 0)
 
 
 def caches(rows: int, cap: int, dtype, seed: int = 0):
@@ -38,6 +39,40 @@ def caches(rows: int, cap: int, dtype, seed: int = 0):
     k = torch.randn(rows, KV, D, cap, generator=g).to(dtype)
     v = torch.randn(rows, KV, cap, D, generator=g).to(dtype)
     return k, v
+
+
+def pool(k: torch.Tensor, v: torch.Tensor, seed: int = 0, spare: int = 5):
+    """The rows' K/V in a pool of blocks, placed at random (a fragmented pool), with ``spare``
+    blocks of NaN: (pool keys [blocks, KV, 32 * D], values [blocks, KV, 32, D], table [rows,
+    cap / 32])."""
+    rows, kv, dim, cap = k.shape
+    nb = cap // BLOCK
+    order = torch.randperm(rows * nb + spare, generator=torch.Generator().manual_seed(seed))
+    table = order[:rows * nb].view(rows, nb).to(torch.int32)
+    pk = torch.full((rows * nb + spare, kv, BLOCK * dim), float("nan"), dtype=k.dtype)
+    pv = torch.full((rows * nb + spare, kv, BLOCK, dim), float("nan"), dtype=v.dtype)
+    packed = pack_keys(k).view(rows, kv, nb, BLOCK * dim)
+    for r in range(rows):
+        for j in range(nb):
+            pk[table[r, j]] = packed[r, :, j]
+            pv[table[r, j]] = v[r, :, j * BLOCK:(j + 1) * BLOCK]
+    return pk, pv, table
+
+
+def run(q, k, v, rows_queries, fn=attend, seed=0):
+    pk, pv, table = pool(k, v, seed)
+    return fn(q, pk, pv, make_meta(rows_queries, table))
+
+
+def hide_unseen(k: torch.Tensor, v: torch.Tensor, rows_queries) -> None:
+    """NaN at every position no query of its row sees: a kernel that read one would show it."""
+    for r, queries in enumerate(rows_queries):
+        seen = set()
+        for p, ex in queries:
+            seen.update(range(p), ex)
+        unseen = [i for i in range(k.shape[-1]) if i not in seen]
+        k[r, :, :, unseen] = float("nan")
+        v[r, :, unseen] = float("nan")
 
 
 def random_queries(rng: random.Random, cap: int) -> list[tuple[int, list[int]]]:
@@ -56,11 +91,12 @@ def test_native_matches_reference(dtype, tol):
     rng = random.Random(1)
     cap = 160                                          # blocks of 32: full, partial, straddled
     rows = [random_queries(rng, cap) for _ in range(12)]
-    meta = make_meta(rows)
     k, v = caches(len(rows), cap, dtype)
-    q = torch.randn(meta.num_tokens, KV * G, D).to(dtype)
-    got = attend(q, pack_keys(k), v, meta)
-    ref = reference_attend(q.double(), pack_keys(k.double()), v.double(), meta)
+    hide_unseen(k, v, rows)
+    q = torch.randn(sum(map(len, rows)), KV * G, D).to(dtype)
+    got = run(q, k, v, rows)
+    ref = run(q.double(), k.double(), v.double(), rows, fn=reference_attend, seed=1)
+    assert torch.isfinite(got).all() and torch.isfinite(ref).all()
     assert (got.double() - ref).abs().max().item() < tol
 
 
@@ -73,28 +109,30 @@ def test_query_bits_do_not_depend_on_the_batch(dtype):
     k, v = caches(3, cap, dtype, seed=2)
     q = torch.randn(1, KV * G, D).to(dtype)
     # the key sequence plain decoding sees at position 99: positions [0, 100)
-    alone = attend(q, pack_keys(k), v, make_meta([[(100, [])]]))
+    alone = run(q, k, v, [[(100, [])]])
     # the same keys for a tree node: committed prefix 70, ancestors copied to 150.., itself last
     k2, v2 = k.clone(), v.clone()
     extras = list(range(150, 180))
     k2[0, :, :, 150:180] = k[0, :, :, 70:100]
     v2[0, :, 150:180] = v[0, :, 70:100]
-    tree = attend(q, pack_keys(k2), v2, make_meta([[(70, extras)]]))
+    tree = run(q, k2, v2, [[(70, extras)]], seed=3)
     # in a batch: other rows before it, another query of its row after it
     qs = torch.cat([torch.randn(2, KV * G, D).to(dtype), q, torch.randn(1, KV * G, D).to(dtype)])
     kb = torch.cat([k[1:], k[:1]])                     # our row is row 2 now
     vb = torch.cat([v[1:], v[:1]])
-    batch = attend(qs, pack_keys(kb), vb, make_meta([[(37, [])], [(150, [])], [(100, []), (101, [])]]))
+    batch = run(qs, kb, vb, [[(37, [])], [(150, [])], [(100, []), (101, [])]], seed=4)
     assert torch.equal(alone[0], tree[0])
     assert torch.equal(alone[0], batch[2])
 
 
 def test_empty_step_and_bad_layout():
     k, v = caches(1, 64, torch.float32)
-    meta = make_meta([[(5, [])]])
-    assert attend(torch.zeros(0, KV * G, D), pack_keys(k), v, meta).shape == (0, KV * G * D)
+    pk, pv, table = pool(k, v)
+    meta = make_meta([[(5, [])]], table)
+    assert attend(torch.zeros(0, KV * G, D), pk, pv, meta).shape == (0, KV * G * D)
     with pytest.raises(ValueError, match="keys must be"):
-        attend(torch.randn(1, KV * G, D), k, v, meta)      # plain keys, not blocks
+        attend(torch.randn(1, KV * G, D), k, v, meta)      # plain per-row tensors, not a pool
     with pytest.raises(ValueError, match="contiguous"):
-        attend(torch.randn(1, KV * G, D), pack_keys(k), v.transpose(-1, -2).contiguous().transpose(-1, -2),
-               meta)
+        attend(torch.randn(1, KV * G, D), pk, pv.transpose(-1, -2).contiguous().transpose(-1, -2), meta)
+    with pytest.raises(ValueError, match="block_table"):
+        attend(torch.randn(1, KV * G, D), pk, pv, make_meta([[(5, [])]], table.long()))

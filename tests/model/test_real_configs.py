@@ -12,8 +12,8 @@ from real_configs import REAL_CONFIGS, make_real_checkpoint
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.config import EngineConfig
-from tailrl.engine import kv_cache
-from tailrl.engine.kv_cache import size_kv
+from tailrl.engine.kv import budget as kv_budget
+from tailrl.engine.kv import size_kv
 from tailrl.model.args import parse_config
 from tailrl.model.rope import inv_frequencies
 
@@ -76,14 +76,14 @@ def test_full_depth_contexts_get_a_budget_that_fits(name, monkeypatch, caplog):
     args = parse_config(REAL_CONFIGS[name])
     ctx, per_token = args.max_position_embeddings, args.kv_bytes_per_token * 2          # bfloat16
     cfg = EngineConfig(model="unused")
-    monkeypatch.setattr(kv_cache, "available_memory", lambda: 64 * GiB)
+    monkeypatch.setattr(kv_budget, "available_memory", lambda: 64 * GiB)
     with caplog.at_level(logging.WARNING):
         budget, length = size_kv(args, cfg, 2)
     assert length == ctx and budget >= ctx
     raised = ctx * per_token > 4 * GiB                                # Qwen3-0.6B: 40,960 x 112 KiB = 4.4 GiB
     assert raised == (name == "qwen3-0.6b") and ("raised" in caplog.text) == raised
     caplog.clear()
-    monkeypatch.setattr(kv_cache, "available_memory", lambda: 4 * GiB)
+    monkeypatch.setattr(kv_budget, "available_memory", lambda: 4 * GiB)
     with caplog.at_level(logging.WARNING):
         budget, length = size_kv(args, cfg, 2)
     if raised:
@@ -96,3 +96,31 @@ def test_full_depth_contexts_get_a_budget_that_fits(name, monkeypatch, caplog):
     with pytest.raises(ValueError, match="max_model_len.*kv_cache_gib"):
         size_kv(args, EngineConfig(model="unused", kv_cache_gib=1000 * per_token / GiB), 2)   # 1,000 tokens
     assert size_kv(args, EngineConfig(model="unused", max_model_len=4096), 2)[1] == 4096
+
+
+@pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
+def test_a_gpu_budget_is_its_memory_share_less_weights_and_activations(name, monkeypatch):
+    """On a device (memory faked: 80 GiB) the default budget is gpu_memory_utilization of it less
+    the weights (counted from the config) and a step's activations; too small a share is a
+    ValueError naming the knob; an explicit kv_cache_gib wins."""
+    args = parse_config(REAL_CONFIGS[name])
+    per_token = args.kv_bytes_per_token * 2
+    monkeypatch.setattr(kv_budget, "device_memory", lambda device: 80 * GiB)
+    cfg = EngineConfig(model="unused", device="cuda", gpu_memory_utilization=0.5)
+    budget, length = size_kv(args, cfg, 2)
+    want = (40 * GiB - args.num_parameters * 2 - kv_budget.step_activation_bytes(args, cfg, 2)) // per_token
+    assert budget == want and length == args.max_position_embeddings
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        size_kv(args, EngineConfig(model="unused", device="cuda", gpu_memory_utilization=0.01), 2)
+    assert size_kv(args, EngineConfig(model="unused", device="cuda", kv_cache_gib=1.0), 2)[0] == GiB // per_token
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        EngineConfig(model="unused", gpu_memory_utilization=1.5)
+
+
+@pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
+def test_parameter_count_is_the_modules(name):
+    """ModelArgs.num_parameters (what a GPU budget subtracts) equals our module's own count."""
+    from tailrl.model.transformer import Transformer
+    args = parse_config(dict(REAL_CONFIGS[name], num_hidden_layers=2, vocab_size=1000))
+    model = Transformer(args, 16, dtype=torch.bfloat16)
+    assert args.num_parameters == sum(p.numel() for p in model.parameters())

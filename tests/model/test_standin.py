@@ -14,7 +14,7 @@ from safetensors import safe_open
 from tailrl import LLM, SamplingParams
 from tailrl.cli.make_model import main as make_model_main
 from tailrl.engine.batch import build_batch
-from tailrl.engine.kv_cache import KVCache
+from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
 from tailrl.model.loader import load_model, read_args
 from tailrl.model.standin import STANDINS, StandinSpec, build_standin, get_standin, head_slots
@@ -36,8 +36,8 @@ def our_logits(path: str, tokens: list[int]) -> torch.Tensor:
     """Prefill ``tokens`` as one chunk through our module (float32): logits [T, V]."""
     model = load_model(path)
     kv = KVCache(model.args, torch.float32, "cpu", 4096, 4, 512)
-    kv.reserve(1, len(tokens))
-    batch = build_batch([(Request("r", tokens, SamplingParams(), 0), len(tokens))], {}, "cpu")
+    kv.grow(0, len(tokens))
+    batch = build_batch([(Request("r", tokens, SamplingParams(), 0), len(tokens))], {}, kv)
     return model.logits(model(batch.input_ids, batch.positions, kv.layers(), batch.meta))
 
 

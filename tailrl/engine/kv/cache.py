@@ -1,0 +1,227 @@
+"""The K/V cache: one pool of blocks allocated once per engine, a block table per running request.
+
+Pool: one tensor [L, 2, blocks, KV, BLOCK * D] sized by the budget (budget.py) and allocated
+once, with the engine (on a CPU the OS hands out its pages on first use, and they stay with
+the engine: no allocation, copy or page fault of the cache's size while a rollout runs). A block
+holds BLOCK positions of one request in the kernels' layout (tailrl/kernels/layout.py).
+
+Rows: the scheduler's running request r owns row r of ``table`` [max rows, max blocks]; its
+position p lives in block ``table[r, p // BLOCK]`` at lane p % BLOCK. The attention kernels
+read K/V through the table, so moving a request to another row copies its table row, not its
+K/V. Blocks come from a free list as rows grow (``grow``, ``grow_rows``: all or nothing,
+False when the pool cannot give them, and the scheduler preempts) and go back when a request
+leaves (``release``; a stack, so the next request reuses the pages just touched).
+
+Sharing: blocks carry reference counts. A sibling admitted after its group's prompt is in the
+cache takes the prompt's full blocks by reference and a copy of the partial last block, the
+only one it will write (``share``): a group of n samples holds its prompt once, plus n
+partial blocks. A shared block is never written: a request writes only its positions from
+its computed count on, which lie past the blocks it shares.
+
+Exports and imports use the plain [L, 2, KV, n, D] layout.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tailrl.kernels import BLOCK, blocks, key_index
+from tailrl.model.args import ModelArgs
+
+
+def num_blocks(positions: int) -> int:
+    return -(-positions // BLOCK)
+
+
+class KVCache:
+    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: str | torch.device,
+                 budget_tokens: int, max_rows: int, max_len: int):
+        if budget_tokens < blocks(max_len):
+            raise ValueError(f"kv_cache_tokens must be >= max_model_len rounded up to whole blocks of {BLOCK} "
+                             f"({blocks(max_len)}) so one request always fits, got {budget_tokens}")
+        self.args, self.dtype, self.device = args, dtype, device
+        self.budget_tokens, self.max_rows, self.max_len = budget_tokens, max_rows, max_len
+        self.num_blocks = budget_tokens // BLOCK
+        self.table = torch.zeros(max_rows, num_blocks(max_len), dtype=torch.int32)   # rows' block tables
+        self._table = self.table.numpy()                                            # the same memory
+        self.held = np.zeros(max_rows, dtype=np.int64)             # blocks each row holds
+        self.refs = np.zeros(self.num_blocks, dtype=np.int32)      # rows holding each block
+        self._free = list(range(self.num_blocks - 1, -1, -1))      # a stack: low block ids first
+        self.shared = 0                                            # blocks held by more than one row
+        self.allocations = 0                                       # times the pool was allocated
+        self.peak_used = self.peak_shared = 0
+        self._data: torch.Tensor | None = self._allocate()
+
+    # ---- the pool ---------------------------------------------------------------------------
+    def _allocate(self) -> torch.Tensor:
+        a = self.args
+        self.allocations += 1
+        return torch.empty(a.num_layers, 2, self.num_blocks, a.num_kv_heads, BLOCK * a.head_dim, dtype=self.dtype,
+                           device=self.device)
+
+    @property
+    def data(self) -> torch.Tensor:
+        """[L, 2, blocks, KV, BLOCK * D] (allocated again at first use after ``free_memory``)."""
+        if self._data is None:
+            self._data = self._allocate()
+        return self._data
+
+    def free_memory(self) -> None:
+        """Give the pool's memory back while no row holds a block (a rollout asleep during
+        training); it is allocated again at the next use."""
+        if self.used:
+            raise RuntimeError("KVCache.free_memory: rows still hold blocks")
+        self._data = None
+
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys [blocks, KV, BLOCK * D], values [blocks, KV, BLOCK, D]): what the model
+        writes and reads."""
+        d = self.data
+        l, _, nb, kv, flat = d.shape
+        values = d[:, 1].view(l, nb, kv, BLOCK, flat // BLOCK)
+        return list(zip(d[:, 0].unbind(0), values.unbind(0)))
+
+    @property
+    def bytes(self) -> int:
+        """The pool's bytes while it is allocated (0 after ``free_memory``)."""
+        return 0 if self._data is None else self._data.numel() * self._data.element_size()
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def reset_peaks(self) -> None:
+        self.peak_used, self.peak_shared = self.used, self.shared
+
+    # ---- rows' blocks -----------------------------------------------------------------------
+    def need(self, row: int, length: int) -> int:
+        """Blocks ``row`` lacks to hold ``length`` positions."""
+        return max(0, num_blocks(length) - int(self.held[row]))
+
+    def fits(self, length: int) -> bool:
+        """Whether a request of ``length`` positions could ever be held (an empty pool)."""
+        return length <= self.max_len
+
+    def grow(self, row: int, length: int) -> bool:
+        return self.grow_rows([(row, length)])
+
+    def grow_rows(self, lengths: list[tuple[int, int]]) -> bool:
+        """Give each (row, length) the blocks to hold ``length`` positions, all or none: False
+        (and no change) when the pool lacks them."""
+        needs = [(row, self.need(row, length)) for row, length in lengths]
+        if sum(n for _, n in needs) > len(self._free):
+            return False
+        for row, n in needs:
+            h = int(self.held[row])
+            for j in range(h, h + n):
+                self._table[row, j] = self._take()
+            self.held[row] = h + n
+        self.peak_used = max(self.peak_used, self.used)
+        return True
+
+    def _take(self) -> int:
+        b = self._free.pop()
+        self.refs[b] = 1
+        return b
+
+    def _drop(self, ids: np.ndarray) -> None:
+        for b in ids.tolist():
+            self.refs[b] -= 1
+            if self.refs[b] == 1:
+                self.shared -= 1
+            elif self.refs[b] == 0:
+                self._free.append(b)
+
+    def release(self, row: int) -> None:
+        """The row's blocks go back (a shared one when its last holder lets go)."""
+        h = int(self.held[row])
+        self._drop(self._table[row, :h][::-1].copy())     # reversed: the first block is reused first
+        self.held[row] = 0
+
+    def share(self, src: int, dst: int, length: int) -> bool:
+        """Empty row ``dst`` gets ``src``'s first ``length`` positions: the full blocks by
+        reference, the partial last one copied (``dst`` writes its next positions there).
+        False (no change) when the copy finds no free block."""
+        full, part = divmod(length, BLOCK)
+        if part and not self._free:
+            return False
+        ids = self._table[src, :full]
+        self._table[dst, :full] = ids
+        for b in ids.tolist():
+            self.refs[b] += 1
+            if self.refs[b] == 2:
+                self.shared += 1
+        self.held[dst] = full
+        if part:
+            b = self._take()
+            self.data[:, :, b] = self.data[:, :, int(self._table[src, full])]
+            self._table[dst, full] = b
+            self.held[dst] = full + 1
+        self.peak_used = max(self.peak_used, self.used)
+        self.peak_shared = max(self.peak_shared, self.shared)
+        return True
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row ``src``'s blocks become row ``dst``'s (``dst`` holds none)."""
+        h = int(self.held[src])
+        self._table[dst, :h] = self._table[src, :h]
+        self.held[dst], self.held[src] = h, 0
+
+    # ---- positions ----------------------------------------------------------------------------
+    def slots(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Pool slots (block * BLOCK + lane) of (row, position) pairs: where their K/V go."""
+        return self._table[rows, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
+
+    def _blocks_lanes(self, row: int, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        p = np.asarray(positions, dtype=np.int64)
+        s = torch.from_numpy(self.slots(np.full_like(p, row), p)).to(self.device)
+        return s // BLOCK, s % BLOCK
+
+    def move_positions(self, row: int, src: list[int], dst: list[int]) -> None:
+        """Copy K/V of positions src -> dst inside one row (accepted tree-draft nodes)."""
+        d = self.data
+        sb, sl = self._blocks_lanes(row, src)
+        db, dl = self._blocks_lanes(row, dst)
+        dim = self.args.head_dim
+        k = d[:, 0]                                                  # [L, blocks, KV, BLOCK * D]
+        k[:, db[:, None], :, key_index(dl, dim)] = k[:, sb[:, None], :, key_index(sl, dim)]
+        v = d[:, 1].view(*k.shape[:3], BLOCK, dim)                   # [L, blocks, KV, BLOCK, D]
+        v[:, db, :, dl] = v[:, sb, :, sl]
+
+    def _row_blocks(self, row: int, length: int) -> torch.Tensor:
+        return torch.from_numpy(self._table[row, :num_blocks(length)].astype(np.int64)).to(self.device)
+
+    def export_row(self, row: int, length: int) -> torch.Tensor:
+        """[L, 2, KV, length, D], a copy on the CPU."""
+        a = self.args
+        nb, dim = num_blocks(length), a.head_dim
+        parts = self.data[:, :, self._row_blocks(row, length)]       # [L, 2, nb, KV, BLOCK * D]
+        l, kv = a.num_layers, a.num_kv_heads
+        # a block's keys are [D/2][BLOCK][2]; values [BLOCK][D]
+        k = parts[:, 0].view(l, nb, kv, dim // 2, BLOCK, 2).permute(0, 2, 1, 4, 3, 5).reshape(l, kv, nb * BLOCK, dim)
+        v = parts[:, 1].view(l, nb, kv, BLOCK, dim).transpose(1, 2).reshape(l, kv, nb * BLOCK, dim)
+        return torch.stack([k[:, :, :length], v[:, :, :length]], dim=1).to("cpu", copy=True)
+
+    def check_shape(self, kv: torch.Tensor) -> None:
+        a = self.args
+        want = (a.num_layers, 2, a.num_kv_heads, a.head_dim)
+        if kv.dim() != 5 or (kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[4]) != want:
+            raise ValueError(f"kv: shape {tuple(kv.shape)} does not match this model (L, 2, KV, n, D) = {want}")
+
+    def import_row(self, row: int, kv: torch.Tensor) -> None:
+        """Write ``kv`` [L, 2, KV, n, D] as the row's first n positions (the row holds their blocks)."""
+        self.check_shape(kv)
+        l, _, kvh, n, dim = kv.shape
+        nb = num_blocks(n)
+        if self.held[row] < nb:
+            raise ValueError(f"import_row: row {row} holds {self.held[row]} blocks, {nb} needed")
+        x = torch.nn.functional.pad(kv.to(device=self.device, dtype=self.dtype), (0, 0, 0, nb * BLOCK - n))
+        k = x[:, 0].reshape(l, kvh, nb, BLOCK, dim // 2, 2).permute(0, 2, 1, 4, 3, 5).reshape(l, nb, kvh, BLOCK * dim)
+        v = x[:, 1].reshape(l, kvh, nb, BLOCK, dim).transpose(1, 2).reshape(l, nb, kvh, BLOCK * dim)
+        ids = self._row_blocks(row, n)
+        self.data[:, 0, ids] = k
+        self.data[:, 1, ids] = v
