@@ -44,7 +44,7 @@ class KVCache:
         self.num_blocks = budget_tokens // BLOCK
         self.table = torch.zeros(max_rows, num_blocks(max_len), dtype=torch.int32)   # rows' block tables
         self._table = self.table.numpy()                                            # the same memory
-        self.held = np.zeros(max_rows, dtype=np.int64)             # blocks each row holds
+        self.held = [0] * max_rows                                 # blocks each row holds
         self.refs = np.zeros(self.num_blocks, dtype=np.int32)      # rows holding each block
         self._free = list(range(self.num_blocks - 1, -1, -1))      # a stack: low block ids first
         self.shared = 0                                            # blocks held by more than one row
@@ -100,11 +100,7 @@ class KVCache:
     # ---- rows' blocks -----------------------------------------------------------------------
     def need(self, row: int, length: int) -> int:
         """Blocks ``row`` lacks to hold ``length`` positions."""
-        return max(0, num_blocks(length) - int(self.held[row]))
-
-    def fits(self, length: int) -> bool:
-        """Whether a request of ``length`` positions could ever be held (an empty pool)."""
-        return length <= self.max_len
+        return max(0, -(-length // BLOCK) - self.held[row])
 
     def grow(self, row: int, length: int) -> bool:
         return self.grow_rows([(row, length)])
@@ -112,15 +108,21 @@ class KVCache:
     def grow_rows(self, lengths: list[tuple[int, int]]) -> bool:
         """Give each (row, length) the blocks to hold ``length`` positions, all or none: False
         (and no change) when the pool lacks them."""
-        needs = [(row, self.need(row, length)) for row, length in lengths]
-        if sum(n for _, n in needs) > len(self._free):
+        held, needs, total = self.held, [], 0
+        for row, length in lengths:            # every running row, every step: kept lean
+            n = -(-length // BLOCK) - held[row]
+            if n > 0:
+                needs.append((row, n))
+                total += n
+        if total > len(self._free):
             return False
         for row, n in needs:
-            h = int(self.held[row])
+            h = held[row]
             for j in range(h, h + n):
                 self._table[row, j] = self._take()
-            self.held[row] = h + n
-        self.peak_used = max(self.peak_used, self.used)
+            held[row] = h + n
+        if needs:
+            self.peak_used = max(self.peak_used, self.used)
         return True
 
     def _take(self) -> int:
@@ -138,7 +140,7 @@ class KVCache:
 
     def release(self, row: int) -> None:
         """The row's blocks go back (a shared one when its last holder lets go)."""
-        h = int(self.held[row])
+        h = self.held[row]
         self._drop(self._table[row, :h][::-1].copy())     # reversed: the first block is reused first
         self.held[row] = 0
 
@@ -167,7 +169,7 @@ class KVCache:
 
     def move_row(self, src: int, dst: int) -> None:
         """Row ``src``'s blocks become row ``dst``'s (``dst`` holds none)."""
-        h = int(self.held[src])
+        h = self.held[src]
         self._table[dst, :h] = self._table[src, :h]
         self.held[dst], self.held[src] = h, 0
 
