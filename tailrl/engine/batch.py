@@ -113,17 +113,29 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache) -> B
             topp += [p.top_p] * k
             keys += [req.seed_key] * k
             upos += [t0] + [t0 + d for d in depths]
-    device = kv.device
-    as_long = dict(dtype=torch.long, device=device)
-    as_int = dict(dtype=torch.int32, device=device)
-    slots = torch.from_numpy(kv.slots(np.asarray(wrow, dtype=np.int64), np.asarray(wpos, dtype=np.int64)))
-    meta = AttentionMeta(slots.to(device), torch.tensor(wrow, **as_int), torch.tensor(prefix, **as_int),
-                         torch.tensor(estart, **as_int), torch.tensor(ecount, **as_int),
-                         torch.tensor(extra or [0], **as_int), kv.table.to(device), max(wpos, default=-1) + 1, reads,
-                         work)
-    return Batch(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), meta,
-                 torch.tensor(sample_idx, **as_long), plans, temps, topk, topp, uniforms(keys, upos), num_draft,
-                 spans)
+    wrow_a, wpos_a = np.asarray(wrow, dtype=np.int64), np.asarray(wpos, dtype=np.int64)
+    table = kv.table[:len(rows)]
+    (ids_t, pos_t, sample_t, slots), (q_row, prefix_t, estart_t, ecount_t, extra_t, table_t) = to_device(
+        [ids, pos, sample_idx, kv.slots(wrow_a, wpos_a)], [wrow, prefix, estart, ecount, extra or [0], table.numpy()],
+        kv.device)
+    meta = AttentionMeta(slots, q_row, prefix_t, estart_t, ecount_t, extra_t, table_t.view(table.shape),
+                         int(wpos_a.max(initial=-1)) + 1, reads, work)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, uniforms(keys, upos), num_draft, spans)
+
+
+def to_device(longs: list, ints: list, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Integer lists / arrays -> int64 and int32 tensors on ``device``, with one host-to-device
+    copy (pinned and non-blocking on a GPU: the step's inputs are built on the host)."""
+    arrays = ([np.asarray(a, dtype=np.int64).ravel() for a in longs]
+              + [np.asarray(a, dtype=np.int32).ravel() for a in ints])
+    sizes = [len(a) for a in arrays]
+    n_long = sum(sizes[:len(longs)])
+    host = torch.from_numpy(np.concatenate([np.concatenate(arrays[:len(longs)]).view(np.int32),
+                                            np.concatenate(arrays[len(longs):])]))
+    if torch.device(device).type != "cpu":
+        host = host.pin_memory().to(device, non_blocking=True)
+    lo, hi = host[:2 * n_long].view(torch.int64), host[2 * n_long:]
+    return list(lo.split(sizes[:len(longs)])), list(hi.split(sizes[len(longs):]))
 
 
 def _draft_visibility(base: int, parents: list[int], chain: bool, prefix: list[int], estart: list[int],

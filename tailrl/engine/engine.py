@@ -229,7 +229,7 @@ class LLMEngine:
             for req, start, rows in emitted_rows:
                 spans.append((req, start, len(idx), len(rows)))
                 idx += rows
-            states = hidden[torch.tensor(idx)]
+            states = hidden[torch.tensor(idx, device=hidden.device)]
         for req, _, row, n in spans:
             if req.status is RequestStatus.RUNNING:
                 req.keep_hidden(states, row + n - 1)

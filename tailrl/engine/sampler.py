@@ -63,11 +63,10 @@ def _probabilities(x: torch.Tensor, mx: torch.Tensor) -> torch.Tensor:
     return (x - mx[:, None]).exp_()
 
 
-def _mass_above(e: torch.Tensor, value: list[float]) -> torch.Tensor:
+def _mass_above(e: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Per row r: the sum of e[r] over the tokens whose e is above ``value[r]``, overwriting e
     (a sequential scan in vocabulary order: the same bits whatever the batch or thread count)."""
-    for r, v in enumerate(value):
-        torch.threshold_(e[r], v, 0.0)                            # e where e > v, else 0
+    e.masked_fill_(e <= value[:, None], 0.0)                      # e where e > v, else 0
     return e.cumsum_(dim=-1)[:, -1]
 
 
@@ -86,7 +85,7 @@ def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.
     todo = torch.arange(x.shape[0], device=x.device)
     for attempt in range(1, attempts + 2):
         e = _probabilities(x, mx) if attempt == 1 else _probabilities(x[todo], mx[todo])
-        value = e.gather(1, tok[todo][:, None]).squeeze(1).tolist()
+        value = e.gather(1, tok[todo][:, None]).squeeze(1)
         todo = todo[_mass_above(e, value) >= bound[todo]]
         if not len(todo) or attempt > attempts:
             break
@@ -98,7 +97,7 @@ def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.
         lo, hi = 0, len(values) - 1                                # find the lowest kept value
         while lo < hi:
             mid = (lo + hi) // 2
-            if _mass_above(e.clone(), [values[mid]])[0] < bound[r]:
+            if _mass_above(e.clone(), e.new_tensor([values[mid]]))[0] < bound[r]:
                 hi = mid
             else:
                 lo = mid + 1

@@ -23,6 +23,12 @@ def _ray():
     return require("ray", "ray")
 
 
+def actor_options(config: EngineConfig) -> dict:
+    """Ray resources of one instance's actor: a GPU of its own when the engine runs on CUDA (CPU
+    threads are set by ``EngineConfig.num_threads``, not reserved as Ray CPU slots)."""
+    return {"num_cpus": 0, "num_gpus": 1 if config.device.startswith("cuda") else 0}
+
+
 class _Actor:
     """The actor body: an EngineWorker (Ray wraps this class with ray.remote)."""
 
@@ -76,12 +82,13 @@ class RayBackend:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      ignore_reinit_error=True)
         self.init_s = time.perf_counter() - t0
-        self.remote = ray.remote(num_cpus=0)(_Actor)   # threads are set by EngineConfig.num_threads
+        self.remote = ray.remote(_Actor)
 
     def start(self, config: EngineConfig, speculative: SpeculativeConfig | None, n: int) -> list[RayInstance]:
         ray = _ray()
         t0 = time.perf_counter()
-        insts = [RayInstance(i, self.remote.options(name=None).remote(config, speculative)) for i in range(n)]
+        opts = actor_options(config)
+        insts = [RayInstance(i, self.remote.options(**opts).remote(config, speculative)) for i in range(n)]
         pids = ray.get([h.actor.pid.remote() for h in insts])   # waits for every actor's model
         for h, pid in zip(insts, pids):
             h.pid = pid

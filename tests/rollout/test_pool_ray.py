@@ -31,3 +31,12 @@ def test_two_ray_actors_match_one_engine_and_survive_a_kill(ckpt_dir):
     finally:
         llm.close()
         ray.shutdown()
+
+
+def test_an_instance_on_cuda_gets_a_gpu_of_its_own():
+    """By construction (no GPU here): a CUDA engine's actor asks Ray for one GPU, a CPU one none."""
+    from tailrl.config import EngineConfig
+    from tailrl.rollout.ray_backend import actor_options
+    assert actor_options(EngineConfig(model="m", device="cuda")) == {"num_cpus": 0, "num_gpus": 1}
+    assert actor_options(EngineConfig(model="m", device="cuda:1"))["num_gpus"] == 1
+    assert actor_options(EngineConfig(model="m"))["num_gpus"] == 0

@@ -1,0 +1,72 @@
+"""The GPU backend: Triton kernels (attention.py, norm.py) behind the ``Backend`` interface.
+
+Each launch has a fixed configuration (never tuned per batch) and one program per token (and
+head), so a token's result depends on its own inputs alone: the same batch invariance as the
+CPU kernels. Matmuls are PyTorch's (cuBLAS). float64 has no kernels here (the reference
+serves it). On a CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``),
+which is how CI tests them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tailrl.kernels.backend import Backend, Rope, RopeTables
+from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
+from tailrl.kernels.gpu.norm import rms_norm_kernel
+from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
+from tailrl.kernels.reference import REFERENCE
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class TritonBackend(Backend):
+    name = "triton"
+
+    def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
+        return Rope(positions, tables.cos_acc, tables.sin_acc)             # float32 tables, full
+
+    def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMeta, heads: int) -> torch.Tensor:
+        """Two launches: RoPE and the K/V writes (every token's, before any attention reads
+        them), then attention."""
+        n = qkv.shape[0]
+        kv_heads, d = v_cache.shape[1], v_cache.shape[3]
+        if d & (d - 1):                  # Triton's ranges are powers of two: such a head dim takes the reference
+            cos, sin = (t[rope.positions].to(qkv.dtype).unsqueeze(1) for t in (rope.cos, rope.sin))
+            return REFERENCE.rope_attend(qkv, Rope(rope.positions, cos, sin), k_cache, v_cache, meta, heads)
+        if qkv.stride(-1) != 1:
+            raise ValueError("rope_attend: qkv rows must be contiguous")
+        check_caches(k_cache, v_cache, meta)
+        out = torch.empty(n, heads * d, dtype=qkv.dtype, device=qkv.device)
+        if n == 0:
+            return out
+        q = torch.empty(n, heads, d, dtype=torch.float32, device=qkv.device)
+        rope_write_kernel[(n, heads + 2 * kv_heads)](
+            qkv, qkv.stride(0), rope.cos, rope.sin, rope.positions, meta.write_slot, q, k_cache, v_cache,
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            H=heads, KV=kv_heads, D=d, BLOCK=BLOCK)
+        g = heads // kv_heads
+        attend_kernel[(n, kv_heads)](
+            q, k_cache, v_cache, out, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
+            meta.extra, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0),
+            meta.block_table.stride(0), d ** -0.5, H=heads, G=g, GP=max(16, _pow2(g)), D=d, BLOCK=BLOCK)
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dim() != 2 or x.stride(-1) != 1 or not weight.is_contiguous():
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if x.shape[0]:
+            rms_norm_kernel[(x.shape[0],)](x, x.stride(0), weight, out, x.shape[1], eps, BC=_pow2(x.shape[1]))
+        return out
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+
+TRITON = TritonBackend()

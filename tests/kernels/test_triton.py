@@ -1,0 +1,141 @@
+"""The GPU backend's Triton kernels against the reference, run on CPU tensors under Triton's
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1 where there is no GPU): RoPE with the
+K/V write into a shuffled pool, attention over chains, trees, GQA and ragged rows through block
+tables, RMS norm; a query's bits alone equal its bits in a batch; and a tiny model end to end."""
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+
+from tailrl.kernels import RopeTables, select  # noqa: E402
+from tailrl.kernels.gpu.backend import TRITON  # noqa: E402
+from tailrl.kernels.layout import BLOCK, AttentionMeta  # noqa: E402
+from tailrl.kernels.reference import REFERENCE  # noqa: E402
+from tailrl.model.rope import rope_table  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+H, KV, D = 4, 2, 32
+
+
+def step(rows_queries, n_blocks: int, seed: int):
+    """A step over rows of random committed K/V, placed at random in a pool with spare blocks;
+    each query (position, extras) writes its own K/V at its slot. Returns what rope_attend takes."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    rows = len(rows_queries)
+    per_row = max(max([p] + ex) // BLOCK + 1 for qs in rows_queries for p, ex in qs)
+    order = list(range(n_blocks))
+    rng.shuffle(order)
+    table = torch.tensor(order[:rows * per_row], dtype=torch.int32).view(rows, per_row)
+    q_row, prefix, estart, ecount, extra, slots, positions = [], [], [], [], [], [], []
+    for r, queries in enumerate(rows_queries):
+        for p, ex in queries:
+            q_row.append(r)
+            prefix.append(p)                        # it sees [0, p), then its extras (a tree node: ancestors, itself)
+            estart.append(len(extra))
+            ecount.append(len(ex))
+            extra += ex
+            at = ex[-1] if ex else p - 1            # its own position (written this step)
+            slots.append(int(table[r, at // BLOCK]) * BLOCK + at % BLOCK)
+            positions.append(at)
+    i32 = dict(dtype=torch.int32)
+    kv_len = max(max([p] + [e + 1 for e in ex]) for qs in rows_queries for p, ex in qs)
+    meta = AttentionMeta(torch.tensor(slots), torch.tensor(q_row, **i32), torch.tensor(prefix, **i32),
+                         torch.tensor(estart, **i32), torch.tensor(ecount, **i32), torch.tensor(extra or [0], **i32),
+                         table, kv_len, 0, 0)
+    k = torch.randn(n_blocks, KV, BLOCK * D, generator=g)
+    v = torch.randn(n_blocks, KV, BLOCK, D, generator=g)
+    qkv = torch.randn(len(q_row), (H + 2 * KV) * D, generator=g)
+    return qkv, torch.tensor(positions), k, v, meta
+
+
+def random_rows(rng: random.Random, n: int, cap: int = 150):
+    out = []
+    for _ in range(n):
+        p = rng.randint(1, cap)
+        kind = rng.random()
+        if kind < 0.35:
+            out.append([(p, [])])
+        elif kind < 0.7:
+            out.append([(p + i, []) for i in range(rng.randint(1, 5))])      # a chain
+        else:
+            nodes = sorted(rng.sample(range(p, p + 40), rng.randint(1, 4)))
+            out.append([(p, nodes[:i + 1]) for i in range(len(nodes))])     # tree nodes: ancestors, then self
+    return out
+
+
+def run(backend, dtype, qkv, positions, k, v, meta):
+    cos, sin = rope_table(D, 512, 1e4, torch.float32)
+    tables = RopeTables(cos.to(dtype), sin.to(dtype), cos, sin)
+    dev = dict(device=DEVICE)
+    fields = (getattr(meta, f) for f in meta.__dataclass_fields__)
+    meta = AttentionMeta(*(f.to(**dev) if isinstance(f, torch.Tensor) else f for f in fields))
+    kc, vc = k.to(dtype=dtype, **dev).clone(), v.to(dtype=dtype, **dev).clone()
+    out = backend.rope_attend(qkv.to(dtype=dtype, **dev), backend.rope(tables, positions.to(**dev)), kc, vc, meta, H)
+    return out.cpu(), kc.cpu(), vc.cpu()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+def test_rope_attend_matches_the_reference(dtype, tol):
+    rows = random_rows(random.Random(1), 6)
+    args = step(rows, n_blocks=6 * 8 + 3, seed=2)
+    got, kg, vg = run(TRITON, dtype, *args)
+    ref, kr, vr = run(REFERENCE, torch.float32 if dtype == torch.float32 else dtype, *args)
+    want, _, _ = run(REFERENCE, torch.float32, *args)
+    assert torch.isfinite(got).all()
+    assert (got.float() - want).abs().max().item() < tol
+    # the K/V written: equal to the reference's up to the rounding of RoPE in the model's dtype
+    assert (kg.float() - kr.float()).abs().max().item() < tol * 4 and torch.equal(vg, vr)
+
+
+def test_a_query_alone_equals_the_query_in_a_batch():
+    rows = [[(90, [])], [(40, []), (41, [])], [(70, [100, 101, 104])]]
+    qkv, positions, k, v, meta = step(rows, n_blocks=20, seed=3)
+    batch, k, v = run(TRITON, torch.bfloat16, qkv, positions, k, v, meta)      # alone: the same K/V in the pool
+    for t, r in ((0, 0), (2, 1), (3, 2)):                  # flat index of a query, its row
+        one = AttentionMeta(meta.write_slot[t:t + 1], torch.zeros(1, dtype=torch.int32), meta.prefix[t:t + 1],
+                            torch.zeros(1, dtype=torch.int32), meta.ecount[t:t + 1],
+                            meta.extra[meta.estart[t]:meta.estart[t] + max(1, int(meta.ecount[t]))],
+                            meta.block_table[r:r + 1], meta.kv_len, 0, 0)
+        alone, _, _ = run(TRITON, torch.bfloat16, qkv[t:t + 1], positions[t:t + 1], k, v, one)
+        assert torch.equal(alone[0], batch[t]), t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm(dtype):
+    x = torch.randn(7, 96).to(dtype)
+    w = torch.randn(96).to(dtype)
+    got = TRITON.rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6).cpu()
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert (got.float() - F.rms_norm(x.float(), (96,), w.float(), 1e-6)).abs().max() < tol
+    assert torch.equal(TRITON.rms_norm(x[3:4].to(DEVICE), w.to(DEVICE), 1e-6).cpu()[0], got[3])
+
+
+def test_select_picks_triton_for_cuda_and_when_forced(monkeypatch):
+    assert select("cuda", torch.bfloat16) is TRITON and select("cuda", torch.float64) is REFERENCE
+    monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    assert select("cpu", torch.float32) is TRITON
+    monkeypatch.setenv("TAILRL_KERNELS", "nope")
+    with pytest.raises(ValueError, match="TAILRL_KERNELS"):
+        select("cpu", torch.float32)
+
+
+def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch):
+    """float32 greedy tokens and sampled tokens through the Triton kernels equal the native CPU
+    kernels' (the matmuls are the same PyTorch ones; attention and norms differ in rounding
+    only), with and without speculation; the step runs every tensor on the engine's device."""
+    from tailrl import LLM, SamplingParams, SpeculativeConfig
+    path = ckpt_dir("qwen2", init_std=3.0)
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
+    want = [[c.token_ids for c in o.outputs] for o in LLM(path, dtype="float32").generate(prompts, sp)]
+    monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    for spec, calls in ((None, 1), (SpeculativeConfig(policy="fixed"), 2)):
+        llm = LLM(path, dtype="float32", speculative=spec, device=DEVICE)
+        for _ in range(calls):                          # the second call drafts from the first's history
+            got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, sp)]
+            assert got == want
+    assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0
