@@ -139,3 +139,23 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch)
             got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, sp)]
             assert got == want
     assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("k,n", [(96, 80), (640, 40), (130, 33)])
+def test_matmul_rows_do_not_depend_on_the_batch(k, n):
+    """The Triton matmul: a row alone equals the row in products of any M (tiles of 16 rows:
+    rows land at other positions of other tiles), K split in ranges fixed by the shape
+    ((640, 40) takes several), bias and rounding once; close to float64."""
+    from tailrl.kernels.gpu import matmul
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(40, k, generator=g).bfloat16().to(DEVICE)
+    w = torch.randn(n, k, generator=g).bfloat16().to(DEVICE)
+    b = torch.randn(n, generator=g).bfloat16().to(DEVICE)
+    alone = torch.cat([matmul.linear(x[i:i + 1], w, b) for i in range(40)])
+    for m in (2, 3, 15, 16, 17, 33, 40):
+        assert torch.equal(matmul.linear(x[:m], w, b), alone[:m]), m
+    assert torch.equal(matmul.linear(x[7:29], w, b), alone[7:29])              # other tile positions
+    ref = x.double() @ w.double().T + b.double()
+    assert (alone.double() - ref).abs().max() <= 0.02 * ref.abs().max()
+    assert matmul.splits(40, 640) > 1 and matmul.splits(151936, 896) == 1
+    assert TRITON.linear(x.float(), w.float()).dtype == torch.float32

@@ -2,8 +2,9 @@
 
 Each launch has a fixed configuration (never tuned per batch) and one program per token (and
 head), so a token's result depends on its own inputs alone: the same batch invariance as the
-CPU kernels. Matmuls are PyTorch's (cuBLAS). float64 has no kernels here (the reference
-serves it). On a CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``),
+CPU kernels, the matmul included (matmul.py: fixed tiles and a split of K fixed per weight
+shape, where cuBLAS picks its kernel by M). float64 has no kernels here (the reference serves
+it). On a CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``),
 which is how CI tests them.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tailrl.kernels.backend import Backend, Rope, RopeTables
+from tailrl.kernels.gpu import matmul
 from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
 from tailrl.kernels.gpu.norm import rms_norm_kernel
 from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
@@ -66,7 +68,10 @@ class TritonBackend(Backend):
         return out
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(x, weight, bias)
+        """Batch-invariant (matmul.py) for 2-D inputs of the kernels' dtypes; else PyTorch's."""
+        if x.dim() != 2 or x.dtype not in DTYPES or weight.stride(-1) != 1:
+            return F.linear(x, weight, bias)
+        return matmul.linear(x, weight, bias)
 
 
 TRITON = TritonBackend()

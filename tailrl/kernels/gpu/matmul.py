@@ -1,0 +1,100 @@
+"""A batch-invariant matmul in Triton: y [M, N] = x [M, K] w[N, K]^T (+ b), float32 accumulation.
+
+Why: cuBLAS picks its kernel (tile shape, split over K) by the problem's M, so a row's bits can
+change with the number of rows in the step (measured on an H100, bfloat16: the down projection
+of a 0.5B model, [M, 4864] x [4864, 896], differs at M = 65, 256, 512, ...), and a verify step
+has more rows than the plain step it replaces. Here an output element's arithmetic depends on
+K alone:
+
+- tiles of fixed shape (BM x BN outputs, BK positions of K per ``tl.dot``), whatever M;
+- K split into ``splits(N, K)`` ranges fixed per weight shape (more ranges when N has few
+  tiles, so that small-M steps still occupy the GPU), each range reduced in order, BK at a
+  time;
+- the ranges' float32 partial sums added in range order by a second kernel, which also adds
+  the bias and rounds to the output dtype.
+
+So a row computes the same bits alone or in any batch; only the tile it lands in changes, and
+the instructions that compute a tile treat its rows alike.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+BM, BN, BK = 16, 64, 64
+MAX_SPLITS = 8
+TARGET_PROGRAMS = 132          # an H100's SMs: below this many (N tiles x splits) the GPU idles
+# Triton's CPU interpreter multiplies bfloat16 tiles as their raw bits: there the tiles are
+# widened to float32 first (exact: the products and float32 sums are the same numbers)
+WIDEN = bool(os.environ.get("TRITON_INTERPRET"))
+
+
+def splits(n: int, k: int) -> int:
+    """Ranges of K for a [N, K] weight: enough N tiles x ranges to occupy the GPU at M <= BM,
+    each range at least 4 x BK long; a function of the shape alone."""
+    tiles = -(-n // BN)
+    return max(1, min(MAX_SPLITS, -(-TARGET_PROGRAMS // tiles), k // (4 * BK)))
+
+
+@triton.jit
+def partial_kernel(x_ptr, w_ptr, part_ptr, M, N, K, x_s0, w_s0, span,
+                   IEEE: tl.constexpr, WIDEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Program (m tile, n tile, range s): the range's partial sums, in K order."""
+    pm, pn, ps = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    k0 = ps * span
+    k1 = tl.minimum(K, k0 + span)
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k in range(k0, k1, BK):
+        kk = k + rk
+        x = tl.load(x_ptr + rm[:, None] * x_s0 + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < k1), other=0.0)
+        w = tl.load(w_ptr + rn[None, :] * w_s0 + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < k1), other=0.0)
+        if WIDEN:
+            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        elif IEEE:
+            acc += tl.dot(x, w, input_precision="ieee")
+        else:
+            acc += tl.dot(x, w)
+    tl.store(part_ptr + (ps * M + rm[:, None]) * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, S, HAS_BIAS: tl.constexpr, BN: tl.constexpr):
+    """Program (row m, n tile): the ranges' sums in order, plus the bias, rounded once."""
+    m, pn = tl.program_id(0), tl.program_id(1)
+    rn = pn * BN + tl.arange(0, BN)
+    ok = rn < N
+    acc = tl.zeros([BN], tl.float32)
+    for s in range(0, S):
+        acc += tl.load(part_ptr + (s * M + m) * N + rn, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (rows contiguous) @ w [N, K]^T (+ b [N]) -> [M, N] in x's dtype."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k or w.stride(-1) != 1 or w.dtype != x.dtype:
+        raise ValueError(f"linear: x {tuple(x.shape)} {x.dtype} does not fit weight {tuple(w.shape)} {w.dtype}")
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    s = splits(n, k)
+    span = -(-k // (s * BK)) * BK                       # a range: whole BK chunks
+    s = -(-k // span)
+    part = torch.empty(s, m, n, dtype=torch.float32, device=x.device)
+    partial_kernel[(triton.cdiv(m, BM), triton.cdiv(n, BN), s)](
+        x, w, part, m, n, k, x.stride(0), w.stride(0), span, IEEE=x.dtype == torch.float32, WIDEN=WIDEN, BM=BM,
+        BN=BN, BK=BK)
+    reduce_kernel[(m, triton.cdiv(n, BN))](part, b if b is not None else part, y, m, n, s, HAS_BIAS=b is not None,
+                                          BN=BN)
+    return y
