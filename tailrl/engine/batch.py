@@ -113,13 +113,10 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache) -> B
             topp += [p.top_p] * k
             keys += [req.seed_key] * k
             upos += [t0] + [t0 + d for d in depths]
-    wrow_a, wpos_a = np.asarray(wrow, dtype=np.int64), np.asarray(wpos, dtype=np.int64)
-    table = kv.table[:len(rows)]
-    (ids_t, pos_t, sample_t, slots), (q_row, prefix_t, estart_t, ecount_t, extra_t, table_t) = to_device(
-        [ids, pos, sample_idx, kv.slots(wrow_a, wpos_a)], [wrow, prefix, estart, ecount, extra or [0], table.numpy()],
-        kv.device)
-    meta = AttentionMeta(slots, q_row, prefix_t, estart_t, ecount_t, extra_t, table_t.view(table.shape),
-                         int(wpos_a.max(initial=-1)) + 1, reads, work)
+    table, wpos_a = kv.table[:len(rows)], np.asarray(wpos, dtype=np.int64)
+    (ids_t, pos_t, sample_t, slots), vis = to_device([ids, pos, sample_idx, kv.slots(np.asarray(wrow), wpos_a)],
+                                                     [wrow, prefix, estart, ecount, extra or [0], table], kv.device)
+    meta = AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), int(wpos_a.max(initial=-1)) + 1, reads, work)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, uniforms(keys, upos), num_draft, spans)
 
 

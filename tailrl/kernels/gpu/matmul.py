@@ -29,7 +29,7 @@ MAX_SPLITS = 8
 TARGET_PROGRAMS = 132          # an H100's SMs: below this many (N tiles x splits) the GPU idles
 # Triton's CPU interpreter multiplies bfloat16 tiles as their raw bits: there the tiles are
 # widened to float32 first (exact: the products and float32 sums are the same numbers)
-WIDEN = bool(os.environ.get("TRITON_INTERPRET"))
+WIDEN = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def splits(n: int, k: int) -> int:
