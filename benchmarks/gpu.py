@@ -7,7 +7,8 @@ checkpoint directory). Then, on ``--device``:
 1. The weight-read floor: a device-to-device copy's bandwidth (bytes read + written) and the
    model's weight bytes give the batch-1 decode bound, tokens/s = bandwidth / weight bytes.
 2. Batch-1 greedy decode: one prompt, ``--decode-tokens`` new tokens (EOS ignored), after a
-   warm-up call: tokens/s.
+   warm-up call: tokens/s, with the decode steps replayed from CUDA graphs (the default on a
+   GPU) and without (``cuda_graphs=False``: every kernel launched from Python).
 3. The rollout: ``--prompts`` held-out task prompts x ``--n``, T=1, ``--max-tokens``; round 1
    (the history) then the timed round 2, for tailrl plain and tailrl default speculation
    (each its own engine), and Hugging Face ``generate`` on the same model (bf16, sampling at
@@ -17,12 +18,16 @@ checkpoint directory). Then, on ``--device``:
 4. The no-tail bound T* = max(total tokens / saturated tokens/s, longest response x batch-1
    step time): saturated throughput from the plain engine on ``--bound-rows`` rows of
    ``--bound-tokens`` tokens each, EOS ignored; each makespan's ratio to T*.
-5. Peak device memory (``torch.cuda.max_memory_allocated``).
+5. Peak device memory (``torch.cuda.max_memory_allocated``); per timed rollout, the CUDA graph
+   pool (the share of steps replayed, captures, the pool's bytes against its budget) and the
+   speculator's host time per step (``timing_s/draft`` + ``timing_s/observe``) beside the step.
 
 The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s", "floor_tok_s",
-"decode_b1_tok_s", "decode_b1_over_floor", "rollout": {"tokens", "plain_s", "default_s",
-"hf_s", "default_speedup", "plain_over_hf", "identical_share", "accept_length", "bound_s",
-"plain_over_bound", "default_over_bound"}, "saturated_tok_s", "peak_mem_gb", "seconds"}.
+"decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "rollout": {"tokens",
+"plain_s", "default_s", "hf_s", "default_speedup", "plain_over_hf", "identical_share",
+"accept_length", "bound_s", "plain_over_bound", "default_over_bound", "steps": {"plain",
+"default": {"steps", "step_ms", "spec_host_ms", "graph_share", "graph_captures", "graph_mb",
+"graph_budget_mb"}}}, "saturated_tok_s", "peak_mem_gb", "seconds"}.
 
 Usage (on the GPU machine; ``python3 setup.py build_ext --inplace`` first builds the CPU parts,
 which the GPU path does not need):
@@ -106,6 +111,19 @@ def hf_rollout(mdir: str, prompts: list[list[int]], a: argparse.Namespace, eos: 
     return seconds, useful
 
 
+def step_figures(m: dict) -> dict:
+    """A rollout's steps: count, wall ms per step, the speculator's host ms per step, and the
+    CUDA graphs (share of steps replayed, captures, pool MB, budget MB) where there are any."""
+    steps = max(m["rollout/num_forward"], 1)
+    out = {"steps": int(steps), "step_ms": round(m["timing_s/gen"] / steps * 1e3, 3),
+           "spec_host_ms": round((m["timing_s/draft"] + m["timing_s/observe"]) / steps * 1e3, 3)}
+    if "graphs/replayed_steps" in m:
+        out.update(graph_share=round(m["graphs/replayed_steps"] / steps, 3), graph_captures=m["graphs/captures"],
+                   graph_mb=round(m["graphs/peak_bytes"] / 2**20, 1),
+                   graph_budget_mb=round(m["graphs/budget_bytes"] / 2**20, 1))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -143,24 +161,33 @@ def main() -> None:
     plain.generate([prompts[0]], greedy)
     plain.generate([prompts[0]], greedy)
     step_s = plain.last_metrics["timing_s/gen"] / a.decode_tokens
-    out.update(decode_b1_tok_s=round(1 / step_s, 1), decode_b1_over_floor=round(1 / step_s / (bw / weights), 3))
-    print(f"batch-1 decode {1 / step_s:.0f} tokens/s; weight-read floor {bw / weights:.0f} tokens/s "
-          f"({weights / 1e9:.2f} GB of weights, copy {bw / 1e12:.2f} TB/s)", flush=True)
+    eager = LLM(mdir, device=a.device, seed=0, cuda_graphs=False)
+    eager.generate([prompts[0]], greedy)
+    eager.generate([prompts[0]], greedy)
+    eager_s = eager.last_metrics["timing_s/gen"] / a.decode_tokens
+    del eager
+    out.update(decode_b1_tok_s=round(1 / step_s, 1), decode_b1_over_floor=round(1 / step_s / (bw / weights), 3),
+               decode_b1_eager_tok_s=round(1 / eager_s, 1))
+    print(f"batch-1 decode {1 / step_s:.0f} tokens/s ({1 / eager_s:.0f} without CUDA graphs); weight-read floor "
+          f"{bw / weights:.0f} tokens/s ({weights / 1e9:.2f} GB of weights, copy {bw / 1e12:.2f} TB/s)", flush=True)
 
     # 3. the rollout
     rollout(plain, prompts, a, HISTORY_SEED)
     plain_out, plain_s = rollout(plain, prompts, a, TIMED_SEED)
+    steps = {"plain": step_figures(plain.last_metrics)}
     spec = LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig())
     rollout(spec, prompts, a, HISTORY_SEED)
     spec_out, spec_s = rollout(spec, prompts, a, TIMED_SEED)
     accept = spec.last_metrics.get("rollout/spec_accept_length", 0.0)
+    steps["default"] = step_figures(spec.last_metrics)
     pairs = [(x, y) for xs, ys in zip(plain_out, spec_out) for x, y in zip(xs, ys)]
     lengths = [len(x) for x, _ in pairs]
     roll = {"tokens": sum(lengths), "plain_s": round(plain_s, 3), "default_s": round(spec_s, 3),
             "default_speedup": round(plain_s / spec_s, 3),
-            "identical_share": sum(x == y for x, y in pairs) / len(pairs), "accept_length": round(accept, 2)}
+            "identical_share": sum(x == y for x, y in pairs) / len(pairs), "accept_length": round(accept, 2),
+            "steps": steps}
     print(f"rollout: plain {plain_s:.2f} s, default {spec_s:.2f} s ({plain_s / spec_s:.2f}x), identical "
-          f"{roll['identical_share']:.3f}, {sum(lengths)} tokens", flush=True)
+          f"{roll['identical_share']:.3f}, {sum(lengths)} tokens; steps {json.dumps(steps)}", flush=True)
     del spec
 
     # 4. the no-tail bound

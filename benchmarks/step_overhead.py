@@ -136,7 +136,7 @@ def measure(model: str, dtype: str, sizes, context: int, steps: int, repeat: int
                 if w < wall:
                     wall, m, attention = w, e.metrics.since(before), clock.seconds - seconds
             ms = {name: getattr(m, name, 0.0) / steps * 1e3 for name in
-                  ("schedule_s", "draft_s", "build_s", "forward_s", "sample_s", "postprocess_s")}
+                  ("schedule_s", "draft_s", "build_s", "forward_s", "sample_s", "postprocess_s", "observe_s")}
             reads = b * (context + repeat * steps * (k + 1) / 2) * a.num_layers * 2 * a.num_kv_heads * a.head_dim * elem
             out[b][k] = {"step_ms": wall * 1e3, "attention_ms": attention / steps * 1e3,
                          "tokens_per_s": b * (k + 1) / wall, "bytes_mb": (weights + reads) / 1e6,

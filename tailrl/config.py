@@ -154,6 +154,9 @@ class EngineConfig:
                                                   # memory allows, else the context capped (kv/budget.py);
                                                   # on a GPU: from gpu_memory_utilization
     gpu_memory_utilization: float = 0.9           # GPU: this share of its memory for weights, activations and K/V
+    cuda_graphs: bool = True                      # GPU: decode and verify steps replayed from CUDA graphs ...
+    cuda_graph_max_tokens: int = 512              # ... of at most this many tokens (drafts included) ...
+    cuda_graph_gib: float = 1.0                   # ... within this memory (taken from the K/V budget)
     num_threads: int | None = None                # torch threads; None = as many cores as other
                                                   # processes leave free (bfloat16, float64; float32:
                                                   # torch's count, tailrl/threads.py says why)
@@ -173,6 +176,10 @@ class EngineConfig:
                self.kv_cache_gib)
         _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]",
                self.gpu_memory_utilization)
+        _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", "must be true or false", self.cuda_graphs)
+        _check(isinstance(self.cuda_graph_max_tokens, int) and self.cuda_graph_max_tokens >= 1,
+               "cuda_graph_max_tokens", "must be an integer >= 1", self.cuda_graph_max_tokens)
+        _check(self.cuda_graph_gib >= 0, "cuda_graph_gib", "must be >= 0", self.cuda_graph_gib)
 
 
 POOL_BACKENDS = ("local", "ray")

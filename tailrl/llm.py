@@ -67,7 +67,8 @@ class LLM:
                 self._run(reqs, use_tqdm)
             finally:
                 release_pool()   # the next call may come from another thread (threads.py says why)
-            counters, spec, extra = self.engine.rollout_counters(), self.engine.spec_metrics(), {}
+            engine = self.engine
+            counters, spec, extra = engine.rollout_counters(), engine.spec_metrics(), engine.graph_metrics()
         end = time.perf_counter()
         outputs = [self.inputs.output(g[0].group_id, texts[i], ids[i], pids[i], g) for i, g in enumerate(groups)]
         self._record_history(outputs)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
 from tailrl.kernels import AttentionMeta
@@ -58,11 +59,13 @@ class Batch:
     # per row with committed tokens other than a decode row's: (request, first position, flat index, count) of the
     # committed tokens computed this step (their hidden states, for a drafter's past)
     spans: list[tuple[Request, int, int, int]] = field(default_factory=list)
+    graph: tuple[int, int] | None = None    # the bucket whose static inputs hold this step (engine/graphs.py)
 
 
-def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache) -> Batch:
+def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: StepGraphs | None = None) -> Batch:
     """``rows``: (request, committed tokens to compute) in row order (request ``rows[r]`` holds
-    row r of ``kv``'s block table); ``drafts``: request id -> Draft to verify."""
+    row r of ``kv``'s block table); ``drafts``: request id -> Draft to verify. With ``graphs``,
+    a step without prefill goes to the static inputs of its graph's bucket (``Batch.graph``)."""
     ids: list[int] = []
     pos: list[int] = []
     wpos: list[int] = []
@@ -113,11 +116,19 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache) -> B
             topp += [p.top_p] * k
             keys += [req.seed_key] * k
             upos += [t0] + [t0 + d for d in depths]
-    table, wpos_a = kv.table[:len(rows)], np.asarray(wpos, dtype=np.int64)
-    (ids_t, pos_t, sample_t, slots), vis = to_device([ids, pos, sample_idx, kv.slots(np.asarray(wrow), wpos_a)],
-                                                     [wrow, prefix, estart, ecount, extra or [0], table], kv.device)
-    meta = AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), int(wpos_a.max(initial=-1)) + 1, reads, work)
-    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, uniforms(keys, upos), num_draft, spans)
+    wpos_a = np.asarray(wpos, dtype=np.int64)
+    longs, ints = [ids, pos, sample_idx, kv.slots(np.asarray(wrow), wpos_a)], [wrow, prefix, estart, ecount]
+    extra = extra or [0]
+    kv_len = int(wpos_a.max(initial=-1)) + 1
+    # every position samples (no prefill chunk): a step the graphs replay
+    key = graphs.key(len(ids), len(extra)) if graphs is not None and len(sample_idx) == len(ids) else None
+    if key is not None:
+        ids_t, pos_t, sample_t, meta = graphs.place(key, longs, ints, extra, len(rows), kv_len, reads, work)
+    else:
+        table = kv.table[:len(rows)]
+        (ids_t, pos_t, sample_t, slots), vis = to_device(longs, ints + [extra, table], kv.device)
+        meta = AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), kv_len, reads, work)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, uniforms(keys, upos), num_draft, spans, key)
 
 
 def to_device(longs: list, ints: list, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -157,18 +168,25 @@ def _draft_visibility(base: int, parents: list[int], chain: bool, prefix: list[i
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, kv: KVCache):
+    """Builds and runs a step; with ``graphs``, steps without prefill replay CUDA graphs."""
+
+    def __init__(self, model: Transformer, kv: KVCache, graphs: StepGraphs | None = None):
         self.model = model
         self.kv = kv
+        self.graphs = graphs
 
     def build(self, rows: list[tuple[Request, int]], drafts: dict) -> Batch:
-        return build_batch(rows, drafts, self.kv)
+        return build_batch(rows, drafts, self.kv, self.graphs)
 
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions; if asked, also their hidden states
         [M, H] and those of every position computed [N, H] (normed, as the LM head reads them)."""
-        hidden = self.model(batch.input_ids, batch.positions, self.kv.layers(), batch.meta)
-        h = hidden[batch.sample_index]
+        if batch.graph is not None:                    # every position samples: M = N
+            hidden = self.graphs.run(batch.graph)[:len(batch.input_ids)]
+            h = hidden = hidden.clone() if return_hidden else hidden   # the graph's output is rewritten next step
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, self.kv.layers(), batch.meta)
+            h = hidden[batch.sample_index]
         logits = self.model.logits(h)
         if logits.dtype == torch.bfloat16:             # sample in float32: bf16 CDFs are too coarse
             logits = logits.float()

@@ -1,6 +1,10 @@
 """One engine instance: requests in, tokens out, one step at a time.
 
-    step = schedule -> propose drafts -> one batched forward -> sample -> verify/commit/finish
+    step = schedule -> propose drafts -> one batched forward -> sample -> verify/commit
+           -> the speculator observes -> finish
+
+each stage timed (``EngineMetrics.STAGES``). On a GPU, steps without prefill replay CUDA
+graphs (graphs.py).
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import torch
 
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.batch import Batch, ModelRunner
+from tailrl.engine.graph_pool import GraphPool, cuda_capture
+from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request, RequestStatus
@@ -41,7 +47,12 @@ class LLMEngine:
         self.args = self.model.args
         self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv)
+        graphs = None
+        if torch.device(config.device).type == "cuda" and config.cuda_graphs:
+            pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
+            max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)
+            graphs = StepGraphs(self.model, self.kv, pool, max_tokens)
+        self.runner = ModelRunner(self.model, self.kv, graphs)
         if speculator is None and speculative is not None:
             from tailrl.speculative.speculator import Speculator
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
@@ -56,6 +67,7 @@ class LLMEngine:
         # (the simulator's calibration format: `tailrl simulate --step-times`, benchmarks/pool.py)
         self.step_log: list[dict] | None = None
         self._rollout_start = self.metrics.snapshot()
+        self._graphs_start = self._graph_stats()
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -99,6 +111,7 @@ class LLMEngine:
         self.kv.reset_peaks()
         if self.speculator is not None:
             self.speculator.reset_metrics()
+        self._graphs_start = self._graph_stats()
 
     def rollout_counters(self) -> EngineMetrics:
         out = self.metrics.since(self._rollout_start)
@@ -109,6 +122,15 @@ class LLMEngine:
 
     def spec_metrics(self) -> dict[str, float]:
         return self.speculator.metrics() if self.speculator is not None else {}
+
+    def _graph_stats(self) -> dict[str, float]:
+        return self.runner.graphs.stats() if self.runner.graphs is not None else {}
+
+    def graph_metrics(self) -> dict[str, float]:
+        """The CUDA graphs over this rollout (``graphs/...``: counts since ``begin_rollout``, the
+        pool's bytes now); empty without graphs."""
+        now, start = self._graph_stats(), self._graphs_start
+        return {k: v if k in StepGraphs.LEVELS else v - start.get(k, 0) for k, v in now.items()}
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[Request]:
@@ -135,11 +157,21 @@ class LLMEngine:
             req.num_computed_tokens += n
         tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)   # 4. sample
         clock.append(time.perf_counter())
-        if computed is not None:
-            self._hand_out_prefill(batch, computed)
-        finished, accepted = self._postprocess(batch, tokens, logprobs, hidden)   # 5. verify, commit, finish
+        finished, accepted, emitted = self._commit(batch, tokens, logprobs)   # 5. verify, commit
+        committed = time.perf_counter()
+        if self.speculator is not None:                                    # 6. what the speculator learns
+            if computed is not None:
+                self._hand_out_prefill(batch, computed)
+            self._observe(batch, emitted, hidden)
+        observed = time.perf_counter()
+        # Only now free rows: compaction moves a row's committed K/V, and every plan above
+        # had to commit (and move its accepted draft K/V) before any row moves.
+        for req in finished:                                               # 7. finish
+            self._finish(req, req.status)
         clock.append(time.perf_counter())
         stages = [b - a for a, b in zip(clock, clock[1:])]
+        stages[-1] -= observed - committed             # postprocess_s: commit and finish; observe_s: 6.
+        stages.append(observed - committed)
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), stages, verify_rows, accepted)
@@ -184,37 +216,39 @@ class LLMEngine:
         if spans:
             self.speculator.observe_hidden(computed, spans)
 
-    def _postprocess(self, batch: Batch, tokens: list[int], logprobs: list[float],
-                     hidden: torch.Tensor | None = None) -> tuple[list[Request], int]:
-        """Verify and commit every sampling row, then finish the requests that stopped.
-        ``hidden`` [M, H]: the sampled positions' hidden states; the rows of those that sampled
-        the emitted tokens are handed to the speculator in one call (``_hand_out``).
-        Returns (finished, draft tokens accepted)."""
+    def _commit(self, batch: Batch, tokens: list[int], logprobs: list[float]
+                ) -> tuple[list[Request], int, list[tuple[list[int], int]]]:
+        """Verify and commit every sampling row. Returns (the requests that stopped, draft tokens
+        accepted, (tokens emitted, draft tokens accepted) per plan)."""
         finished: list[Request] = []
         total_accepted = 0
-        emitted_rows: list[tuple[Request, int, list[int]]] = []   # (request, first position, sampled rows)
+        emitted_per_plan = []
         for plan in batch.plans:
             emitted, accepted, status = commit(plan, tokens, logprobs, self.kv, self.args.eos_token_ids)
+            emitted_per_plan.append((emitted, accepted))
             if plan.draft_tokens:
                 total_accepted += accepted
                 plan.req.spec_draft_tokens += len(plan.draft_tokens)
                 plan.req.spec_accepted_tokens += accepted
                 plan.req.spec_verify_steps += 1
-                self.speculator.record_verification(plan.req, plan.draft, accepted)
             if status is not None:
                 plan.req.status = status
                 finished.append(plan.req)
-            if self.speculator is not None:
-                if hidden is not None:                 # positions num_tokens - len(emitted) - 1 on
-                    emitted_rows.append((plan.req, plan.req.num_tokens - len(emitted) - 1, plan.rows))
-                self.speculator.observe(plan.req, emitted)
+        return finished, total_accepted, emitted_per_plan
+
+    def _observe(self, batch: Batch, emitted: list[tuple[list[int], int]], hidden: torch.Tensor | None) -> None:
+        """The speculator's share of a step after sampling (its own stage, ``observe_s``): each
+        verification's outcome, the emitted tokens, and with ``hidden`` [M, H] (the sampled
+        positions' states) the rows that sampled the emitted tokens, in one call (``_hand_out``)."""
+        emitted_rows: list[tuple[Request, int, list[int]]] = []   # (request, first position, sampled rows)
+        for plan, (toks, accepted) in zip(batch.plans, emitted):
+            if plan.draft_tokens:
+                self.speculator.record_verification(plan.req, plan.draft, accepted)
+            if hidden is not None:                     # positions num_tokens - len(emitted) - 1 on
+                emitted_rows.append((plan.req, plan.req.num_tokens - len(toks) - 1, plan.rows))
+            self.speculator.observe(plan.req, toks)
         if emitted_rows:
             self._hand_out(hidden, emitted_rows)
-        # Only now free rows: compaction moves a row's committed K/V, and every plan above
-        # had to commit (and move its accepted draft K/V) before any row moves.
-        for req in finished:
-            self._finish(req, req.status)
-        return finished, total_accepted
 
     def _hand_out(self, hidden: torch.Tensor, emitted_rows: list[tuple[Request, int, list[int]]]) -> None:
         """Hand the states that sampled the emitted tokens to the speculator in one call (a

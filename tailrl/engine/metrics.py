@@ -20,6 +20,7 @@ class EngineMetrics:
     forward_s: float = 0.0
     sample_s: float = 0.0
     postprocess_s: float = 0.0           # verification, commit, finishing
+    observe_s: float = 0.0               # the speculator after sampling: outcomes, emitted tokens, hidden states
     num_verify_rows: int = 0             # rows that verified a draft
     num_accepted_tokens: int = 0         # draft tokens accepted (bonus tokens excluded)
     # the K/V pool over a rollout (set by LLMEngine.rollout_counters; summed over a pool's instances)
@@ -31,7 +32,7 @@ class EngineMetrics:
     # clears it per rollout, so tail metrics can be computed after the fact
     trace: list[tuple[float, int, int, int]] = field(default_factory=list, repr=False)
 
-    STAGES = ("schedule_s", "draft_s", "build_s", "forward_s", "sample_s", "postprocess_s")
+    STAGES = ("schedule_s", "draft_s", "build_s", "forward_s", "sample_s", "postprocess_s", "observe_s")
 
     def record_step(self, batch_size: int, tokens: int, draft_tokens: int, preemptions: int,
                     stages: list[float], verify_rows: int = 0, accepted: int = 0) -> None:

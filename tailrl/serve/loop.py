@@ -28,6 +28,7 @@ COUNTER_KEYS = {
     "num_draft_tokens": "rollout/draft_tokens", "num_preemptions": "rollout/preemptions",
     "num_verify_rows": "rollout/spec_verify_rows", "num_accepted_tokens": "rollout/spec_accepted_tokens",
     "forward_s": "timing_s/forward", "schedule_s": "timing_s/schedule", "postprocess_s": "timing_s/postprocess",
+    "observe_s": "timing_s/observe",
 }
 TRACE_LIMIT = 4096          # engine step trace entries kept before a new metrics window starts
 

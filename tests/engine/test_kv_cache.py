@@ -103,7 +103,8 @@ def test_siblings_share_the_prompts_full_blocks_and_copy_the_partial_one():
 
 def test_the_pool_is_allocated_once_and_given_back_when_empty():
     kv = KVCache(ARGS, torch.float32, "cpu", budget_tokens=8 * BLOCK, max_rows=4, max_len=128)
-    assert kv.allocations == 1 and kv.data.shape == (2, 2, 8, 2, BLOCK * 8)
+    assert kv.allocations == 1 and kv.data.shape == (2, 2, 8 + 1, 2, BLOCK * 8)     # + the scratch block
+    assert kv.scratch_slot == 8 * BLOCK
     assert kv.grow(0, 100)
     kv.layers()
     assert kv.allocations == 1

@@ -141,6 +141,29 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch)
     assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0
 
 
+def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkeypatch):
+    """bfloat16 through the Triton kernels (the batch-invariant matmul included): a rollout
+    whose decode and verify steps replay graphs (CUDA graphs on a GPU; on a CPU the same
+    static, padded inputs run eagerly) gives the eager rollout's tokens and logprobs bit for bit."""
+    from tailrl import LLM, SamplingParams, SpeculativeConfig
+    from tailrl.engine.batch import ModelRunner
+    from tailrl.engine.graph_pool import GraphPool, cuda_capture, eager_capture
+    from tailrl.engine.graphs import StepGraphs
+    monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    path = ckpt_dir("qwen2", init_std=3.0)
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
+    run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
+    want = run(LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE, cuda_graphs=False))
+    llm = LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE)
+    e = llm.engine
+    capture = cuda_capture if DEVICE == "cuda" else eager_capture
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, capture), 64))
+    e.begin_rollout()
+    assert run(llm) == want
+    assert llm.last_metrics["graphs/replayed_steps"] > 0 and llm.last_metrics["graphs/eager_steps"] == 0
+
+
 @pytest.mark.parametrize("k,n", [(96, 80), (640, 40), (130, 33)])
 def test_matmul_rows_do_not_depend_on_the_batch(k, n):
     """The Triton matmul: a row alone equals the row in products of any M (tiles of 16 rows:

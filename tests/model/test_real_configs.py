@@ -99,17 +99,20 @@ def test_full_depth_contexts_get_a_budget_that_fits(name, monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
-def test_a_gpu_budget_is_its_memory_share_less_weights_and_activations(name, monkeypatch):
+def test_a_gpu_budget_is_its_memory_share_less_weights_activations_and_graphs(name, monkeypatch):
     """On a device (memory faked: 80 GiB) the default budget is gpu_memory_utilization of it less
-    the weights (counted from the config) and a step's activations; too small a share is a
-    ValueError naming the knob; an explicit kv_cache_gib wins."""
+    the weights (counted from the config), a step's activations and the CUDA graphs' budget
+    (none when they are off); too small a share is a ValueError naming the knob; an explicit
+    kv_cache_gib wins."""
     args = parse_config(REAL_CONFIGS[name])
     per_token = args.kv_bytes_per_token * 2
     monkeypatch.setattr(kv_budget, "device_memory", lambda device: 80 * GiB)
     cfg = EngineConfig(model="unused", device="cuda", gpu_memory_utilization=0.5)
     budget, length = size_kv(args, cfg, 2)
-    want = (40 * GiB - args.num_parameters * 2 - kv_budget.step_activation_bytes(args, cfg, 2)) // per_token
-    assert budget == want and length == args.max_position_embeddings
+    spare = 40 * GiB - args.num_parameters * 2 - kv_budget.step_activation_bytes(args, cfg, 2)
+    assert budget == int((spare - cfg.cuda_graph_gib * GiB) // per_token) and length == args.max_position_embeddings
+    no_graphs = EngineConfig(model="unused", device="cuda", gpu_memory_utilization=0.5, cuda_graphs=False)
+    assert size_kv(args, no_graphs, 2)[0] == spare // per_token
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         size_kv(args, EngineConfig(model="unused", device="cuda", gpu_memory_utilization=0.01), 2)
     assert size_kv(args, EngineConfig(model="unused", device="cuda", kv_cache_gib=1.0), 2)[0] == GiB // per_token

@@ -48,7 +48,7 @@ def step_activation_bytes(args: ModelArgs, config: EngineConfig, elem_bytes: int
 def size_kv(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> tuple[int, int]:
     """(KV budget in token slots, max_model_len) for an engine. The budget is ``kv_cache_tokens``,
     else ``kv_cache_gib``; else on a GPU ``gpu_memory_utilization`` of its memory less the
-    weights and a step's activations (as vLLM sizes its cache); else 4 GiB raised to hold one
+    weights, a step's activations and the CUDA graphs' budget (as vLLM sizes its cache); else 4 GiB raised to hold one
     request of the whole context if that takes at most half the available memory. A context that
     still does not fit is capped to what fits, with one log line naming both settings, unless the
     caller asked for that ``max_model_len`` or the cap would leave less than ``USEFUL_CONTEXT``:
@@ -63,12 +63,15 @@ def size_kv(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> tuple[int
         budget, knob = int(config.kv_cache_gib * 2**30 // per_token), f"kv_cache_gib={config.kv_cache_gib:g}"
     elif (total := device_memory(config.device)) is not None:
         frac = config.gpu_memory_utilization
-        spare = total * frac - args.num_parameters * elem_bytes - step_activation_bytes(args, config, elem_bytes)
+        graphs = config.cuda_graph_gib * 2**30 if config.cuda_graphs else 0
+        spare = (total * frac - args.num_parameters * elem_bytes - step_activation_bytes(args, config, elem_bytes)
+                 - graphs)
         budget, knob = max(0, int(spare // per_token)), f"gpu_memory_utilization={frac:g}"
         if budget < blocks(min(length, USEFUL_CONTEXT)):
             raise ValueError(f"gpu_memory_utilization: {frac:g} of the device's {total / 2**30:.1f} GiB leaves "
-                             f"{max(spare, 0) / 2**30:.2f} GiB for the KV cache after the weights and a step's "
-                             f"activations; raise it, lower max_num_batched_tokens, or set kv_cache_gib")
+                             f"{max(spare, 0) / 2**30:.2f} GiB for the KV cache after the weights, a step's "
+                             f"activations and the CUDA graphs (cuda_graph_gib); raise it, lower "
+                             f"max_num_batched_tokens or cuda_graph_gib, or set kv_cache_gib")
     else:
         budget, knob = int(DEFAULT_KV_GIB * 2**30 // per_token), f"kv_cache_gib={DEFAULT_KV_GIB:g} (default)"
         avail = available_memory()

@@ -19,6 +19,9 @@ partial blocks. A shared block is never written: a request writes only its posit
 its computed count on, which lie past the blocks it shares.
 
 Exports and imports use the plain [L, 2, KV, n, D] layout.
+
+One block past the budget is never handed out: ``scratch_slot``, where the padding tokens of
+a step replayed from a CUDA graph (tailrl/engine/graphs.py) write and read.
 """
 from __future__ import annotations
 
@@ -50,18 +53,20 @@ class KVCache:
         self.shared = 0                                            # blocks held by more than one row
         self.allocations = 0                                       # times the pool was allocated
         self.peak_used = self.peak_shared = 0
+        self.scratch_slot = self.num_blocks * BLOCK                 # lane 0 of the block past the budget
         self._data: torch.Tensor | None = self._allocate()
 
     # ---- the pool ---------------------------------------------------------------------------
     def _allocate(self) -> torch.Tensor:
         a = self.args
         self.allocations += 1
-        return torch.empty(a.num_layers, 2, self.num_blocks, a.num_kv_heads, BLOCK * a.head_dim, dtype=self.dtype,
+        return torch.empty(a.num_layers, 2, self.num_blocks + 1, a.num_kv_heads, BLOCK * a.head_dim, dtype=self.dtype,
                            device=self.device)
 
     @property
     def data(self) -> torch.Tensor:
-        """[L, 2, blocks, KV, BLOCK * D] (allocated again at first use after ``free_memory``)."""
+        """[L, 2, blocks + 1, KV, BLOCK * D] (the last: the scratch block; allocated again at first
+        use after ``free_memory``, which ``allocations`` counts)."""
         if self._data is None:
             self._data = self._allocate()
         return self._data

@@ -1,0 +1,114 @@
+"""A pool of captured step graphs within a memory budget (TLT's adaptive graph pool).
+
+Each key (a bucket of the step's shape: tailrl/engine/graphs.py) is captured the first time
+a step needs it, then replayed. Captured graphs hold GPU memory (their private memory pool:
+the step's activations); the pool keeps their sum within ``budget_bytes`` by dropping the
+least recently used graph. A key whose capture fails, or whose graph alone exceeds the
+budget, is refused for good: its steps run eagerly (``replay`` returns None), and the pool
+says so once in the log. The counters (``stats``) are what benchmarks report.
+
+``capture(fn) -> (replay, bytes)`` is injected: ``cuda_capture`` on a GPU; tests and CPUs
+use ``eager_capture`` (replay = call the function again), which exercises everything but the
+CUDA graph itself.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Callable, Hashable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Capture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], torch.Tensor], int]]
+
+
+def cuda_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], int]:
+    """Capture ``fn`` (its inputs and outputs: static tensors) into a CUDA graph with its own
+    memory pool. ``fn`` runs once first on a side stream (Triton compiles its kernels there,
+    outside the capture). Returns (replay, the bytes the graph's pool reserved)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    size = torch.cuda.memory_reserved() - before
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+    return replay, size
+
+
+def eager_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], int]:
+    """No graph: replaying calls ``fn`` on the same static inputs (CPUs, tests)."""
+    return fn, 0
+
+
+class GraphPool:
+    def __init__(self, budget_bytes: int, capture: Capture):
+        if budget_bytes < 0:
+            raise ValueError(f"cuda_graph_gib: the graph pool's budget must be >= 0 bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self.capture = capture
+        self._graphs: OrderedDict[Hashable, tuple[Callable[[], torch.Tensor], int]] = OrderedDict()
+        self.refused: set[Hashable] = set()
+        self.bytes = self.peak_bytes = 0
+        self.hits = self.misses = self.captures = self.evictions = self.failures = 0
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._graphs
+
+    def replay(self, key: Hashable, fn: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+        """Replay ``key``'s graph (capturing ``fn`` first if it has none); None when the key is
+        refused (the caller runs ``fn`` eagerly)."""
+        entry = self._graphs.get(key)
+        if entry is not None:
+            self.hits += 1
+            self._graphs.move_to_end(key)
+            return entry[0]()
+        self.misses += 1
+        if key in self.refused:
+            return None
+        try:
+            replay, size = self.capture(fn)
+        except Exception as exc:              # a capture failure costs its key the graph, never the step
+            self.failures += 1
+            self.refused.add(key)
+            log.warning("graph pool: capturing %s failed (%s: %s); its steps run eagerly", key,
+                        type(exc).__name__, exc)
+            return None
+        self.captures += 1
+        if size > self.budget_bytes:
+            self.refused.add(key)
+            log.warning("graph pool: the graph of %s takes %.1f MiB, over the whole budget (%.1f MiB, "
+                        "cuda_graph_gib); its steps run eagerly", key, size / 2**20, self.budget_bytes / 2**20)
+            return None
+        while self.bytes + size > self.budget_bytes:
+            _, (_, freed) = self._graphs.popitem(last=False)
+            self.bytes -= freed
+            self.evictions += 1
+        self._graphs[key] = (replay, size)
+        self.bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        return replay()
+
+    def clear(self) -> None:
+        """Drop every graph (their inputs or the K/V pool they address moved); refusals stay."""
+        self._graphs.clear()
+        self.bytes = 0
+
+    def stats(self) -> dict[str, float]:
+        return {"graphs/hits": self.hits, "graphs/misses": self.misses, "graphs/captures": self.captures,
+                "graphs/evictions": self.evictions, "graphs/failures": self.failures, "graphs/held": len(self),
+                "graphs/bytes": self.bytes, "graphs/peak_bytes": self.peak_bytes,
+                "graphs/budget_bytes": self.budget_bytes}

@@ -1,0 +1,143 @@
+"""Decode and verify steps replayed from CUDA graphs: static inputs per bucket of step shapes.
+
+A step whose every position samples (decode rows, and rows verifying chains or trees of
+drafts: no prefill chunk) is padded to a bucket: its token count rounded up to
+``token_buckets`` and its tree-visibility list to a power of two. Each bucket owns one device
+buffer of static inputs (token ids, positions, slots, visibility, the block table) that its
+graph reads, filled by one host-to-device copy per step from a host staging buffer (pinned on
+a GPU). The graph runs the model's forward to the final norm; the LM head and the sampler run
+after it, on the real rows only.
+
+Padding tokens are inert: each writes its K/V at the K/V pool's scratch slot and sees that
+slot alone (through a scratch row of the static block table), so no request's K/V is touched,
+and every kernel is row-invariant, so the real rows' results are those of the eager step, bit
+for bit (tests/engine/test_step_graphs.py).
+
+The graphs themselves live in a ``GraphPool`` (memory budget, least recently used evicted);
+they address the K/V pool, so a reallocated K/V pool (after ``free_cache``) drops them.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tailrl.engine.graph_pool import GraphPool
+from tailrl.engine.kv import KVCache
+from tailrl.kernels import BLOCK, AttentionMeta
+from tailrl.model.transformer import Transformer
+
+LONGS, INTS = 4, 4             # ids, positions, sample index, slots (int64); row, prefix, estart, ecount (int32)
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """1, 2, 4, 8, then steps of a quarter of the last power of two: 8, 10, 12, 14, 16, 20, ..."""
+    out, n = [1, 2, 4], 8
+    while n < max_tokens:
+        out.append(n)
+        n += max(2, (1 << (n.bit_length() - 1)) // 4)
+    return [b for b in out if b < max_tokens] + [max_tokens]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass
+class _Bucket:
+    n: int                          # tokens (padded)
+    e: int                          # tree visibility entries (padded, >= 1)
+    host: np.ndarray                # int32 staging (a pinned tensor's memory on a GPU)
+    host_t: torch.Tensor
+    dev: torch.Tensor               # int32 static inputs on the device
+    meta: AttentionMeta             # views of ``dev``: what the graph reads
+    ids: torch.Tensor
+    pos: torch.Tensor
+    sample: torch.Tensor
+
+    @property
+    def table_offset(self) -> int:
+        return 2 * LONGS * self.n + INTS * self.n + self.e
+
+
+class StepGraphs:
+    LEVELS = ("graphs/held", "graphs/bytes", "graphs/peak_bytes", "graphs/budget_bytes")   # not counters
+
+    def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int):
+        self.model, self.kv, self.pool = model, kv, pool
+        self.buckets = token_buckets(max_tokens)
+        self.max_tokens = max_tokens
+        self._static: dict[tuple[int, int], _Bucket] = {}
+        self._kv_allocations = kv.allocations
+        self.replays = self.eager = 0               # steps run from static inputs: replayed / eagerly (refused)
+
+    def key(self, num_tokens: int, num_extra: int) -> tuple[int, int] | None:
+        """The bucket of a step with every position sampling, or None (too many tokens)."""
+        if num_tokens == 0 or num_tokens > self.max_tokens:
+            return None
+        return self.buckets[bisect.bisect_left(self.buckets, num_tokens)], _pow2(max(num_extra, 1))
+
+    def place(self, key: tuple[int, int], longs: list, ints: list, extra: list, rows: int,
+              kv_len: int, reads: int, work: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMeta]:
+        """Write one step's inputs into ``key``'s static buffer with one copy; returns views of
+        the step's real tokens (ids, positions, sample index, attention meta)."""
+        b = self._static.get(key) or self._new(key)
+        n, h = len(longs[0]), b.host
+        lo = h[:2 * LONGS * b.n].view(np.int64).reshape(LONGS, b.n)
+        for i, (a, pad) in enumerate(zip(longs, (0, 0, 0, self.kv.scratch_slot))):
+            lo[i, :n] = a
+            lo[i, n:] = pad
+        it = h[2 * LONGS * b.n:2 * LONGS * b.n + INTS * b.n].reshape(INTS, b.n)
+        for i, (a, pad) in enumerate(zip(ints, (self.kv.max_rows, 1, 0, 0))):   # the scratch row, slot 0
+            it[i, :n] = a
+            it[i, n:] = pad
+        t0 = b.table_offset
+        h[t0 - b.e:t0 - b.e + len(extra)] = extra
+        end = t0 + rows * self.kv.table.shape[1]
+        h[t0:end] = self.kv._table[:rows].ravel()
+        b.dev[:end].copy_(b.host_t[:end], non_blocking=True)
+        m = b.meta
+        meta = AttentionMeta(m.write_slot[:n], m.q_row[:n], m.prefix[:n], m.estart[:n], m.ecount[:n],
+                             m.extra, m.block_table, kv_len, reads, work)
+        return b.ids[:n], b.pos[:n], b.sample[:n], meta
+
+    def _new(self, key: tuple[int, int]) -> _Bucket:
+        n, e = key
+        kv = self.kv
+        rows, width = kv.max_rows + 1, kv.table.shape[1]
+        size = 2 * LONGS * n + INTS * n + e + rows * width
+        host_t = torch.zeros(size, dtype=torch.int32)
+        if torch.device(kv.device).type == "cuda":
+            host_t = host_t.pin_memory()
+        host = host_t.numpy()
+        host[size - width:] = kv.num_blocks           # the scratch row: every entry the scratch block
+        dev = host_t.to(kv.device, copy=True)
+        lo = dev[:2 * LONGS * n].view(torch.int64).view(LONGS, n)
+        it = dev[2 * LONGS * n:2 * LONGS * n + INTS * n].view(INTS, n)
+        t0 = 2 * LONGS * n + INTS * n + e
+        meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),
+                             width * BLOCK, 0, 0)
+        b = _Bucket(n, e, host, host_t, dev, meta, lo[0], lo[1], lo[2])
+        self._static[key] = b
+        return b
+
+    def run(self, key: tuple[int, int]) -> torch.Tensor:
+        """The normed hidden states [bucket tokens, H] of the step placed in ``key``'s buffer:
+        replayed from its graph, or computed eagerly from the same inputs where the pool
+        refuses the key. Valid until the next step."""
+        if self.kv.allocations != self._kv_allocations:      # the K/V pool the graphs address is gone
+            self.pool.clear()
+            self._kv_allocations = self.kv.allocations
+        b = self._static[key]
+        fn = lambda: self.model(b.ids, b.pos, self.kv.layers(), b.meta)   # noqa: E731
+        out = self.pool.replay(key, fn)
+        if out is None:
+            self.eager += 1
+            return fn()
+        self.replays += 1
+        return out
+
+    def stats(self) -> dict[str, float]:
+        return {**self.pool.stats(), "graphs/replayed_steps": self.replays, "graphs/eager_steps": self.eager}

@@ -1,0 +1,121 @@
+"""Steps replayed from graphs (engine/graphs.py, engine/graph_pool.py), tested on the CPU.
+
+The CUDA capture itself needs a GPU (benchmarks/gpu.py runs it); everything around it runs
+here with ``eager_capture``: the buckets, the static inputs filled by one copy, the padding
+tokens (written to and read from the scratch slot only), the pool's budget and eviction.
+Since every kernel is row-invariant, the real rows of a padded step must equal the eager
+step's bit for bit: the tests compare whole rollouts, with and without speculation (chains
+and trees), in bfloat16 and float32.
+"""
+import pytest
+
+from tailrl import LLM, SamplingParams, SpeculativeConfig
+from tailrl.config import EngineConfig
+from tailrl.engine.batch import ModelRunner
+from tailrl.engine.graph_pool import GraphPool, eager_capture
+from tailrl.engine.graphs import StepGraphs, token_buckets
+
+PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
+PARAMS = [SamplingParams(n=2, temperature=1.0, max_tokens=40, ignore_eos=True, seed=3),
+          SamplingParams(n=2, temperature=0.0, max_tokens=40, ignore_eos=True),
+          SamplingParams(n=2, temperature=0.8, top_p=0.9, top_k=20, max_tokens=40, seed=5),
+          SamplingParams(n=2, temperature=1.0, max_tokens=30, ignore_eos=True, seed=8)]
+
+
+def with_graphs(llm: LLM, max_tokens: int = 64, budget: int = 1 << 30, capture=eager_capture) -> StepGraphs:
+    e = llm.engine
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(budget, capture), max_tokens))
+    e.begin_rollout()
+    return e.runner.graphs
+
+
+def outputs(llm: LLM):
+    outs = llm.generate(PROMPTS, PARAMS)
+    return [[(c.token_ids, c.logprobs, c.finish_reason) for c in o.outputs] for o in outs]
+
+
+def test_token_buckets():
+    b = token_buckets(512)
+    assert b[:5] == [1, 2, 4, 8, 10] and b[-1] == 512 and b == sorted(set(b))
+    assert all(hi <= lo * 1.25 for lo, hi in zip(b[3:], b[4:]))       # padding wastes at most a quarter
+    assert token_buckets(1) == [1] and token_buckets(3) == [1, 2, 3] and token_buckets(12) == [1, 2, 4, 8, 10, 12]
+
+
+def _sized_pool(sizes: dict, budget: int) -> GraphPool:
+    return GraphPool(budget, lambda fn: (fn, sizes[fn()]))
+
+
+def test_the_pool_keeps_its_graphs_within_the_budget_least_recently_used_out():
+    pool = _sized_pool({"a": 40, "b": 30, "c": 50, "big": 101}, 100)
+    replay = lambda key: pool.replay(key, lambda: key)   # noqa: E731
+    assert replay("a") == "a" and replay("b") == "b" and pool.bytes == 70
+    assert replay("a") == "a"                            # a hit: "b" is now the least recently used
+    assert replay("c") == "c"                            # 70 + 50 > 100: "b" goes
+    assert "b" not in pool and "a" in pool and "c" in pool and pool.bytes == 90 and pool.evictions == 1
+    assert replay("big") is None and "big" in pool.refused and pool.bytes == 90   # alone over the budget
+    assert replay("big") is None and pool.captures == 4                         # refused for good: no recapture
+    s = pool.stats()
+    assert (s["graphs/hits"], s["graphs/misses"], s["graphs/held"], s["graphs/peak_bytes"]) == (1, 5, 2, 90)
+    pool.clear()
+    assert len(pool) == 0 and pool.bytes == 0 and replay("a") == "a" and pool.captures == 5
+    with pytest.raises(ValueError, match="cuda_graph_gib"):
+        GraphPool(-1, eager_capture)
+
+
+def test_a_failed_capture_costs_its_key_the_graph_not_the_step(caplog):
+    def capture(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    pool = GraphPool(100, capture)
+    assert pool.replay("k", lambda: 1) is None and pool.failures == 1 and "k" in pool.refused
+    assert "capturing" in caplog.text
+
+
+SPECS = [None, SpeculativeConfig(policy="fixed"), SpeculativeConfig(policy="fixed", max_tree_paths=3)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("spec", SPECS, ids=["plain", "chains", "trees"])
+def test_replayed_steps_equal_eager_steps_bit_for_bit(model, dtype, spec):
+    """Two calls (the second drafts from the first's history): tokens, logprobs and finish
+    reasons identical to plain eager decoding; every step without prefill came from a graph."""
+    want = outputs(LLM(model, dtype=dtype))
+    llm = LLM(model, dtype=dtype, speculative=spec)
+    graphs = with_graphs(llm)
+    for _ in range(2):
+        assert outputs(llm) == want
+        m = llm.last_metrics
+        assert m["graphs/replayed_steps"] > 0 and m["graphs/eager_steps"] == 0
+    if spec is not None:
+        assert m["rollout/spec_accepted_tokens"] > 0
+    if spec is not None and spec.max_tree_paths > 1:
+        assert any(key[1] > 1 for key in graphs._static)          # tree visibility went through the graphs
+    if spec is None:                                       # the same shapes again: nothing left to capture
+        assert m["graphs/misses"] == 0 and m["graphs/hits"] == m["graphs/replayed_steps"]
+
+
+def test_steps_over_the_largest_bucket_and_refused_keys_run_eagerly_with_the_same_results(model):
+    want = outputs(LLM(model, dtype="bfloat16"))
+    llm = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(policy="fixed"))
+    # a graph's bytes: 2 per padded token; budget 20: buckets 8 and 10 (16 + 20 bytes) evict
+    # each other, 12 (24 bytes) is refused; steps of more than 12 tokens have no bucket
+    graphs = with_graphs(llm, max_tokens=12, budget=20, capture=lambda fn: (fn, 2 * fn().shape[0]))
+    assert outputs(llm) == want
+    m = llm.last_metrics
+    assert m["graphs/eager_steps"] > 0 and m["graphs/replayed_steps"] > 0 and m["graphs/evictions"] > 0
+    assert graphs.pool.refused and graphs.pool.bytes <= 20
+
+
+def test_a_reallocated_kv_pool_drops_the_graphs(model):
+    llm = LLM(model, dtype="bfloat16")
+    graphs = with_graphs(llm)
+    first = outputs(llm)
+    held = len(graphs.pool)
+    llm.engine.free_cache()                              # the next step allocates a new pool
+    assert outputs(llm) == first
+    assert held > 0 and llm.last_metrics["graphs/captures"] >= held
+
+
+def test_graph_settings_are_checked():
+    for field, bad in (("cuda_graphs", 1), ("cuda_graph_max_tokens", 0), ("cuda_graph_gib", -1.0)):
+        with pytest.raises(ValueError, match=field):
+            EngineConfig(model="m", **{field: bad})
