@@ -21,13 +21,16 @@ checkpoint directory). Then, on ``--device``:
 5. Peak device memory (``torch.cuda.max_memory_allocated``); per timed rollout, the CUDA graph
    pool (the share of steps replayed, captures, the pool's bytes against its budget) and the
    speculator's host time per step (``timing_s/draft`` + ``timing_s/observe``) beside the step.
+6. ``tailrl train configs/demo.yaml --set device=...`` for ``--train-steps`` steps (0: skipped):
+   seconds per GRPO step (median), its rollout and update shares.
 
 The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s", "floor_tok_s",
 "decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "rollout": {"tokens",
 "plain_s", "default_s", "hf_s", "default_speedup", "plain_over_hf", "identical_share",
 "accept_length", "bound_s", "plain_over_bound", "default_over_bound", "steps": {"plain",
 "default": {"steps", "step_ms", "spec_host_ms", "graph_share", "graph_captures", "graph_mb",
-"graph_budget_mb"}}}, "saturated_tok_s", "peak_mem_gb", "seconds"}.
+"graph_budget_mb"}}}, "saturated_tok_s", "train": {"steps", "step_s", "rollout_s", "update_s"},
+"peak_mem_gb", "seconds"}.
 
 Usage (on the GPU machine; ``python3 setup.py build_ext --inplace`` first builds the CPU parts,
 which the GPU path does not need):
@@ -111,6 +114,23 @@ def hf_rollout(mdir: str, prompts: list[list[int]], a: argparse.Namespace, eos: 
     return seconds, useful
 
 
+def train_steps(a: argparse.Namespace) -> dict:
+    """``--train-steps`` GRPO steps of the demo config on ``--device``: median seconds per step,
+    per rollout and per update."""
+    import statistics
+    import tempfile
+
+    from tailrl.rl.config import load_config
+    from tailrl.rl.trainer import Trainer
+    with tempfile.TemporaryDirectory() as tmp:
+        over = [f"device={a.device}", f"total_steps={a.train_steps}", f"output_dir={tmp}", "progress=false",
+                "log_tensorboard=false", "checkpoint_every=0"] + (["max_tokens=32"] if a.quick else [])
+        rows = Trainer(load_config(HERE.parent / "configs" / "demo.yaml", over)).train(log_fn=lambda line: None)
+    med = lambda key: round(statistics.median(r[key] for r in rows), 3)   # noqa: E731
+    return {"steps": len(rows), "step_s": med("timing_s/step"), "rollout_s": med("timing_s/gen"),
+            "update_s": med("timing_s/update")}
+
+
 def step_figures(m: dict) -> dict:
     """A rollout's steps: count, wall ms per step, the speculator's host ms per step, and the
     CUDA graphs (share of steps replayed, captures, pool MB, budget MB) where there are any."""
@@ -136,10 +156,12 @@ def main() -> None:
     ap.add_argument("--bound-rows", type=int, default=512)
     ap.add_argument("--bound-tokens", type=int, default=128)
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--quick", action="store_true", help="4 prompts x 2, max 32: checks the script in a minute")
     a = ap.parse_args()
     if a.quick:
         a.prompts, a.n, a.max_tokens, a.decode_tokens, a.bound_rows, a.bound_tokens = 4, 2, 32, 16, 8, 16
+        a.train_steps = min(a.train_steps, 1)
     t_start = time.perf_counter()
     mdir = model_dir(a.model, Path(a.standin_dir))
     args = read_args(mdir)
@@ -206,6 +228,9 @@ def main() -> None:
         roll.update(hf_s=round(hf_s, 3), hf_tokens=hf_tokens, plain_over_hf=round(plain_s / hf_s, 3))
         print(f"Hugging Face generate: {hf_s:.2f} s ({hf_tokens} useful tokens)", flush=True)
     out["rollout"] = roll
+    if a.train_steps > 0:
+        out["train"] = train_steps(a)
+        print(f"tailrl train configs/demo.yaml on {a.device}: {out['train']}", flush=True)
     if torch.device(a.device).type == "cuda":
         out["peak_mem_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     out["seconds"] = round(time.perf_counter() - t_start, 1)

@@ -13,6 +13,24 @@ def _check(cond: bool, name: str, msg: str, value) -> None:
         raise ValueError(f"{name} {msg}, got {value!r}")
 
 
+def check_device(device, name: str = "device") -> None:
+    """``device`` names a CPU or a CUDA device ("cpu", "cuda", "cuda:N"); where it is used, the
+    device must exist (``require_device``: a Ray driver may lack the GPUs its actors have)."""
+    ok = isinstance(device, str) and (device == "cpu" or device == "cuda" or (
+        device.startswith("cuda:") and device[5:].isdigit()))
+    _check(ok, name, "must be 'cpu', 'cuda' or 'cuda:N'", device)
+
+
+def require_device(device: str, name: str = "device") -> None:
+    """Where work is about to run on ``device``: a ValueError naming ``name`` if it is absent."""
+    if device == "cpu":
+        return
+    import torch
+    index = int(device[5:]) if ":" in device else 0
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    _check(index < count, name, f"needs a CUDA device, and this process sees {count}", device)
+
+
 @dataclass
 class SamplingParams:
     """How to sample one prompt's ``n`` responses (one GRPO group)."""
@@ -165,6 +183,7 @@ class EngineConfig:
         _check(isinstance(self.model, str) and self.model != "", "model", "must be a checkpoint directory", self.model)
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}", self.dtype)
         _check(isinstance(self.seed, int), "seed", "must be an int", self.seed)
+        check_device(self.device)
         _check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1", self.max_num_seqs)
         _check(self.max_num_batched_tokens >= 16, "max_num_batched_tokens", "must be >= 16",
                self.max_num_batched_tokens)

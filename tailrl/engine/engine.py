@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from tailrl.config import EngineConfig, SpeculativeConfig
+from tailrl.config import EngineConfig, SpeculativeConfig, require_device
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.graph_pool import GraphPool, cuda_capture
 from tailrl.engine.graphs import StepGraphs
@@ -38,6 +38,10 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, speculative: SpeculativeConfig | None = None,
                  history: HistoryStore | None = None, *, speculator=None):
         self.config = config
+        require_device(config.device)
+        if speculative is not None and speculative.drafter is not None and config.device != "cpu":
+            raise ValueError("speculative.drafter: the learned drafter runs on CPU engines only (its past K/V "
+                             f"and training data live in host memory), got device {config.device!r}")
         # a fixed thread count, or threads sized to the cores other processes leave free
         self.threads = use_threads(config.num_threads, config.dtype)
         dtype = DTYPES[config.dtype]

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tailrl.config import PoolConfig, SpeculativeConfig
+from tailrl.config import PoolConfig, SpeculativeConfig, check_device
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 REWARDS = ("auto", "task", "math")
@@ -63,6 +63,7 @@ class TrainConfig:
     # ---- engine ----
     speculative: bool | dict | None = True   # True = SpeculativeConfig() defaults; dict = its fields; False/None = off
     dtype: str = "bfloat16"               # engine dtype (spec on/off runs are identical in all three)
+    device: str = "cpu"                   # the engine's, the scorer's and the update's: "cpu", "cuda" or "cuda:N"
     train_dtype: str = "float32"          # policy dtype for the update (weights, gradients, AdamW)
     autocast: bool = True                 # the update's forward and backward in bfloat16 autocast (float32 policy)
     num_threads: int | None = None        # torch threads (None = as many as other processes leave free)
@@ -130,6 +131,10 @@ class TrainConfig:
                "must be 'bfloat16', 'float32' or 'float64'", self.dtype)
         _check(self.train_dtype in ("float32", "float64"), "train_dtype", "must be 'float32' or 'float64'",
                self.train_dtype)
+        check_device(self.device)
+        _check(not self.drafter or self.device == "cpu", "drafter",
+               f"runs on the CPU only (its past K/V and training data live in host memory): not with device "
+               f"{self.device!r}", self.drafter)
         _check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
                "num_threads", "must be null or an integer >= 1", self.num_threads)
         _check(isinstance(self.seed, int), "seed", "must be an int", self.seed)

@@ -2,6 +2,7 @@
 the hand-over of its weights to the rollout engine."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 
@@ -50,21 +51,25 @@ def pad_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
 
 def response_logprobs(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
                       temperature: float, pad_id: int = 0, autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(response token | prompt, previous tokens) at ``temperature``, teacher-forced;
-    ``autocast``: the forward (and so its backward) in bfloat16 autocast, the log-softmax in
-    at least float32. Returns (logp [B, R], mask [B, R]); padded positions hold 0 and mask 0."""
-    ids, attn, mask, resp_width = pad_batch(prompts, responses, pad_id)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    """log pi(response token | prompt, previous tokens) at ``temperature``, teacher-forced, on
+    the model's device (the batch built on the host, copied once); ``autocast``: the forward
+    (and so its backward) in bfloat16 autocast, the log-softmax in at least float32. Returns
+    (logp [B, R], mask [B, R]); padded positions hold 0 and mask 0."""
+    device = next(model.parameters()).device
+    ids, attn, mask, resp_width = (t.to(device) if isinstance(t, torch.Tensor) else t
+                                   for t in pad_batch(prompts, responses, pad_id))
+    cast = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with cast:
         logits = model(input_ids=ids, attention_mask=attn).logits             # [B, L, V]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     logp_all = torch.log_softmax(logits / temperature, dim=-1)
     B = ids.shape[0]
     # position of the logits that predict response token j of row b: prompt_len(b) - 1 + j
-    plen = torch.tensor([len(p) for p in prompts])                          # [B]
-    pos = (plen[:, None] - 1 + torch.arange(resp_width)[None, :]).clamp(max=ids.shape[1] - 1)   # [B, R]
+    plen = torch.tensor([len(p) for p in prompts]).to(device)              # [B]
+    pos = (plen[:, None] - 1 + torch.arange(resp_width, device=device)[None, :]).clamp(max=ids.shape[1] - 1)   # [B, R]
     tgt_pos = (pos + 1).clamp(max=ids.shape[1] - 1)
     targets = ids.gather(1, tgt_pos)                                          # [B, R]
-    logp = logp_all[torch.arange(B)[:, None], pos, targets]                    # [B, R]
+    logp = logp_all[torch.arange(B, device=device)[:, None], pos, targets]     # [B, R]
     return logp * mask.to(logp.dtype), mask.to(logp.dtype)
 
 

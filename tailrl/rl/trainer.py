@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tailrl import LLM, SamplingParams
+from tailrl.config import require_device
 from tailrl.drafter.evaluate import StepEvaluator
 from tailrl.engine.score import Scorer
 from tailrl.rl import checkpoint as ckpt
@@ -62,16 +63,18 @@ def resolve_model(name: str) -> str:
 
 
 def pad_rows(rows: list[list[float]], like: torch.Tensor) -> torch.Tensor:
-    """Per-token values of each row, zero-padded to ``like``'s [B, R] shape and dtype."""
-    out = torch.zeros_like(like, requires_grad=False)
+    """Per-token values of each row, zero-padded to ``like``'s [B, R] shape, dtype and device
+    (built on the host, copied once)."""
+    out = torch.zeros(like.shape, dtype=like.dtype)
     for k, row in enumerate(rows):
         out[k, : len(row)] = torch.tensor(row, dtype=like.dtype)
-    return out
+    return out.to(like.device)
 
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, reward_fn: RewardFn | None = None, resume: bool = False):
         self.cfg = cfg
+        require_device(cfg.device)                               # before any work
         # a fixed thread count, or threads sized to the cores other processes leave free
         self.threads = use_threads(cfg.num_threads, cfg.dtype)   # the engine's dtype
         self.prompts: list[Prompt] = load_dataset(cfg)          # config and data errors before heavy work
@@ -81,7 +84,7 @@ class Trainer:
         start_dir = ckpt.latest_checkpoint(cfg.output_dir) if resume else None
         if resume and start_dir is None:
             raise ValueError(f"--resume: no checkpoint under {Path(cfg.output_dir) / 'checkpoints'}")
-        self.policy = load_policy(str(start_dir or self.model_dir), cfg.train_dtype)
+        self.policy = load_policy(str(start_dir or self.model_dir), cfg.train_dtype).to(cfg.device)
         self.ref = frozen_copy(self.policy) if cfg.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # a pool when configured: weights go to every instance after each update (load_weights),
@@ -89,13 +92,13 @@ class Trainer:
         drafter_dir = online_drafter.drafter_dir(cfg, self.model_dir, start_dir) if cfg.drafter else None
         spec = cfg.speculative_config(drafter_dir)
         self.llm = LLM(model=self.model_dir, speculative=spec, dtype=cfg.dtype, seed=cfg.seed,
-                       pool=cfg.pool_config(), num_threads=cfg.num_threads)
+                       pool=cfg.pool_config(), num_threads=cfg.num_threads, device=cfg.device)
         # the learned drafter, trained online on the rollout's hidden states (None: off)
         self.spot = online_drafter.attach(self.llm, cfg, start_dir) if cfg.drafter else None
         self.drafter_eval = (StepEvaluator(drafter_dir, spec.max_draft_tokens)
                              if cfg.drafter and cfg.drafter_eval else None)
         # the update's log-probability values from the engine's kernels (the rollout's, bit for bit)
-        self.scorer = Scorer(self.model_dir, cfg.dtype) if cfg.exact_logprobs else None
+        self.scorer = Scorer(self.model_dir, cfg.dtype, cfg.device) if cfg.exact_logprobs else None
         self._exact_s = 0.0                  # the scorer's seconds in the current update
         if self.llm.tokenizer is None:
             raise ValueError(f"config key 'model': {self.model_dir} has no tokenizer files")
@@ -198,6 +201,7 @@ class Trainer:
             before = self._old_logprobs(prompts, responses, lengths, old_logp)
             clock["old_log_prob"] += time.perf_counter() - t
         self.policy.train()
+        adv = adv.to(cfg.device)
         for lo in range(0, n, per_mb):
             rows = list(range(lo, lo + per_mb))
             num_tokens = float(max(sum(len(responses[i]) for i in rows), 1))
