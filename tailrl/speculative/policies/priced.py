@@ -166,38 +166,39 @@ class PricedPolicy:
         # lengths are long-tailed); among nodes of equal gain the long-tail requests' go first
         left = [_remaining(self.priority_fn(req), len(req.output_token_ids)) for req, _ in proposals]
         heap: list[tuple[float, float, int, int]] = []
-        children: list[list[list[int]]] = []
-        gains: list[list[float]] = []
+        # per proposal: (path probabilities, the factor on them, whether depth discounts them,
+        # children per node of a tree / None for a chain); a node's gain is computed when it is
+        # pushed (a chain's nodes one after another), not for every node of every draft
+        nodes: list[tuple[list[float], float, bool, list[list[int]] | None, list[int] | None]] = []
         for i, (req, d) in enumerate(proposals):
-            kids: list[list[int]] = [[] for _ in range(len(d) + 1)]      # slot len(d) = the root
-            for j, p in enumerate(d.parents):
-                kids[p if p >= 0 else len(d)].append(j)
-            children.append(kids)
-            if d.source in self.model_sources:
-                c = self.calibration(d.source)
-                gains.append([min(1.0, p * c) for p in d.path_probs])
-            else:
-                rate = self._rate(req, d.source)
-                gains.append([min(1.0, p * rate ** k) for p, k in zip(d.path_probs, d.depths)])
-            for j in kids[len(d)]:
-                heapq.heappush(heap, (-gains[i][j], -left[i], i, j))
+            model = d.source in self.model_sources
+            factor = self.calibration(d.source) if model else self._rate(req, d.source)
+            kids: list[list[int]] | None = None
+            if not d.is_chain:
+                kids = [[] for _ in range(len(d) + 1)]                    # slot len(d) = the root
+                for j, p in enumerate(d.parents):
+                    kids[p if p >= 0 else len(d)].append(j)
+            nodes.append((d.path_probs, factor, model, kids, None if model or kids is None else d.depths))
+            for j in (kids[len(d)] if kids is not None else (0,)):
+                heapq.heappush(heap, (-self._gain(nodes[i], j), -left[i], i, j))
         taken: list[int] = []
         gained = best = 0.0
         best_k = 0
         while heap and len(taken) < cap:
-            _, _, i, j = heapq.heappop(heap)
+            g, _, i, j = heapq.heappop(heap)
             if alloc[i] >= self.max_draft_tokens:
                 continue
             alloc[i] += 1
             taken.append(i)
-            gained += gains[i][j]
+            gained += -g
             saving = tau * gained - (self._t(B + len(taken)) - base)
             if saving > best:
                 best, best_k = saving, len(taken)
             elif len(taken) - best_k > 2 * self.max_draft_tokens:
                 break                              # gains fall and costs rise from here: no later k wins
-            for c in children[i][j]:
-                heapq.heappush(heap, (-gains[i][c], -left[i], i, c))
+            node = nodes[i]
+            for c in (node[3][j] if node[3] is not None else (j + 1,) if j + 1 < len(node[0]) else ()):
+                heapq.heappush(heap, (-self._gain(node, c), -left[i], i, c))
         if best <= self.min_saving * base:
             best_k = 0
         alloc = [0] * n
@@ -205,6 +206,15 @@ class PricedPolicy:
             alloc[i] += 1
         self.last_tokens = best_k
         return alloc
+
+    @staticmethod
+    def _gain(node: tuple, j: int) -> float:
+        """Node ``j``'s expected acceptance: its path probability times the source's calibration
+        (a model source) or times the acceptance rate to the power of its depth."""
+        probs, factor, model, _, depths = node
+        if model:
+            return min(1.0, probs[j] * factor)
+        return min(1.0, probs[j] * factor ** (depths[j] if depths is not None else j + 1))
 
     # ---- feedback ------------------------------------------------------------------------
     def observe_draft(self, seconds: float, requests: int = 1) -> None:

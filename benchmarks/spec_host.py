@@ -1,0 +1,140 @@
+"""The speculator's host cost: default speculation against plain decoding where a step is cheap.
+
+Where the model step is cheap (`small` on any CPU; every model on a GPU) the speculator's own
+work per step (looking up drafts for every row, pricing them, indexing what was emitted) is
+what decides whether speculation pays. This measures it on `small`'s rollout (``--prompts``
+held-out task prompts x ``--n``, T=1, ``--max-tokens``), for plain decoding and the default
+(``SpeculativeConfig()``), each in its own engine:
+
+- *poor drafts*: the history holds an earlier round with other seeds (independent
+  responses: what a training step's history is);
+- *good drafts*: the history holds this very round's responses (the drafts are right).
+
+Per tree (this checkout; with ``--baseline-ref REF`` also a worktree of REF, built once in
+/tmp), each measurement runs in its own process; trees alternate per round, the order
+reversed every other round (ABBA). Reported per setting: median makespan; the speculator's
+host milliseconds per step, ``timing_s/draft`` (proposing and pricing) and ``timing_s/observe``
+(after sampling; trees before the stage existed count it in postprocess); steps; and the
+default's speedup over plain with poor and with good drafts, per tree.
+
+Usage: python benchmarks/spec_host.py [--baseline-ref REF] [--rounds 2] [--prompts 64 --n 8]
+#34's check on a 16-core host (the GPU machine's): the default >= 0.97x plain with poor drafts
+and >= 1.3x with good ones. The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+HISTORY_SEED, TIMED_SEED = 10_000, 20_000
+
+
+def worker(a: argparse.Namespace) -> None:
+    import tailrl
+    from tailrl import LLM, SamplingParams, SpeculativeConfig
+    from tailrl.tasks import mixture
+    from transformers import AutoTokenizer
+    model = str(REPO / "models" / "small") if a.model == "small" else a.model
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(a.prompts)]
+    pids = [f"p{i}" for i in range(len(prompts))]
+
+    def params(seed: int) -> list:
+        return [SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, seed=seed + i)
+                for i in range(len(prompts))]
+
+    out: dict = {"tailrl": str(Path(tailrl.__file__).resolve().parent), "settings": {}}
+    for name, spec in (("plain", None), ("default", SpeculativeConfig())):
+        llm = LLM(model, speculative=spec)
+        llm.generate(prompts, params(HISTORY_SEED), prompt_ids=pids)        # the history: other seeds
+        res = {}
+        for drafts in ("poor", "good"):         # "good": the history now holds this round's responses
+            t = time.perf_counter()
+            llm.generate(prompts, params(TIMED_SEED), prompt_ids=pids)
+            wall = time.perf_counter() - t
+            m = llm.last_metrics
+            steps = max(m["rollout/num_forward"], 1)
+            res[drafts] = {"makespan_s": wall, "steps": steps,
+                           "draft_ms": m.get("timing_s/draft", 0.0) / steps * 1e3,
+                           "observe_ms": m.get("timing_s/observe", 0.0) / steps * 1e3,
+                           "postprocess_ms": m.get("timing_s/postprocess", 0.0) / steps * 1e3,
+                           "accept_length": m.get("rollout/spec_accept_length", 0.0)}
+        out["settings"][name] = res
+        del llm
+    print(json.dumps(out), flush=True)
+
+
+def run_worker(tree: Path, a: argparse.Namespace) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    cmd = [sys.executable, str(HERE / "spec_host.py"), "--worker", "--model", a.model, "--prompts", str(a.prompts),
+           "--n", str(a.n), "--max-tokens", str(a.max_tokens)]
+    res = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=a.timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"worker ({tree}) failed:\n{res.stderr[-3000:]}")
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    if Path(got["tailrl"]).resolve() != (tree / "tailrl").resolve():
+        raise RuntimeError(f"worker for {tree} imported tailrl from {got['tailrl']}")
+    return got["settings"]
+
+
+def summarise(runs: list[dict]) -> dict:
+    out: dict = {}
+    for setting in runs[0]:
+        out[setting] = {}
+        for drafts in runs[0][setting]:
+            rs = [r[setting][drafts] for r in runs]
+            med = lambda k: round(statistics.median(x[k] for x in rs), 3)   # noqa: E731
+            out[setting][drafts] = {"makespan_s": med("makespan_s"), "steps": med("steps"), "draft_ms": med("draft_ms"),
+                                    "observe_ms": med("observe_ms"), "postprocess_ms": med("postprocess_ms"),
+                                    "accept_length": med("accept_length")}
+    for drafts in ("poor", "good"):
+        out[f"default_speedup_{drafts}"] = round(out["plain"][drafts]["makespan_s"]
+                                                 / out["default"][drafts]["makespan_s"], 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--baseline-ref", default=None, help="git commit of the tree to compare against")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per worker")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    trees = {"new": REPO}
+    if a.baseline_ref:
+        sys.path.insert(0, str(HERE))
+        from kv_pool import baseline_tree
+        trees["base"] = baseline_tree(a.baseline_ref)
+    runs: dict[str, list] = {t: [] for t in trees}
+    for r in range(a.rounds):
+        for t in (list(trees) if r % 2 == 0 else list(reversed(trees))):
+            runs[t].append(run_worker(trees[t], a))
+            s = runs[t][-1]
+            print(f"round {r} {t:4s} " + "  ".join(
+                f"{k}/{d} {v['makespan_s']:6.2f} s draft {v['draft_ms']:.3f} observe {v['observe_ms']:.3f} ms/step"
+                for k, per in s.items() for d, v in per.items()), flush=True)
+    report = {"trees": {t: summarise(v) for t, v in runs.items()},
+              "config": {k: v for k, v in vars(a).items() if k != "worker"}, "cpus": os.cpu_count()}
+    for t, res in report["trees"].items():
+        print(f"{t}: default over plain {res['default_speedup_poor']}x with poor drafts, "
+              f"{res['default_speedup_good']}x with good ones; draft ms/step "
+              f"{res['default']['poor']['draft_ms']} (poor), {res['default']['good']['draft_ms']} (good)", flush=True)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
