@@ -161,11 +161,12 @@ class LLMEngine:
             req.num_computed_tokens += n
         tokens, logprobs = sample(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)   # 4. sample
         clock.append(time.perf_counter())
+        if computed is not None:            # before commit: a prefill span ends where sampling starts
+            self._hand_out_prefill(batch, computed)
+        handed = time.perf_counter()
         finished, accepted, emitted = self._commit(batch, tokens, logprobs)   # 5. verify, commit
         committed = time.perf_counter()
         if self.speculator is not None:                                    # 6. what the speculator learns
-            if computed is not None:
-                self._hand_out_prefill(batch, computed)
             self._observe(batch, emitted, hidden)
         observed = time.perf_counter()
         # Only now free rows: compaction moves a row's committed K/V, and every plan above
@@ -174,8 +175,9 @@ class LLMEngine:
             self._finish(req, req.status)
         clock.append(time.perf_counter())
         stages = [b - a for a, b in zip(clock, clock[1:])]
-        stages[-1] -= observed - committed             # postprocess_s: commit and finish; observe_s: 6.
-        stages.append(observed - committed)
+        spec = (handed - clock[-2]) + (observed - committed)  # observe_s; postprocess_s: commit and finish
+        stages[-1] -= spec
+        stages.append(spec)
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), stages, verify_rows, accepted)

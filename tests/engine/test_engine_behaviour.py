@@ -125,3 +125,31 @@ def test_export_import_resumes_identically(ckpt_dir, steps):
     _run(src)                                             # the source engine is still usable
     assert resumed.output_token_ids == ref.output_token_ids
     assert resumed.output_logprobs == pytest.approx(ref.output_logprobs, abs=1e-9)
+
+
+def test_every_position_is_handed_to_the_speculator_once(model):
+    """Hidden states go to the speculator once per computed position whose next token is
+    known: prefill chunks (prompt positions) before the step commits, the positions that
+    sampled the emitted tokens after it, none twice, in order, with chunked prefill and
+    drafts; and the speculator's share of the step is its own stage (timing_s/observe)."""
+    from tailrl import SpeculativeConfig
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=50, ignore_eos=True)
+    llm = LLM(model, dtype="float64", max_num_batched_tokens=16, speculative=SpeculativeConfig(policy="fixed"))
+    spec = llm.engine.speculator
+    seen: dict[str, list[int]] = {}
+    observe = spec.observe_hidden
+    spec.wants_hidden = lambda batch_size: True
+
+    def record(hidden, spans):
+        for req, start, _, n in spans:
+            seen.setdefault(req.request_id, []).extend(range(start, start + n))
+        observe(hidden, spans)
+    spec.observe_hidden = record
+    outs = llm.generate(PROMPTS, sp)
+    # in order, each once, from the first position the request computed (a sibling sharing its
+    # group's prompt K/V starts after it) to the last whose next token is known
+    assert all(got == list(range(got[0], got[0] + len(got))) for got in seen.values())
+    want = sorted(len(p) + len(c.token_ids) - 2 for o, p in zip(outs, PROMPTS) for c in o.outputs)
+    assert sorted(got[-1] for got in seen.values()) == want
+    assert sum(got[0] == 0 for got in seen.values()) >= len(PROMPTS)          # one of each group from 0
+    assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0 and llm.last_metrics["timing_s/observe"] > 0
