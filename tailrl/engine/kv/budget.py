@@ -48,11 +48,11 @@ def step_activation_bytes(args: ModelArgs, config: EngineConfig, elem_bytes: int
 def size_kv(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> tuple[int, int]:
     """(KV budget in token slots, max_model_len) for an engine. The budget is ``kv_cache_tokens``,
     else ``kv_cache_gib``; else on a GPU ``gpu_memory_utilization`` of its memory less the
-    weights, a step's activations and the CUDA graphs' budget (as vLLM sizes its cache); else 4 GiB raised to hold one
-    request of the whole context if that takes at most half the available memory. A context that
-    still does not fit is capped to what fits, with one log line naming both settings, unless the
-    caller asked for that ``max_model_len`` or the cap would leave less than ``USEFUL_CONTEXT``:
-    then a ValueError says what to pass. The pool is allocated once at this size (cache.py)."""
+    weights, a step's activations and the CUDA graphs' budget (as vLLM sizes its cache); else
+    4 GiB raised to hold one request of the whole context if that takes at most half the
+    available memory. A context that still does not fit is capped to what fits, with one log
+    line naming both settings, unless the caller asked for that ``max_model_len`` or the cap
+    would leave less than ``USEFUL_CONTEXT``: then a ValueError says what to pass. The pool is allocated once at this size (cache.py)."""
     ctx = args.max_position_embeddings
     length = min(config.max_model_len or ctx, ctx)
     per_token = args.kv_bytes_per_token * elem_bytes

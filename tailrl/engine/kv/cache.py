@@ -60,8 +60,8 @@ class KVCache:
     def _allocate(self) -> torch.Tensor:
         a = self.args
         self.allocations += 1
-        return torch.empty(a.num_layers, 2, self.num_blocks + 1, a.num_kv_heads, BLOCK * a.head_dim, dtype=self.dtype,
-                           device=self.device)
+        return torch.empty(a.num_layers, 2, self.num_blocks + 1, a.num_kv_heads, BLOCK * a.head_dim,
+                           dtype=self.dtype, device=self.device)
 
     @property
     def data(self) -> torch.Tensor:
