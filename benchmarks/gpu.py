@@ -23,6 +23,10 @@ checkpoint directory). Then, on ``--device``:
    speculator's host time per step (``timing_s/draft`` + ``timing_s/observe``) beside the step.
 6. ``tailrl train configs/demo.yaml --set device=...`` for ``--train-steps`` steps (0: skipped):
    seconds per GRPO step (median), its rollout and update shares.
+7. On a GPU, the batch-invariant matmul's cost: one forward's matmuls (per layer qkv, o,
+   gate/up, down; the LM head) at M = 1, 64 and 512 rows, replayed from a CUDA graph, through
+   the Triton kernel and through ``F.linear`` (cuBLAS), bfloat16, best of ``--matmul-reps``;
+   the ratio invariant / stock (#34 asks <= 1.15 for the whole step).
 
 The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s", "floor_tok_s",
 "decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "rollout": {"tokens",
@@ -30,7 +34,7 @@ The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s",
 "accept_length", "bound_s", "plain_over_bound", "default_over_bound", "steps": {"plain",
 "default": {"steps", "step_ms", "spec_host_ms", "graph_share", "graph_captures", "graph_mb",
 "graph_budget_mb"}}}, "saturated_tok_s", "train": {"steps", "step_s", "rollout_s", "update_s"},
-"peak_mem_gb", "seconds"}.
+"matmul": {M: {"stock_ms", "invariant_ms", "ratio"}}, "peak_mem_gb", "seconds"}.
 
 Usage (on the GPU machine; ``python3 setup.py build_ext --inplace`` first builds the CPU parts,
 which the GPU path does not need):
@@ -114,6 +118,48 @@ def hf_rollout(mdir: str, prompts: list[list[int]], a: argparse.Namespace, eos: 
     return seconds, useful
 
 
+def matmul_cost(args, a: argparse.Namespace) -> dict:
+    """One forward's matmuls (``args``' shapes, bfloat16, each layer its own weights) at M = 1,
+    64, 512, replayed from a CUDA graph as the engine's steps are: milliseconds through
+    ``F.linear`` (cuBLAS) and through the batch-invariant Triton kernel, best of ``--matmul-reps``.
+    A failed capture is reported, not raised."""
+    import torch.nn.functional as F
+
+    from tailrl.engine.graph_pool import cuda_capture
+    from tailrl.kernels.gpu import matmul
+    h, q, kv = args.hidden_size, args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+    shapes = [(q + 2 * kv, h), (h, q), (2 * args.intermediate_size, h), (h, args.intermediate_size)]
+    layers = [[torch.randn(n, k, dtype=torch.bfloat16, device=a.device) for n, k in shapes]
+              for _ in range(args.num_layers)]
+    head = torch.randn(args.vocab_size, h, dtype=torch.bfloat16, device=a.device)
+    out: dict = {}
+    for m in (1, 64, 512):
+        xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device=a.device) for k in {k for _, k in shapes}}
+
+        def forward(linear) -> float:
+            def fn() -> torch.Tensor:
+                for weights in layers:
+                    for w in weights:
+                        linear(xs[w.shape[1]], w)
+                return linear(xs[h], head)
+            replay, _ = cuda_capture(fn)
+            best = float("inf")
+            for _ in range(a.matmul_reps):
+                sync(a.device)
+                t = time.perf_counter()
+                replay()
+                sync(a.device)
+                best = min(best, time.perf_counter() - t)
+            return best * 1e3
+        try:
+            stock, inv = forward(F.linear), forward(matmul.linear)
+        except Exception as exc:                      # the capture or a kernel failed: say so, go on
+            out[m] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            continue
+        out[m] = {"stock_ms": round(stock, 3), "invariant_ms": round(inv, 3), "ratio": round(inv / stock, 3)}
+    return out
+
+
 def train_steps(a: argparse.Namespace) -> dict:
     """``--train-steps`` GRPO steps of the demo config on ``--device``: median seconds per step,
     per rollout and per update."""
@@ -157,6 +203,7 @@ def main() -> None:
     ap.add_argument("--bound-tokens", type=int, default=128)
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
+    ap.add_argument("--matmul-reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="4 prompts x 2, max 32: checks the script in a minute")
     a = ap.parse_args()
     if a.quick:
@@ -228,6 +275,9 @@ def main() -> None:
         roll.update(hf_s=round(hf_s, 3), hf_tokens=hf_tokens, plain_over_hf=round(plain_s / hf_s, 3))
         print(f"Hugging Face generate: {hf_s:.2f} s ({hf_tokens} useful tokens)", flush=True)
     out["rollout"] = roll
+    if torch.device(a.device).type == "cuda":
+        out["matmul"] = matmul_cost(args, a)
+        print(f"invariant matmul / cuBLAS per forward: {out['matmul']}", flush=True)
     if a.train_steps > 0:
         out["train"] = train_steps(a)
         print(f"tailrl train configs/demo.yaml on {a.device}: {out['train']}", flush=True)
