@@ -29,13 +29,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from trees import baseline_tree, run_in_tree
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -82,31 +82,10 @@ def worker(a: argparse.Namespace) -> None:
 
 
 # ---- the driver -----------------------------------------------------------------------------
-def baseline_tree(ref: str) -> Path:
-    """A worktree of ``ref`` with its native parts built (made once, reused)."""
-    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", ref], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    tree = Path(f"/tmp/tailrl-baseline-{sha[:12]}")
-    if not (tree / ".built").is_file():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--force", "--detach", str(tree), sha],
-                       check=True, capture_output=True)
-        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=True,
-                       capture_output=True)
-        (tree / ".built").write_text(sha + "\n")
-    return tree
-
-
 def run_worker(tree: Path, model: str, a: argparse.Namespace) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, str(HERE / "kv_pool.py"), "--worker", "--model", model, "--settings", a.settings,
-           "--prompts", str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--dtype", a.dtype]
-    res = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=a.timeout)
-    if res.returncode != 0:
-        raise RuntimeError(f"worker ({tree}, {model}) failed:\n{res.stderr[-3000:]}")
-    got = json.loads(res.stdout.strip().splitlines()[-1])
-    if Path(got["tailrl"]).resolve() != (tree / "tailrl").resolve():
-        raise RuntimeError(f"worker for {tree} imported tailrl from {got['tailrl']}")
-    return got["settings"]
+    return run_in_tree(tree, HERE / "kv_pool.py", ["--model", model, "--settings", a.settings, "--prompts",
+                       str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--dtype", a.dtype],
+                       a.timeout)["settings"]
 
 
 def summarise(runs: list[dict]) -> dict:

@@ -27,10 +27,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from trees import baseline_tree, run_in_tree
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -38,10 +38,11 @@ HISTORY_SEED, TIMED_SEED = 10_000, 20_000
 
 
 def worker(a: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
     import tailrl
     from tailrl import LLM, SamplingParams, SpeculativeConfig
     from tailrl.tasks import mixture
-    from transformers import AutoTokenizer
     model = str(REPO / "models" / "small") if a.model == "small" else a.model
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(a.prompts)]
@@ -73,16 +74,8 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def run_worker(tree: Path, a: argparse.Namespace) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, str(HERE / "spec_host.py"), "--worker", "--model", a.model, "--prompts", str(a.prompts),
-           "--n", str(a.n), "--max-tokens", str(a.max_tokens)]
-    res = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=a.timeout)
-    if res.returncode != 0:
-        raise RuntimeError(f"worker ({tree}) failed:\n{res.stderr[-3000:]}")
-    got = json.loads(res.stdout.strip().splitlines()[-1])
-    if Path(got["tailrl"]).resolve() != (tree / "tailrl").resolve():
-        raise RuntimeError(f"worker for {tree} imported tailrl from {got['tailrl']}")
-    return got["settings"]
+    return run_in_tree(tree, HERE / "spec_host.py", ["--model", a.model, "--prompts", str(a.prompts), "--n",
+                       str(a.n), "--max-tokens", str(a.max_tokens)], a.timeout)["settings"]
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -116,8 +109,6 @@ def main() -> None:
         return worker(a)
     trees = {"new": REPO}
     if a.baseline_ref:
-        sys.path.insert(0, str(HERE))
-        from kv_pool import baseline_tree
         trees["base"] = baseline_tree(a.baseline_ref)
     runs: dict[str, list] = {t: [] for t in trees}
     for r in range(a.rounds):

@@ -1,0 +1,43 @@
+"""Comparing checkouts: a worktree of a baseline commit, and a benchmark's worker run in a tree.
+
+``baseline_tree(ref)`` makes (once, in /tmp) a worktree of ``ref`` with its native parts built;
+``run_in_tree(tree, script, args)`` runs ``script --worker args`` with that tree's tailrl
+first on the path and returns the JSON object of its last output line, after checking that
+the worker imported the tree's tailrl (its ``"tailrl"`` key) and not another one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def baseline_tree(ref: str) -> Path:
+    """A worktree of ``ref`` with its native parts built (made once, reused)."""
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", ref], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    tree = Path(f"/tmp/tailrl-baseline-{sha[:12]}")
+    if not (tree / ".built").is_file():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--force", "--detach", str(tree), sha],
+                       check=True, capture_output=True)
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=True,
+                       capture_output=True)
+        (tree / ".built").write_text(sha + "\n")
+    return tree
+
+
+def run_in_tree(tree: Path, script: Path, args: list[str], timeout: float) -> dict:
+    """``script --worker *args`` on ``tree``'s tailrl: the JSON object it printed last."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    res = subprocess.run([sys.executable, str(script), "--worker", *args], env=env, cwd=tree, capture_output=True,
+                         text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"worker ({tree}, {' '.join(args)}) failed:\n{res.stderr[-3000:]}")
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    if Path(got["tailrl"]).resolve() != (tree / "tailrl").resolve():
+        raise RuntimeError(f"worker for {tree} imported tailrl from {got['tailrl']}")
+    return got
