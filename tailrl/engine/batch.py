@@ -118,17 +118,22 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             upos += [t0] + [t0 + d for d in depths]
     wpos_a = np.asarray(wpos, dtype=np.int64)
     longs, ints = [ids, pos, sample_idx, kv.slots(np.asarray(wrow), wpos_a)], [wrow, prefix, estart, ecount]
-    extra = extra or [0]
-    kv_len = int(wpos_a.max(initial=-1)) + 1
-    # every position samples (no prefill chunk): a step the graphs replay
-    key = graphs.key(len(ids), len(extra)) if graphs is not None and len(sample_idx) == len(ids) else None
-    if key is not None:
-        ids_t, pos_t, sample_t, meta = graphs.place(key, longs, ints, extra, len(rows), kv_len, reads, work)
-    else:
-        table = kv.table[:len(rows)]
-        (ids_t, pos_t, sample_t, slots), vis = to_device(longs, ints + [extra, table], kv.device)
-        meta = AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), kv_len, reads, work)
+    key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], len(rows),
+                                                 int(wpos_a.max(initial=-1)) + 1, reads, work, kv, graphs)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, uniforms(keys, upos), num_draft, spans, key)
+
+
+def _place(longs: list, ints: list, extra: list, rows: int, kv_len: int, reads: int, work: int, kv: KVCache,
+           graphs: StepGraphs | None) -> tuple[tuple[int, int] | None, tuple]:
+    """A step's inputs on the device: (its graph bucket or None, (ids, positions, sample index,
+    attention meta)). A step where every position samples (no prefill chunk) goes to its
+    bucket's static inputs; any other step, or one without graphs, to fresh tensors."""
+    key = graphs.key(len(longs[0]), len(extra)) if graphs is not None and len(longs[2]) == len(longs[0]) else None
+    if key is not None:
+        return key, graphs.place(key, longs, ints, extra, rows, kv_len, reads, work)
+    table = kv.table[:rows]
+    (ids_t, pos_t, sample_t, slots), vis = to_device(longs, ints + [extra, table], kv.device)
+    return None, (ids_t, pos_t, sample_t, AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), kv_len, reads, work))
 
 
 def to_device(longs: list, ints: list, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -49,8 +49,7 @@ def _pow2(n: int) -> int:
 class _Bucket:
     n: int                          # tokens (padded)
     e: int                          # tree visibility entries (padded, >= 1)
-    host: np.ndarray                # int32 staging (a pinned tensor's memory on a GPU)
-    host_t: torch.Tensor
+    host: torch.Tensor              # int32 staging (pinned on a GPU)
     dev: torch.Tensor               # int32 static inputs on the device
     meta: AttentionMeta             # views of ``dev``: what the graph reads
     ids: torch.Tensor
@@ -68,14 +67,13 @@ class StepGraphs:
     def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int):
         self.model, self.kv, self.pool = model, kv, pool
         self.buckets = token_buckets(max_tokens)
-        self.max_tokens = max_tokens
         self._static: dict[tuple[int, int], _Bucket] = {}
         self._kv_allocations = kv.allocations
         self.replays = self.eager = 0               # steps run from static inputs: replayed / eagerly (refused)
 
     def key(self, num_tokens: int, num_extra: int) -> tuple[int, int] | None:
         """The bucket of a step with every position sampling, or None (too many tokens)."""
-        if num_tokens == 0 or num_tokens > self.max_tokens:
+        if num_tokens == 0 or num_tokens > self.buckets[-1]:
             return None
         return self.buckets[bisect.bisect_left(self.buckets, num_tokens)], _pow2(max(num_extra, 1))
 
@@ -84,7 +82,7 @@ class StepGraphs:
         """Write one step's inputs into ``key``'s static buffer with one copy; returns views of
         the step's real tokens (ids, positions, sample index, attention meta)."""
         b = self._static.get(key) or self._new(key)
-        n, h = len(longs[0]), b.host
+        n, h = len(longs[0]), b.host.numpy()
         lo = h[:2 * LONGS * b.n].view(np.int64).reshape(LONGS, b.n)
         for i, (a, pad) in enumerate(zip(longs, (0, 0, 0, self.kv.scratch_slot))):
             lo[i, :n] = a
@@ -97,7 +95,7 @@ class StepGraphs:
         h[t0 - b.e:t0 - b.e + len(extra)] = extra
         end = t0 + rows * self.kv.table.shape[1]
         h[t0:end] = self.kv._table[:rows].ravel()
-        b.dev[:end].copy_(b.host_t[:end], non_blocking=True)
+        b.dev[:end].copy_(b.host[:end], non_blocking=True)
         m = b.meta
         meta = AttentionMeta(m.write_slot[:n], m.q_row[:n], m.prefix[:n], m.estart[:n], m.ecount[:n],
                              m.extra, m.block_table, kv_len, reads, work)
@@ -107,19 +105,17 @@ class StepGraphs:
         n, e = key
         kv = self.kv
         rows, width = kv.max_rows + 1, kv.table.shape[1]
-        size = 2 * LONGS * n + INTS * n + e + rows * width
-        host_t = torch.zeros(size, dtype=torch.int32)
+        t0 = 2 * LONGS * n + INTS * n + e                # the table's offset (``_Bucket.table_offset``)
+        host = torch.zeros(t0 + rows * width, dtype=torch.int32)
         if torch.device(kv.device).type == "cuda":
-            host_t = host_t.pin_memory()
-        host = host_t.numpy()
-        host[size - width:] = kv.num_blocks           # the scratch row: every entry the scratch block
-        dev = host_t.to(kv.device, copy=True)
+            host = host.pin_memory()
+        host[-width:] = kv.num_blocks                   # the scratch row: every entry the scratch block
+        dev = host.to(kv.device, copy=True)
         lo = dev[:2 * LONGS * n].view(torch.int64).view(LONGS, n)
         it = dev[2 * LONGS * n:2 * LONGS * n + INTS * n].view(INTS, n)
-        t0 = 2 * LONGS * n + INTS * n + e
         meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),
                              width * BLOCK, 0, 0)
-        b = _Bucket(n, e, host, host_t, dev, meta, lo[0], lo[1], lo[2])
+        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2])
         self._static[key] = b
         return b
 

@@ -132,9 +132,6 @@ class TrainConfig:
         _check(self.train_dtype in ("float32", "float64"), "train_dtype", "must be 'float32' or 'float64'",
                self.train_dtype)
         check_device(self.device)
-        _check(not self.drafter or self.device == "cpu", "drafter",
-               f"runs on the CPU only (its past K/V and training data live in host memory): not with device "
-               f"{self.device!r}", self.drafter)
         _check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
                "num_threads", "must be null or an integer >= 1", self.num_threads)
         _check(isinstance(self.seed, int), "seed", "must be an int", self.seed)
@@ -158,6 +155,9 @@ class TrainConfig:
     def _check_drafter(self) -> None:
         for key in ("drafter", "drafter_eval"):
             _check(isinstance(getattr(self, key), bool), key, "must be true or false", getattr(self, key))
+        _check(not self.drafter or self.device == "cpu", "drafter",
+               f"runs on the CPU only (its past K/V and training data live in host memory): not with device "
+               f"{self.device!r}", self.drafter)
         for key in ("drafter_buffer", "drafter_batch"):
             v = getattr(self, key)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "must be an integer >= 1", v)

@@ -201,7 +201,6 @@ class Trainer:
             before = self._old_logprobs(prompts, responses, lengths, old_logp)
             clock["old_log_prob"] += time.perf_counter() - t
         self.policy.train()
-        adv = adv.to(cfg.device)
         for lo in range(0, n, per_mb):
             rows = list(range(lo, lo + per_mb))
             num_tokens = float(max(sum(len(responses[i]) for i in rows), 1))
@@ -320,7 +319,7 @@ class Trainer:
             m.update(self.spot.metrics())
         t2u = time.perf_counter()
         G = cfg.group_size
-        adv = group_advantages(torch.tensor(rewards), G, cfg.norm_adv_by_std)
+        adv = group_advantages(torch.tensor(rewards), G, cfg.norm_adv_by_std).to(cfg.device)   # the update's device
         flat_prompts = [p for p in prompt_ids for _ in range(G)]
         flat_resp = [r for g in groups for r in g]
         m.update(self.update(flat_prompts, flat_resp, [lp for g in logps for lp in g], adv))
