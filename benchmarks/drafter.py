@@ -30,7 +30,12 @@ Reports, per method (drafter / suffix / hybrid), over the timed rounds:
 Ends with a text summary and one JSON line: {"drafter": {...}, "suffix": {...}, "hybrid":
 {...}, "hybrid_vs_best": {...}, "no_tail_bound_s", "bound_ratio": {...}, "cost": {...},
 "train": {...}}.
+On a GPU (``--device cuda``; #35's rollout: ``--model 0.5b --max-tokens 512``, the 0.5b
+stand-in of `small` built into ``--standin-dir`` on first use), everything runs there: the
+warm start (sampling, the teacher-forced states, training), the rollouts, the step costs
+(synchronised). ``--model`` takes a directory, a preset or a stand-in name.
 Usage: python benchmarks/drafter.py [--model models/small] [--drafter DIR] [--quick] [--train-steps N]
+       python benchmarks/drafter.py --device cuda --model 0.5b --max-tokens 512 --rounds 2
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -58,12 +64,13 @@ from tailrl.model.loader import DTYPES, load_model  # noqa: E402
 METHODS = ("suffix", "drafter", "hybrid")
 
 
-def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: int = 20) -> dict:
+def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: int = 20,
+              device: str = "cpu") -> dict:
     """Median seconds of one target decode forward and one drafter step at ``batch`` rows, both
     over a 128-token past (the drafter's step: depth 3 of a chain, so 2 path positions)."""
-    model = load_model(model_dir, dtype)
+    model = load_model(model_dir, dtype, device)
     drafter = Drafter.load(drafter_dir, model)
-    kv = KVCache(model.args, DTYPES[dtype], "cpu", batch * 256, batch, 256)
+    kv = KVCache(model.args, DTYPES[dtype], device, batch * 256, batch, 256)
     runner = ModelRunner(model, kv)
     reqs = [Request(f"r{i}", [(5 * i + j) % 200 + 3 for j in range(128)], SamplingParams(), 0) for i in range(batch)]
     kv.grow_rows([(i, 160) for i in range(batch)])
@@ -73,20 +80,23 @@ def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: 
     for r in reqs:
         r.num_computed_tokens = r.num_prompt_tokens - 1
     decode = runner.build([(r, 1) for r in reqs], {})
-    feats = torch.randn(batch, model.args.hidden_size)
-    toks = torch.randint(0, model.args.vocab_size, (batch,))
+    feats = torch.randn(batch, model.args.hidden_size, device=device)
+    toks = torch.randint(0, model.args.vocab_size, (batch,), device=device)
     c = drafter.cfg
-    past = (torch.randn(batch, c.num_heads, c.head_dim, 128), torch.randn(batch, c.num_heads, 128, c.head_dim),
-            torch.zeros(batch, 128))
-    path = tuple(torch.randn(batch, c.num_heads, 2, c.head_dim) for _ in range(2))
-    pos = torch.full((batch,), 130)
-    committed = torch.randn(batch, model.args.hidden_size), toks, pos
+    past = (torch.randn(batch, c.num_heads, c.head_dim, 128, device=device),
+            torch.randn(batch, c.num_heads, 128, c.head_dim, device=device), torch.zeros(batch, 128, device=device))
+    path = tuple(torch.randn(batch, c.num_heads, 2, c.head_dim, device=device) for _ in range(2))
+    pos = torch.full((batch,), 130, device=device)
+    committed = torch.randn(batch, model.args.hidden_size, device=device), toks, pos
+    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
     def timed(fn) -> float:
         times = []
         for _ in range(repeat):
+            wait()
             t = time.perf_counter()
             fn()
+            wait()
             times.append(time.perf_counter() - t)
         return float(np.median(times))
 
@@ -112,12 +122,13 @@ def spread(xs: list[float]) -> dict:
             "max": round(float(a.max()), 3), "rounds": [round(float(x), 3) for x in a]}
 
 
-def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, dtype: str, rounds: int) -> dict:
-    history, _ = rollout(LLM(model_dir, dtype=dtype, seed=1), prompts, n, 1000, max_tokens)
-    llms = {"plain": LLM(model_dir, dtype=dtype)}
+def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, dtype: str, rounds: int,
+            device: str = "cpu") -> dict:
+    history, _ = rollout(LLM(model_dir, dtype=dtype, seed=1, device=device), prompts, n, 1000, max_tokens)
+    llms = {"plain": LLM(model_dir, dtype=dtype, device=device)}
     for m in METHODS:
         cfg = SpeculativeConfig(method=m, drafter=None if m == "suffix" else drafter_dir)
-        llms[m] = LLM(model_dir, dtype=dtype, speculative=cfg)
+        llms[m] = LLM(model_dir, dtype=dtype, speculative=cfg, device=device)
     # suffix and hybrid side by side in every round (their comparison is the target), never right
     # after the drafter alone (see the module docstring)
     order = ["suffix", "hybrid", "plain", "drafter"]
@@ -200,27 +211,32 @@ def main() -> None:
     ap.add_argument("--train-prompts", type=int, default=128)
     ap.add_argument("--train-steps", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="16 prompts, two rounds")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--standin-dir", default="/tmp/tailrl-standins")
     a = ap.parse_args()
     if a.quick:
         a.prompts, a.rounds = 16, 2
+    from regime import model_dir  # here: regime imports this module's helpers
+    a.model = model_dir(a.model, Path(a.standin_dir))
     train = {}
     prompts = load_prompts(a.model, a.prompts)
     drafter_dir = a.drafter
     if drafter_dir is None:
         drafter_dir = tempfile.mkdtemp(prefix="tailrl_drafter_")
         train = warm_start(a.model, drafter_dir, task_prompts(a.model, a.train_prompts), n=4, max_tokens=512,
-                           steps=a.train_steps)
+                           steps=a.train_steps, device=a.device)
         print(f"warm start: {json.dumps(train)}", flush=True)
-    res = compare(a.model, drafter_dir, prompts, a.n, a.max_tokens, a.dtype, a.rounds)
-    full = full_batch_throughput(a.model, prompts, a.dtype)
+    res = compare(a.model, drafter_dir, prompts, a.n, a.max_tokens, a.dtype, a.rounds, a.device)
+    full = full_batch_throughput(a.model, prompts, a.dtype, device=a.device)
     res["no_tail_bound_s"] = round(res["total_tokens"] / full, 2)
     res["bound_ratio"] = {m: round(res[m]["makespan_s"] / res["no_tail_bound_s"], 2) for m in METHODS}
     res["bound_ratio"]["plain"] = round(res["plain_makespan_s"] / res["no_tail_bound_s"], 2)
-    res["cost"] = {f"batch{b}": {k: round(v, 6) for k, v in step_cost(a.model, drafter_dir, a.dtype, b).items()}
+    res["cost"] = {f"batch{b}": {k: round(v, 6) for k, v in
+                                 step_cost(a.model, drafter_dir, a.dtype, b, device=a.device).items()}
                    for b in (1, 64)}
     res["train"] = {k: round(v, 3) for k, v in train.items()}
     res["config"] = {"prompts": a.prompts, "n": a.n, "max_tokens": a.max_tokens, "dtype": a.dtype,
-                     "rounds": a.rounds, "drafter": drafter_dir}
+                     "rounds": a.rounds, "drafter": drafter_dir, "device": a.device, "model": a.model}
     print(summary(res))
     print(json.dumps(res))
 

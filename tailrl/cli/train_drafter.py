@@ -16,27 +16,35 @@ log = logging.getLogger(__name__)
 
 
 def sample_responses(model_dir: str, prompts: list[list[int]], n: int, max_tokens: int, seed: int,
-                     dtype: str = "bfloat16") -> list[tuple[list[int], list[int]]]:
+                     dtype: str = "bfloat16", device: str = "cpu") -> list[tuple[list[int], list[int]]]:
     """The model's own responses (temperature 1) to ``prompts``, ``n`` each."""
     from tailrl import LLM, SamplingParams
-    llm = LLM(model_dir, dtype=dtype, seed=seed)
+    llm = LLM(model_dir, dtype=dtype, seed=seed, device=device)
     outs = llm.generate(prompts, SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, seed=seed))
     return [(list(o.prompt_token_ids), list(c.token_ids)) for o in outs for c in o.outputs]
 
 
 def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 4, max_tokens: int = 512,
                steps: int = 1000, batch: int = 1024, lr: float = 1e-3, unroll: int = 3,
-               seed: int = 0, size: int | None = None) -> dict[str, float]:
-    """Sample, teacher-force, train and save a drafter for ``model_dir`` into ``out_dir``."""
+               seed: int = 0, size: int | None = None, device: str = "cpu") -> dict[str, float]:
+    """Sample, teacher-force, train and save a drafter for ``model_dir`` into ``out_dir``, all
+    on ``device`` (the target in float32 for its states and the drafter's frozen head)."""
+    import transformers
+
+    from tailrl.config import check_device, require_device
     from tailrl.model.loader import load_model
+    check_device(device)
+    require_device(device)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    seqs = sample_responses(model_dir, prompts, n, max_tokens, seed)
+    seqs = sample_responses(model_dir, prompts, n, max_tokens, seed, device=device)
     t1 = time.perf_counter()
-    data = teacher_forced(model_dir, seqs)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    data = teacher_forced(hf, seqs)
+    del hf
     if data.windows(1) == 0:
         raise ValueError("train-drafter: no response is long enough to train on (raise --max-tokens)")
-    drafter = Drafter.for_target(load_model(model_dir, "float32"), size)
+    drafter = Drafter.for_target(load_model(model_dir, "float32", device), size)
     t2 = time.perf_counter()
     figures = train(drafter, data, steps, batch, lr, unroll, seed)
     drafter.save(out_dir)
@@ -70,13 +78,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unroll", type=int, default=3, help="drafter steps trained on its own features")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", type=int, default=None, help="the drafter's MLP width (default: the model's)")
+    ap.add_argument("--device", default="cpu", help="where to sample and train: cpu, cuda or cuda:N")
     a = ap.parse_args(argv)
     for name in ("prompts", "n", "max_tokens", "steps", "batch", "unroll", "size"):
         if getattr(a, name) is not None and getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    from tailrl.config import check_device, require_device
+    try:
+        check_device(a.device, "--device")
+        require_device(a.device, "--device")
+    except ValueError as e:
+        ap.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     figures = warm_start(a.model, a.out, task_prompts(a.model, a.prompts), a.n, a.max_tokens, a.steps,
-                         a.batch, a.lr, a.unroll, a.seed, a.size)
+                         a.batch, a.lr, a.unroll, a.seed, a.size, a.device)
     log.info("drafter saved to %s", a.out)
     print(json.dumps({"out": a.out, **figures}))
     return 0

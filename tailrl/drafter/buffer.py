@@ -12,6 +12,10 @@ instance with its K/V: the earlier positions were computed there) starts a new r
 run never spans positions whose states were not kept. Drafts root at the last prompt
 position or later, so only those roots count in the loss (``DrafterData.first``).
 
+Device: states stay where the engine computed them (views of its step tensors, on its
+device), and ``data`` lays them out on ``device`` (the drafter's), in float32; tokens and the
+runs' table are host metadata (``sample_batch`` reads them per pick).
+
 Bounded: at most ``capacity`` positions in all. Adding past it evicts the oldest runs first
 (running or finished), so the buffer holds the most recent data, i.e. the current policy's;
 a single run longer than the buffer keeps its newest positions.
@@ -75,10 +79,11 @@ class _Run:
 
 
 class DrafterBuffer:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, device: str | torch.device = "cpu") -> None:
         if not isinstance(capacity, int) or capacity < 2:
             raise ValueError(f"drafter buffer capacity must be an integer >= 2, got {capacity!r}")
         self.capacity = capacity
+        self.device = torch.device(device)
         self._runs: OrderedDict[int, _Run] = OrderedDict()   # oldest first
         self._open: dict[str, int] = {}                      # request id -> its current run's key
         self._next_key = 0
@@ -91,7 +96,7 @@ class DrafterBuffer:
 
     def add(self, req: Any, start: int, hidden: torch.Tensor) -> None:
         """``hidden`` [k, H]: the target's states at positions start .. start + k - 1 of ``req`` (copied)."""
-        self.add_spans(hidden.to("cpu", torch.float32, copy=True), [(req, start, 0, hidden.shape[0])])
+        self.add_spans(hidden.to(self.device, torch.float32, copy=True), [(req, start, 0, hidden.shape[0])])
 
     def add_spans(self, hidden: torch.Tensor, spans: list[tuple[Any, int, int, int]]) -> None:
         """A step's states: ``hidden`` [P, H] in the target's dtype, never modified after (the
@@ -131,7 +136,8 @@ class DrafterBuffer:
         its n samples) was handed no prompt states: copy them from an open sibling run."""
         for key in self._open.values():
             d = self._runs.get(key)
-            if d is not None and d.group == run.group and d.start == 0 and d.end >= run.start and d.prompt == run.prompt:
+            if (d is not None and d.group == run.group and d.start == 0 and d.end >= run.start
+                    and d.prompt == run.prompt):
                 h = d.states()[:run.start]
                 run.hidden = [(h, 0, h.shape[0])]
                 run.tokens = d.tokens[:run.start]
@@ -165,14 +171,15 @@ class DrafterBuffer:
             rel = max(0, run.first - run.start)
             if len(run) - unroll - rel > 0:
                 hidden.append(run.states())                   # consolidated once
-                tokens.append(torch.tensor(run.tokens))
+                tokens.append(torch.tensor(run.tokens, device="cpu"))
                 lengths.append(len(run))
                 first.append(rel)
         data = None
         if hidden:
-            offsets = torch.tensor([0] + lengths).cumsum(0)
+            offsets = torch.tensor([0] + lengths, device="cpu").cumsum(0)
             # float32: the drafter trains in it (hand-outs come in the target's dtype)
-            data = DrafterData(torch.cat(hidden).float(), torch.cat(tokens), offsets, torch.tensor(first))
+            data = DrafterData(torch.cat(hidden).to(self.device, torch.float32), torch.cat(tokens), offsets,
+                               torch.tensor(first, device="cpu"))
         self._cache = (self.added, unroll, data)
         return data
 
@@ -186,9 +193,10 @@ class DrafterBuffer:
         runs = list(self._runs.items())
         index = {key: i for i, (key, _) in enumerate(runs)}
         chunks = [c for _, run in runs for c in run.chunks()]
-        hidden = torch.cat(chunks) if chunks else torch.zeros(0, 0)
-        tokens = torch.tensor([t for _, run in runs for t in run.tokens], dtype=torch.int32)
-        table = torch.tensor([[run.start, run.first, len(run)] for _, run in runs], dtype=torch.int64).reshape(-1, 3)
+        hidden = torch.cat(chunks).cpu() if chunks else torch.zeros(0, 0, device="cpu")
+        tokens = torch.tensor([t for _, run in runs for t in run.tokens], dtype=torch.int32, device="cpu")
+        table = torch.tensor([[run.start, run.first, len(run)] for _, run in runs], dtype=torch.int64,
+                             device="cpu").reshape(-1, 3)
         opened = {rid: [index[key], self._runs[key].group, list(self._runs[key].prompt)]
                   for rid, key in self._open.items() if key in index}
         meta = {"format": str(FORMAT), "added": str(self.added), "open": json.dumps(opened)}
@@ -212,7 +220,7 @@ class DrafterBuffer:
         for i, (start, first, n) in enumerate(table):
             rid, group, prompt = opened.get(i, (None, "", []))
             run = self._runs[i] = _Run(start, first, group, prompt)
-            h = hidden[row:row + n].clone()                  # each run owns its states (eviction frees them)
+            h = hidden[row:row + n].to(self.device, copy=True)   # each run owns its states (eviction frees them)
             run.hidden, run.tokens = [(h, 0, n)], tokens[row:row + n]
             row += n
             if rid is not None:

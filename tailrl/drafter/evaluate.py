@@ -36,13 +36,15 @@ def accepted_per_root(drafter: Drafter, hidden: torch.Tensor, tokens: torch.Tens
     that exist count (a root r needs x_{r+2} to draft anything: 0 otherwise, and 0 past the
     sequence's end)."""
     if tokens.dim() == 1:
-        return accepted_per_root(drafter, hidden[None], tokens[None], depth, torch.tensor([tokens.shape[0]]))[0]
+        return accepted_per_root(drafter, hidden[None], tokens[None], depth,
+                                 torch.tensor([tokens.shape[0]], device=tokens.device))[0]
     b, t = tokens.shape
-    lengths = torch.full((b,), t) if lengths is None else lengths
+    dev = tokens.device
+    lengths = torch.full((b,), t, device=dev) if lengths is None else lengths
     outs = drafter.unroll(hidden, tokens, lengths, depth)
-    accepted = torch.zeros(b, t, dtype=torch.long)
-    alive = torch.ones(b, t, dtype=torch.bool)
-    roots = torch.arange(t)
+    accepted = torch.zeros(b, t, dtype=torch.long, device=dev)
+    alive = torch.ones(b, t, dtype=torch.bool, device=dev)
+    roots = torch.arange(t, device=dev)
     for k, (_, logits) in enumerate(outs):
         at = (roots + k).clamp(max=t - 1)    # step k of root r is computed at position r + k
         target = roots + k + 2               # and predicts the token at r + k + 2
@@ -57,8 +59,8 @@ def accepted_per_root(drafter: Drafter, hidden: torch.Tensor, tokens: torch.Tens
 def chain_acceptance(drafter: Drafter, data: DrafterData, depth: int, chunk: int = 8) -> tuple[float, int]:
     """(mean tokens per verify step, bonus token included; verify steps) of ``depth``-chains
     over the responses of ``data``, each walked from its first root as the drafter alone would
-    verify it (``chunk`` sequences of similar length unrolled at a time). (0.0, 0) when no
-    response has a position to draft."""
+    verify it (``chunk`` sequences of similar length unrolled at a time, on the drafter's
+    device). (0.0, 0) when no response has a position to draft."""
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     tokens_total = steps = 0
@@ -70,12 +72,14 @@ def chain_acceptance(drafter: Drafter, data: DrafterData, depth: int, chunk: int
         rows = order[lo:lo + chunk]
         width = max(lengths[s] for s in rows)
         hidden = data.hidden.new_zeros(len(rows), width, data.hidden.shape[1])
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        tokens = torch.zeros(len(rows), width, dtype=torch.long, device="cpu")
         for b, s in enumerate(rows):
             o = int(data.offsets[s])
             hidden[b, :lengths[s]] = data.hidden[o:o + lengths[s]]
             tokens[b, :lengths[s]] = data.tokens[o:o + lengths[s]]
-        accepted = accepted_per_root(drafter, hidden, tokens, depth, torch.tensor([lengths[s] for s in rows])).tolist()
+        dev = drafter.fc.weight.device
+        accepted = accepted_per_root(drafter, hidden.to(dev), tokens.to(dev), depth,
+                                     torch.tensor([lengths[s] for s in rows], device=dev)).tolist()
         for b, s in enumerate(rows):
             r = int(data.first[s])
             while r + 2 < lengths[s]:

@@ -125,7 +125,8 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 class Drafter(nn.Module):
     """``embed`` [V, H] and ``head`` [V, H] are the target's weights; they are kept as frozen
-    buffers in the drafter's dtype (not parameters: the optimiser never sees them)."""
+    buffers in the drafter's dtype (not parameters: the optimiser never sees them). The drafter
+    lives on their device (the target's): every tensor it makes follows its weights."""
 
     def __init__(self, cfg: DrafterConfig, embed: torch.Tensor, head: torch.Tensor):
         super().__init__()
@@ -155,6 +156,7 @@ class Drafter(nn.Module):
             self.fc.bias.zero_()
             self.o.weight.mul_(0.1)
             self.down.weight.mul_(0.1)
+        self.to(embed.device)
 
     @classmethod
     def for_target(cls, model: nn.Module, intermediate_size: int | None = None) -> "Drafter":
@@ -194,21 +196,25 @@ class Drafter(nn.Module):
         e = _rms(F.embedding(tokens, self.embed), self.cfg.rms_norm_eps) * self.embed_norm
         return self.fc(torch.cat([feature.to(self.fc.weight.dtype), e], dim=-1))
 
-    def _qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [..., H], positions [...] -> q, k, v [..., heads, head_dim]; q and k rotated, q scaled."""
+    def _qkv(self, x: torch.Tensor, positions: torch.Tensor, end: int | None = None) -> tuple[torch.Tensor, ...]:
+        """x [..., H], positions [...] (below ``end`` if given) -> q, k, v [..., heads, head_dim];
+        q and k rotated, q scaled."""
         c = self.cfg
         qkv = self.qkv(_rms(x, c.rms_norm_eps) * self.attn_norm)
         q, k, v = qkv.unflatten(-1, (3, c.num_heads, c.head_dim)).unbind(-3)
-        cos, sin = self._rope(positions, x.dtype)                                    # [..., 1, D]
+        cos, sin = self._rope(positions, x.dtype, end)                                    # [..., 1, D]
         return _rotate(q, cos, sin) * c.head_dim ** -0.5, _rotate(k, cos, sin), v
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype, end: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [..., 1, head_dim] at ``positions`` [...] from a table (computed in float64,
-        grown on demand: a drafting step is a few small ops, and trigonometry per step shows)."""
-        need = int(positions.max()) + 1 if positions.numel() else 1
+        grown on demand: a drafting step is a few small ops, and trigonometry per step shows).
+        ``end``: a bound on the positions known to the caller (else read from them: on a GPU,
+        a wait for the device)."""
+        need = end if end is not None else int(positions.max()) + 1 if positions.numel() else 1
         if self._rope_table is None or self._rope_table[0].shape[0] < need or self._rope_table[0].dtype != dtype:
             size = max(need, 2 * (self._rope_table[0].shape[0] if self._rope_table is not None else 512))
-            angles = torch.arange(size, dtype=torch.float64).unsqueeze(-1) * self.inv_freq
+            angles = torch.arange(size, dtype=torch.float64, device=self.inv_freq.device).unsqueeze(-1) * self.inv_freq
             angles = torch.cat([angles, angles], -1)
             self._rope_table = (angles.cos().to(dtype), angles.sin().to(dtype))
         cos, sin = self._rope_table
@@ -223,31 +229,33 @@ class Drafter(nn.Module):
         out = _rms(x, eps) * self.out_norm
         return out, F.linear(out, self.head)
 
-    def committed_kv(self, hidden: torch.Tensor, next_tokens: torch.Tensor,
-                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def committed_kv(self, hidden: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                     end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of committed positions: hidden [P, H] (the target's h_t), next_tokens [P] (x_{t+1}),
-        positions [P] (t) -> k, v [P, heads, head_dim]. Each row depends on its own inputs only
-        (the query rows of ``qkv`` are not computed)."""
+        positions [P] (t, below ``end`` if given) -> k, v [P, heads, head_dim]. Each row depends
+        on its own inputs only (the query rows of ``qkv`` are not computed)."""
         c = self.cfg
         inner = c.num_heads * c.head_dim
         x = self._input(hidden, next_tokens)
         kv = F.linear(_rms(x, c.rms_norm_eps) * self.attn_norm, self.qkv.weight[inner:])
         k, v = kv.unflatten(-1, (2, c.num_heads, c.head_dim)).unbind(-3)
-        cos, sin = self._rope(positions, x.dtype)
+        cos, sin = self._rope(positions, x.dtype, end)
         return _rotate(k, cos, sin), v
 
     # ---- drafting: one step for a batch of draft nodes ---------------------------------------
     def step(self, feature: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
              past: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, rows: torch.Tensor | None = None,
-             path: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+             path: tuple[torch.Tensor, torch.Tensor] | None = None, end: int | None = None
+             ) -> tuple[torch.Tensor, ...]:
         """One drafter position per row: feature [F, H], tokens [F] (the token after it), positions
-        [F]. ``past``: committed K/V (keys transposed, k_t [B, heads, head_dim, L]; v [B, heads,
-        L, head_dim]) and what row b sees of it (bias [B, L]: 0 seen, -inf not); row f reads past
-        row ``rows[f]`` (default f). ``path``: K/V of the draft positions before this one on the
-        row's path (k, v [F, heads, d, head_dim]). Returns (next feature [F, H], logits [F, V],
-        k [F, heads, head_dim], v): the caller appends k, v to the path of the row's children."""
+        [F] (below ``end`` if given). ``past``: committed K/V (keys transposed, k_t [B, heads,
+        head_dim, L]; v [B, heads, L, head_dim]) and what row b sees of it (bias [B, L]: 0 seen,
+        -inf not); row f reads past row ``rows[f]`` (default f). ``path``: K/V of the draft
+        positions before this one on the row's path (k, v [F, heads, d, head_dim]). Returns (next
+        feature [F, H], logits [F, V], k [F, heads, head_dim], v): the caller appends k, v to the
+        path of the row's children."""
         x = self._input(feature, tokens)
-        q, k, v = self._qkv(x, positions)                                  # [F, heads, D]
+        q, k, v = self._qkv(x, positions, end)                             # [F, heads, D]
         own_k, own_v = k.unsqueeze(2), v.unsqueeze(2)                      # [F, heads, 1, D]
         if path is not None:
             own_k, own_v = torch.cat([path[0], own_k], 2), torch.cat([path[1], own_v], 2)
@@ -281,7 +289,7 @@ class Drafter(nn.Module):
         feature, ks, vs, outs = hidden, [], [], []
         for k in range(steps):
             x = self._input(feature, nxt)
-            q, kk, vv = (a.transpose(1, 2) for a in self._qkv(x, pos))                # [B, heads, T, D]
+            q, kk, vv = (a.transpose(1, 2) for a in self._qkv(x, pos, t))              # [B, heads, T, D]
             if k == 0:
                 k0, v0 = kk, vv
             else:

@@ -80,12 +80,12 @@ class PastState:
 class _Past:
     __slots__ = ("base", "length", "k", "v", "queued", "queued_n", "req", "group", "prompt", "synced")
 
-    def __init__(self, base: int, heads: int, head_dim: int, req: Any) -> None:
+    def __init__(self, base: int, heads: int, head_dim: int, req: Any, device: torch.device) -> None:
         self.req, self.group, self.prompt = req, req.group_id, req.prompt_token_ids
         self.base = base                       # position of row 0
         self.length = 0                        # rows holding K/V
-        self.k = torch.empty(heads, head_dim, 0)   # [heads, D, capacity]: keys transposed
-        self.v = torch.empty(heads, 0, head_dim)   # [heads, capacity, D]
+        self.k = torch.empty(heads, head_dim, 0, device=device)   # [heads, D, capacity]: keys transposed
+        self.v = torch.empty(heads, 0, head_dim, device=device)   # [heads, capacity, D]
         # (start, states, first row, end row): rows of a hand-out's states, in order
         self.queued: list[tuple[int, torch.Tensor, int, int]] = []
         self.queued_n = 0
@@ -145,6 +145,7 @@ class DrafterPast:
     def __init__(self, drafter: Drafter, compute: Callable[[], Drafter] | None = None) -> None:
         self.drafter = drafter
         self.compute = compute or (lambda: drafter)   # the drafter (or its low-precision copy) that computes K/V
+        self.device = drafter.fc.weight.device       # where the K/V are kept (the drafter's device)
         self._past: dict[str, _Past] = {}
         self._log: deque[_HandOut] = deque()
         self._count = 0                                # hand-outs so far
@@ -229,7 +230,7 @@ class DrafterPast:
             start, row, k = found
             if p is None or start > p.end:                # new, or a gap: the past starts here
                 c = self.drafter.cfg
-                p = self._past[rid] = _Past(start, c.num_heads, c.head_dim, req)
+                p = self._past[rid] = _Past(start, c.num_heads, c.head_dim, req, self.device)
                 if start < req.num_prompt_tokens:
                     self._borrow(p, start)
             p.take(start, entry.hidden, row, k)
@@ -272,7 +273,8 @@ class DrafterPast:
             d = self.compute()
             with torch.inference_mode():
                 kv = self._prompt_kv[p.group] = d.committed_kv(
-                    hidden.to(d.fc.weight.dtype), torch.tensor(list(p.prompt[1:n + 1])), torch.arange(n))
+                    hidden.to(d.fc.weight.dtype), torch.tensor(list(p.prompt[1:n + 1]), device=self.device),
+                    torch.arange(n, device=self.device), n)
         p.base = 0
         p.append(kv[0][:upto], kv[1][:upto])
 
@@ -283,13 +285,14 @@ class DrafterPast:
         """``req``'s past with every position logged for it, for another instance's ``adopt``
         (None: nothing held or logged). Queued positions travel as target states, not as K/V:
         no work here, and no ``MAX_WAIT`` cut, which the next draft makes wherever it happens,
-        so the importer's past is the one this instance would have had. Copies: a view would
-        pickle the whole step tensor it belongs to."""
+        so the importer's past is the one this instance would have had. Host copies: a view would
+        pickle the whole step tensor it belongs to, and the importer may sit on another device."""
         p = self._sync(req, restart=False)
         if p is None:
             return None
-        queued = torch.cat([h[lo:hi] for _, h, lo, hi in p.queued]) if p.queued else None
-        return PastState(p.base, p.k[:, :, :p.length].clone(), p.v[:, :p.length].clone(), queued)
+        queued = torch.cat([h[lo:hi] for _, h, lo, hi in p.queued]).to("cpu") if p.queued else None
+        return PastState(p.base, p.k[:, :, :p.length].to("cpu", copy=True), p.v[:, :p.length].to("cpu", copy=True),
+                         queued)
 
     def adopt(self, req: Any, state: PastState) -> None:
         """Continue ``req``'s past from ``state`` (``export`` on another instance): its K/V are
@@ -303,10 +306,11 @@ class DrafterPast:
         if state.queued is not None and state.queued.shape[-1] != c.hidden_size:
             raise ValueError(f"drafter past of request {req.request_id!r}: queued states of width "
                              f"{state.queued.shape[-1]}, this drafter reads {c.hidden_size}")
-        p = self._past[req.request_id] = _Past(state.base, c.num_heads, c.head_dim, req)
-        p.k, p.v, p.length = state.k, state.v, n
+        p = self._past[req.request_id] = _Past(state.base, c.num_heads, c.head_dim, req, self.device)
+        p.k, p.v, p.length = state.k.to(self.device), state.v.to(self.device), n
         if state.queued is not None and state.queued.shape[0]:
-            p.queued, p.queued_n = [(state.base + n, state.queued, 0, state.queued.shape[0])], state.queued.shape[0]
+            queued = state.queued.to(self.device)
+            p.queued, p.queued_n = [(state.base + n, queued, 0, queued.shape[0])], queued.shape[0]
         p.synced = self._count - 1                       # read up to here: none of the log is its own
 
     def flush(self, requests: list[Any] | None = None) -> None:
@@ -330,8 +334,8 @@ class DrafterPast:
                 tokens += p.req.tokens(s + 1, s + hi - lo + 1)
                 positions += range(s, s + hi - lo)
         d = self.compute()
-        k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), torch.tensor(tokens),
-                              torch.tensor(positions))                     # [P, heads, D]
+        k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), torch.tensor(tokens, device=self.device),
+                              torch.tensor(positions, device=self.device), max(positions) + 1)   # [P, heads, D]
         row = 0
         for p in pending:                        # a past's queued positions are consecutive rows
             p.append(k[row:row + p.queued_n], v[row:row + p.queued_n])
@@ -343,7 +347,10 @@ class DrafterPast:
         """The committed K/V each request's draft rooted at ``roots[b]`` sees (its positions
         < root), padded, as ``Drafter.step`` reads it: k_t [B, heads, D, L], v [B, heads, L, D],
         bias [B, L] (0 seen, -inf padding), in ``dtype`` (default: the drafter's); None when no
-        request has any. Call ``flush`` first (queued positions are not visible)."""
+        request has any. Call ``flush`` first (queued positions are not visible). On the CPU
+        one copy per request (measured 3-4x faster than the indexed layout at 8-256 rows); on
+        a GPU, where each copy would be a kernel launch, a fixed number of operations
+        whatever the batch (``_padded_indexed``)."""
         seen = []
         for req, root in zip(requests, roots):
             p = self._past.get(req.request_id)
@@ -351,14 +358,42 @@ class DrafterPast:
         width = max((n for _, n in seen), default=0)
         if width == 0:
             return None
-        c = self.drafter.cfg
         dtype = dtype or self.drafter.fc.weight.dtype
-        k = torch.zeros(len(requests), c.num_heads, c.head_dim, width, dtype=dtype)
-        v = torch.zeros(len(requests), c.num_heads, width, c.head_dim, dtype=dtype)
-        bias = torch.full((len(requests), width), float("-inf"), dtype=dtype)
-        for b, (p, n) in enumerate(seen):
+        pad = self._padded_per_request if self.device.type == "cpu" else self._padded_indexed
+        return pad(seen, width, dtype)
+
+    def _padded_per_request(self, seen: list[tuple[_Past | None, int]], width: int, dtype: torch.dtype
+                            ) -> tuple[torch.Tensor, ...]:
+        c, b = self.drafter.cfg, len(seen)
+        k = torch.zeros(b, c.num_heads, c.head_dim, width, dtype=dtype, device=self.device)
+        v = torch.zeros(b, c.num_heads, width, c.head_dim, dtype=dtype, device=self.device)
+        bias = torch.full((b, width), float("-inf"), dtype=dtype, device=self.device)
+        for row, (p, n) in enumerate(seen):
             if n:
-                k[b, :, :, :n] = p.k[:, :, :n]
-                v[b, :, :n] = p.v[:, :n]
-                bias[b, :n] = 0.0
+                k[row, :, :, :n] = p.k[:, :, :n]
+                v[row, :, :n] = p.v[:, :n]
+                bias[row, :n] = 0.0
+        return k, v, bias
+
+    def _padded_indexed(self, seen: list[tuple[_Past | None, int]], width: int, dtype: torch.dtype
+                        ) -> tuple[torch.Tensor, ...]:
+        """One concatenation of the visible K/V (position-major, a zero row last for the
+        padding), one indexed read of it, one transposing copy per tensor."""
+        held = [(p, n) for p, n in seen if n]
+        k0 = held[0][0].k
+        zero = k0.new_zeros(1, k0.shape[0], k0.shape[1])
+        keys = torch.cat([p.k[:, :, :n].permute(2, 0, 1) for p, n in held] + [zero])   # [S + 1, heads, D]
+        values = torch.cat([p.v[:, :n].transpose(0, 1) for p, n in held] + [zero])    # [S + 1, heads, D]
+        starts, at = [], 0
+        for _, n in seen:
+            starts.append(at)
+            at += n
+        first_n = torch.tensor([starts, [n for _, n in seen]], device=self.device)      # [2, B]: one copy
+        col = torch.arange(width, device=self.device)
+        seen_mask = col < first_n[1, :, None]                                            # [B, L]
+        idx = torch.where(seen_mask, first_n[0, :, None] + col, at).view(-1)            # row ``at``: the zeros
+        shape = (len(seen), width, k0.shape[0], k0.shape[1])
+        k = keys.index_select(0, idx).view(shape).permute(0, 2, 3, 1).to(dtype).contiguous()   # [B, heads, D, L]
+        v = values.index_select(0, idx).view(shape).transpose(1, 2).to(dtype).contiguous()     # [B, heads, L, D]
+        bias = torch.zeros(seen_mask.shape, dtype=dtype, device=self.device).masked_fill_(~seen_mask, float("-inf"))
         return k, v, bias

@@ -110,7 +110,8 @@ class SpotTrainer:
         if data is None or data.windows(cfg.unroll) < cfg.min_windows:
             return False
         t0 = time.perf_counter()
-        loss, agree = drafter_loss(self.shadow, sample_batch(data, cfg.batch, self.gen), cfg.unroll)
+        batch = sample_batch(data, cfg.batch, self.gen, self.shadow.fc.weight.device)
+        loss, agree = drafter_loss(self.shadow, batch, cfg.unroll)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(self.shadow.parameters()), 1.0)

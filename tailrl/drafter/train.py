@@ -37,29 +37,32 @@ def teacher_forced(model: str | torch.nn.Module, sequences: list[tuple[list[int]
     count from the last prompt position on. ``model``: a checkpoint directory (loaded in
     float32) or a Hugging Face causal LM already loaded (e.g. the policy being trained). The
     forward runs ``chunk`` sequences of similar length at a time, right-padded (a causal
-    model's states before the padding do not see it)."""
+    model's states before the padding do not see it), on the model's device, where the states
+    stay; the tokens and offsets are host metadata."""
     if isinstance(model, str):
         import transformers
         hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     else:
         hf = model
+    dev = next(hf.parameters()).device
     ids = [list(p) + list(r) for p, r in sequences]
     hidden: list[torch.Tensor | None] = [None] * len(ids)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     for lo in tqdm(range(0, len(order), chunk), desc="teacher-forced forward", leave=False, disable=None):
         rows = order[lo:lo + chunk]
         width = max(len(ids[i]) for i in rows)
-        batch = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        batch = torch.zeros(len(rows), width, dtype=torch.long, device="cpu")
+        mask = torch.zeros(len(rows), width, dtype=torch.long, device="cpu")
         for b, i in enumerate(rows):
-            batch[b, :len(ids[i])] = torch.tensor(ids[i])
+            batch[b, :len(ids[i])] = torch.tensor(ids[i], device="cpu")
             mask[b, :len(ids[i])] = 1
-        out = hf.model(batch, attention_mask=mask).last_hidden_state.float()   # [B, T, H], after the final norm
+        out = hf.model(batch.to(dev), attention_mask=mask.to(dev)).last_hidden_state.float()   # [B, T, H], normed
         for b, i in enumerate(rows):
             hidden[i] = out[b, :len(ids[i])]
     lengths = [len(x) for x in ids]
-    return DrafterData(torch.cat(hidden), torch.tensor([t for x in ids for t in x]),
-                       torch.tensor([0] + lengths).cumsum(0), torch.tensor([len(p) - 1 for p, _ in sequences]))
+    return DrafterData(torch.cat(hidden), torch.tensor([t for x in ids for t in x], device="cpu"),
+                       torch.tensor([0] + lengths, device="cpu").cumsum(0),
+                       torch.tensor([len(p) - 1 for p, _ in sequences], device="cpu"))
 
 
 @dataclass
@@ -70,9 +73,12 @@ class SequenceBatch:
     first: torch.Tensor         # [B] first root position that counts
 
 
-def sample_batch(data: DrafterData, positions: int, gen: torch.Generator) -> SequenceBatch:
+def sample_batch(data: DrafterData, positions: int, gen: torch.Generator,
+                 device: torch.device | None = None) -> SequenceBatch:
     """Random sequences (weighted by their trainable roots), each cropped to at most
-    ``positions`` at a random offset, until the batch holds ``positions`` positions."""
+    ``positions`` at a random offset, until the batch holds ``positions`` positions. Picked on
+    the host (``gen``: a CPU generator, over the host metadata); the batch is laid out on
+    ``device`` (default: where the states are)."""
     lengths, offsets = data.lengths, data.offsets
     weight = (lengths - 1 - data.first).clamp(min=0).float()
     picked, total = [], 0
@@ -80,18 +86,19 @@ def sample_batch(data: DrafterData, positions: int, gen: torch.Generator) -> Seq
         s = int(torch.multinomial(weight, 1, generator=gen))
         n = int(lengths[s])
         lo = max(0, int(data.first[s]) - positions + 2)           # the crop keeps a root that counts
-        a = int(torch.randint(lo, n - positions + 1, (1,), generator=gen)) if n > positions else 0
+        a = int(torch.randint(lo, n - positions + 1, (1,), generator=gen, device="cpu")) if n > positions else 0
         m = min(n - a, positions)
         picked.append((int(offsets[s]) + a, m, max(0, int(data.first[s]) - a)))
         total += m
     width = max(m for _, m, _ in picked)
+    dev = device if device is not None else data.hidden.device
     hidden = data.hidden.new_zeros(len(picked), width, data.hidden.shape[1])
-    tokens = torch.zeros(len(picked), width, dtype=torch.long)
+    tokens = torch.zeros(len(picked), width, dtype=torch.long, device="cpu")
     for b, (o, m, _) in enumerate(picked):
         hidden[b, :m] = data.hidden[o:o + m]
         tokens[b, :m] = data.tokens[o:o + m]
-    return SequenceBatch(hidden, tokens, torch.tensor([m for _, m, _ in picked]),
-                         torch.tensor([f for _, _, f in picked]))
+    meta = torch.tensor([[m, f] for _, m, f in picked], device="cpu").to(dev)     # lengths, first: one copy
+    return SequenceBatch(hidden.to(dev), tokens.to(dev), meta[:, 0], meta[:, 1])
 
 
 def drafter_loss(drafter: Drafter, batch: SequenceBatch, unroll: int,
@@ -99,7 +106,7 @@ def drafter_loss(drafter: Drafter, batch: SequenceBatch, unroll: int,
     """Loss over every root of ``batch`` that counts. Returns (loss, top-1 agreement of the
     first step with the target's most likely token: a cheap proxy of chain acceptance)."""
     outs = drafter.unroll(batch.hidden, batch.tokens, batch.lengths, unroll)
-    t = torch.arange(batch.tokens.shape[1])
+    t = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)
     nxt = torch.cat([batch.hidden[:, 1:], torch.zeros_like(batch.hidden[:, :1])], 1)   # h_{t+1}
     total = batch.hidden.new_zeros(())
     agree = 0.0
@@ -124,13 +131,14 @@ def train(drafter: Drafter, data: DrafterData, steps: int, batch: int = 1024, lr
     first-step agreement)."""
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in drafter.parameters() if p.requires_grad]
+    dev = params[0].device
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps))
     drafter.train()
     loss_v = agree = 0.0
     bar = tqdm(range(steps), desc="train drafter", leave=False)
     for _ in bar:
-        loss, agree = drafter_loss(drafter, sample_batch(data, batch, gen), unroll)
+        loss, agree = drafter_loss(drafter, sample_batch(data, batch, gen, dev), unroll)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

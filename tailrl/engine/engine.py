@@ -39,9 +39,6 @@ class LLMEngine:
                  history: HistoryStore | None = None, *, speculator=None):
         self.config = config
         require_device(config.device)
-        if speculative is not None and speculative.drafter is not None and config.device != "cpu":
-            raise ValueError("speculative.drafter: the learned drafter runs on CPU engines only (its past K/V "
-                             f"and training data live in host memory), got device {config.device!r}")
         # a fixed thread count, or threads sized to the cores other processes leave free
         self.threads = use_threads(config.num_threads, config.dtype)
         dtype = DTYPES[config.dtype]

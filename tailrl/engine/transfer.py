@@ -48,10 +48,11 @@ class RequestState:
     def from_request(cls, req: Request, kv: torch.Tensor | None,
                      speculation: dict[str, Any] | None = None) -> "RequestState":
         hidden = req.last_hidden
-        # a copy: the kept state is a row of a step's tensor, which a view would pickle whole
+        # a host copy: the kept state is a row of a step's tensor, which a view would pickle
+        # whole, on the exporter's device (the importer's drafter moves it to its own)
         return cls(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
                    list(req.output_logprobs), req.params, req.seed_key, req.group_id, req.prompt_id,
-                   req.index, kv, None if hidden is None else hidden.clone(), speculation)
+                   req.index, kv, None if hidden is None else hidden.to("cpu", copy=True), speculation)
 
     def to_request(self) -> Request:
         req = Request(self.request_id, list(self.prompt_token_ids), self.params, self.seed_key,

@@ -155,9 +155,6 @@ class TrainConfig:
     def _check_drafter(self) -> None:
         for key in ("drafter", "drafter_eval"):
             _check(isinstance(getattr(self, key), bool), key, "must be true or false", getattr(self, key))
-        _check(not self.drafter or self.device == "cpu", "drafter",
-               f"runs on the CPU only (its past K/V and training data live in host memory): not with device "
-               f"{self.device!r}", self.drafter)
         for key in ("drafter_buffer", "drafter_batch"):
             v = getattr(self, key)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "must be an integer >= 1", v)

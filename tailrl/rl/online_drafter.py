@@ -62,7 +62,7 @@ def spot_on_engine(engine, buffer_size: int, spot_cfg: SpotConfig, seed: int, st
     and version from. (A pool's workers call this in their own processes.)"""
     speculator = engine.speculator
     source = next(s for s in speculator.sources if s.name == "drafter")
-    buffer = DrafterBuffer(buffer_size)
+    buffer = DrafterBuffer(buffer_size, source.drafter.fc.weight.device)    # the states stay on the engine's device
     spot = SpotTrainer(source.drafter, buffer, spot_cfg, seed=seed)
     if state is not None:
         spot.load(state)

@@ -39,9 +39,9 @@ def counting(src: DrafterSource) -> list[int]:
     calls: list[int] = []
     inner = src.drafter.committed_kv
 
-    def wrapped(hidden, tokens, positions):
+    def wrapped(hidden, tokens, positions, end=None):
         calls.append(hidden.shape[0])
-        return inner(hidden, tokens, positions)
+        return inner(hidden, tokens, positions, end)
     src.drafter.committed_kv = wrapped
     return calls
 
@@ -68,6 +68,11 @@ def test_add_skips_held_positions_restarts_after_a_gap_borrows_a_prompt_and_free
     assert past.gather([a], [4])[2].tolist() == [[0.0] * 4]    # a draft rooted at 4 sees positions < 4
     two = past.gather([a, req("none", [1, 2])], [4, 1])[2]
     assert two.tolist() == [[0.0] * 4, [float("-inf")] * 4]    # padding is masked
+    # the GPU's layout (a fixed number of operations) equals the CPU's copy per request
+    seen = [(past._past["a"], 9), (None, 0), (past._past["a"], 4)]
+    for dtype in (torch.float32, torch.bfloat16):
+        for x, y in zip(past._padded_indexed(seen, 9, dtype), past._padded_per_request(seen, 9, dtype)):
+            assert x.dtype == y.dtype == dtype and x.shape == y.shape and torch.equal(x, y)
     b = req("b", list(range(1, 9)), group="g")             # a sibling that shared the prompt's target K/V
     b.output_token_ids += [5]
     past.add(b, 7, h[12:13])

@@ -173,61 +173,79 @@ class DrafterSource:
         self.past.flush(requests)
         roots = [r.num_tokens - 2 for r in requests]                           # where last_hidden sits
         past = self.past.gather(requests, roots, drafter.fc.weight.dtype)      # [B, heads, L, D] x2, [B, L]
-        feats = torch.stack([r.last_hidden for r in requests])                  # [B, H]
+        dev = drafter.fc.weight.device                                          # the target's
+        feats = torch.stack([r.last_hidden.to(dev) for r in requests])          # [B, H] (imported: on the host)
         toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
-                             for r in requests])                                # [B]
-        pos = torch.tensor(roots)
+                             for r in requests], device=dev)                    # [B]
+        pos = torch.tensor(roots, device=dev)
+        end = max(roots) + max_tokens                  # past every position a draft reaches
         t0, steps = time.perf_counter(), [0]
         try:
             if width == 1:
-                return self._chains(drafter, feats, toks, pos, past, max_tokens, steps)
-            return self._tree(drafter, feats, toks, pos, past, max_tokens, width, len(requests), steps)
+                return self._chains(drafter, feats, toks, pos, past, max_tokens, steps, end)
+            return self._tree(drafter, feats, toks, pos, past, max_tokens, width, len(requests), steps, end)
         finally:
             if steps[0]:
                 self.precision.observe(copy_name, len(requests), (time.perf_counter() - t0) / steps[0])
 
-    def _deeper(self, path_probs: list[float] | torch.Tensor, rows: int) -> bool:
+    def _price(self, rows: int) -> tuple[float, float, float] | None:
+        """(seconds an expected accepted token is worth, a verified node's cost, one drafter
+        step's seconds at ``rows`` rows), or None while any is unknown (no depth limit)."""
+        step_s = self.precision.step_seconds(rows) if self.pricing is not None else None
+        return None if step_s is None else (*self.pricing, step_s)
+
+    def _deeper(self, path_probs: list[float], rows: int) -> bool:
         """Whether one more drafter step for these paths' children can pay for itself."""
-        if self.pricing is None:
+        price = self._price(rows)
+        if price is None:
             return True
-        step_s = self.precision.step_seconds(rows)
-        if step_s is None:
-            return True
-        value, node_cost = self.pricing
-        pp = torch.as_tensor(path_probs, dtype=torch.float64)
-        return float((pp * value - node_cost).clamp(min=0).sum()) > step_s
+        value, node_cost, step_s = price
+        return sum(max(p * value - node_cost, 0.0) for p in path_probs) > step_s
+
+    def _chains_end(self, path_prob: torch.Tensor) -> bool:
+        """Whether every chain fell below ``min_path_prob`` or one more step could not pay
+        (``_deeper`` on the device's path probabilities): one read from the device."""
+        ended = (path_prob < self.min_path_prob).all()
+        price = self._price(len(path_prob))
+        if price is None:
+            return bool(ended)
+        value, node_cost, step_s = price
+        gain = (path_prob.double() * value - node_cost).clamp(min=0).sum()
+        ended, gain = torch.stack([ended.double(), gain]).tolist()
+        return ended > 0 or gain <= step_s
 
     def _tree(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
-              max_tokens: int, width: int, n: int, steps: list[int]) -> list[Draft | None]:
+              max_tokens: int, width: int, n: int, steps: list[int], end: int) -> list[Draft | None]:
         """Trees of ``width`` paths (see the module docstring) for ``n`` requests."""
         nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in range(n)]
         # frontier entries, one per row of feats / toks: (request index, node index (-1 = root), path prob)
         frontier = [(b, -1, 1.0) for b in range(n)]
         owner, path = None, None                  # past row of each frontier row (None: row b = request b)
         while frontier:
-            out, logits, k, v = drafter.step(feats, toks, pos, past, owner, path)   # [F, H], [F, V]
+            out, logits, k, v = drafter.step(feats, toks, pos, past, owner, path, end)   # [F, H], [F, V]
             steps[0] += 1
             top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
             chosen = self._choose(frontier, top_p.tolist(), top_t.tolist(), nodes, max_tokens, width)
             frontier, rows, new_toks = self._append(chosen, nodes)
             if not frontier or not self._deeper([f[2] for f in frontier], len(frontier)):
                 break
-            idx = torch.tensor(rows)
+            dev = feats.device
+            idx = torch.tensor(rows, device=dev)
             path = _extend(path, k, v, idx)
-            feats, toks, pos = out[idx], torch.tensor(new_toks), pos[idx] + 1
-            owner = torch.tensor([b for b, _, _ in frontier])
+            feats, toks, pos = out[idx], torch.tensor(new_toks, device=dev), pos[idx] + 1
+            owner = torch.tensor([b for b, _, _ in frontier], device=dev)
         return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
 
     def _chains(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
-                max_tokens: int, steps: list[int]) -> list[Draft | None]:
+                max_tokens: int, steps: list[int], end: int) -> list[Draft | None]:
         """Greedy chains for all rows in tensor ops (the common case; no per-row Python per
         depth). A chain ends before its first node whose path probability is below
-        ``min_path_prob``; all end where one more step could not pay (``_deeper``)."""
+        ``min_path_prob``; all end where one more step could not pay (``_chains_end``)."""
         tokens, probs = [], []
-        path_prob = torch.ones(len(toks))
+        path_prob = torch.ones(len(toks), device=toks.device)
         path = None
-        for _ in range(max_tokens):
-            feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path)
+        for depth in range(1, max_tokens + 1):
+            feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path, end)
             steps[0] += 1
             path = _extend(path, k, v)
             q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
@@ -235,10 +253,11 @@ class DrafterSource:
             probs.append(q)
             pos = pos + 1
             path_prob = path_prob * q
-            if bool((path_prob < self.min_path_prob).all()) or not self._deeper(path_prob, len(toks)):
+            if depth == max_tokens or self._chains_end(path_prob):
                 break
-        keep = (torch.stack(probs, 1).cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()   # [B]
-        t_rows, q_rows = torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist()
+        q_all, t_rows = torch.stack(probs, 1).cpu(), torch.stack(tokens, 1).tolist()   # one wait, then host work
+        keep = (q_all.cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()      # [B]
+        q_rows = q_all.tolist()
         return [Draft.unchecked(t[:k], list(range(-1, k - 1)), q[:k], self.name, chain=True) if k else None
                 for t, q, k in zip(t_rows, q_rows, keep)]
 
