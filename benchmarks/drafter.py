@@ -33,7 +33,8 @@ Ends with a text summary and one JSON line: {"drafter": {...}, "suffix": {...}, 
 On a GPU (``--device cuda``; #35's rollout: ``--model 0.5b --max-tokens 512``, the 0.5b
 stand-in of `small` built into ``--standin-dir`` on first use), everything runs there: the
 warm start (sampling, the teacher-forced states, training), the rollouts, the step costs
-(synchronised). ``--model`` takes a directory, a preset or a stand-in name.
+(synchronised). ``--model`` takes a directory, a preset or a stand-in name; ``--tree-paths``
+sets every method's ``max_tree_paths`` (trees of drafts, where a flat step curve may pay for them).
 Usage: python benchmarks/drafter.py [--model models/small] [--drafter DIR] [--quick] [--train-steps N]
        python benchmarks/drafter.py --device cuda --model 0.5b --max-tokens 512 --rounds 2
 """
@@ -123,11 +124,11 @@ def spread(xs: list[float]) -> dict:
 
 
 def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, dtype: str, rounds: int,
-            device: str = "cpu") -> dict:
+            device: str = "cpu", tree_paths: int = 1) -> dict:
     history, _ = rollout(LLM(model_dir, dtype=dtype, seed=1, device=device), prompts, n, 1000, max_tokens)
     llms = {"plain": LLM(model_dir, dtype=dtype, device=device)}
     for m in METHODS:
-        cfg = SpeculativeConfig(method=m, drafter=None if m == "suffix" else drafter_dir)
+        cfg = SpeculativeConfig(method=m, drafter=None if m == "suffix" else drafter_dir, max_tree_paths=tree_paths)
         llms[m] = LLM(model_dir, dtype=dtype, speculative=cfg, device=device)
     # suffix and hybrid side by side in every round (their comparison is the target), never right
     # after the drafter alone (see the module docstring)
@@ -212,6 +213,7 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="16 prompts, two rounds")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tree-paths", type=int, default=1, help="max_tree_paths of every method (1: chains)")
     ap.add_argument("--standin-dir", default="/tmp/tailrl-standins")
     a = ap.parse_args()
     if a.quick:
@@ -226,7 +228,7 @@ def main() -> None:
         train = warm_start(a.model, drafter_dir, task_prompts(a.model, a.train_prompts), n=4, max_tokens=512,
                            steps=a.train_steps, device=a.device)
         print(f"warm start: {json.dumps(train)}", flush=True)
-    res = compare(a.model, drafter_dir, prompts, a.n, a.max_tokens, a.dtype, a.rounds, a.device)
+    res = compare(a.model, drafter_dir, prompts, a.n, a.max_tokens, a.dtype, a.rounds, a.device, a.tree_paths)
     full = full_batch_throughput(a.model, prompts, a.dtype, device=a.device)
     res["no_tail_bound_s"] = round(res["total_tokens"] / full, 2)
     res["bound_ratio"] = {m: round(res[m]["makespan_s"] / res["no_tail_bound_s"], 2) for m in METHODS}
@@ -236,7 +238,8 @@ def main() -> None:
                    for b in (1, 64)}
     res["train"] = {k: round(v, 3) for k, v in train.items()}
     res["config"] = {"prompts": a.prompts, "n": a.n, "max_tokens": a.max_tokens, "dtype": a.dtype,
-                     "rounds": a.rounds, "drafter": drafter_dir, "device": a.device, "model": a.model}
+                     "rounds": a.rounds, "drafter": drafter_dir, "device": a.device, "model": a.model,
+                     "tree_paths": a.tree_paths}
     print(summary(res))
     print(json.dumps(res))
 

@@ -29,6 +29,7 @@ and the spot training time inside the online rollout. Ends with one JSON line:
   online_minus_frozen (per-step differences on the same responses: mean, se, per half),
   drafter_verify_steps_per_step (how many verify steps each figure rests on),
   spot_train_s_per_step, spot_share_of_rollout (spot training time / online rollout time),
+  spot_step_max_s (the longest spot step: the most a rollout step waited for training),
   online_vs_frozen_rollout (online rollout time / frozen's; > 1 = slower),
   hybrid_vs_suffix_rollout (frozen against suffix; total: rollout time ratio; step_mean,
   step_se: over the steps' ratios, > 1 = hybrid slower),
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         spot = sum(col(rows["online"], "timing_s/spot_train")) / args.steps
         figures["spot_train_s_per_step"] = spot
         figures["spot_share_of_rollout"] = spot / s["online"]["rollout_s_per_step"]
+        figures["spot_step_max_s"] = max(col(rows["online"], "timing_s/spot_step_max"), default=0.0)
         figures["drafter_train_s_per_step"] = sum(col(rows["online"], "timing_s/drafter_train")) / args.steps
         if "frozen" in rows:
             figures["online_vs_frozen_rollout"] = s["online"]["rollout_s_per_step"] / s["frozen"]["rollout_s_per_step"]

@@ -57,13 +57,14 @@ class PoolSpot:
 
     def metrics(self) -> dict[str, float]:
         """The instances' ``SpotTrainer.metrics``: counts and times summed, loss and agreement
-        averaged over all their training steps, the newest version."""
+        averaged over all their training steps, the newest version, the longest spot step."""
         parts = self.pool.spot("metrics")
         steps = sum(p["drafter/train_steps"] for p in parts)
         out = {k: sum(p[k] for p in parts) for k in SUMMED}
         for k in ("drafter/loss", "drafter/agreement"):
             out[k] = sum(p[k] * p["drafter/train_steps"] for p in parts) / steps if steps else 0.0
         out["drafter/version"] = max(p["drafter/version"] for p in parts)
+        out["timing_s/spot_step_max"] = max(p["timing_s/spot_step_max"] for p in parts)
         return out
 
     def save(self, path: str) -> None:

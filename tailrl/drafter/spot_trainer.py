@@ -127,6 +127,7 @@ class SpotTrainer:
         self._m_agree += agree
         if spot:
             self._m_spot_s += dt
+            self._m_spot_max = max(self._m_spot_max, dt)
         else:
             self._m_idle_s += dt
         return True
@@ -154,19 +155,21 @@ class SpotTrainer:
         """Start counting (and budgeting spot training) afresh: call before each rollout."""
         self._t0 = time.perf_counter()
         self._m_steps = self._m_spot_steps = 0
-        self._m_loss = self._m_agree = self._m_spot_s = self._m_idle_s = 0.0
+        self._m_loss = self._m_agree = self._m_spot_s = self._m_idle_s = self._m_spot_max = 0.0
 
     def metrics(self) -> dict[str, float]:
         """Since ``reset_metrics``: ``drafter/train_steps``, ``drafter/spot_steps`` (inside the
         rollout), ``drafter/loss`` and ``drafter/agreement`` (mean over the steps; first-step
         top-1 agreement with the target on training windows), ``drafter/version``,
         ``drafter/buffer_tokens``, ``timing_s/spot_train`` (training inside the rollout),
-        ``timing_s/drafter_train`` (training between rollout and update)."""
+        ``timing_s/spot_step_max`` (the longest of those steps: the most a rollout step waited
+        for training), ``timing_s/drafter_train`` (training between rollout and update)."""
         n = max(self._m_steps, 1)
         return {"drafter/train_steps": float(self._m_steps), "drafter/spot_steps": float(self._m_spot_steps),
                 "drafter/loss": self._m_loss / n, "drafter/agreement": self._m_agree / n,
                 "drafter/version": float(self.version), "drafter/buffer_tokens": float(len(self.buffer)),
-                "timing_s/spot_train": self._m_spot_s, "timing_s/drafter_train": self._m_idle_s}
+                "timing_s/spot_train": self._m_spot_s, "timing_s/spot_step_max": self._m_spot_max,
+                "timing_s/drafter_train": self._m_idle_s}
 
     # ---- checkpoint ---------------------------------------------------------------------
     def save(self, path: str) -> None:

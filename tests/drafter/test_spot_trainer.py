@@ -127,6 +127,8 @@ def test_spot_training_stays_within_its_share_of_the_rollout(model, drafter_dir)
     # a step is taken when the previous step's time still fits: the overshoot is one step's jitter
     one_step = m["timing_s/spot_train"] / m["drafter/spot_steps"]
     assert m["timing_s/spot_train"] <= 0.2 * elapsed + one_step + 0.01
+    # the longest wait a rollout step had for training: one step, at least the mean one
+    assert one_step <= m["timing_s/spot_step_max"] <= m["timing_s/spot_train"]
 
 
 @pytest.mark.parametrize("key,value", [("lr", 0.0), ("max_share", 0.0), ("max_share", 1.5), ("batch", 0), ("unroll", 0), ("threshold", -1),
