@@ -171,6 +171,9 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
             if mets[0].get(f"rollout/spec_draft_tokens/{src}", 0) > 0:
                 out[m][f"accept_length/{src}"] = mean(f"rollout/spec_accept_length/{src}")
                 out[m][f"draft_tokens/{src}"] = mean(f"rollout/spec_draft_tokens/{src}")
+        if "graphs/drafter_replayed_depths" in mets[0]:      # a GPU engine: chain depths from CUDA graphs
+            out[m]["drafter_graph_depths"] = mean("graphs/drafter_replayed_depths")
+            out[m]["drafter_eager_depths"] = mean("graphs/drafter_eager_depths")
         if "rollout/spec_drafter_calls" in mets[0]:
             for key in ("calls", "explore_calls", "gate_skips", "shadow_drafts", "shadow_accept_length"):
                 out[m][f"drafter_{key}"] = mean(f"rollout/spec_drafter_{key}")

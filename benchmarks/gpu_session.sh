@@ -2,9 +2,10 @@
 # The GPU checks of #33-#35, prepared for a session that is lent a GPU (15 minutes of device
 # time, machine start included; one command may run 10 minutes). Two parts, one call each:
 #
-#   bash benchmarks/gpu_session.sh engine    # ~7 min: build the native parts; the Triton kernel
-#                                            # tests on the real GPU (kernels vs the reference,
-#                                            # row invariance, graph steps = eager); benchmarks/gpu.py
+#   bash benchmarks/gpu_session.sh engine    # ~7 min: build the native parts; the tests that use
+#                                            # CUDA where it is (Triton kernels vs the reference, row
+#                                            # invariance, graph steps = eager, the drafter's graph
+#                                            # depths = its eager steps); benchmarks/gpu.py
 #   bash benchmarks/gpu_session.sh drafter   # ~4 min: a drafter warm-started on the GPU, then
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
 #                                            # hybrid, suffix default vs plain, identical shares)
@@ -43,9 +44,9 @@ case "${1:-}" in
 engine)
     step build 120 $PY setup.py build_ext --inplace
     if $PY -c "import pytest" 2>/dev/null; then
-        step triton_tests 150 $PY -m pytest -q -x tests/kernels/test_triton.py
+        step gpu_tests 150 $PY -m pytest -q tests/kernels/test_triton.py tests/drafter/test_drafter_graphs.py
     else
-        echo "triton_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"
+        echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"
     fi
     step gpu 400 $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS
     ;;

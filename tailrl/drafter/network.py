@@ -212,13 +212,18 @@ class Drafter(nn.Module):
         ``end``: a bound on the positions known to the caller (else read from them: on a GPU,
         a wait for the device)."""
         need = end if end is not None else int(positions.max()) + 1 if positions.numel() else 1
-        if self._rope_table is None or self._rope_table[0].shape[0] < need or self._rope_table[0].dtype != dtype:
-            size = max(need, 2 * (self._rope_table[0].shape[0] if self._rope_table is not None else 512))
+        cos, sin = self.rope_table(need, dtype)
+        return cos[positions].unsqueeze(-2), sin[positions].unsqueeze(-2)
+
+    def rope_table(self, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos and sin tables [>= end, head_dim] in ``dtype``: the current ones, or new ones
+        (at least doubled) where they are too short or of another dtype."""
+        if self._rope_table is None or self._rope_table[0].shape[0] < end or self._rope_table[0].dtype != dtype:
+            size = max(end, 2 * (self._rope_table[0].shape[0] if self._rope_table is not None else 512))
             angles = torch.arange(size, dtype=torch.float64, device=self.inv_freq.device).unsqueeze(-1) * self.inv_freq
             angles = torch.cat([angles, angles], -1)
             self._rope_table = (angles.cos().to(dtype), angles.sin().to(dtype))
-        cos, sin = self._rope_table
-        return cos[positions].unsqueeze(-2), sin[positions].unsqueeze(-2)
+        return self._rope_table
 
     def _output(self, x: torch.Tensor, att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual after attention (att [..., heads * head_dim]), the MLP, the output feature and logits."""

@@ -59,6 +59,10 @@ class LLMEngine:
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
             speculator = Speculator(speculative, history, target=self.model)
         self.speculator = speculator
+        if graphs is not None and speculator is not None:     # the drafter's chain steps too, in the same pool
+            for source in getattr(speculator, "sources", ()):
+                if hasattr(source, "use_graphs"):
+                    source.use_graphs(graphs.pool)
         # run between steps with the step's batch size (the spot trainer: at most one unit of work)
         self.idle_work = None
         self.requests: dict[str, Request] = {}
@@ -125,7 +129,14 @@ class LLMEngine:
         return self.speculator.metrics() if self.speculator is not None else {}
 
     def _graph_stats(self) -> dict[str, float]:
-        return self.runner.graphs.stats() if self.runner.graphs is not None else {}
+        if self.runner.graphs is None:
+            return {}
+        out = self.runner.graphs.stats()
+        drafting = [s.graphs for s in getattr(self.speculator, "sources", ()) if getattr(s, "graphs", None)]
+        if drafting:
+            out["graphs/drafter_replayed_depths"] = sum(g.replays for g in drafting)
+            out["graphs/drafter_eager_depths"] = sum(g.eager for g in drafting)
+        return out
 
     def graph_metrics(self) -> dict[str, float]:
         """The CUDA graphs over this rollout (``graphs/...``: counts since ``begin_rollout``, the

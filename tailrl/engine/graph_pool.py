@@ -57,7 +57,8 @@ class GraphPool:
             raise ValueError(f"cuda_graph_gib: the graph pool's budget must be >= 0 bytes, got {budget_bytes}")
         self.budget_bytes = budget_bytes
         self.capture = capture
-        self._graphs: OrderedDict[Hashable, tuple[Callable[[], torch.Tensor], int]] = OrderedDict()
+        # key -> (replay, bytes, what lives as long as the graph: its static inputs)
+        self._graphs: OrderedDict[Hashable, tuple[Callable[[], torch.Tensor], int, object]] = OrderedDict()
         self.refused: set[Hashable] = set()
         self.bytes = self.peak_bytes = 0
         self.hits = self.misses = self.captures = self.evictions = self.failures = 0
@@ -68,9 +69,12 @@ class GraphPool:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._graphs
 
-    def replay(self, key: Hashable, fn: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+    def replay(self, key: Hashable, fn: Callable[[], torch.Tensor], keep: object = None,
+               keep_bytes: int = 0) -> torch.Tensor | None:
         """Replay ``key``'s graph (capturing ``fn`` first if it has none); None when the key is
-        refused (the caller runs ``fn`` eagerly)."""
+        refused (the caller runs ``fn`` eagerly). ``keep``: what the graph reads and must
+        outlive it (its static inputs, when the caller does not hold them), ``keep_bytes`` of
+        memory counted in the budget with the graph's own; dropped with the graph."""
         entry = self._graphs.get(key)
         if entry is not None:
             self.hits += 1
@@ -88,16 +92,17 @@ class GraphPool:
                         type(exc).__name__, exc)
             return None
         self.captures += 1
+        size += keep_bytes
         if size > self.budget_bytes:
             self.refused.add(key)
             log.warning("graph pool: the graph of %s takes %.1f MiB, over the whole budget (%.1f MiB, "
                         "cuda_graph_gib); its steps run eagerly", key, size / 2**20, self.budget_bytes / 2**20)
             return None
         while self.bytes + size > self.budget_bytes:
-            _, (_, freed) = self._graphs.popitem(last=False)
+            _, (_, freed, _) = self._graphs.popitem(last=False)
             self.bytes -= freed
             self.evictions += 1
-        self._graphs[key] = (replay, size)
+        self._graphs[key] = (replay, size, keep)
         self.bytes += size
         self.peak_bytes = max(self.peak_bytes, self.bytes)
         return replay()

@@ -24,6 +24,7 @@ from tailrl.drafter.buffer import DrafterBuffer
 from tailrl.drafter.network import Drafter
 from tailrl.drafter.past import DrafterPast
 from tailrl.drafter.spot_trainer import SpotConfig, SpotTrainer
+from tailrl.engine.graph_pool import GraphPool, eager_capture
 from tailrl.model.loader import load_model
 from tailrl.speculative.sources.drafter_source import DrafterSource
 
@@ -77,9 +78,10 @@ def plain_outputs(model, dtype):
             for c in o.outputs]
 
 
-@pytest.mark.parametrize("dtype,paths,layout", [("float32", 1, "cpu"), ("bfloat16", 3, "gpu")])
+@pytest.mark.parametrize("dtype,paths,layout", [("float32", 1, "cpu"), ("bfloat16", 3, "gpu"), ("bfloat16", 1, "gpu")])
 def test_drafting_makes_no_tensor_on_the_host_by_default(monkeypatch, model, drafter_dir, dtype, paths, layout):
-    """``layout="gpu"``: the pasts are padded as on a GPU (``DrafterPast._padded_indexed``)."""
+    """``layout="gpu"``: as on a GPU, the pasts are padded in a fixed number of operations
+    (``DrafterPast._padded_indexed``) and chain depths run through graphs (captured eagerly here)."""
     want = plain_outputs(model, dtype)
     if layout == "gpu":
         monkeypatch.setattr(DrafterPast, "_padded_per_request", DrafterPast._padded_indexed)
@@ -87,9 +89,14 @@ def test_drafting_makes_no_tensor_on_the_host_by_default(monkeypatch, model, dra
     spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", method="drafter",
                drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
     spec.engine.speculator.choice.always = True
+    src = next(s for s in spec.engine.speculator.sources if s.name == "drafter")
+    if layout == "gpu":
+        src.use_graphs(GraphPool(1 << 30, eager_capture))
     got = [(list(c.token_ids), c.finish_reason) for o in spec.generate(PROMPTS, PARAMS) for c in o.outputs]
     assert got == want
     assert spec.last_metrics["rollout/spec_draft_tokens/drafter"] > 0
+    if layout == "gpu" and paths == 1:                   # chains (trees run eagerly)
+        assert src.graphs.replays > 0
 
 
 def test_spot_training_and_its_buffer_make_no_tensor_on_the_host_by_default(monkeypatch, model, drafter_dir):

@@ -106,11 +106,15 @@ def test_a_query_alone_equals_the_query_in_a_batch():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm(dtype):
-    x = torch.randn(7, 96).to(dtype)
-    w = torch.randn(96).to(dtype)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 96, generator=g).to(dtype)
+    w = torch.randn(96, generator=g).to(dtype)
     got = TRITON.rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6).cpu()
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
-    assert (got.float() - F.rms_norm(x.float(), (96,), w.float(), 1e-6)).abs().max() < tol
+    want = F.rms_norm(x.float(), (96,), w.float(), 1e-6)
+    # float32: accumulation order; bfloat16: one ulp of the result (relative: an absolute bound
+    # fails wherever |result| >= 4; Triton's interpreter truncates on the cast, a GPU rounds)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7 * want.abs() + 1e-6
+    assert ((got.float() - want).abs() <= tol).all()
     assert torch.equal(TRITON.rms_norm(x[3:4].to(DEVICE), w.to(DEVICE), 1e-6).cpu()[0], got[3])
 
 

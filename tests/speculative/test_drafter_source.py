@@ -180,6 +180,7 @@ def test_bfloat16_targets_draft_in_the_faster_copy_kept_current(model, drafter_d
         other.fc.bias.add_(1.0)
     src.drafter.copy_weights_from(other)                       # a new version, published in place
     assert torch.equal(src.fast.get().fc.bias, src.drafter.fc.bias.bfloat16())
+    assert src.fast.get() is fast and src.fast.get().fc.bias.data_ptr() == fast.fc.bias.data_ptr()   # in place
     sd = load_state_dict(model)
     sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"] * 2.0
     spec.load_weights(sd)

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from tailrl.drafter.graphs import DrafterGraphs
 from tailrl.drafter.network import Drafter
 from tailrl.drafter.past import DrafterPast, PastState
 from tailrl.speculative.draft import Draft
@@ -114,6 +115,11 @@ class DrafterSource:
         # (seconds an expected accepted token is worth, seconds a verified node costs), set per
         # call by the speculator: chains grow only as deep as pays (None: to the node budget)
         self.pricing: tuple[float, float] | None = None
+        self.graphs: DrafterGraphs | None = None      # chain depths replayed from graphs (a GPU engine's)
+
+    def use_graphs(self, pool: Any) -> None:
+        """Replay chain depths from CUDA graphs kept in the engine's graph ``pool``."""
+        self.graphs = DrafterGraphs(pool)
 
     def start(self, req: Any) -> None:
         pass
@@ -245,10 +251,14 @@ class DrafterSource:
         path_prob = torch.ones(len(toks), device=toks.device)
         path = None
         for depth in range(1, max_tokens + 1):
-            feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path, end)
+            got = self.graphs.depth(drafter, feats, toks, pos, past, path, end) if self.graphs is not None else None
+            if got is None:
+                feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path, end)
+                q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
+            else:                                        # views of that depth's graph: read before its next replay
+                feats, q, toks, k, v = got
             steps[0] += 1
             path = _extend(path, k, v)
-            q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
             tokens.append(toks)
             probs.append(q)
             pos = pos + 1
@@ -294,9 +304,11 @@ class DrafterSource:
 
 
 class LowPrecision:
-    """The drafter in a faster dtype (bfloat16 when the target runs in it), copied again when
-    the drafter's weights change (a published spot-trainer version, the target's embedding and
-    head after an RL update: every in-place write bumps a tensor's version)."""
+    """The drafter in a faster dtype (bfloat16 when the target runs in it), its weights copied
+    again, in place, when the drafter's change (a published spot-trainer version, the target's
+    embedding and head after an RL update: every in-place write bumps a tensor's version). In
+    place: the copy keeps its tensors, so graphs captured over it stay valid, and a version
+    costs no new allocation of the (vocabulary-sized) head."""
 
     def __init__(self, drafter: Drafter, dtype: torch.dtype) -> None:
         self.drafter, self.dtype = drafter, dtype
@@ -305,8 +317,16 @@ class LowPrecision:
 
     def get(self) -> Drafter:
         key = tuple(t._version for t in (*self.drafter.parameters(), *self.drafter.buffers()))
-        if self._copy is None or key != self._key:
-            self._copy, self._key = copy.deepcopy(self.drafter).to(self.dtype).eval(), key
+        if self._copy is not None and key == self._key:
+            return self._copy
+        with torch.inference_mode(False), torch.no_grad():     # normal tensors: updatable outside it too
+            if self._copy is None:
+                self._copy = copy.deepcopy(self.drafter).to(self.dtype).eval()
+            else:
+                for mine, theirs in zip((*self._copy.parameters(), *self._copy.buffers()),
+                                        (*self.drafter.parameters(), *self.drafter.buffers()), strict=True):
+                    mine.copy_(theirs)
+        self._key = key
         return self._copy
 
 
