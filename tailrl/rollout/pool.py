@@ -93,7 +93,11 @@ class RolloutPool:
         self.last_counters = counters
         parts = [h.call("counters") for h in self.alive]
         engine = merge_counters([p[0] for p in parts])
-        return engine, _mean_spec([p[1] for p in parts]), self._metrics(counters, chunk)
+        extra = self._metrics(counters, chunk)
+        for p in parts:                  # CUDA graphs: counts and bytes summed over the instances
+            for k, v in p[2].items():
+                extra[k] = extra.get(k, 0) + v
+        return engine, _mean_spec([p[1] for p in parts]), extra
 
     def _buffer(self, reqs: list[Request]) -> RequestBuffer:
         groups: dict[str, int] = {}

@@ -103,7 +103,7 @@ class EngineWorker:
         if op == "begin":
             return self.begin()
         if op == "counters":
-            return self.engine.rollout_counters(), self.engine.spec_metrics()
+            return self.engine.rollout_counters(), self.engine.spec_metrics(), self.engine.graph_metrics()
         if op == "history":
             for prompt_id, responses in payload.items():
                 self.history.record(prompt_id, responses)

@@ -119,3 +119,17 @@ def test_graph_settings_are_checked():
     for field, bad in (("cuda_graphs", 1), ("cuda_graph_max_tokens", 0), ("cuda_graph_gib", -1.0)):
         with pytest.raises(ValueError, match=field):
             EngineConfig(model="m", **{field: bad})
+
+
+def test_a_pool_reports_its_instances_graphs_summed(model):
+    """``LLM(instances=2)``: the rollout's ``graphs/...`` are the instances' summed."""
+    want = outputs(LLM(model, dtype="bfloat16"))
+    llm = LLM(model, dtype="bfloat16", instances=2, pool={"processes": False, "chunk_tokens": 16})
+    engines = [h.worker.engine for h in llm.pool.instances]
+    for e in engines:
+        e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64))
+    assert outputs(llm) == want
+    m = llm.last_metrics
+    assert m["graphs/replayed_steps"] == sum(e.runner.graphs.replays for e in engines)
+    assert all(e.runner.graphs.replays > 0 for e in engines)
+    assert m["graphs/captures"] == sum(e.runner.graphs.pool.captures for e in engines)
