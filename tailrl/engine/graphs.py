@@ -106,7 +106,7 @@ class StepGraphs:
         kv = self.kv
         rows, width = kv.max_rows + 1, kv.table.shape[1]
         t0 = 2 * LONGS * n + INTS * n + e                # the table's offset (``_Bucket.table_offset``)
-        host = torch.zeros(t0 + rows * width, dtype=torch.int32)
+        host = torch.zeros(t0 + rows * width, dtype=torch.int32, device="cpu")   # staging: pinned on a GPU
         if torch.device(kv.device).type == "cuda":
             host = host.pin_memory()
         host[-width:] = kv.num_blocks                   # the scratch row: every entry the scratch block

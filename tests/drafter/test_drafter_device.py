@@ -2,21 +2,14 @@
 buffer and training batches, and the exact acceptance measure make no tensor on the host by
 default.
 
-Without a GPU, the drafter runs on the CPU with PyTorch's default device set to ``meta`` and a
-guard that refuses any operation mixing a ``meta`` tensor with a real one: a tensor built
-without naming its device (``torch.tensor(rows)`` where ``torch.tensor(rows, device=dev)``
-was meant) becomes a ``meta`` tensor and fails at its first use, as it would meet a CUDA
-tensor on a GPU; reading it (``.tolist()``, ``int()``) fails too. Host metadata that is meant
-to stay on the host names ``device="cpu"``. The rollouts are those of the CPU tests: outputs
-identical to plain decoding.
+Without a GPU, the drafter's path runs on the CPU under ``tests/device_guard.py`` (PyTorch's
+default device set to ``meta``, operations mixing ``meta`` and real tensors refused): a tensor
+built without naming its device fails as it would on a GPU. The rollouts are those of the CPU
+tests: outputs identical to plain decoding.
 """
-import contextlib
-import functools
-
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
+from device_guard import guard, no_default_device
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.drafter import evaluate, spot_trainer
@@ -31,35 +24,6 @@ from tailrl.speculative.sources.drafter_source import DrafterSource
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
 PARAMS = [SamplingParams(n=3, max_tokens=40, seed=1), SamplingParams(n=2, temperature=0, max_tokens=30),
           SamplingParams(n=2, top_p=0.8, max_tokens=40, ignore_eos=True), SamplingParams(n=2, max_tokens=24)]
-
-
-class _NoMixing(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        devices = {t.device.type for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        if "meta" in devices and len(devices) > 1:
-            raise RuntimeError(f"{getattr(func, '__name__', func)}: a tensor made without a device meets "
-                               f"one on {sorted(devices - {'meta'})}")
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def no_default_device():
-    with torch.device("meta"), _NoMixing():
-        yield
-
-
-def guarded(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with no_default_device():
-            return fn(*args, **kwargs)
-    return run
-
-
-def guard(monkeypatch, owner, *names):
-    for name in names:
-        monkeypatch.setattr(owner, name, guarded(getattr(owner, name)))
 
 
 def test_the_guard_catches_a_tensor_made_without_its_device(model):

@@ -130,13 +130,20 @@ def test_select_picks_triton_for_cuda_and_when_forced(monkeypatch):
 def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch):
     """float32 greedy tokens and sampled tokens through the Triton kernels equal the native CPU
     kernels' (the matmuls are the same PyTorch ones; attention and norms differ in rounding
-    only), with and without speculation; the step runs every tensor on the engine's device."""
+    only), with and without speculation; the step runs every tensor on the engine's device
+    (without a GPU, each step under ``tests/device_guard.py``: no tensor made on the host by
+    default)."""
+    from device_guard import guard
+
     from tailrl import LLM, SamplingParams, SpeculativeConfig
+    from tailrl.engine.engine import LLMEngine
     path = ckpt_dir("qwen2", init_std=3.0)
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
     want = [[c.token_ids for c in o.outputs] for o in LLM(path, dtype="float32").generate(prompts, sp)]
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    if DEVICE == "cpu":                                 # on a GPU the device itself checks
+        guard(monkeypatch, LLMEngine, "step")
     for spec, calls in ((None, 1), (SpeculativeConfig(policy="fixed"), 2)):
         llm = LLM(path, dtype="float32", speculative=spec, device=DEVICE)
         for _ in range(calls):                          # the second call drafts from the first's history
@@ -148,9 +155,13 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch)
 def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkeypatch):
     """bfloat16 through the Triton kernels (the batch-invariant matmul included): a rollout
     whose decode and verify steps replay graphs (CUDA graphs on a GPU; on a CPU the same
-    static, padded inputs run eagerly) gives the eager rollout's tokens and logprobs bit for bit."""
+    static, padded inputs run eagerly) gives the eager rollout's tokens and logprobs bit for bit;
+    without a GPU, its steps make no tensor on the host by default (``tests/device_guard.py``)."""
+    from device_guard import guard
+
     from tailrl import LLM, SamplingParams, SpeculativeConfig
     from tailrl.engine.batch import ModelRunner
+    from tailrl.engine.engine import LLMEngine
     from tailrl.engine.graph_pool import GraphPool, cuda_capture, eager_capture
     from tailrl.engine.graphs import StepGraphs
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
@@ -160,6 +171,8 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkey
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
     want = run(LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE, cuda_graphs=False))
     llm = LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE)
+    if DEVICE == "cpu":                                 # on a GPU the device itself checks
+        guard(monkeypatch, LLMEngine, "step")
     e = llm.engine
     capture = cuda_capture if DEVICE == "cuda" else eager_capture
     e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, capture), 64))

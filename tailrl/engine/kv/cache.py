@@ -45,7 +45,7 @@ class KVCache:
         self.args, self.dtype, self.device = args, dtype, device
         self.budget_tokens, self.max_rows, self.max_len = budget_tokens, max_rows, max_len
         self.num_blocks = budget_tokens // BLOCK
-        self.table = torch.zeros(max_rows, num_blocks(max_len), dtype=torch.int32)   # rows' block tables
+        self.table = torch.zeros(max_rows, num_blocks(max_len), dtype=torch.int32, device="cpu")   # rows' tables
         self._table = self.table.numpy()                                            # the same memory
         self.held = [0] * max_rows                                 # blocks each row holds
         self.refs = np.zeros(self.num_blocks, dtype=np.int32)      # rows holding each block
