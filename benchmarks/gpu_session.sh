@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of #33-#35, prepared for a session that is lent a GPU (15 minutes of device
-# time, machine start included; one command may run 10 minutes). Two parts, one call each:
+# time, machine start included; one command may run 10 minutes). Three parts, one call each
+# (the third needs no GPU, only the machine's 16-core CPU):
 #
 #   bash benchmarks/gpu_session.sh engine    # ~7 min: build the native parts; the tests that use
 #                                            # CUDA where it is (Triton kernels vs the reference, row
@@ -9,6 +10,8 @@
 #   bash benchmarks/gpu_session.sh drafter   # ~4 min: a drafter warm-started on the GPU, then
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
 #                                            # hybrid, suffix default vs plain, identical shares)
+#   bash benchmarks/gpu_session.sh host      # the machine's 16-core CPU, no GPU: #34's
+#                                            # benchmarks/spec_host.py (default vs plain on `small`)
 #
 # Logs and JSON lines go to $OUT (the device tool's folder that comes back; default
 # /tmp/gpu_session). Every step has its own timeout, so a hang costs that step only.
@@ -57,8 +60,12 @@ drafter)
 '--device', '$DEVICE', $TRAIN_ARGS])"
     step drafter 330 $PY benchmarks/drafter.py --device "$DEVICE" --model "$M" --drafter "$D" --rounds 1 $ROLLOUT_ARGS
     ;;
+host)
+    [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 120 $PY setup.py build_ext --inplace
+    step spec_host 500 $PY benchmarks/spec_host.py --rounds 2
+    ;;
 *)
-    echo "usage: bash benchmarks/gpu_session.sh engine|drafter" >&2
+    echo "usage: bash benchmarks/gpu_session.sh engine|drafter|host" >&2
     exit 2
     ;;
 esac
