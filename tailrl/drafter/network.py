@@ -147,8 +147,10 @@ class Drafter(nn.Module):
         self.out_norm = nn.Parameter(torch.ones(h))
         self.register_buffer("embed", embed.detach().float().clone(), persistent=False)
         self.register_buffer("head", head.detach().float().clone(), persistent=False)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # not a buffer: float64 whatever the drafter's dtype (``.to(bfloat16)`` would round it,
+        # putting position 2000's cosines off by up to 0.33, and a bfloat16 copy's keys out of
+        # step with the float32 drafter's queries)
+        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None     # cos, sin [max_pos, D]
         with torch.no_grad():                      # start near "copy the input feature"
             self.fc.weight.zero_()
@@ -220,7 +222,8 @@ class Drafter(nn.Module):
         (at least doubled) where they are too short or of another dtype."""
         if self._rope_table is None or self._rope_table[0].shape[0] < end or self._rope_table[0].dtype != dtype:
             size = max(end, 2 * (self._rope_table[0].shape[0] if self._rope_table is not None else 512))
-            angles = torch.arange(size, dtype=torch.float64, device=self.inv_freq.device).unsqueeze(-1) * self.inv_freq
+            dev = self.fc.weight.device
+            angles = torch.arange(size, dtype=torch.float64, device=dev).unsqueeze(-1) * self.inv_freq.to(dev)
             angles = torch.cat([angles, angles], -1)
             self._rope_table = (angles.cos().to(dtype), angles.sin().to(dtype))
         return self._rope_table
