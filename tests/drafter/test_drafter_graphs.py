@@ -80,3 +80,21 @@ def test_rollouts_drafting_through_graphs_are_identical_to_plain(model, drafter_
         assert got == want
     assert src.graphs.replays > 0 and src.graphs.pool.hits > 0
     assert spec.last_metrics["rollout/spec_draft_tokens/drafter"] > 0
+
+
+def test_a_call_that_captured_is_not_timed(model, drafter_dir):
+    """The precision choice learns step times from calls without a capture (a capture costs
+    far more than the step it serves)."""
+    from tailrl.engine.request import Request
+    from tailrl.speculative.sources.drafter_source import DrafterSource
+    target = load_model(model)
+    src = DrafterSource(Drafter.load(drafter_dir, target))
+    src.use_graphs(pool_for("cpu"))
+    reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
+    for r in reqs:
+        r.keep_hidden(torch.randn(target.args.hidden_size))
+    src.grow(reqs, 4, 1)
+    assert src.graphs.pool.captures > 0 and src.precision.step_seconds(len(reqs)) is None
+    captures = src.graphs.pool.captures
+    src.grow(reqs, 4, 1)                                   # the same shapes: replayed, timed
+    assert src.graphs.pool.captures == captures and src.precision.step_seconds(len(reqs)) is not None

@@ -185,13 +185,15 @@ class DrafterSource:
                              for r in requests], device=dev)                    # [B]
         pos = torch.tensor(roots, device=dev)
         end = max(roots) + max_tokens                  # past every position a draft reaches
+        captures = self.graphs.pool.captures if self.graphs is not None else 0
         t0, steps = time.perf_counter(), [0]
         try:
             if width == 1:
                 return self._chains(drafter, feats, toks, pos, past, max_tokens, steps, end)
             return self._tree(drafter, feats, toks, pos, past, max_tokens, width, len(requests), steps, end)
         finally:
-            if steps[0]:
+            # a call that captured a graph is not timed: a capture costs far more than a step
+            if steps[0] and (self.graphs is None or self.graphs.pool.captures == captures):
                 self.precision.observe(copy_name, len(requests), (time.perf_counter() - t0) / steps[0])
 
     def _price(self, rows: int) -> tuple[float, float, float] | None:
