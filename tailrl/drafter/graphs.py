@@ -17,10 +17,13 @@ call's width are masked with -inf, so a real row's result does not read them.
 
 The graphs live in the engine's graph pool, within its budget (``cuda_graph_gib``): each
 key's static inputs go with its graph (``GraphPool.replay``'s ``keep``) and count in the
-budget, so an evicted graph frees its buffers. A key whose static inputs alone would exceed
-``max_static_bytes`` runs eagerly (a wide batch over long pasts: the bulk, where a drafter's
-launches weigh least against the target's step). Trees run eagerly (their rows change per
-depth). Drafts are verified: nothing here can change an output, only which drafts are made.
+budget, so an evicted graph frees its buffers. Each graph also holds its step's
+vocabulary-sized logits and probabilities (rows x V x ~10 bytes: 12 MB at 8 rows of a
+151,936-token vocabulary), so graphs serve up to ``max_rows`` (64) rows: the tail, where a
+launch per kernel would dominate; a wider call, or a key whose static inputs alone would
+exceed ``max_static_bytes``, runs eagerly (the bulk, where launches weigh least against the
+target's step). Trees run eagerly (their rows change per depth). Drafts are verified:
+nothing here can change an output, only which drafts are made.
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ def static_bytes(d: Drafter, rows: int, width: int, depth: int) -> int:
 
 
 class DrafterGraphs:
-    def __init__(self, pool: Any, max_rows: int = 512, max_static_bytes: int = 64 << 20) -> None:
+    def __init__(self, pool: Any, max_rows: int = 64, max_static_bytes: int = 64 << 20) -> None:
         self.pool, self.max_rows, self.max_static_bytes = pool, max_rows, max_static_bytes
         self._static: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # alive while its graph is
         self.replays = self.eager = 0
