@@ -31,6 +31,16 @@ def require_device(device: str, name: str = "device") -> None:
     _check(index < count, name, f"needs a CUDA device, and this process sees {count}", device)
 
 
+def device_scope(device: str):
+    """The context a step on ``device`` runs in: CUDA device N made current for ``cuda:N``
+    (Triton launches its kernels, and CUDA graphs capture, on the current device, not on
+    their tensors'); nothing to do on the CPU."""
+    import contextlib
+
+    import torch
+    return torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+
+
 @dataclass
 class SamplingParams:
     """How to sample one prompt's ``n`` responses (one GRPO group)."""

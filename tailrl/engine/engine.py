@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from tailrl.config import EngineConfig, SpeculativeConfig, require_device
+from tailrl.config import EngineConfig, SpeculativeConfig, device_scope, require_device
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.graph_pool import GraphPool, cuda_capture
 from tailrl.engine.graphs import StepGraphs
@@ -147,6 +147,10 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One step for every scheduled request. Returns the requests that finished."""
+        with device_scope(self.config.device):
+            return self._step()
+
+    def _step(self) -> list[Request]:
         if self.threads is not None:
             self.threads.tick()
         clock = [time.perf_counter()]

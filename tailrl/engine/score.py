@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from tailrl.config import SamplingParams
+from tailrl.config import SamplingParams, device_scope
 from tailrl.engine.batch import build_batch
 from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
@@ -64,10 +64,11 @@ class Scorer:
             if temps[i] < 0:
                 raise ValueError(f"temperature must be >= 0, got {temps[i]!r}")
         out: list[list[float]] = [[] for _ in prompts]
-        for group in self._groups([len(p) + len(r) for p, r in zip(prompts, responses)]):
-            for i, lp in zip(group, self._forward([prompts[i] for i in group], [responses[i] for i in group],
-                                                  [temps[i] for i in group])):
-                out[i] = lp
+        with device_scope(self.device):
+            for group in self._groups([len(p) + len(r) for p, r in zip(prompts, responses)]):
+                for i, lp in zip(group, self._forward([prompts[i] for i in group], [responses[i] for i in group],
+                                                      [temps[i] for i in group])):
+                    out[i] = lp
         return out
 
     def _groups(self, lengths: list[int]) -> list[list[int]]:

@@ -165,13 +165,14 @@ class LocalBackend:
     def __init__(self, processes: bool) -> None:
         self.processes = processes
 
-    def start(self, config: EngineConfig, speculative: SpeculativeConfig | None, n: int) -> list:
+    def start(self, configs: list[EngineConfig], speculative: SpeculativeConfig | None) -> list:
+        """One instance per config (instance i: ``configs[i]``)."""
         if not self.processes:
-            return [InProcessInstance(i, config, speculative) for i in range(n)]
+            return [InProcessInstance(i, c, speculative) for i, c in enumerate(configs)]
         insts = []
         try:
-            for i in range(n):
-                insts.append(ProcessInstance(i, config, speculative))
+            for i, c in enumerate(configs):
+                insts.append(ProcessInstance(i, c, speculative))
             for inst in insts:                  # they load the model in parallel
                 inst.result()
         except BaseException:                   # no worker outlives a pool that never started

@@ -37,12 +37,25 @@ def _backend(cfg: PoolConfig):
     return LocalBackend(processes)
 
 
-def _instance_config(config: EngineConfig, cfg: PoolConfig, separate: bool) -> EngineConfig:
-    """Each instance in its own process gets its share of the cores (torch threads)."""
+def instance_configs(config: EngineConfig, cfg: PoolConfig, separate: bool) -> list[EngineConfig]:
+    """One config per instance. Each instance in its own process gets its share of the cores
+    (torch threads). On one machine (not Ray, whose actors each get a GPU of their own),
+    ``device="cuda"`` spreads the instances over the visible GPUs (instance i on GPU i mod
+    their number); instances that share a GPU (more instances than GPUs, or ``cuda:N`` named)
+    split its ``gpu_memory_utilization``, so together they take what one would."""
     threads = cfg.threads_per_instance or config.num_threads
     if threads is None and separate:
         threads = max(1, (os.cpu_count() or 1) // cfg.instances)
-    return EngineConfig(**{**vars(config), "num_threads": threads})
+    devices, share = [config.device] * cfg.instances, {}
+    if cfg.backend != "ray" and config.device.startswith("cuda"):
+        import torch
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if config.device == "cuda" and count > 1:
+            devices = [f"cuda:{i % count}" for i in range(cfg.instances)]
+        share = {d: devices.count(d) for d in devices}
+    return [EngineConfig(**{**vars(config), "num_threads": threads, "device": d,
+                            "gpu_memory_utilization": config.gpu_memory_utilization / share.get(d, 1)})
+            for d in devices]
 
 
 def length_estimates(policy: SchedulerPolicy):
@@ -62,7 +75,7 @@ class RolloutPool:
         self.cfg = cfg
         self.backend = _backend(cfg)
         separate = cfg.backend == "ray" or getattr(self.backend, "processes", False)
-        self.instances = self.backend.start(_instance_config(config, cfg, separate), speculative, cfg.instances)
+        self.instances = self.backend.start(instance_configs(config, cfg, separate), speculative)
         self.info: WorkerInfo = self.instances[0].call("info")
         self._synced: list[dict[str, int]] = [{} for _ in self.instances]   # prompt -> history version sent
         self.on_progress = None        # called with the driver after each report (tests, progress bars)

@@ -84,11 +84,13 @@ class RayBackend:
         self.init_s = time.perf_counter() - t0
         self.remote = ray.remote(_Actor)
 
-    def start(self, config: EngineConfig, speculative: SpeculativeConfig | None, n: int) -> list[RayInstance]:
+    def start(self, configs: list[EngineConfig], speculative: SpeculativeConfig | None) -> list[RayInstance]:
+        """One actor per config (each with a GPU of its own where its device is CUDA)."""
         ray = _ray()
         t0 = time.perf_counter()
-        opts = actor_options(config)
-        insts = [RayInstance(i, self.remote.options(**opts).remote(config, speculative)) for i in range(n)]
+        n = len(configs)
+        insts = [RayInstance(i, self.remote.options(**actor_options(c)).remote(c, speculative))
+                 for i, c in enumerate(configs)]
         pids = ray.get([h.actor.pid.remote() for h in insts])   # waits for every actor's model
         for h, pid in zip(insts, pids):
             h.pid = pid

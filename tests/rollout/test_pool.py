@@ -99,3 +99,26 @@ def test_pool_config_is_validated():
         PoolConfig(backend="mpi")
     with pytest.raises(ValueError, match="instances"):
         PoolConfig(instances=0)
+
+
+def test_local_instances_spread_over_the_gpus_and_split_a_shared_one(monkeypatch):
+    """On one machine, ``device="cuda"`` puts instance i on GPU i mod their number; instances
+    sharing a GPU split its ``gpu_memory_utilization``; Ray's actors each get their own GPU,
+    and CPU instances are left as they are."""
+    import torch
+
+    from tailrl.config import EngineConfig
+    from tailrl.rollout.pool import instance_configs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    base = EngineConfig(model="m", device="cuda", gpu_memory_utilization=0.9)
+    three = instance_configs(base, PoolConfig(instances=3), True)
+    got = [(c.device, round(c.gpu_memory_utilization, 3)) for c in three]
+    assert got == [("cuda:0", 0.45), ("cuda:1", 0.9), ("cuda:0", 0.45)]
+    named = EngineConfig(model="m", device="cuda:1", gpu_memory_utilization=0.8)
+    assert [(c.device, c.gpu_memory_utilization) for c in instance_configs(named, PoolConfig(instances=2), True)] == [
+        ("cuda:1", 0.4), ("cuda:1", 0.4)]
+    ray = instance_configs(base, PoolConfig(instances=2, backend="ray"), True)
+    assert [(c.device, c.gpu_memory_utilization) for c in ray] == [("cuda", 0.9), ("cuda", 0.9)]
+    cpu = instance_configs(EngineConfig(model="m"), PoolConfig(instances=2), True)
+    assert [(c.device, c.gpu_memory_utilization) for c in cpu] == [("cpu", 0.9), ("cpu", 0.9)]
