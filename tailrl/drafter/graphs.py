@@ -39,34 +39,42 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def _shapes(d: Drafter, rows: int, width: int, depth: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """A key's static inputs, (shape, dtype) in order: features, tokens, positions, then the
+    past (keys, values, bias) if ``width``, then the path (keys, values) if ``depth``."""
+    c, dt = d.cfg, d.fc.weight.dtype
+    out = [((rows, c.hidden_size), dt), ((rows,), torch.long), ((rows,), torch.long)]
+    if width:
+        out += [((rows, c.num_heads, c.head_dim, width), dt), ((rows, c.num_heads, width, c.head_dim), dt),
+                ((rows, width), dt)]
+    if depth:
+        out += [((rows, c.num_heads, depth, c.head_dim), dt)] * 2
+    return out
+
+
+def static_bytes(d: Drafter, rows: int, width: int, depth: int) -> int:
+    """The bytes of a key's static inputs (without building them)."""
+    return sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in _shapes(d, rows, width, depth))
+
+
 class _Static:
     """One key's input buffers (zeros first: padding must stay finite) and the tensors its
     graph reads besides the drafter's weights."""
 
     def __init__(self, d: Drafter, rows: int, width: int, depth: int, end: int, rope: tuple) -> None:
-        c, dt, dev = d.cfg, d.fc.weight.dtype, d.fc.weight.device
-        z = lambda *shape, dtype=dt: torch.zeros(*shape, dtype=dtype, device=dev)   # noqa: E731
+        dev = d.fc.weight.device
+        t = [torch.zeros(shape, dtype=dtype, device=dev) for shape, dtype in _shapes(d, rows, width, depth)]
         self.drafter, self.rope, self.end = d, rope, end
-        self.feats, self.toks, self.pos = z(rows, c.hidden_size), z(rows, dtype=torch.long), z(rows, dtype=torch.long)
-        self.past = (z(rows, c.num_heads, c.head_dim, width), z(rows, c.num_heads, width, c.head_dim),
-                     z(rows, width)) if width else None
-        hk = (rows, c.num_heads, depth, c.head_dim)
-        self.path = (z(*hk), z(*hk)) if depth else None
-        tensors = [self.feats, self.toks, self.pos, *(self.past or ()), *(self.path or ())]
-        self.nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.feats, self.toks, self.pos = t[:3]
+        self.past = tuple(t[3:6]) if width else None
+        self.path = tuple(t[-2:]) if depth else None
+        self.nbytes = static_bytes(d, rows, width, depth)
 
     def forward(self) -> tuple[torch.Tensor, ...]:
         """(next feature, probability of the most likely token, that token, k, v) per row."""
         out, logits, k, v = self.drafter.step(self.feats, self.toks, self.pos, self.past, None, self.path, self.end)
         q, t = torch.softmax(logits.float(), -1).max(-1)
         return out, q, t, k, v
-
-
-def static_bytes(d: Drafter, rows: int, width: int, depth: int) -> int:
-    """The bytes of a key's static inputs (``_Static.nbytes`` without building them)."""
-    c, e = d.cfg, d.fc.weight.element_size()
-    return rows * (c.hidden_size * e + 16 + (2 * c.num_heads * c.head_dim + 1) * width * e
-                   + 2 * c.num_heads * depth * c.head_dim * e)
 
 
 class DrafterGraphs:

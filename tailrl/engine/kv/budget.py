@@ -52,7 +52,8 @@ def size_kv(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> tuple[int
     4 GiB raised to hold one request of the whole context if that takes at most half the
     available memory. A context that still does not fit is capped to what fits, with one log
     line naming both settings, unless the caller asked for that ``max_model_len`` or the cap
-    would leave less than ``USEFUL_CONTEXT``: then a ValueError says what to pass. The pool is allocated once at this size (cache.py)."""
+    would leave less than ``USEFUL_CONTEXT``: then a ValueError says what to pass. The pool is
+    allocated once at this size (cache.py)."""
     ctx = args.max_position_embeddings
     length = min(config.max_model_len or ctx, ctx)
     per_token = args.kv_bytes_per_token * elem_bytes
