@@ -125,11 +125,13 @@ def spread(xs: list[float]) -> dict:
 
 def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, dtype: str, rounds: int,
             device: str = "cpu", tree_paths: int = 1) -> dict:
-    history, _ = rollout(LLM(model_dir, dtype=dtype, seed=1, device=device), prompts, n, 1000, max_tokens)
-    llms = {"plain": LLM(model_dir, dtype=dtype, device=device)}
+    # four engines at once: on a GPU each takes a fifth of its memory
+    kw = dict(dtype=dtype, device=device, **({"gpu_memory_utilization": 0.2} if device.startswith("cuda") else {}))
+    history, _ = rollout(LLM(model_dir, seed=1, **kw), prompts, n, 1000, max_tokens)
+    llms = {"plain": LLM(model_dir, **kw)}
     for m in METHODS:
         cfg = SpeculativeConfig(method=m, drafter=None if m == "suffix" else drafter_dir, max_tree_paths=tree_paths)
-        llms[m] = LLM(model_dir, dtype=dtype, speculative=cfg, device=device)
+        llms[m] = LLM(model_dir, speculative=cfg, **kw)
     # suffix and hybrid side by side in every round (their comparison is the target), never right
     # after the drafter alone (see the module docstring)
     order = ["suffix", "hybrid", "plain", "drafter"]

@@ -64,6 +64,7 @@ class TrainConfig:
     speculative: bool | dict | None = True   # True = SpeculativeConfig() defaults; dict = its fields; False/None = off
     dtype: str = "bfloat16"               # engine dtype (spec on/off runs are identical in all three)
     device: str = "cpu"                   # the engine's, the scorer's and the update's: "cpu", "cuda" or "cuda:N"
+    gpu_memory_utilization: float = 0.5   # on a GPU: the engine's share (weights, K/V, graphs); the rest trains
     train_dtype: str = "float32"          # policy dtype for the update (weights, gradients, AdamW)
     autocast: bool = True                 # the update's forward and backward in bfloat16 autocast (float32 policy)
     num_threads: int | None = None        # torch threads (None = as many as other processes leave free)
@@ -132,6 +133,8 @@ class TrainConfig:
         _check(self.train_dtype in ("float32", "float64"), "train_dtype", "must be 'float32' or 'float64'",
                self.train_dtype)
         check_device(self.device)
+        _check(isinstance(self.gpu_memory_utilization, (int, float)) and 0 < self.gpu_memory_utilization <= 1,
+               "gpu_memory_utilization", "must be in (0, 1]", self.gpu_memory_utilization)
         _check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
                "num_threads", "must be null or an integer >= 1", self.num_threads)
         _check(isinstance(self.seed, int), "seed", "must be an int", self.seed)

@@ -92,7 +92,8 @@ class Trainer:
         drafter_dir = online_drafter.drafter_dir(cfg, self.model_dir, start_dir) if cfg.drafter else None
         spec = cfg.speculative_config(drafter_dir)
         self.llm = LLM(model=self.model_dir, speculative=spec, dtype=cfg.dtype, seed=cfg.seed,
-                       pool=cfg.pool_config(), num_threads=cfg.num_threads, device=cfg.device)
+                       pool=cfg.pool_config(), num_threads=cfg.num_threads, device=cfg.device,
+                       gpu_memory_utilization=cfg.gpu_memory_utilization)
         # the learned drafter, trained online on the rollout's hidden states (None: off)
         self.spot = online_drafter.attach(self.llm, cfg, start_dir) if cfg.drafter else None
         self.drafter_eval = (StepEvaluator(drafter_dir, spec.max_draft_tokens)

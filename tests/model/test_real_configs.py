@@ -102,11 +102,12 @@ def test_full_depth_contexts_get_a_budget_that_fits(name, monkeypatch, caplog):
 def test_a_gpu_budget_is_its_memory_share_less_weights_activations_and_graphs(name, monkeypatch):
     """On a device (memory faked: 80 GiB) the default budget is gpu_memory_utilization of it less
     the weights (counted from the config), a step's activations and the CUDA graphs' budget
-    (none when they are off); too small a share is a ValueError naming the knob; an explicit
-    kv_cache_gib wins."""
+    (none when they are off); too small a share, or a share larger than the free memory, is a
+    ValueError naming the knob; an explicit kv_cache_gib wins."""
     args = parse_config(REAL_CONFIGS[name])
     per_token = args.kv_bytes_per_token * 2
-    monkeypatch.setattr(kv_budget, "device_memory", lambda device: 80 * GiB)
+    free = [80 * GiB]
+    monkeypatch.setattr(kv_budget, "device_memory", lambda device: (free[0], 80 * GiB))
     cfg = EngineConfig(model="unused", device="cuda", gpu_memory_utilization=0.5)
     budget, length = size_kv(args, cfg, 2)
     spare = 40 * GiB - args.num_parameters * 2 - kv_budget.step_activation_bytes(args, cfg, 2)
@@ -118,6 +119,10 @@ def test_a_gpu_budget_is_its_memory_share_less_weights_activations_and_graphs(na
     assert size_kv(args, EngineConfig(model="unused", device="cuda", kv_cache_gib=1.0), 2)[0] == GiB // per_token
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         EngineConfig(model="unused", gpu_memory_utilization=1.5)
+    free[0] = 30 * GiB                  # another engine holds the rest: asking 40 GiB is an error, not an OOM later
+    with pytest.raises(ValueError, match="gpu_memory_utilization: 0.5 of the device's 80.0 GiB is 40.0 GiB, but 30.0"):
+        size_kv(args, cfg, 2)
+    assert size_kv(args, EngineConfig(model="unused", device="cuda", gpu_memory_utilization=0.3), 2)[0] > 0
 
 
 @pytest.mark.parametrize("name", sorted(REAL_CONFIGS))

@@ -30,12 +30,14 @@ def available_memory() -> int | None:
     return None
 
 
-def device_memory(device: str) -> int | None:
-    """Total bytes of a CUDA device (None for other devices)."""
+def device_memory(device: str) -> tuple[int, int] | None:
+    """(free, total) bytes of a CUDA device (None for other devices); memory this process's
+    allocator holds but does not use counts as free."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return None
-    return torch.cuda.mem_get_info(dev)[1]
+    free, total = torch.cuda.mem_get_info(dev)
+    return free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev), total
 
 
 def step_activation_bytes(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> int:
@@ -47,9 +49,9 @@ def step_activation_bytes(args: ModelArgs, config: EngineConfig, elem_bytes: int
 
 def size_kv(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> tuple[int, int]:
     """(KV budget in token slots, max_model_len) for an engine. The budget is ``kv_cache_tokens``,
-    else ``kv_cache_gib``; else on a GPU ``gpu_memory_utilization`` of its memory less the
-    weights, a step's activations and the CUDA graphs' budget (as vLLM sizes its cache); else
-    4 GiB raised to hold one request of the whole context if that takes at most half the
+    else ``kv_cache_gib``; else on a GPU ``gpu_memory_utilization`` of its memory (which must be
+    free) less the weights, a step's activations and the CUDA graphs' budget (as vLLM sizes its
+    cache); else 4 GiB raised to hold one request of the whole context if that takes at most half the
     available memory. A context that still does not fit is capped to what fits, with one log
     line naming both settings, unless the caller asked for that ``max_model_len`` or the cap
     would leave less than ``USEFUL_CONTEXT``: then a ValueError says what to pass. The pool is
@@ -62,8 +64,13 @@ def size_kv(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> tuple[int
         budget, knob = config.kv_cache_tokens, f"kv_cache_tokens={config.kv_cache_tokens}"
     elif config.kv_cache_gib is not None:
         budget, knob = int(config.kv_cache_gib * 2**30 // per_token), f"kv_cache_gib={config.kv_cache_gib:g}"
-    elif (total := device_memory(config.device)) is not None:
+    elif (memory := device_memory(config.device)) is not None:
+        free, total = memory
         frac = config.gpu_memory_utilization
+        if total * frac > free:         # as vLLM: the share is of the whole device, and must be free now
+            raise ValueError(f"gpu_memory_utilization: {frac:g} of the device's {total / 2**30:.1f} GiB is "
+                             f"{total * frac / 2**30:.1f} GiB, but {free / 2**30:.1f} GiB are free (other engines "
+                             f"or processes hold the rest); lower it, or set kv_cache_gib")
         graphs = config.cuda_graph_gib * 2**30 if config.cuda_graphs else 0
         spare = (total * frac - args.num_parameters * elem_bytes - step_activation_bytes(args, config, elem_bytes)
                  - graphs)
