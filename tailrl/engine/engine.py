@@ -15,7 +15,7 @@ import torch
 
 from tailrl.config import EngineConfig, SpeculativeConfig, device_scope, require_device
 from tailrl.engine.batch import Batch, ModelRunner
-from tailrl.engine.graph_pool import GraphPool, cuda_capture
+from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
 from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
@@ -59,6 +59,8 @@ class LLMEngine:
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
             speculator = Speculator(speculative, history, target=self.model)
         self.speculator = speculator
+        if speculator is not None and hasattr(speculator, "captures"):
+            speculator.captures = captures_made
         if graphs is not None and speculator is not None:     # the drafter's chain steps too, in the same pool
             for source in getattr(speculator, "sources", ()):
                 if hasattr(source, "use_graphs"):
@@ -154,6 +156,7 @@ class LLMEngine:
         if self.threads is not None:
             self.threads.tick()
         clock = [time.perf_counter()]
+        captures = captures_made()
         sched = self.scheduler.schedule()                                  # 1. schedule
         if sched.num_tokens == 0:
             if self.scheduler.has_work():
@@ -197,10 +200,11 @@ class LLMEngine:
             self.step_log.append({"batch": len(sched.rows), "new_tokens": len(batch.input_ids),
                                   "kv_tokens": batch.meta.reads, "seconds": clock[-1] - clock[0]})
         if self.speculator is not None:
-            # a step with prefill chunks is not a decode step's cost
+            # a step with prefill chunks is not a decode step's cost, nor one that captured a graph
             decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows)
+            typical = decode and captures_made() == captures
             self.speculator.observe_step(len(batch.plans), len(batch.input_ids), clock[-1] - clock[0],
-                                         batch.meta.work, prefill=not decode, reads=batch.meta.reads)
+                                         batch.meta.work, prefill=not typical, reads=batch.meta.reads)
         if self.idle_work is not None:                 # a step boundary: nothing is mid-step
             self.idle_work.after_step(len(sched.rows))
         return finished

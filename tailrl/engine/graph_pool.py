@@ -22,6 +22,13 @@ import torch
 log = logging.getLogger(__name__)
 
 Capture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], torch.Tensor], int]]
+_captures = 0          # captures tried in this process, by every pool
+
+
+def captures_made() -> int:
+    """Captures tried so far in this process (every pool's): a step or drafter call during which
+    this changed paid for a capture (and its first, compiling run), so its time prices nothing."""
+    return _captures
 
 
 def cuda_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], int]:
@@ -34,11 +41,12 @@ def cuda_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Ten
         fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    before = torch.cuda.memory_reserved()
+    before, free = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[0]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn()
-    size = torch.cuda.memory_reserved() - before
+    # the graph's private memory pool: what the allocator reserved for it, or what the device lost
+    size = max(torch.cuda.memory_reserved() - before, free - torch.cuda.mem_get_info()[0])
 
     def replay() -> torch.Tensor:
         graph.replay()
@@ -83,6 +91,8 @@ class GraphPool:
         self.misses += 1
         if key in self.refused:
             return None
+        global _captures
+        _captures += 1
         try:
             replay, size = self.capture(fn)
         except Exception as exc:              # a capture failure costs its key the graph, never the step

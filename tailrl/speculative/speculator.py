@@ -95,6 +95,10 @@ class Speculator:
         # where the rollout's (hidden state, token) pairs go (the spot trainer's DrafterBuffer)
         self.collector: Any = None
         self._drafter_warm = False             # a batched drafter call was made (and timed) before
+        self._atypical_s = 0.0                 # this step's drafter calls that priced nothing (seconds)
+        self._step_typical = True              # this step made no such call
+        # graph captures so far (the engine sets its pools' count): a call that captured is not timed
+        self.captures: Callable[[], int] = lambda: 0
         self.reset_metrics()
 
     @property
@@ -276,7 +280,10 @@ class Speculator:
         dt = time.perf_counter() - t0
         self.counts.draft_s += dt
         self._step_draft_s = dt
-        self.policy.observe_draft(dt, len(requests))
+        # a drafter call that built kernels or captured a graph prices neither drafting nor the step
+        atypical, self._atypical_s = self._atypical_s, 0.0
+        self._step_typical = atypical == 0.0
+        self.policy.observe_draft(dt - atypical, len(requests))
         return out
 
     def _search(self, requests: list[Any], paths: int, batch_size: int) -> dict[str, Draft | None]:
@@ -329,7 +336,7 @@ class Speculator:
         if not requests:
             return {}
         queued = sum(map(self.choice.pending, requests)) if self.choice.pending is not None else 0
-        t0 = time.perf_counter()
+        t0, captures = time.perf_counter(), self.captures()
         if self.config.policy == "priced":          # the other policies set depths themselves
             tau, c = self.choice.prices(batch_size)
             for s in sources:
@@ -345,8 +352,12 @@ class Speculator:
             if d is not None:
                 out[req.request_id] = (d, full)
         dt = time.perf_counter() - t0
-        if self._drafter_warm:              # an engine's first call (copies, tables) does not teach prices
+        # an engine's first call (copies, tables, kernels built) and a call that captured a graph
+        # teach no prices
+        if self._drafter_warm and self.captures() == captures:
             self.choice.observe_call(dt, len(requests), queued)
+        else:
+            self._atypical_s += dt
         self._drafter_warm = True
         self.counts.calls += 1
         self.counts.explore_calls += self.choice.exploring
@@ -384,6 +395,7 @@ class Speculator:
         prices drafting per request asked, separately). Steps with prefill chunks do not
         teach the cost model, which prices decode and verify steps."""
         draft_s, self._step_draft_s = self._step_draft_s, 0.0
+        prefill, self._step_typical = prefill or not self._step_typical, True
         if self.choice is not None:
             self.choice.observe_step(seconds, batch_size, prefill)
         if not prefill:

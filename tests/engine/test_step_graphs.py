@@ -133,3 +133,34 @@ def test_a_pool_reports_its_instances_graphs_summed(model):
     assert m["graphs/replayed_steps"] == sum(e.runner.graphs.replays for e in engines)
     assert all(e.runner.graphs.replays > 0 for e in engines)
     assert m["graphs/captures"] == sum(e.runner.graphs.pool.captures for e in engines)
+
+
+def test_a_step_that_captured_a_graph_teaches_no_prices(model):
+    """A step during which a graph was captured (its first, compiling run and the capture: on a
+    GPU far more than a step) reaches the speculator as untypical, like a prefill step: its
+    time teaches neither the cost model nor the policy's step curve."""
+    from tailrl.engine.graph_pool import captures_made
+    llm = LLM(model, speculative=SpeculativeConfig(policy="fixed"))
+    graphs = with_graphs(llm)
+    sp, seen, last = llm.engine.speculator, [], [captures_made()]
+    real = sp.observe_step
+
+    def observe_step(*args, prefill=False, **kw):
+        now = captures_made()
+        seen.append((now != last[0], prefill))
+        last[0] = now
+        return real(*args, prefill=prefill, **kw)
+    sp.observe_step = observe_step
+    outputs(llm)
+    assert graphs.pool.captures > 0
+    assert all(untypical for captured, untypical in seen if captured)
+    assert any(not untypical for _, untypical in seen)
+
+
+def test_every_capture_tried_is_counted():
+    from tailrl.engine.graph_pool import captures_made
+    pool, before = GraphPool(1 << 30, eager_capture), captures_made()
+    pool.replay("a", lambda: None)
+    pool.replay("a", lambda: None)
+    pool.replay("b", lambda: None)
+    assert captures_made() - before == 2 == pool.captures
