@@ -8,13 +8,18 @@ checkpoint directory). Then, on ``--device``:
    model's weight bytes give the batch-1 decode bound, tokens/s = bandwidth / weight bytes.
 2. Batch-1 greedy decode: one prompt, ``--decode-tokens`` new tokens (EOS ignored), after a
    warm-up call: tokens/s, with the decode steps replayed from CUDA graphs (the default on a
-   GPU) and without (``cuda_graphs=False``: every kernel launched from Python).
+   GPU) and without (``cuda_graphs=False``: every kernel launched from Python); the step's
+   stages in ms (forward: launching it; sample: waiting for it, sampling, the copy back).
 3. The rollout: ``--prompts`` held-out task prompts x ``--n``, T=1, ``--max-tokens``; round 1
    (the history) then the timed round 2, for tailrl plain and tailrl default speculation
    (each its own engine), and Hugging Face ``generate`` on the same model (bf16, sampling at
-   T=1 without top-k, the batch padded on the left). Per setting: the makespan; tailrl's
-   responses compared with each other (the identical share: 1.0 means speculation changed no
-   token).
+   T=1 without top-k, the batch padded on the left; after a 32-token call on the same batch).
+   Per setting: the makespan; tailrl's responses compared with each other (the identical
+   share: 1.0 means speculation changed no token); one request alone against the same request
+   in the batch (``alone_equals_batch``). Then two variants of speculation against plain:
+   ``policy="fixed"`` (every request drafts 6 tokens at every step) and the default with CUDA
+   graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs). Each engine takes
+   ``--gpu-memory-utilization``.
 4. The no-tail bound T* = max(total tokens / saturated tokens/s, longest response x batch-1
    step time): saturated throughput from the plain engine on ``--bound-rows`` rows of
    ``--bound-tokens`` tokens each, EOS ignored; each makespan's ratio to T*.
@@ -27,14 +32,21 @@ checkpoint directory). Then, on ``--device``:
    gate/up, down; the LM head) at M = 1, 64 and 512 rows, replayed from a CUDA graph, through
    the Triton kernel and through ``F.linear`` (cuBLAS), bfloat16, best of ``--matmul-reps``;
    the ratio invariant / stock (#34 asks <= 1.15 for the whole step).
+8. On a GPU, `small`'s float64 greedy tokens there against the CPU engine's, ``--compare-prompts``
+   prompts x ``--compare-tokens`` tokens: equal responses, and for the others the top-2 logit
+   margin where they part (near-ties within 1e-6 counted).
+A part that fails prints its traceback and is recorded in "errors"; the parts that do not need
+its results still run (the exit status is then 1).
 
 The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s", "floor_tok_s",
 "decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "rollout": {"tokens",
 "plain_s", "default_s", "hf_s", "default_speedup", "plain_over_hf", "identical_share",
-"accept_length", "bound_s", "plain_over_bound", "default_over_bound", "steps": {"plain",
+"accept_length", "variants": {"fixed", "graphs_2048": {"seconds", "speedup", ...}}, "bound_s",
+"plain_over_bound", "default_over_bound", "steps": {"plain",
 "default": {"steps", "step_ms", "spec_host_ms", "graph_share", "graph_captures", "graph_mb",
 "graph_budget_mb"}}}, "saturated_tok_s", "train": {"steps", "step_s", "rollout_s", "update_s"},
-"matmul": {M: {"stock_ms", "invariant_ms", "ratio"}}, "peak_mem_gb", "seconds"}.
+"matmul": {M: {"stock_ms", "invariant_ms", "ratio"}}, "cpu_vs_gpu": {"equal", "differ", "near_ties",
+"margins"}, "decode_b1_stage_ms", "peak_mem_gb", "errors", "seconds"}.
 
 Usage (on the GPU machine; ``python3 setup.py build_ext --inplace`` first builds the CPU parts,
 which the GPU path does not need):
@@ -47,6 +59,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -100,7 +113,7 @@ def hf_rollout(mdir: str, prompts: list[list[int]], a: argparse.Namespace, eos: 
     kw = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
               max_new_tokens=a.max_tokens, pad_token_id=pad)
     with torch.no_grad():
-        model.generate(ids[:2], **{**kw, "attention_mask": mask[:2], "max_new_tokens": 8})      # warm-up
+        model.generate(ids, **{**kw, "max_new_tokens": 32})     # warm-up: the full batch's shapes
         sync(a.device)
         t0 = time.perf_counter()
         out = model.generate(ids, **kw)
@@ -118,46 +131,75 @@ def hf_rollout(mdir: str, prompts: list[list[int]], a: argparse.Namespace, eos: 
     return seconds, useful
 
 
-def matmul_cost(args, a: argparse.Namespace) -> dict:
-    """One forward's matmuls (``args``' shapes, bfloat16, each layer its own weights) at M = 1,
-    64, 512, replayed from a CUDA graph as the engine's steps are: milliseconds through
-    ``F.linear`` (cuBLAS) and through the batch-invariant Triton kernel, best of ``--matmul-reps``.
-    A failed capture is reported, not raised."""
+def matmul_cost(args, device: str, reps: int, ms=(1, 64, 512), linear=None) -> dict:
+    """One forward's matmuls (``args``' shapes, bfloat16, each layer its own weights) at each M
+    of ``ms``, replayed from a CUDA graph as the engine's steps are: milliseconds through
+    ``F.linear`` (cuBLAS) and through the batch-invariant Triton kernel (``linear``: default
+    ``matmul.linear``), best of ``reps``. A failed capture is reported, not raised."""
     import torch.nn.functional as F
 
     from tailrl.engine.graph_pool import cuda_capture
     from tailrl.kernels.gpu import matmul
+    linear = linear or matmul.linear
     h, q, kv = args.hidden_size, args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
     shapes = [(q + 2 * kv, h), (h, q), (2 * args.intermediate_size, h), (h, args.intermediate_size)]
-    layers = [[torch.randn(n, k, dtype=torch.bfloat16, device=a.device) for n, k in shapes]
+    layers = [[torch.randn(n, k, dtype=torch.bfloat16, device=device) for n, k in shapes]
               for _ in range(args.num_layers)]
-    head = torch.randn(args.vocab_size, h, dtype=torch.bfloat16, device=a.device)
+    head = torch.randn(args.vocab_size, h, dtype=torch.bfloat16, device=device)
     out: dict = {}
-    for m in (1, 64, 512):
-        xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device=a.device) for k in {k for _, k in shapes}}
+    for m in ms:
+        xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device=device) for k in {k for _, k in shapes}}
 
-        def forward(linear) -> float:
+        def forward(lin) -> float:
             def fn() -> torch.Tensor:
                 for weights in layers:
                     for w in weights:
-                        linear(xs[w.shape[1]], w)
-                return linear(xs[h], head)
+                        lin(xs[w.shape[1]], w)
+                return lin(xs[h], head)
             replay, _ = cuda_capture(fn)
             best = float("inf")
-            for _ in range(a.matmul_reps):
-                sync(a.device)
+            for _ in range(reps):
+                sync(device)
                 t = time.perf_counter()
                 replay()
-                sync(a.device)
+                sync(device)
                 best = min(best, time.perf_counter() - t)
             return best * 1e3
         try:
-            stock, inv = forward(F.linear), forward(matmul.linear)
+            stock, inv = forward(F.linear), forward(linear)
         except Exception as exc:                      # the capture or a kernel failed: say so, go on
             out[m] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             continue
         out[m] = {"stock_ms": round(stock, 3), "invariant_ms": round(inv, 3), "ratio": round(inv / stock, 3)}
     return out
+
+
+def cpu_vs_gpu(device: str, prompts: list[list[int]], tokens: int, tie: float = 1e-6) -> dict:
+    """`small`'s greedy tokens in float64, on ``device`` and on the CPU, for ``prompts``: how
+    many responses are equal, and for each that is not, the top-2 logit margin at the first
+    token where they part (Hugging Face's float64 forward of the CPU response's prefix): a
+    margin within ``tie`` is a near-tie that either device may break its own way."""
+    import transformers
+
+    from tailrl.tasks.models import get_model
+    small = get_model("small")
+    sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    run = lambda llm: [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp)]   # noqa: E731
+    gpu = run(LLM(small, dtype="float64", device=device, gpu_memory_utilization=0.1))
+    cpu = run(LLM(small, dtype="float64"))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(small, dtype=torch.float64).eval()
+    margins = []
+    for p, g, c in zip(prompts, gpu, cpu):
+        if g == c:
+            continue
+        at = next(i for i, (x, y) in enumerate(zip(g, c)) if x != y)
+        with torch.no_grad():
+            logits = ref(torch.tensor([p + c[:at]])).logits[0, -1]
+        top = torch.topk(logits, 2).values
+        margins.append(float(top[0] - top[1]))
+    return {"prompts": len(prompts), "tokens": tokens, "equal": len(prompts) - len(margins),
+            "differ": len(margins), "near_ties": sum(m <= tie for m in margins),
+            "margins": [float(f"{m:.3g}") for m in sorted(margins)]}
 
 
 def train_steps(a: argparse.Namespace) -> dict:
@@ -201,14 +243,18 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--bound-rows", type=int, default=512)
     ap.add_argument("--bound-tokens", type=int, default=128)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.25,
+                    help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--matmul-reps", type=int, default=20)
+    ap.add_argument("--compare-prompts", type=int, default=64, help="small's float64 greedy GPU vs CPU (0: skip)")
+    ap.add_argument("--compare-tokens", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="4 prompts x 2, max 32: checks the script in a minute")
     a = ap.parse_args()
     if a.quick:
         a.prompts, a.n, a.max_tokens, a.decode_tokens, a.bound_rows, a.bound_tokens = 4, 2, 32, 16, 8, 16
-        a.train_steps = min(a.train_steps, 1)
+        a.train_steps, a.compare_prompts, a.compare_tokens = min(a.train_steps, 1), 4, 16
     t_start = time.perf_counter()
     mdir = model_dir(a.model, Path(a.standin_dir))
     args = read_args(mdir)
@@ -220,71 +266,139 @@ def main() -> None:
     if torch.device(a.device).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
+    errors: dict = {}
+
+    def attempt(name: str, fn):
+        """Run one part; a failure is printed and recorded (``errors``), and the parts that do
+        not need its results still run."""
+        try:
+            return fn()
+        except Exception as exc:
+            traceback.print_exc()
+            errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+            print(f"{name} failed: {errors[name]}", flush=True)
+            return None
+
     # 1-2. the floor and batch-1 decode
     weights = args.num_parameters * 2
     bw = copy_bandwidth(a.device)
     out.update(weights_gb=round(weights / 1e9, 3), copy_tb_s=round(bw / 1e12, 3),
                floor_tok_s=round(bw / weights, 1))    # a decode step reads the weights once (at copy speed)
-    plain = LLM(mdir, device=a.device, seed=0)
     greedy = SamplingParams(temperature=0.0, max_tokens=a.decode_tokens, ignore_eos=True)
-    plain.generate([prompts[0]], greedy)
-    plain.generate([prompts[0]], greedy)
-    step_s = plain.last_metrics["timing_s/gen"] / a.decode_tokens
-    eager = LLM(mdir, device=a.device, seed=0, cuda_graphs=False)
-    eager.generate([prompts[0]], greedy)
-    eager.generate([prompts[0]], greedy)
-    eager_s = eager.last_metrics["timing_s/gen"] / a.decode_tokens
-    del eager
-    out.update(decode_b1_tok_s=round(1 / step_s, 1), decode_b1_over_floor=round(1 / step_s / (bw / weights), 3),
-               decode_b1_eager_tok_s=round(1 / eager_s, 1))
-    print(f"batch-1 decode {1 / step_s:.0f} tokens/s ({1 / eager_s:.0f} without CUDA graphs); weight-read floor "
-          f"{bw / weights:.0f} tokens/s ({weights / 1e9:.2f} GB of weights, copy {bw / 1e12:.2f} TB/s)", flush=True)
+    mem = {"gpu_memory_utilization": a.gpu_memory_utilization} if torch.device(a.device).type == "cuda" else {}
+
+    def decode(**kw) -> tuple[LLM, float]:
+        llm = LLM(mdir, device=a.device, seed=0, **mem, **kw)
+        llm.generate([prompts[0]], greedy)
+        llm.generate([prompts[0]], greedy)
+        m = llm.last_metrics                # where a step's time goes (forward: launching; sample: waits for it)
+        out["decode_b1_stage_ms" if not kw else "decode_b1_eager_stage_ms"] = {
+            k.split("/")[1]: round(v / a.decode_tokens * 1e3, 3) for k, v in m.items()
+            if k.startswith("timing_s/") and k != "timing_s/gen"}
+        return llm, m["timing_s/gen"] / a.decode_tokens
+
+    plain, step_s = attempt("decode", decode) or (None, None)
+    eager_s = (attempt("decode_eager", lambda: decode(cuda_graphs=False)) or (None, None))[1]
+    if step_s:
+        out.update(decode_b1_tok_s=round(1 / step_s, 1), decode_b1_over_floor=round(1 / step_s / (bw / weights), 3))
+        print(f"batch-1 decode {1 / step_s:.0f} tokens/s; weight-read floor {bw / weights:.0f} tokens/s "
+              f"({weights / 1e9:.2f} GB of weights, copy {bw / 1e12:.2f} TB/s)", flush=True)
+    if eager_s:
+        out["decode_b1_eager_tok_s"] = round(1 / eager_s, 1)
+        print(f"batch-1 decode without CUDA graphs {1 / eager_s:.0f} tokens/s", flush=True)
 
     # 3. the rollout
-    rollout(plain, prompts, a, HISTORY_SEED)
-    plain_out, plain_s = rollout(plain, prompts, a, TIMED_SEED)
-    steps = {"plain": step_figures(plain.last_metrics)}
-    spec = LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig())
-    rollout(spec, prompts, a, HISTORY_SEED)
-    spec_out, spec_s = rollout(spec, prompts, a, TIMED_SEED)
-    accept = spec.last_metrics.get("rollout/spec_accept_length", 0.0)
-    steps["default"] = step_figures(spec.last_metrics)
-    pairs = [(x, y) for xs, ys in zip(plain_out, spec_out) for x, y in zip(xs, ys)]
-    lengths = [len(x) for x, _ in pairs]
-    roll = {"tokens": sum(lengths), "plain_s": round(plain_s, 3), "default_s": round(spec_s, 3),
-            "default_speedup": round(plain_s / spec_s, 3),
-            "identical_share": sum(x == y for x, y in pairs) / len(pairs), "accept_length": round(accept, 2),
-            "steps": steps}
-    print(f"rollout: plain {plain_s:.2f} s, default {spec_s:.2f} s ({plain_s / spec_s:.2f}x), identical "
-          f"{roll['identical_share']:.3f}, {sum(lengths)} tokens; steps {json.dumps(steps)}", flush=True)
-    del spec
+    roll: dict = {}
+    out["rollout"] = roll
+
+    def rollouts() -> None:
+        rollout(plain, prompts, a, HISTORY_SEED)
+        plain_out, plain_s = rollout(plain, prompts, a, TIMED_SEED)
+        steps = {"plain": step_figures(plain.last_metrics)}
+        lengths = [len(x) for xs in plain_out for x in xs]
+        roll.update(tokens=sum(lengths), max_length=max(lengths), plain_s=round(plain_s, 3), steps=steps)
+        # one request alone against the same request in the batch
+        alone, _ = rollout(plain, prompts[:1], a, TIMED_SEED)
+        roll["alone_equals_batch"] = alone[0] == plain_out[0]
+        print(f"rollout: plain {plain_s:.2f} s, {sum(lengths)} tokens; a request alone equals it in the batch: "
+              f"{roll['alone_equals_batch']}", flush=True)
+        spec = LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig(), **mem)
+        rollout(spec, prompts, a, HISTORY_SEED)
+        spec_out, spec_s = rollout(spec, prompts, a, TIMED_SEED)
+        steps["default"] = step_figures(spec.last_metrics)
+        pairs = [(x, y) for xs, ys in zip(plain_out, spec_out) for x, y in zip(xs, ys)]
+        roll.update(default_s=round(spec_s, 3), default_speedup=round(plain_s / spec_s, 3),
+                    identical_share=sum(x == y for x, y in pairs) / len(pairs),
+                    accept_length=round(spec.last_metrics.get("rollout/spec_accept_length", 0.0), 2))
+        print(f"rollout: plain {plain_s:.2f} s, default {spec_s:.2f} s ({plain_s / spec_s:.2f}x), identical "
+              f"{roll['identical_share']:.3f}; steps {json.dumps(steps)}", flush=True)
+        del spec
+        # against the default: every request drafting a fixed depth at every step; graphs up to
+        # 2048 tokens (verify steps of a full batch replayed instead of launched from Python)
+        variants = {"fixed": (SpeculativeConfig(policy="fixed"), {}),
+                    "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0})}
+        roll["variants"] = {}
+        for name, (cfg, kw) in variants.items():
+            def variant() -> None:
+                llm = LLM(mdir, device=a.device, seed=0, speculative=cfg, **mem, **kw)
+                rollout(llm, prompts, a, HISTORY_SEED)
+                got, secs = rollout(llm, prompts, a, TIMED_SEED)
+                same = [x == y for xs, ys in zip(plain_out, got) for x, y in zip(xs, ys)]
+                roll["variants"][name] = {
+                    "seconds": round(secs, 3), "speedup": round(plain_s / secs, 3),
+                    "identical_share": sum(same) / len(same),
+                    "accept_length": round(llm.last_metrics.get("rollout/spec_accept_length", 0.0), 2),
+                    "steps": step_figures(llm.last_metrics)}
+                print(f"rollout: {name} {secs:.2f} s ({plain_s / secs:.2f}x plain): {roll['variants'][name]}",
+                      flush=True)
+            attempt(f"rollout_{name}", variant)
+
+    if plain is not None:
+        attempt("rollout", rollouts)
 
     # 4. the no-tail bound
-    rows = max(1, a.bound_rows // a.n)
-    fill = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.bound_tokens, ignore_eos=True, seed=1)
-    plain.generate([prompts[i % len(prompts)] for i in range(rows)], fill)
-    saturated = plain.last_metrics["perf/tokens_per_s"]
-    bound = max(sum(lengths) / saturated, max(lengths) * step_s)
-    roll.update(bound_s=round(bound, 3), plain_over_bound=round(plain_s / bound, 3),
-                default_over_bound=round(spec_s / bound, 3))
-    out["saturated_tok_s"] = round(saturated, 1)
-    del plain
+    def no_tail_bound() -> None:
+        rows = max(1, a.bound_rows // a.n)
+        fill = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.bound_tokens, ignore_eos=True, seed=1)
+        plain.generate([prompts[i % len(prompts)] for i in range(rows)], fill)
+        saturated = plain.last_metrics["perf/tokens_per_s"]
+        bound = max(roll["tokens"] / saturated, roll["max_length"] * step_s)
+        roll.update(bound_s=round(bound, 3), plain_over_bound=round(roll["plain_s"] / bound, 3))
+        if "default_s" in roll:
+            roll["default_over_bound"] = round(roll["default_s"] / bound, 3)
+        out["saturated_tok_s"] = round(saturated, 1)
+
+    if plain is not None and "tokens" in roll:
+        attempt("bound", no_tail_bound)
+    plain = None                            # its memory goes back before Hugging Face loads
+
+    def hf() -> None:
+        hf_s, hf_tokens = hf_rollout(mdir, prompts, a, args.eos_token_ids)
+        roll.update(hf_s=round(hf_s, 3), hf_tokens=hf_tokens)
+        if "plain_s" in roll:
+            roll["plain_over_hf"] = round(roll["plain_s"] / hf_s, 3)
+        print(f"Hugging Face generate: {hf_s:.2f} s ({hf_tokens} useful tokens)", flush=True)
 
     if not a.no_hf:
-        hf_s, hf_tokens = hf_rollout(mdir, prompts, a, args.eos_token_ids)
-        roll.update(hf_s=round(hf_s, 3), hf_tokens=hf_tokens, plain_over_hf=round(plain_s / hf_s, 3))
-        print(f"Hugging Face generate: {hf_s:.2f} s ({hf_tokens} useful tokens)", flush=True)
-    out["rollout"] = roll
+        attempt("hf", hf)
     if torch.device(a.device).type == "cuda":
-        out["matmul"] = matmul_cost(args, a)
+        out["matmul"] = attempt("matmul", lambda: matmul_cost(args, a.device, a.matmul_reps))
         print(f"invariant matmul / cuBLAS per forward: {out['matmul']}", flush=True)
     if a.train_steps > 0:
-        out["train"] = train_steps(a)
+        out["train"] = attempt("train", lambda: train_steps(a))
         print(f"tailrl train configs/demo.yaml on {a.device}: {out['train']}", flush=True)
+    if torch.device(a.device).type == "cuda" and a.compare_prompts > 0:
+        out["cpu_vs_gpu"] = attempt("cpu_vs_gpu", lambda: cpu_vs_gpu(
+            a.device, (prompts * a.compare_prompts)[:a.compare_prompts], a.compare_tokens))
+        print(f"small, float64 greedy, GPU vs CPU: {out['cpu_vs_gpu']}", flush=True)
     if torch.device(a.device).type == "cuda":
         out["peak_mem_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    if errors:
+        out["errors"] = errors
     out["seconds"] = round(time.perf_counter() - t_start, 1)
     print(json.dumps(out))
+    if errors:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

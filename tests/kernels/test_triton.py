@@ -17,6 +17,7 @@ from tailrl.kernels.reference import REFERENCE  # noqa: E402
 from tailrl.model.rope import rope_table  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL_POOL = dict(kv_cache_gib=0.25)         # a small pool: several engines share one GPU in a test
 H, KV, D = 4, 2, 32
 
 
@@ -69,8 +70,8 @@ def random_rows(rng: random.Random, n: int, cap: int = 150):
 
 def run(backend, dtype, qkv, positions, k, v, meta):
     cos, sin = rope_table(D, 512, 1e4, torch.float32)
-    tables = RopeTables(cos.to(dtype), sin.to(dtype), cos, sin)
     dev = dict(device=DEVICE)
+    tables = RopeTables(cos.to(dtype=dtype, **dev), sin.to(dtype=dtype, **dev), cos.to(**dev), sin.to(**dev))
     fields = (getattr(meta, f) for f in meta.__dataclass_fields__)
     meta = AttentionMeta(*(f.to(**dev) if isinstance(f, torch.Tensor) else f for f in fields))
     kc, vc = k.to(dtype=dtype, **dev).clone(), v.to(dtype=dtype, **dev).clone()
@@ -145,7 +146,7 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch)
     if DEVICE == "cpu":                                 # on a GPU the device itself checks
         guard(monkeypatch, LLMEngine, "step")
     for spec, calls in ((None, 1), (SpeculativeConfig(policy="fixed"), 2)):
-        llm = LLM(path, dtype="float32", speculative=spec, device=DEVICE)
+        llm = LLM(path, dtype="float32", speculative=spec, device=DEVICE, **SMALL_POOL)
         for _ in range(calls):                          # the second call drafts from the first's history
             got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, sp)]
             assert got == want
@@ -169,8 +170,8 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkey
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
-    want = run(LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE, cuda_graphs=False))
-    llm = LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE)
+    want = run(LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE, cuda_graphs=False, **SMALL_POOL))
+    llm = LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE, **SMALL_POOL)
     if DEVICE == "cpu":                                 # on a GPU the device itself checks
         guard(monkeypatch, LLMEngine, "step")
     e = llm.engine
@@ -181,21 +182,31 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkey
     assert llm.last_metrics["graphs/replayed_steps"] > 0 and llm.last_metrics["graphs/eager_steps"] == 0
 
 
-@pytest.mark.parametrize("k,n", [(96, 80), (640, 40), (130, 33)])
+@pytest.mark.parametrize("k,n", [(96, 80), (1280, 40), (130, 33)])
 def test_matmul_rows_do_not_depend_on_the_batch(k, n):
-    """The Triton matmul: a row alone equals the row in products of any M (tiles of 16 rows:
+    """The Triton matmul: a row alone equals the row in products of any M (tiles of 64 rows:
     rows land at other positions of other tiles), K split in ranges fixed by the shape
-    ((640, 40) takes several), bias and rounding once; close to float64."""
+    ((1280, 40) takes several; the others one, rounded by the first kernel), bias and rounding
+    once; close to float64."""
     from tailrl.kernels.gpu import matmul
     g = torch.Generator().manual_seed(k)
-    x = torch.randn(40, k, generator=g).bfloat16().to(DEVICE)
+    rows = 140
+    x = torch.randn(rows, k, generator=g).bfloat16().to(DEVICE)
     w = torch.randn(n, k, generator=g).bfloat16().to(DEVICE)
     b = torch.randn(n, generator=g).bfloat16().to(DEVICE)
-    alone = torch.cat([matmul.linear(x[i:i + 1], w, b) for i in range(40)])
-    for m in (2, 3, 15, 16, 17, 33, 40):
+    alone = torch.cat([matmul.linear(x[i:i + 1], w, b) for i in range(rows)])
+    for m in (2, 3, 17, 63, 64, 65, 129, rows):
         assert torch.equal(matmul.linear(x[:m], w, b), alone[:m]), m
-    assert torch.equal(matmul.linear(x[7:29], w, b), alone[7:29])              # other tile positions
+    assert torch.equal(matmul.linear(x[37:101], w, b), alone[37:101])          # other tile positions
+    assert torch.equal(matmul.linear(x[:5], w), matmul.linear(x[:5], w, torch.zeros_like(b)))
     ref = x.double() @ w.double().T + b.double()
     assert (alone.double() - ref).abs().max() <= 0.02 * ref.abs().max()
-    assert matmul.splits(40, 640) > 1 and matmul.splits(151936, 896) == 1
-    assert TRITON.linear(x.float(), w.float()).dtype == torch.float32
+    assert matmul.splits(40, 1280) > 1 and matmul.splits(151936, 896) == 1
+
+
+def test_matmul_tiles_are_checked():
+    from tailrl.kernels.gpu.matmul import Tiles
+    assert Tiles.parse("128,64,32,8,4") == Tiles(128, 64, 32, 8, 4)
+    for bad in ("64,64,64", "64,48,64,4,3", "8,64,64,4,3", "64,64,64,3,3", "64,64,64,4,0", "a,b"):
+        with pytest.raises(ValueError, match="TAILRL_MATMUL_TILES"):
+            Tiles.parse(bad)

@@ -11,38 +11,73 @@ K alone:
   tiles, so that small-M steps still occupy the GPU), each range reduced in order, BK at a
   time;
 - the ranges' float32 partial sums added in range order by a second kernel, which also adds
-  the bias and rounds to the output dtype.
+  the bias and rounds to the output dtype (one range: the first kernel does that itself, the
+  same arithmetic: 0 + x is x).
 
 So a row computes the same bits alone or in any batch; only the tile it lands in changes, and
-the instructions that compute a tile treat its rows alike.
+the instructions that compute a tile treat its rows alike. The tiles (``TILES``: 64 x 64 outputs,
+128 positions of K per step, 4 warps, 3 stages) are the best of six measured on an H100 by
+benchmarks/matmul_tiles.py (one forward of the 0.5b stand-in at M = 1, 64, 512 and 2048: 1.10,
+1.07, 1.82 and 2.50 times cuBLAS; the previous 16 x 64 x 64 tiles: 1.17, 1.21, 3.49, 5.10), and
+one choice per process: ``TAILRL_MATMUL_TILES="BM,BN,BK,WARPS,STAGES"`` sets another (every
+engine of the process must use the same, or rows differ between them).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-BM, BN, BK = 16, 64, 64
 MAX_SPLITS = 8
 TARGET_PROGRAMS = 132          # an H100's SMs: below this many (N tiles x splits) the GPU idles
+
+
+@dataclass(frozen=True)
+class Tiles:
+    bm: int = 64
+    bn: int = 64
+    bk: int = 128
+    warps: int = 4
+    stages: int = 3
+
+    @staticmethod
+    def parse(text: str) -> "Tiles":
+        try:
+            values = [int(v) for v in text.split(",")]
+            t = Tiles(*values) if len(values) == 5 else None
+        except ValueError:
+            t = None
+        if t is None or any(v < 16 or v & (v - 1) for v in (t.bm, t.bn, t.bk)) or t.warps not in (1, 2, 4, 8, 16) \
+                or not 1 <= t.stages <= 8:
+            raise ValueError(f"TAILRL_MATMUL_TILES must be 'BM,BN,BK,WARPS,STAGES' (tile sides powers of two >= 16, "
+                             f"warps 1-16, stages 1-8), got {text!r}")
+        return t
+
+
+TILES = Tiles.parse(os.environ["TAILRL_MATMUL_TILES"]) if os.environ.get("TAILRL_MATMUL_TILES") else Tiles()
 # Triton's CPU interpreter multiplies bfloat16 tiles as their raw bits: there the tiles are
 # widened to float32 first (exact: the products and float32 sums are the same numbers)
 WIDEN = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def splits(n: int, k: int) -> int:
-    """Ranges of K for a [N, K] weight: enough N tiles x ranges to occupy the GPU at M <= BM,
+def splits(n: int, k: int, tiles: Tiles = TILES) -> int:
+    """Ranges of K for a [N, K] weight: enough N tiles x ranges to occupy the GPU at small M,
     each range at least 4 x BK long; a function of the shape alone."""
-    tiles = -(-n // BN)
-    return max(1, min(MAX_SPLITS, -(-TARGET_PROGRAMS // tiles), k // (4 * BK)))
+    count = -(-n // tiles.bn)
+    return max(1, min(MAX_SPLITS, -(-TARGET_PROGRAMS // count), k // (4 * tiles.bk)))
 
 
-@triton.jit
-def partial_kernel(x_ptr, w_ptr, part_ptr, M, N, K, x_s0, w_s0, span,
-                   IEEE: tl.constexpr, WIDEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Program (m tile, n tile, range s): the range's partial sums, in K order."""
+# M is never specialised (Triton compiles variants for M == 1 and M % 16 == 0 otherwise): one
+# binary per weight shape, whatever the number of rows
+@triton.jit(do_not_specialize=["M"])
+def partial_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, x_s0, w_s0, span,
+                   IEEE: tl.constexpr, WIDEN: tl.constexpr, FINAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Program (m tile, n tile, range s): the range's partial sums, in K order (``FINAL``: the
+    only range: plus the bias, rounded into y, as reduce_kernel would)."""
     pm, pn, ps = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
@@ -60,10 +95,16 @@ def partial_kernel(x_ptr, w_ptr, part_ptr, M, N, K, x_s0, w_s0, span,
             acc += tl.dot(x, w, input_precision="ieee")
         else:
             acc += tl.dot(x, w)
-    tl.store(part_ptr + (ps * M + rm[:, None]) * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    ok = (rm[:, None] < M) & (rn[None, :] < N)
+    if FINAL:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+    else:
+        tl.store(part_ptr + (ps * M + rm[:, None]) * N + rn[None, :], acc, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, S, HAS_BIAS: tl.constexpr, BN: tl.constexpr):
     """Program (row m, n tile): the ranges' sums in order, plus the bias, rounded once."""
     m, pn = tl.program_id(0), tl.program_id(1)
@@ -77,7 +118,7 @@ def reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, S, HAS_BIAS: tl.constexpr, BN: t
     tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, tiles: Tiles = TILES) -> torch.Tensor:
     """x [M, K] (rows contiguous) @ w [N, K]^T (+ b [N]) -> [M, N] in x's dtype."""
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -88,13 +129,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    s = splits(n, k)
-    span = -(-k // (s * BK)) * BK                       # a range: whole BK chunks
+    bk = tiles.bk
+    s = splits(n, k, tiles)
+    span = -(-k // (s * bk)) * bk                       # a range: whole BK chunks
     s = -(-k // span)
-    part = torch.empty(s, m, n, dtype=torch.float32, device=x.device)
-    partial_kernel[(triton.cdiv(m, BM), triton.cdiv(n, BN), s)](
-        x, w, part, m, n, k, x.stride(0), w.stride(0), span, IEEE=x.dtype == torch.float32, WIDEN=WIDEN, BM=BM,
-        BN=BN, BK=BK)
-    reduce_kernel[(m, triton.cdiv(n, BN))](part, b if b is not None else part, y, m, n, s, HAS_BIAS=b is not None,
-                                          BN=BN)
+    part = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else y
+    bias = b if b is not None else y
+    partial_kernel[(triton.cdiv(m, tiles.bm), triton.cdiv(n, tiles.bn), s)](
+        x, w, part, bias, y, m, n, k, x.stride(0), w.stride(0), span, IEEE=x.dtype == torch.float32, WIDEN=WIDEN,
+        FINAL=s == 1, HAS_BIAS=b is not None, BM=tiles.bm, BN=tiles.bn, BK=bk, num_warps=tiles.warps,
+        num_stages=tiles.stages)
+    if s > 1:
+        reduce_kernel[(m, triton.cdiv(n, tiles.bn))](part, bias, y, m, n, s, HAS_BIAS=b is not None, BN=tiles.bn)
     return y
