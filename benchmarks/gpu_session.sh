@@ -13,6 +13,12 @@
 #   bash benchmarks/gpu_session.sh drafter   # a drafter warm-started on the GPU, then
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
 #                                            # hybrid, suffix default vs plain, identical shares)
+#   bash benchmarks/gpu_session.sh grpo      # after `all` on the same machine (or it makes the
+#                                            # stand-in and drafter again): #35's 20-step GRPO run
+#                                            # (benchmarks/drafter_online.py: plain, suffix, frozen
+#                                            # and online drafter on the 0.5b stand-in, each trainer's
+#                                            # engine at 0.12 of the GPU: four trainers, each
+#                                            # with its policy, AdamW and scorer, share it)
 #   bash benchmarks/gpu_session.sh host      # the machine's 16-core CPU, no GPU: #34's
 #                                            # benchmarks/spec_host.py (default vs plain on `small`)
 #
@@ -88,12 +94,20 @@ all)
     ;;
 engine) engine ;;
 drafter) drafter ;;
+grpo)
+    [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 60 $PY setup.py build_ext --inplace
+    [ -d "$M" ] || step standin 60 $PY -c "from tailrl.cli import main; main(['make-model', '--standin', '0.5b', '--out', '$M'])"
+    [ -f "$D/drafter.json" ] || step train_drafter ${TRAIN_LIMIT:-60} $PY -c "from tailrl.cli import main; \
+main(['train-drafter', '--model', '$M', '--out', '$D', '--device', '$DEVICE', $TRAIN_ARGS])"
+    step grpo ${GRPO_LIMIT:-420} $PY benchmarks/drafter_online.py --steps ${GRPO_STEPS:-20} --drafter "$D" \
+        --set device=$DEVICE --set model=$M --set gpu_memory_utilization=0.12 --out /tmp/tailrl-grpo
+    ;;
 host)
     [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 60 $PY setup.py build_ext --inplace
     step spec_host 500 $PY benchmarks/spec_host.py --rounds 2
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_session.sh all|engine|drafter|host" >&2
+    echo "usage: bash benchmarks/gpu_session.sh all|engine|drafter|grpo|host" >&2
     exit 2
     ;;
 esac
