@@ -9,7 +9,9 @@ checkpoint directory). Then, on ``--device``:
 2. Batch-1 greedy decode: one prompt, ``--decode-tokens`` new tokens (EOS ignored), after a
    warm-up call: tokens/s, with the decode steps replayed from CUDA graphs (the default on a
    GPU) and without (``cuda_graphs=False``: every kernel launched from Python); the step's
-   stages in ms (forward: launching it; sample: waiting for it, sampling, the copy back).
+   stages in ms (forward: launching it; sample: waiting for it, sampling, the copy back); on a
+   GPU, ``--profile-steps`` more steps under ``torch.profiler``: two tables (by device time and
+   by host time per operator) in the log.
 3. The rollout: ``--prompts`` held-out task prompts x ``--n``, T=1, ``--max-tokens``; round 1
    (the history) then the timed round 2, for tailrl plain and tailrl default speculation
    (each its own engine), and Hugging Face ``generate`` on the same model (bf16, sampling at
@@ -250,6 +252,7 @@ def main() -> None:
     ap.add_argument("--matmul-reps", type=int, default=20)
     ap.add_argument("--compare-prompts", type=int, default=64, help="small's float64 greedy GPU vs CPU (0: skip)")
     ap.add_argument("--compare-tokens", type=int, default=128)
+    ap.add_argument("--profile-steps", type=int, default=32, help="batch-1 decode steps under torch.profiler (0: skip)")
     ap.add_argument("--quick", action="store_true", help="4 prompts x 2, max 32: checks the script in a minute")
     a = ap.parse_args()
     if a.quick:
@@ -306,6 +309,21 @@ def main() -> None:
     if eager_s:
         out["decode_b1_eager_tok_s"] = round(1 / eager_s, 1)
         print(f"batch-1 decode without CUDA graphs {1 / eager_s:.0f} tokens/s", flush=True)
+
+    def profile() -> None:
+        """Where a batch-1 decode step's time goes, operator by operator (host and device)."""
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+        steps = SamplingParams(temperature=0.0, max_tokens=a.profile_steps, ignore_eos=True)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            plain.generate([prompts[0]], steps)
+        table = prof.key_averages()
+        for key in ("self_device_time_total", "self_cpu_time_total"):
+            print(f"batch-1 decode, {a.profile_steps} steps, by {key}:\n"
+                  + table.table(sort_by=key, row_limit=25, max_name_column_width=60), flush=True)
+
+    if plain is not None and a.profile_steps > 0 and torch.device(a.device).type == "cuda":
+        attempt("profile", profile)
 
     # 3. the rollout
     roll: dict = {}
