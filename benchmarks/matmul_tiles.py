@@ -7,7 +7,9 @@ bfloat16, each layer its own weights, replayed from a CUDA graph): milliseconds 
 tiles, best of ``--reps``; and the invariance itself, bitwise: every weight shape's product
 of 512 rows against each of rows 0, 1, 63, 64, 200 and 511 alone and against its first 65
 rows. A candidate that is not invariant is out, whatever its speed. The best is the lowest
-mean ratio (invariant / cuBLAS) over the four M.
+mean ratio (invariant / cuBLAS) over the four M. Candidates that split K as the default does
+(same BN and BK) are also compared with it bitwise (``same_as_default``): whether the tile
+height alone changes any bit.
 
 Prints a line per candidate and one JSON line {"candidates": [...], "best": "BM,BN,BK,W,S"};
 ``--out FILE`` also writes the best as ``TAILRL_MATMUL_TILES`` takes it.
@@ -34,7 +36,24 @@ from tailrl.kernels.gpu.matmul import Tiles  # noqa: E402
 from tailrl.model.loader import read_args  # noqa: E402
 
 CANDIDATES = [Tiles(16, 64, 64, 4, 3), Tiles(32, 64, 64, 4, 3), Tiles(64, 64, 64, 4, 3), Tiles(64, 128, 64, 4, 3),
-              Tiles(128, 128, 64, 8, 3), Tiles(64, 64, 128, 4, 3)]
+              Tiles(128, 128, 64, 8, 3), Tiles(64, 64, 128, 4, 3), Tiles(128, 64, 128, 8, 3), Tiles(32, 64, 128, 4, 3)]
+
+
+def same_as_default(args, tiles: Tiles, device: str) -> bool | None:
+    """Whether ``tiles`` computes the default tiles' bits (None unless both split K alike: the
+    same BN and BK). If tiles of other heights give the same bits, the height could follow M
+    (tall tiles for big steps) without breaking batch invariance: measured here, not assumed."""
+    base = matmul.TILES
+    if (tiles.bn, tiles.bk) != (base.bn, base.bk) or tiles == base:
+        return None
+    h = args.hidden_size
+    g = torch.Generator(device=device).manual_seed(1)
+    for n, k in ((2 * args.intermediate_size, h), (h, args.intermediate_size), (args.vocab_size, h)):
+        x = torch.randn(300, k, generator=g, device=device).bfloat16()
+        w = torch.randn(n, k, generator=g, device=device).bfloat16()
+        if not torch.equal(matmul.linear(x, w, tiles=tiles), matmul.linear(x, w, tiles=base)):
+            return False
+    return True
 
 
 def invariant(args, tiles: Tiles, device: str) -> bool:
@@ -77,8 +96,10 @@ def main() -> None:
             continue
         ratios = [c["ratio"] for c in cost.values() if "ratio" in c]
         mean = sum(ratios) / len(ratios) if len(ratios) == len(ms) else float("inf")
-        rows.append({"tiles": name, "invariant": ok, "mean_ratio": round(mean, 3), "cost": cost})
-        print(f"{name}: invariant {ok}, mean ratio {mean:.3f}, "
+        same = same_as_default(args, t, a.device)
+        rows.append({"tiles": name, "invariant": ok, "same_as_default": same, "mean_ratio": round(mean, 3),
+                     "cost": cost})
+        print(f"{name}: invariant {ok}, same bits as the default {same}, mean ratio {mean:.3f}, "
               + ", ".join(f"M={m}: {c.get('invariant_ms')} vs {c.get('stock_ms')} ms" for m, c in cost.items()),
               flush=True)
     fit = [r for r in rows if r.get("invariant")]
