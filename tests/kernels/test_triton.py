@@ -202,6 +202,7 @@ def test_matmul_rows_do_not_depend_on_the_batch(k, n):
     ref = x.double() @ w.double().T + b.double()
     assert (alone.double() - ref).abs().max() <= 0.02 * ref.abs().max()
     assert matmul.splits(40, 1280) > 1 and matmul.splits(151936, 896) == 1
+    assert TRITON.linear(x.float(), w.float()).dtype == torch.float32
 
 
 def test_matmul_tiles_are_checked():

@@ -22,7 +22,8 @@ def test_unknown_yaml_key_is_named(tmp_path):
 @pytest.mark.parametrize("key,value", [("group_size", 1), ("batch_size", 0), ("lr", 2.0), ("clip_ratio_low", 1.5),
                                        ("loss_agg_mode", "sum"), ("temperature", 0), ("dtype", "int8"),
                                        ("train_size", 2), ("ppo_minibatches", 3), ("task_family", "chess"),
-                                       ("dataset", "data.csv"), ("reward", "nope")])
+                                       ("dataset", "data.csv"), ("reward", "nope"), ("gpu_memory_utilization", 0),
+                                       ("gpu_memory_utilization", 1.5)])
 def test_bad_value_names_the_key(tmp_path, key, value):
     cfg = write(tmp_path / "c.yaml", f"batch_size: 4\n{key}: {json.dumps(value)}\n")
     with pytest.raises(ValueError, match=f"'{key}'"):
