@@ -252,3 +252,16 @@ def test_task_parquet_and_reward(tmp_path):
     for r, e in zip(rows_, ex):
         assert compute_score(r["data_source"], e.solution, r["reward_model"]["ground_truth"], r["extra_info"]) == 1.0
         assert compute_score(r["data_source"], "answer nope", r["reward_model"]["ground_truth"], r["extra_info"]) == 0.0
+
+
+def test_engine_kwargs_take_verls_memory_share_and_tailrls_own_on_top(model_dir):
+    """verl's rollout ``gpu_memory_utilization`` becomes the engine's (used on a GPU, where
+    verl's actor shares the device); ``engine_kwargs.tailrl`` wins over verl's keys."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from tailrl.integrations.verl.server import engine_kwargs
+    cfg = omega_conf_to_dataclass(verl_config(model_dir).actor_rollout_ref.rollout)
+    assert engine_kwargs(cfg)["gpu_memory_utilization"] == cfg.gpu_memory_utilization == 0.5
+    cfg.engine_kwargs = {"tailrl": {"gpu_memory_utilization": 0.3, "device": "cuda"}}
+    assert engine_kwargs(cfg)["gpu_memory_utilization"] == 0.3 and engine_kwargs(cfg)["device"] == "cuda"
+

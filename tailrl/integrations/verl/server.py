@@ -39,10 +39,13 @@ DETERMINISTIC_ID = re.compile(r"det-(\d+)$")
 
 def engine_kwargs(config) -> dict:
     """``LLM`` keyword arguments from verl's ``RolloutConfig``: dtype, seed, the context
-    (``max_model_len``, else prompt + response length) and batch size; anything under
-    ``engine_kwargs.tailrl`` (``speculative``, ``num_threads``, ...) on top."""
+    (``max_model_len``, else prompt + response length), batch size and, for an engine on a GPU
+    (``engine_kwargs.tailrl.device``), ``gpu_memory_utilization`` (verl's default 0.5: the
+    rest is the actor's); anything under ``engine_kwargs.tailrl`` (``speculative``,
+    ``num_threads``, ``device``, ...) on top."""
     kwargs = dict(dtype=config.dtype, seed=config.seed, max_num_seqs=config.max_num_seqs,
-                  max_model_len=config.max_model_len or config.prompt_length + config.response_length)
+                  max_model_len=config.max_model_len or config.prompt_length + config.response_length,
+                  gpu_memory_utilization=config.gpu_memory_utilization)
     extra = (config.engine_kwargs or {}).get("tailrl") or {}
     return {**kwargs, **dict(extra)}
 
