@@ -26,10 +26,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--device", default="cpu", help="where the engine runs: cpu, cuda or cuda:N")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                    help="on a GPU: the engine's share of its memory (weights, K/V cache, CUDA graphs)")
     ap.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
     ap.add_argument("--max-request-bytes", type=int, default=1 << 20)
     ap.add_argument("--log-level", default="info")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    from tailrl.config import check_device, require_device
+    try:                                   # before any work: a malformed or absent device, a bad share
+        check_device(a.device, "--device")
+        require_device(a.device, "--device")
+        if not 0 < a.gpu_memory_utilization <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {a.gpu_memory_utilization}")
+    except ValueError as e:
+        ap.error(str(e))
+    return a
 
 
 def main(argv: list[str]) -> int:
@@ -45,6 +57,7 @@ def main(argv: list[str]) -> int:
     if a.host not in ("127.0.0.1", "localhost", "::1") and cfg.api_key is None:
         log.warning("serving on %s without --api-key: anyone who can reach it can use it", a.host)
     llm = LLM(a.model, speculative=None if a.speculative == "off" else {"method": a.speculative},
-              dtype=a.dtype, seed=a.seed, max_num_seqs=a.max_num_seqs)
+              dtype=a.dtype, seed=a.seed, max_num_seqs=a.max_num_seqs, device=a.device,
+              gpu_memory_utilization=a.gpu_memory_utilization)
     uvicorn.run(build_app(llm, cfg), host=cfg.host, port=cfg.port, log_level=a.log_level)
     return 0

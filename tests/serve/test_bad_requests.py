@@ -102,3 +102,21 @@ def test_server_binds_loopback_by_default():
     from tailrl.serve.cli import parse_args
     from tailrl.serve.config import ServeConfig
     assert parse_args(["--model", "m"]).host == "127.0.0.1" and ServeConfig().host == "127.0.0.1"
+
+
+def test_serve_device_options_are_checked_before_any_work(capsys):
+    """`tailrl serve --device cuda` puts the engine on a GPU with `--gpu-memory-utilization` of
+    it; a malformed device, an absent one or a share outside (0, 1] is an argument error naming
+    the flag, before the model is read."""
+    import torch
+
+    from tailrl.serve.cli import parse_args
+    a = parse_args(["--model", "m", "--device", "cpu", "--gpu-memory-utilization", "0.5"])
+    assert (a.device, a.gpu_memory_utilization) == ("cpu", 0.5)
+    bad = [["--device", "gpu"], ["--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization", "0"]]
+    if not torch.cuda.is_available():
+        bad.append(["--device", "cuda"])
+    for args in bad:
+        with pytest.raises(SystemExit):
+            parse_args(["--model", "m", *args])
+        assert args[0] in capsys.readouterr().err
