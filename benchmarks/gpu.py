@@ -133,6 +133,12 @@ def hf_rollout(mdir: str, prompts: list[list[int]], a: argparse.Namespace, eos: 
     return seconds, useful
 
 
+def layer_shapes(args) -> list[tuple[int, int]]:
+    """A decoder layer's weights [N, K]: qkv, o, gate/up, down."""
+    h, q, kv = args.hidden_size, args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+    return [(q + 2 * kv, h), (h, q), (2 * args.intermediate_size, h), (h, args.intermediate_size)]
+
+
 def matmul_cost(args, device: str, reps: int, ms=(1, 64, 512), linear=None) -> dict:
     """One forward's matmuls (``args``' shapes, bfloat16, each layer its own weights) at each M
     of ``ms``, replayed from a CUDA graph as the engine's steps are: milliseconds through
@@ -143,8 +149,7 @@ def matmul_cost(args, device: str, reps: int, ms=(1, 64, 512), linear=None) -> d
     from tailrl.engine.graph_pool import cuda_capture
     from tailrl.kernels.gpu import matmul
     linear = linear or matmul.linear
-    h, q, kv = args.hidden_size, args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
-    shapes = [(q + 2 * kv, h), (h, q), (2 * args.intermediate_size, h), (h, args.intermediate_size)]
+    h, shapes = args.hidden_size, layer_shapes(args)
     layers = [[torch.randn(n, k, dtype=torch.bfloat16, device=device) for n, k in shapes]
               for _ in range(args.num_layers)]
     head = torch.randn(args.vocab_size, h, dtype=torch.bfloat16, device=device)

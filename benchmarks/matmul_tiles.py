@@ -28,7 +28,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu import matmul_cost  # noqa: E402
+from gpu import layer_shapes, matmul_cost  # noqa: E402
 from regime import model_dir  # noqa: E402
 
 from tailrl.kernels.gpu import matmul  # noqa: E402
@@ -46,9 +46,8 @@ def same_as_default(args, tiles: Tiles, device: str) -> bool | None:
     base = matmul.TILES
     if (tiles.bn, tiles.bk) != (base.bn, base.bk) or tiles == base:
         return None
-    h = args.hidden_size
     g = torch.Generator(device=device).manual_seed(1)
-    for n, k in ((2 * args.intermediate_size, h), (h, args.intermediate_size), (args.vocab_size, h)):
+    for n, k in layer_shapes(args)[2:] + [(args.vocab_size, args.hidden_size)]:      # gate/up, down, LM head
         x = torch.randn(300, k, generator=g, device=device).bfloat16()
         w = torch.randn(n, k, generator=g, device=device).bfloat16()
         if not torch.equal(matmul.linear(x, w, tiles=tiles), matmul.linear(x, w, tiles=base)):
@@ -58,9 +57,7 @@ def same_as_default(args, tiles: Tiles, device: str) -> bool | None:
 
 def invariant(args, tiles: Tiles, device: str) -> bool:
     """Each weight shape: rows alone, and the first 65 rows, equal the rows of a 512-row product."""
-    h, q, kv = args.hidden_size, args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
-    shapes = [(q + 2 * kv, h), (h, q), (2 * args.intermediate_size, h), (h, args.intermediate_size),
-              (args.vocab_size, h)]
+    shapes = layer_shapes(args) + [(args.vocab_size, args.hidden_size)]
     g = torch.Generator(device=device).manual_seed(0)
     for n, k in shapes:
         x = torch.randn(512, k, generator=g, device=device).bfloat16()
