@@ -31,9 +31,12 @@ checkpoint directory). Then, on ``--device``:
 6. ``tailrl train configs/demo.yaml --set device=...`` for ``--train-steps`` steps (0: skipped):
    seconds per GRPO step (median), its rollout and update shares.
 7. On a GPU, the batch-invariant matmul's cost: one forward's matmuls (per layer qkv, o,
-   gate/up, down; the LM head) at M = 1, 64 and 512 rows, replayed from a CUDA graph, through
-   the Triton kernel and through ``F.linear`` (cuBLAS), bfloat16, best of ``--matmul-reps``;
-   the ratio invariant / stock (#34 asks <= 1.15 for the whole step).
+   gate/up, down; the LM head) at M = 1, 64, 512 and 2048 rows, replayed from a CUDA graph,
+   bfloat16, best of ``--matmul-reps``: through ``F.linear`` (cuBLAS, not invariant), through
+   the engine's invariant path (cuBLAS for the shapes its probe found invariant, the Triton
+   matmul for the others: kernels/gpu/stock.py) and through the Triton matmul alone; the
+   ratios invariant / stock (#34 asks <= 1.15 for the whole step) and Triton / stock; which
+   kernel each weight shape got (``stock_decisions``) and the probes' seconds.
 8. On a GPU, `small`'s float64 greedy tokens there against the CPU engine's, ``--compare-prompts``
    prompts x ``--compare-tokens`` tokens: equal responses, and for the others the top-2 logit
    margin where they part (near-ties within 1e-6 counted).
@@ -47,7 +50,8 @@ The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s",
 "plain_over_bound", "default_over_bound", "steps": {"plain",
 "default": {"steps", "step_ms", "spec_host_ms", "graph_share", "graph_captures", "graph_mb",
 "graph_budget_mb"}}}, "saturated_tok_s", "train": {"steps", "step_s", "rollout_s", "update_s"},
-"matmul": {M: {"stock_ms", "invariant_ms", "ratio"}}, "cpu_vs_gpu": {"equal", "differ", "near_ties",
+"matmul": {M: {"stock_ms", "invariant_ms", "triton_ms", "ratio", "triton_ratio"}, "stock_decisions",
+"probe_s"}, "cpu_vs_gpu": {"equal", "differ", "near_ties",
 "margins"}, "decode_b1_stage_ms", "peak_mem_gb", "errors", "seconds"}.
 
 Usage (on the GPU machine; ``python3 setup.py build_ext --inplace`` first builds the CPU parts,
@@ -139,21 +143,25 @@ def layer_shapes(args) -> list[tuple[int, int]]:
     return [(q + 2 * kv, h), (h, q), (2 * args.intermediate_size, h), (h, args.intermediate_size)]
 
 
-def matmul_cost(args, device: str, reps: int, ms=(1, 64, 512), linear=None) -> dict:
+def matmul_cost(args, device: str, reps: int, ms=(1, 64, 512, 2048), triton=None) -> dict:
     """One forward's matmuls (``args``' shapes, bfloat16, each layer its own weights) at each M
     of ``ms``, replayed from a CUDA graph as the engine's steps are: milliseconds through
-    ``F.linear`` (cuBLAS) and through the batch-invariant Triton kernel (``linear``: default
+    ``F.linear`` (cuBLAS), the engine's invariant path (``TRITON.linear``: cuBLAS where probed
+    invariant, else Triton) and the Triton matmul alone (``triton``: default
     ``matmul.linear``), best of ``reps``. A failed capture is reported, not raised."""
     import torch.nn.functional as F
 
     from tailrl.engine.graph_pool import cuda_capture
-    from tailrl.kernels.gpu import matmul
-    linear = linear or matmul.linear
+    from tailrl.kernels.gpu import matmul, stock
+    from tailrl.kernels.gpu.backend import TRITON
+    triton = triton or matmul.linear
     h, shapes = args.hidden_size, layer_shapes(args)
     layers = [[torch.randn(n, k, dtype=torch.bfloat16, device=device) for n, k in shapes]
               for _ in range(args.num_layers)]
     head = torch.randn(args.vocab_size, h, dtype=torch.bfloat16, device=device)
-    out: dict = {}
+    t = time.perf_counter()
+    TRITON.prepare([(w, None) for w in layers[0] + [head]])           # the probes, timed apart
+    out: dict = {"probe_s": round(time.perf_counter() - t, 2)}
     for m in ms:
         xs = {k: torch.randn(m, k, dtype=torch.bfloat16, device=device) for k in {k for _, k in shapes}}
 
@@ -173,11 +181,15 @@ def matmul_cost(args, device: str, reps: int, ms=(1, 64, 512), linear=None) -> d
                 best = min(best, time.perf_counter() - t)
             return best * 1e3
         try:
-            stock, inv = forward(F.linear), forward(linear)
+            ms_ = {name: forward(lin) for name, lin in (("stock", F.linear), ("invariant", TRITON.linear),
+                                                         ("triton", triton))}
         except Exception as exc:                      # the capture or a kernel failed: say so, go on
             out[m] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             continue
-        out[m] = {"stock_ms": round(stock, 3), "invariant_ms": round(inv, 3), "ratio": round(inv / stock, 3)}
+        out[m] = {f"{k}_ms": round(v, 3) for k, v in ms_.items()}
+        out[m].update(ratio=round(ms_["invariant"] / ms_["stock"], 3),
+                      triton_ratio=round(ms_["triton"] / ms_["stock"], 3))
+    out["stock_decisions"] = stock.decisions()
     return out
 
 

@@ -45,6 +45,9 @@ class LLMEngine:
         # the KV budget and the context that fits it, before any weight is read
         budget, self.max_model_len = size_kv(read_args(config.model), config, torch.tensor([], dtype=dtype).element_size())
         self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
+        self.model.prepare_kernels()            # on a GPU: where cuBLAS may compute (kernels/gpu/stock.py)
+        if torch.device(config.device).type == "cuda":
+            torch.cuda.empty_cache()            # what deciding that took, back before the K/V pool
         self.args = self.model.args
         self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)

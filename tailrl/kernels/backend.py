@@ -58,3 +58,7 @@ class Backend:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""
         raise NotImplementedError
+
+    def prepare(self, linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+        """Before a model's first step: whatever ``linear`` decides per weight (``(weight,
+        bias)`` pairs), decided now rather than inside the first step. Nothing by default."""

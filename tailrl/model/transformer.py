@@ -83,6 +83,16 @@ class Transformer(nn.Module):
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return select(hidden.device, hidden.dtype).linear(hidden, weight)
 
+    def linears(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(weight, bias) of every product ``forward`` and ``logits`` compute."""
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return [(m.weight, m.bias) for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] \
+            + [(head, None)]
+
+    def prepare_kernels(self) -> None:
+        """Let the backend decide per weight now what it would decide in the first step."""
+        select(self.norm.device, self.norm.dtype).prepare(self.linears())
+
     @torch.no_grad()
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face parameter names/layout into ours (fusing QKV and gate/up).

@@ -3,7 +3,8 @@
 Each launch has a fixed configuration (never tuned per batch) and one program per token (and
 head), so a token's result depends on its own inputs alone: the same batch invariance as the
 CPU kernels, the matmul included (matmul.py: fixed tiles and a split of K fixed per weight
-shape, where cuBLAS picks its kernel by M). float64 has no kernels here (the reference serves
+shape, where cuBLAS picks its kernel by M; cuBLAS itself for a weight shape where a
+measurement at start-up found it invariant, stock.py). float64 has no kernels here (the reference serves
 it). On a CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``),
 which is how CI tests them.
 """
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tailrl.kernels.backend import Backend, Rope, RopeTables
-from tailrl.kernels.gpu import matmul
+from tailrl.kernels.gpu import matmul, stock
 from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
 from tailrl.kernels.gpu.norm import rms_norm_kernel
 from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
@@ -68,10 +69,20 @@ class TritonBackend(Backend):
         return out
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """Batch-invariant (matmul.py) for 2-D inputs of the kernels' dtypes; else PyTorch's."""
+        """Batch-invariant for 2-D inputs of the kernels' dtypes: cuBLAS where it was measured
+        invariant for this weight's shape (stock.py), else the Triton matmul (matmul.py);
+        anything else PyTorch's."""
         if x.dim() != 2 or x.dtype not in DTYPES or weight.stride(-1) != 1:
             return F.linear(x, weight, bias)
+        if stock.use_stock(weight):
+            return stock.stock_linear(x, weight, bias)
         return matmul.linear(x, weight, bias)
+
+    def prepare(self, linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+        """Probe each weight shape for cuBLAS's invariance now (stock.py), not in a first step."""
+        for w, _ in linears:
+            if w.dtype in DTYPES and w.stride(-1) == 1:
+                stock.use_stock(w)
 
 
 TRITON = TritonBackend()
