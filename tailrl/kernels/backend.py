@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from tailrl.kernels.layout import AttentionMeta
 
@@ -54,6 +55,18 @@ class Backend:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS norm over the last dimension of ``x`` times ``weight``."""
         raise NotImplementedError
+
+    def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream's next value ``x + y`` and its RMS norm times ``weight`` (a
+        backend may fuse the two; the sum is rounded to the dtype as PyTorch's add rounds it)."""
+        s = x + y
+        return s, self.rms_norm(s, weight, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[M, 2I] rows [gate | up] -> silu(gate) * up [M, I]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""

@@ -7,7 +7,6 @@ cache, logits computed only for the rows that are sampled.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tailrl.kernels import AttentionMeta, Backend, Rope, RopeTables, select
@@ -29,11 +28,17 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
         self.down = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
 
-    def forward(self, x: torch.Tensor, kernels: Backend, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMeta) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None, kernels: Backend, rope: Rope, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream ``x`` with the previous layer's MLP output ``y`` still to add
+        (None before the first layer; added here, fused with the norm that reads the sum).
+        Returns this layer's (stream, MLP output)."""
         a = self.a
         n = x.shape[0]
-        h = kernels.rms_norm(x, self.input_norm, a.rms_norm_eps)
+        if y is None:
+            h = kernels.rms_norm(x, self.input_norm, a.rms_norm_eps)
+        else:
+            x, h = kernels.add_rms_norm(x, y, self.input_norm, a.rms_norm_eps)
         qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)            # [N, (H+2KV)*D]
         nqk = a.num_heads + a.num_kv_heads
         if self.qk_norm is not None:                                        # Qwen3: norm each Q and K head
@@ -42,10 +47,9 @@ class DecoderLayer(nn.Module):
                   * self.qk_norm)
             qkv = torch.cat([qk.view(n, -1), qkv[:, nqk * a.head_dim:]], dim=1)
         att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)   # RoPE, K/V writes, attention
-        x = x + kernels.linear(att, self.o.weight, self.o.bias)
-        h = kernels.rms_norm(x, self.post_norm, a.rms_norm_eps)
-        gate, up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias).chunk(2, dim=-1)
-        return x + kernels.linear(F.silu(gate) * up, self.down.weight, self.down.bias)
+        x, h = kernels.add_rms_norm(x, kernels.linear(att, self.o.weight, self.o.bias), self.post_norm, a.rms_norm_eps)
+        act = kernels.silu_mul(kernels.linear(h, self.gate_up.weight, self.gate_up.bias))   # [N, I]
+        return x, kernels.linear(act, self.down.weight, self.down.bias)
 
 
 class Transformer(nn.Module):
@@ -73,9 +77,12 @@ class Transformer(nn.Module):
         x = self.embed(input_ids)
         kernels = select(x.device, x.dtype)                                 # the one place a backend is chosen
         rope = kernels.rope(RopeTables(self.cos, self.sin, self.cos_acc, self.sin_acc), positions)
+        y = None
         for layer, (k_cache, v_cache) in zip(self.layers, caches):
-            x = layer(x, kernels, rope, k_cache, v_cache, meta)
-        return kernels.rms_norm(x, self.norm, self.args.rms_norm_eps)
+            x, y = layer(x, y, kernels, rope, k_cache, v_cache, meta)
+        if y is None:
+            return kernels.rms_norm(x, self.norm, self.args.rms_norm_eps)
+        return kernels.add_rms_norm(x, y, self.norm, self.args.rms_norm_eps)[1]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

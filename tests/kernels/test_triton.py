@@ -216,3 +216,38 @@ def test_matmul_tiles_are_checked():
     for bad in ("64,64,64", "64,48,64,4,3", "8,64,64,4,3", "64,64,64,3,3", "64,64,64,4,0", "a,b"):
         with pytest.raises(ValueError, match="TAILRL_MATMUL_TILES"):
             Tiles.parse(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_residual_add_fused_with_the_norm_gives_the_two_kernels_bits(dtype):
+    """One launch: the sum rounded as PyTorch's add rounds it (equal, bit for bit), its norm
+    by the norm kernel's own code (equal to the norm kernel run on that sum); a row alone gives
+    the row's bits in the batch. Non-contiguous inputs take the two operations."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(9, 96, generator=g) * 4).to(dtype).to(DEVICE)
+    y = torch.randn(9, 96, generator=g).to(dtype).to(DEVICE)
+    w = torch.randn(96, generator=g).to(dtype).to(DEVICE)
+    s, h = TRITON.add_rms_norm(x, y, w, 1e-6)
+    assert torch.equal(s, x + y)
+    assert torch.equal(h, TRITON.rms_norm(x + y, w, 1e-6))
+    s1, h1 = TRITON.add_rms_norm(x[4:5], y[4:5], w, 1e-6)
+    assert torch.equal(s1[0], s[4]) and torch.equal(h1[0], h[4])
+    xt = x.T.contiguous().T
+    assert torch.equal(TRITON.add_rms_norm(xt, y, w, 1e-6)[0], s)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul(dtype):
+    """silu(gate) * up from the fused projection's rows, rounded as PyTorch rounds each op:
+    within the exponential's last bit of PyTorch's three ops (bfloat16: one ulp of silu's
+    rounding); a row alone equals the row in the batch; rows wider than a program's block."""
+    g = torch.Generator().manual_seed(4)
+    gu = (torch.randn(5, 2 * 1100, generator=g) * 3).to(dtype).to(DEVICE)
+    got = TRITON.silu_mul(gu)
+    gate, up = gu.float().chunk(2, dim=-1)
+    want = (gate * torch.sigmoid(gate)) * up
+    tol = 1e-5 * want.abs() + 1e-6 if dtype == torch.float32 else 2 ** -7 * want.abs() + 1e-6
+    assert got.shape == (5, 1100) and ((got.float() - want).abs() <= tol).all()
+    if dtype == torch.bfloat16:                         # each op rounded: mostly PyTorch's very bits
+        assert (got == F.silu(gu[:, :1100]) * gu[:, 1100:]).float().mean() > 0.95
+    assert torch.equal(TRITON.silu_mul(gu[2:3])[0], got[2])

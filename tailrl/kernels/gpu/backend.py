@@ -1,26 +1,30 @@
-"""The GPU backend: Triton kernels (attention.py, norm.py) behind the ``Backend`` interface.
+"""The GPU backend: Triton kernels (attention.py, norm.py with the residual add fused,
+activation.py, matmul.py) behind the ``Backend`` interface.
 
 Each launch has a fixed configuration (never tuned per batch) and one program per token (and
 head), so a token's result depends on its own inputs alone: the same batch invariance as the
 CPU kernels, the matmul included (matmul.py: fixed tiles and a split of K fixed per weight
 shape, where cuBLAS picks its kernel by M; cuBLAS itself for a weight shape where a
-measurement at start-up found it invariant, stock.py). float64 has no kernels here (the reference serves
-it). On a CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``),
+measurement at start-up found it invariant, stock.py). float64 has no kernels here (the
+reference serves it). On a CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``),
 which is how CI tests them.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from tailrl.kernels.backend import Backend, Rope, RopeTables
 from tailrl.kernels.gpu import matmul, stock
+from tailrl.kernels.gpu.activation import silu_mul_kernel
 from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
-from tailrl.kernels.gpu.norm import rms_norm_kernel
+from tailrl.kernels.gpu.norm import add_rms_norm_kernel, rms_norm_kernel
 from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
 from tailrl.kernels.reference import REFERENCE
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SILU_BLOCK = 1024                      # columns of the MLP's activation per program
 
 
 def _pow2(n: int) -> int:
@@ -66,6 +70,26 @@ class TritonBackend(Backend):
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if x.shape[0]:
             rms_norm_kernel[(x.shape[0],)](x, x.stride(0), weight, out, x.shape[1], eps, BC=_pow2(x.shape[1]))
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One launch: the sum, then its norm by rms_norm_kernel's own code (the same bits)."""
+        if x.dim() != 2 or not (x.is_contiguous() and y.is_contiguous() and weight.is_contiguous()) \
+                or y.shape != x.shape or y.dtype != x.dtype:
+            return super().add_rms_norm(x, y, weight, eps)
+        s, out = torch.empty_like(x), torch.empty_like(x)
+        if x.shape[0]:
+            add_rms_norm_kernel[(x.shape[0],)](x, y, s, weight, out, x.shape[1], eps, BC=_pow2(x.shape[1]))
+        return s, out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if gate_up.dim() != 2 or not gate_up.is_contiguous() or gate_up.shape[1] % 2:
+            return super().silu_mul(gate_up)
+        m, i = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(m, i, dtype=gate_up.dtype, device=gate_up.device)
+        if m:
+            silu_mul_kernel[(m, triton.cdiv(i, SILU_BLOCK))](gate_up, out, i, BLOCK=SILU_BLOCK)
         return out
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

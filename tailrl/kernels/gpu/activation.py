@@ -1,0 +1,24 @@
+"""The gated MLP's activation in Triton: out = silu(gate) * up from the fused gate/up
+projection's rows [gate | up], one launch where PyTorch takes three (chunk's views aside:
+silu, multiply, and the copy a strided input costs). Each element alone, rounded as PyTorch
+rounds: silu's result to the dtype, then the product (the exponential is Triton's, so the
+last bit of silu may differ from PyTorch's; the GPU path uses this kernel in every step,
+so a row's bits never depend on its batch)."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tailrl.kernels.gpu.rounding import round_to
+
+
+@triton.jit
+def silu_mul_kernel(gu_ptr, out_ptr, I, BLOCK: tl.constexpr):
+    """Program (row r, block j): columns [j * BLOCK, (j + 1) * BLOCK) of out [rows, I]."""
+    r, j = tl.program_id(0), tl.program_id(1)
+    c = j * BLOCK + tl.arange(0, BLOCK)
+    ok = c < I
+    g = tl.load(gu_ptr + r * 2 * I + c, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + r * 2 * I + I + c, mask=ok, other=0.0).to(tl.float32)
+    s = round_to(g / (1.0 + tl.exp(-g)), out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + r * I + c, round_to(s * u, out_ptr.dtype.element_ty), mask=ok)
