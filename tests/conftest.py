@@ -6,6 +6,9 @@ import torch
 
 if not torch.cuda.is_available():                      # the Triton kernels run under the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # every lane is a program the interpreter runs in Python: two lanes keep the engine tests'
+    # time (test_attention_lanes_... checks the default's 16)
+    os.environ.setdefault("TAILRL_ATTENTION_LANES", "2")
 
 sys.path.insert(0, os.path.dirname(__file__))          # tests/checkpoints.py
 from checkpoints import make_checkpoint  # noqa: E402

@@ -92,6 +92,23 @@ def test_rope_attend_matches_the_reference(dtype, tol):
     assert (kg.float() - kr.float()).abs().max().item() < tol * 4 and torch.equal(vg, vr)
 
 
+def test_attention_lanes_merged_in_one_program_or_by_a_second_kernel_give_the_same_bits(monkeypatch):
+    """Long rows (up to 600 positions: many blocks per lane) and short ones, chains and trees:
+    every lane in one program (a step with programs enough to fill a GPU) and one program per
+    lane merged by a second kernel (few tokens) compute the same bits; both near float64."""
+    from tailrl.kernels.gpu import backend
+    monkeypatch.setattr(backend, "LANES", 16)          # the default (tests/conftest.py sets 2 under the interpreter)
+    rows = random_rows(random.Random(5), 5, cap=600)
+    args = step(rows, n_blocks=5 * 40 + 3, seed=6)
+    monkeypatch.setattr(backend, "WHOLE_PROGRAMS", 0)
+    whole, kw, vw = run(TRITON, torch.bfloat16, *args)
+    monkeypatch.setattr(backend, "WHOLE_PROGRAMS", 1 << 30)
+    split, ks, vs = run(TRITON, torch.bfloat16, *args)
+    assert torch.equal(whole, split) and torch.equal(kw, ks) and torch.equal(vw, vs)
+    want, _, _ = run(REFERENCE, torch.float32, *args)
+    assert (split.float() - want).abs().max().item() < 3e-2
+
+
 def test_a_query_alone_equals_the_query_in_a_batch():
     rows = [[(90, [])], [(40, []), (41, [])], [(70, [100, 101, 104])]]
     qkv, positions, k, v, meta = step(rows, n_blocks=20, seed=3)

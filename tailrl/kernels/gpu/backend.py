@@ -11,6 +11,8 @@ which is how CI tests them.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -18,13 +20,21 @@ import triton
 from tailrl.kernels.backend import Backend, Rope, RopeTables
 from tailrl.kernels.gpu import matmul, stock
 from tailrl.kernels.gpu.activation import silu_mul_kernel
-from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
+from tailrl.kernels.gpu.attention import attend_kernel, merge_kernel, rope_write_kernel
 from tailrl.kernels.gpu.norm import add_rms_norm_kernel, rms_norm_kernel
 from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
 from tailrl.kernels.reference import REFERENCE
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SILU_BLOCK = 1024                      # columns of the MLP's activation per program
+# attention: a query's blocks dealt to this many lanes (attention.py); one value per process,
+# as the matmul's tiles (rows differ between processes that differ in it)
+LANES = int(os.environ.get("TAILRL_ATTENTION_LANES", "16"))
+WHOLE_PROGRAMS = 132                   # from this many (token, KV head) programs each runs all its lanes
+# No multiply-add contraction where two kernels must give the same bits from the same code
+# (attention's two modes, the norm with and without the residual add): each kernel's
+# compiler would otherwise fuse where its own context lets it
+EXACT = {"enable_fp_fusion": False}
 
 
 def _pow2(n: int) -> int:
@@ -39,8 +49,8 @@ class TritonBackend(Backend):
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMeta, heads: int) -> torch.Tensor:
-        """Two launches: RoPE and the K/V writes (every token's, before any attention reads
-        them), then attention."""
+        """Two or three launches: RoPE and the K/V writes (every token's, before any attention
+        reads them), then attention (few tokens: per lane, then the lanes merged)."""
         n = qkv.shape[0]
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
         if d & (d - 1):                  # Triton's ranges are powers of two: such a head dim takes the reference
@@ -58,10 +68,16 @@ class TritonBackend(Backend):
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             H=heads, KV=kv_heads, D=d, BLOCK=BLOCK)
         g = heads // kv_heads
-        attend_kernel[(n, kv_heads)](
-            q, k_cache, v_cache, out, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
+        gp = max(16, _pow2(g))
+        whole = n * kv_heads >= WHOLE_PROGRAMS
+        part = out if whole else torch.empty(n, kv_heads, LANES, gp, d + 2, dtype=torch.float32, device=qkv.device)
+        attend_kernel[(n, kv_heads) if whole else (n, kv_heads, LANES)](
+            q, k_cache, v_cache, out, part, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
             meta.extra, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0),
-            meta.block_table.stride(0), d ** -0.5, H=heads, G=g, GP=max(16, _pow2(g)), D=d, BLOCK=BLOCK)
+            meta.block_table.stride(0), d ** -0.5, H=heads, G=g, GP=gp, D=d, BLOCK=BLOCK, LANES=LANES, WHOLE=whole,
+            **EXACT)
+        if not whole:
+            merge_kernel[(n, kv_heads)](part, out, out.stride(0), G=g, GP=gp, D=d, LANES=LANES, **EXACT)
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -69,7 +85,7 @@ class TritonBackend(Backend):
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if x.shape[0]:
-            rms_norm_kernel[(x.shape[0],)](x, x.stride(0), weight, out, x.shape[1], eps, BC=_pow2(x.shape[1]))
+            rms_norm_kernel[(x.shape[0],)](x, x.stride(0), weight, out, x.shape[1], eps, BC=_pow2(x.shape[1]), **EXACT)
         return out
 
     def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
@@ -80,7 +96,7 @@ class TritonBackend(Backend):
             return super().add_rms_norm(x, y, weight, eps)
         s, out = torch.empty_like(x), torch.empty_like(x)
         if x.shape[0]:
-            add_rms_norm_kernel[(x.shape[0],)](x, y, s, weight, out, x.shape[1], eps, BC=_pow2(x.shape[1]))
+            add_rms_norm_kernel[(x.shape[0],)](x, y, s, weight, out, x.shape[1], eps, BC=_pow2(x.shape[1]), **EXACT)
         return s, out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
