@@ -18,9 +18,10 @@ checkpoint directory). Then, on ``--device``:
    T=1 without top-k, the batch padded on the left; after a 32-token call on the same batch).
    Per setting: the makespan; tailrl's responses compared with each other (the identical
    share: 1.0 means speculation changed no token); one request alone against the same request
-   in the batch (``alone_equals_batch``). Then two variants of speculation against plain:
-   ``policy="fixed"`` (every request drafts 6 tokens at every step) and the default with CUDA
-   graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs). Each engine takes
+   in the batch (``alone_equals_batch``). Then variants of speculation against plain:
+   ``policy="fixed"`` (every request drafts 6 tokens at every step; also 3 and 12:
+   ``best_fixed``, ``default_over_best_fixed``: #34 asks the default within 10%) and the
+   default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs). Each engine takes
    ``--gpu-memory-utilization``.
 4. The no-tail bound T* = max(total tokens / saturated tokens/s, longest response x batch-1
    step time): saturated throughput from the plain engine on ``--bound-rows`` rows of
@@ -46,7 +47,8 @@ its results still run (the exit status is then 1).
 The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s", "floor_tok_s",
 "decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "rollout": {"tokens",
 "plain_s", "default_s", "hf_s", "default_speedup", "plain_over_hf", "identical_share",
-"accept_length", "variants": {"fixed", "graphs_2048": {"seconds", "speedup", ...}}, "bound_s",
+"accept_length", "variants": {"fixed", "fixed_3", "fixed_12", "graphs_2048": {"seconds", "speedup", ...}},
+"best_fixed", "default_over_best_fixed", "bound_s",
 "plain_over_bound", "default_over_bound", "steps": {"plain",
 "default": {"steps", "step_ms", "spec_host_ms", "graph_share", "graph_captures", "graph_mb",
 "graph_budget_mb"}}}, "saturated_tok_s", "train": {"steps", "step_s", "rollout_s", "update_s"},
@@ -371,6 +373,8 @@ def main() -> None:
         # against the default: every request drafting a fixed depth at every step; graphs up to
         # 2048 tokens (verify steps of a full batch replayed instead of launched from Python)
         variants = {"fixed": (SpeculativeConfig(policy="fixed"), {}),
+                    "fixed_3": (SpeculativeConfig(policy="fixed", max_draft_tokens=3), {}),
+                    "fixed_12": (SpeculativeConfig(policy="fixed", max_draft_tokens=12), {}),
                     "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0})}
         roll["variants"] = {}
         for name, (cfg, kw) in variants.items():
@@ -387,6 +391,10 @@ def main() -> None:
                 print(f"rollout: {name} {secs:.2f} s ({plain_s / secs:.2f}x plain): {roll['variants'][name]}",
                       flush=True)
             attempt(f"rollout_{name}", variant)
+        fixed = {k: v["seconds"] for k, v in roll["variants"].items() if k.startswith("fixed")}
+        if fixed:                     # #34: the default within 10% of the best fixed depth
+            best = min(fixed, key=fixed.get)
+            roll.update(best_fixed=best, default_over_best_fixed=round(fixed[best] / spec_s, 3))
 
     if plain is not None:
         attempt("rollout", rollouts)

@@ -100,6 +100,17 @@ def test_a_shape_is_decided_once_per_process(fresh):
     assert not stock.use_stock(torch.randn(12, 18))               # a CPU tensor: not probed
 
 
+def test_prepare_decides_before_the_first_step_and_says_so(fresh, caplog):
+    from tailrl.kernels.gpu.backend import TRITON
+    fresh.setattr(stock, "ROWS", 8)
+    fresh.setattr(stock, "PRODUCT", lambda x, w: (rowwise if w.shape[0] % 2 else by_batch)(x, w))
+    with caplog.at_level("INFO", logger="tailrl.kernels.gpu.backend"):
+        TRITON.prepare([(torch.randn(13, 16), None), (torch.randn(12, 16), torch.randn(12)), (torch.randn(13, 16), None)])
+        TRITON.prepare([(torch.randn(13, 16), None)])                  # decided: no probe, no line
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("matmuls:")]
+    assert len(lines) == 1 and "[13, 16] float32 cuBLAS" in lines[0] and "[12, 16] float32 Triton" in lines[0]
+
+
 def test_a_model_mixing_stock_and_triton_products_keeps_its_bits(ckpt_dir, fresh):
     """bfloat16 through the Triton backend with the stock product where the probe allows it
     (rows probed up to 8, so steps of more rows run in pieces): graph steps equal eager steps,

@@ -11,7 +11,9 @@ which is how CI tests them.
 """
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +27,7 @@ from tailrl.kernels.gpu.norm import add_rms_norm_kernel, rms_norm_kernel
 from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
 from tailrl.kernels.reference import REFERENCE
 
+log = logging.getLogger(__name__)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SILU_BLOCK = 1024                      # columns of the MLP's activation per program
 # attention: a query's blocks dealt to this many lanes (attention.py); one value per process,
@@ -119,10 +122,17 @@ class TritonBackend(Backend):
         return matmul.linear(x, weight, bias)
 
     def prepare(self, linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
-        """Probe each weight shape for cuBLAS's invariance now (stock.py), not in a first step."""
+        """Probe each weight shape for cuBLAS's invariance now (stock.py), not in a first step;
+        one log line says what the new probes decided and what they took."""
+        t0, known = time.perf_counter(), len(stock.decisions())
         for w, _ in linears:
             if w.dtype in DTYPES and w.stride(-1) == 1:
                 stock.use_stock(w)
+        new = stock.decisions()[known:]
+        if new:
+            log.info("matmuls: %s (batch-invariance probes, %.2f s)", ", ".join(
+                f"[{d['n']}, {d['k']}] {d['dtype']} {'cuBLAS' if d['kernel'] == 'stock' else 'Triton'}" for d in new),
+                time.perf_counter() - t0)
 
 
 TRITON = TritonBackend()
