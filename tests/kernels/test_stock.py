@@ -27,6 +27,7 @@ def by_batch(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def fresh(monkeypatch):
     """A process with no decisions yet, whose CPU tensors are probed too."""
     monkeypatch.setattr(stock, "_decided", {})
+    monkeypatch.setattr(stock, "_seen", {})
     monkeypatch.setattr(stock, "DEVICES", ("cuda", "cpu"))
     return monkeypatch
 
@@ -94,7 +95,8 @@ def test_a_shape_is_decided_once_per_process(fresh):
     assert {(d["n"], d["k"], d["kernel"]) for d in stock.decisions()} == {
         (12, 16, "stock"), (12, 16, "triton"), (12, 17, "triton")}
     fresh.setattr(stock, "ROWS", 0)
-    assert not stock.use_stock(w)                                 # TAILRL_STOCK_ROWS=0: Triton everywhere
+    assert stock.use_stock(w)                                     # a weight keeps its decision
+    assert not stock.use_stock(torch.randn(12, 16))               # TAILRL_STOCK_ROWS=0: Triton everywhere
     fresh.setattr(stock, "ROWS", 8)
     fresh.setattr(stock, "DEVICES", ("cuda",))
     assert not stock.use_stock(torch.randn(12, 18))               # a CPU tensor: not probed
@@ -105,7 +107,8 @@ def test_prepare_decides_before_the_first_step_and_says_so(fresh, caplog):
     fresh.setattr(stock, "ROWS", 8)
     fresh.setattr(stock, "PRODUCT", lambda x, w: (rowwise if w.shape[0] % 2 else by_batch)(x, w))
     with caplog.at_level("INFO", logger="tailrl.kernels.gpu.backend"):
-        TRITON.prepare([(torch.randn(13, 16), None), (torch.randn(12, 16), torch.randn(12)), (torch.randn(13, 16), None)])
+        TRITON.prepare([(torch.randn(13, 16), None), (torch.randn(12, 16), torch.randn(12)),
+                        (torch.randn(13, 16), None)])
         TRITON.prepare([(torch.randn(13, 16), None)])                  # decided: no probe, no line
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("matmuls:")]
     assert len(lines) == 1 and "[13, 16] float32 cuBLAS" in lines[0] and "[12, 16] float32 Triton" in lines[0]

@@ -29,6 +29,7 @@ tests choose.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,7 @@ ROWS = int(os.environ.get("TAILRL_STOCK_ROWS", "2048"))
 DEVICES = ("cuda",)
 PRODUCT = F.linear                   # the stock product (tests put others in its place)
 _decided: dict[tuple, bool] = {}     # the process's decisions: key -> stock
+_seen: dict[int, tuple[weakref.ref, bool]] = {}   # id(weight) -> (the weight, its key's decision)
 
 
 def stock_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows: int | None = None,
@@ -99,13 +101,19 @@ def _key(w: torch.Tensor) -> tuple:
 
 
 def use_stock(w: torch.Tensor) -> bool:
-    """The decision for this weight's shape: probed on first use (outside a capture)."""
+    """The decision for this weight's shape: probed on first use (outside a capture). A
+    weight remembers its decision (``_seen``: an eager step asks ~100 times, and building the
+    key costs microseconds), so torch's flags are read when a weight is first seen."""
+    hit = _seen.get(id(w))
+    if hit is not None and hit[0]() is w:
+        return hit[1]
     if ROWS <= 0 or w.device.type not in DEVICES:
         return False
     key = _key(w)
     if key not in _decided:
         capturing = w.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         _decided[key] = False if capturing else invariant(w, ROWS)
+    _seen[id(w)] = (weakref.ref(w), _decided[key])
     return _decided[key]
 
 
