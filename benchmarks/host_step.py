@@ -1,0 +1,103 @@
+"""The engine's host work per step at a full batch: what a GPU waits on between its forwards.
+
+On a GPU a step's forward at a few hundred rows takes a few milliseconds, replayed from a CUDA
+graph, and the host's work around it (scheduling, building the step's inputs, sampling's
+bookkeeping, committing tokens) grows with the rows, in Python. This measures that work with
+a model whose forward is negligible (a tiny random checkpoint, 2 layers, hidden 64), steps
+going through the CUDA-graph input path (``StepGraphs`` with the capture replaced by an eager
+call, as on a CPU), ``--prompts`` x ``--n`` rows at T=1 for ``--max-tokens`` tokens (EOS
+ignored: every step has all rows): per step, the milliseconds of each host stage
+(``timing_s/schedule``, ``build``, ``sample``, ``postprocess``) and of the whole step.
+
+Per tree (this checkout; with ``--baseline-ref REF`` also a worktree of REF), each
+measurement in its own process, trees alternating per round, the order reversed every other
+round (ABBA); reported: the median of rounds per tree, and each stage's ratio new / base.
+
+Usage: python benchmarks/host_step.py [--baseline-ref REF] [--rounds 4]
+The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trees import baseline_tree, run_in_tree
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+STAGES = ("schedule", "build", "sample", "postprocess")
+
+
+def worker(a: argparse.Namespace) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    from checkpoints import make_checkpoint
+
+    import tailrl
+    from tailrl import LLM, SamplingParams
+    from tailrl.engine.batch import ModelRunner
+    from tailrl.engine.graph_pool import GraphPool, eager_capture
+    from tailrl.engine.graphs import StepGraphs
+    path = make_checkpoint(tempfile.mkdtemp(prefix="tailrl-host-"), "qwen2", init_std=3.0, max_pos=1024)
+    rows = a.prompts * a.n
+    llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 4 * rows))
+    e = llm.engine
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), rows))
+    sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, ignore_eos=True, seed=1)
+    prompts = [[1, 2, 3 + i] for i in range(a.prompts)]
+    llm.generate(prompts, sp)
+    best: dict[str, float] = {}
+    for _ in range(a.repeat):
+        t = time.perf_counter()
+        llm.generate(prompts, sp)
+        wall = time.perf_counter() - t
+        m = llm.last_metrics
+        steps = m["rollout/num_forward"]
+        got = {s: m[f"timing_s/{s}"] / steps * 1e3 for s in STAGES}
+        got.update(step=wall / steps * 1e3, forward=m["timing_s/forward"] / steps * 1e3)
+        best = {k: min(v, best.get(k, v)) for k, v in got.items()}
+    print(json.dumps({"tailrl": str(Path(tailrl.__file__).resolve().parent), "rows": rows, "ms": best}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--baseline-ref", default=None)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--repeat", type=int, default=2, help="rollouts per process (each figure: the fastest)")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    trees = {"new": REPO}
+    if a.baseline_ref:
+        trees["base"] = baseline_tree(a.baseline_ref)
+    args = ["--prompts", str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--repeat", str(a.repeat)]
+    runs: dict[str, list[dict]] = {t: [] for t in trees}
+    for r in range(a.rounds):
+        for t in (list(trees) if r % 2 == 0 else list(reversed(trees))):
+            got = run_in_tree(trees[t], HERE / "host_step.py", args, a.timeout)["ms"]
+            runs[t].append(got)
+            print(f"round {r} {t:4s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items()) + " ms/step", flush=True)
+    report: dict = {"rows": a.prompts * a.n, "trees": {}}
+    for t, rs in runs.items():
+        report["trees"][t] = {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]}
+    if "base" in report["trees"]:
+        new, base = report["trees"]["new"], report["trees"]["base"]
+        report["new_over_base"] = {k: round(new[k] / base[k], 3) for k in new if base[k] > 0}
+        host = lambda x: sum(x[s] for s in STAGES)   # noqa: E731
+        report["host_new_over_base"] = round(host(new) / host(base), 3)
+        print(f"host ms per step ({report['rows']} rows): new {host(new):.3f}, base {host(base):.3f} "
+              f"({report['host_new_over_base']}x)", flush=True)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
