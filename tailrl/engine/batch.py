@@ -31,7 +31,7 @@ def node_depths(parents: list[int]) -> list[int]:
     return depth
 
 
-@dataclass
+@dataclass(slots=True)
 class RowPlan:
     """A row that samples this step."""
     req: Request
@@ -82,8 +82,31 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     spans: list[tuple[Request, int, int, int]] = []
     for r, (req, n) in enumerate(rows):
         start = req.num_computed_tokens
-        samples = n > 0 and start + n == req.num_tokens
-        draft = drafts.get(req.request_id) if samples else None
+        out = req.output_token_ids
+        samples = n > 0 and start + n == len(req.prompt_token_ids) + len(out)
+        draft = drafts.get(req.request_id) if samples and drafts else None
+        if n == 1 and samples and draft is None:
+            # a plain decode row (most rows of most steps): what the general path below makes
+            # of it, without its per-row lists and ranges (host time per row is what a GPU
+            # step waits on at hundreds of rows)
+            plans.append(RowPlan(req, 1, [], [], len(sample_idx), None))
+            sample_idx.append(len(ids))
+            ids.append(out[-1] if out else req.prompt_token_ids[-1])
+            pos.append(start)
+            wrow.append(r)
+            wpos.append(start)
+            prefix.append(start + 1)
+            estart.append(0)
+            ecount.append(0)
+            reads += start + 1
+            work += start + 1
+            p = req.params
+            temps.append(p.temperature)
+            topk.append(p.top_k)
+            topp.append(p.top_p)
+            keys.append(req.seed_key)
+            upos.append(len(out))
+            continue
         dtoks = draft.tokens if draft is not None else ()
         cnt = n + len(dtoks)
         if cnt == 0:

@@ -60,6 +60,10 @@ def commit(plan: "RowPlan", tokens: list[int], logprobs: list[float], kv: "KVCac
     order until a stop token or the length limit: the request ends there even inside an
     accepted run, and the rest of the run is dropped (its K/V lies past the end, unused)."""
     req, e = plan.req, plan.entry
+    if not plan.draft_tokens:                  # plain decoding: the root's token, as below
+        plan.last = e
+        plan.rows.append(e)
+        return [tokens[e]], 0, append_token(req, tokens[e], logprobs[e], eos_token_ids)
     emitted, accepted = accept_draft(plan.parents, plan.draft_tokens, tokens[e:e + 1 + len(plan.draft_tokens)])
     if accepted:
         base = req.num_computed_tokens
@@ -80,11 +84,12 @@ def commit(plan: "RowPlan", tokens: list[int], logprobs: list[float], kv: "KVCac
 
 def append_token(req: Request, tok: int, logprob: float, eos_token_ids: tuple[int, ...]) -> RequestStatus | None:
     """Append one sampled token; the finish status if it ends the request."""
-    req.output_token_ids.append(tok)
+    out = req.output_token_ids
+    out.append(tok)
     req.output_logprobs.append(logprob)
     p = req.params
     if (not p.ignore_eos and tok in eos_token_ids) or (p.stop_token_ids and tok in p.stop_token_ids):
         return RequestStatus.FINISHED_STOPPED
-    if req.remaining_tokens <= 0:
+    if len(out) >= p.max_tokens or len(req.prompt_token_ids) + len(out) >= req.max_model_len:   # remaining_tokens <= 0
         return RequestStatus.FINISHED_LENGTH
     return None
