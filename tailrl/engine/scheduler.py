@@ -98,12 +98,15 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         chunk: dict[int, int] = {}                       # id(req) -> committed tokens this step
-        for req in self.running:                        # decodes first: one token each
-            if req.is_decoding and budget > 0:
+        # Request.is_decoding, read once per request (hundreds of rows per step)
+        decoding = [r.num_computed_tokens + 1 == len(r.prompt_token_ids) + len(r.output_token_ids)
+                    for r in self.running]
+        for req, dec in zip(self.running, decoding):     # decodes first: one token each
+            if dec and budget > 0:
                 chunk[id(req)] = 1
                 budget -= 1
-        for req in self.running:                        # then prefill chunks
-            if not req.is_decoding and budget > 0:
+        for req, dec in zip(self.running, decoding):     # then prefill chunks
+            if not dec and budget > 0:
                 n = self._prefill_chunk(req, req.num_computed_tokens, budget)
                 chunk[id(req)] = n
                 budget -= n
@@ -118,6 +121,8 @@ class Scheduler:
         return SchedulerOutput(rows, self.max_num_batched_tokens - budget, budget, preempted)
 
     def _admit(self, chunk: dict[int, int], budget: int, preempted: list[Request]) -> int:
+        if not self.waiting or len(self.running) >= self.max_num_seqs or budget <= 0:
+            return budget                               # nothing to admit (most steps)
         # a running sibling with the prompt (minus its last token) in cache can lend its K/V
         lenders: dict[str, Request] = {}
         for r in self.running:
