@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trees import baseline_tree, run_in_tree
+from trees import abba, compared_trees, run_in_tree
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -76,16 +76,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    trees = {"new": REPO}
-    if a.baseline_ref:
-        trees["base"] = baseline_tree(a.baseline_ref)
+    trees = compared_trees(a.baseline_ref)
     args = ["--prompts", str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--repeat", str(a.repeat)]
     runs: dict[str, list[dict]] = {t: [] for t in trees}
-    for r in range(a.rounds):
-        for t in (list(trees) if r % 2 == 0 else list(reversed(trees))):
-            got = run_in_tree(trees[t], HERE / "host_step.py", args, a.timeout)["ms"]
-            runs[t].append(got)
-            print(f"round {r} {t:4s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items()) + " ms/step", flush=True)
+    for r, t in abba(trees, a.rounds):
+        got = run_in_tree(trees[t], HERE / "host_step.py", args, a.timeout)["ms"]
+        runs[t].append(got)
+        print(f"round {r} {t:4s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items()) + " ms/step", flush=True)
     report: dict = {"rows": a.prompts * a.n, "trees": {}}
     for t, rs in runs.items():
         report["trees"][t] = {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]}

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from trees import baseline_tree, run_in_tree
+from trees import abba, compared_trees, run_in_tree
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -123,21 +123,17 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from regime import model_dir  # builds stand-ins of small on first use
 
-    trees = {"new": REPO}
-    if a.baseline_ref:
-        trees["base"] = baseline_tree(a.baseline_ref)
+    trees = compared_trees(a.baseline_ref)
     report: dict = {"models": {}, "config": {k: v for k, v in vars(a).items() if k not in ("worker", "model")}}
     for name in a.models.split(","):
         mdir = model_dir(name, Path(a.standin_dir))
         runs: dict[str, list] = {t: [] for t in trees}
-        for r in range(a.rounds):
-            order = list(trees) if r % 2 == 0 else list(reversed(trees))
-            for t in order:
-                runs[t].append(run_worker(trees[t], mdir, a))
-                s = runs[t][-1]
-                print(f"{name:8s} round {r} {t:4s} " + "  ".join(
-                    f"{k} {v['makespan_s']:7.2f} s ({v['minflt'] / 1e3:8.1f}k faults, sys {v['stime_s']:5.1f} s)"
-                    for k, v in s.items()), flush=True)
+        for r, t in abba(trees, a.rounds):
+            runs[t].append(run_worker(trees[t], mdir, a))
+            s = runs[t][-1]
+            print(f"{name:8s} round {r} {t:4s} " + "  ".join(
+                f"{k} {v['makespan_s']:7.2f} s ({v['minflt'] / 1e3:8.1f}k faults, sys {v['stime_s']:5.1f} s)"
+                for k, v in s.items()), flush=True)
         res = {"trees": {t: summarise(v) for t, v in runs.items()}}
         new = res["trees"]["new"]
         ratios = {}

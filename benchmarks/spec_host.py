@@ -30,7 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
-from trees import baseline_tree, run_in_tree
+from trees import abba, compared_trees, run_in_tree
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -107,17 +107,14 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    trees = {"new": REPO}
-    if a.baseline_ref:
-        trees["base"] = baseline_tree(a.baseline_ref)
+    trees = compared_trees(a.baseline_ref)
     runs: dict[str, list] = {t: [] for t in trees}
-    for r in range(a.rounds):
-        for t in (list(trees) if r % 2 == 0 else list(reversed(trees))):
-            runs[t].append(run_worker(trees[t], a))
-            s = runs[t][-1]
-            print(f"round {r} {t:4s} " + "  ".join(
-                f"{k}/{d} {v['makespan_s']:6.2f} s draft {v['draft_ms']:.3f} observe {v['observe_ms']:.3f} ms/step"
-                for k, per in s.items() for d, v in per.items()), flush=True)
+    for r, t in abba(trees, a.rounds):
+        runs[t].append(run_worker(trees[t], a))
+        s = runs[t][-1]
+        print(f"round {r} {t:4s} " + "  ".join(
+            f"{k}/{d} {v['makespan_s']:6.2f} s draft {v['draft_ms']:.3f} observe {v['observe_ms']:.3f} ms/step"
+            for k, per in s.items() for d, v in per.items()), flush=True)
     report = {"trees": {t: summarise(v) for t, v in runs.items()},
               "config": {k: v for k, v in vars(a).items() if k != "worker"}, "cpus": os.cpu_count()}
     for t, res in report["trees"].items():

@@ -3,7 +3,9 @@
 ``baseline_tree(ref)`` makes (once, in /tmp) a worktree of ``ref`` with its native parts built;
 ``run_in_tree(tree, script, args)`` runs ``script --worker args`` with that tree's tailrl
 first on the path and returns the JSON object of its last output line, after checking that
-the worker imported the tree's tailrl (its ``"tailrl"`` key) and not another one.
+the worker imported the tree's tailrl (its ``"tailrl"`` key) and not another one;
+``compared_trees(ref)`` is this checkout ("new") and, given a ref, its baseline ("base");
+``abba(trees, rounds)`` the order to run them in.
 """
 from __future__ import annotations
 
@@ -28,6 +30,22 @@ def baseline_tree(ref: str) -> Path:
                        capture_output=True)
         (tree / ".built").write_text(sha + "\n")
     return tree
+
+
+def compared_trees(baseline_ref: str | None) -> dict[str, Path]:
+    """{"new": this checkout} and, with ``baseline_ref``, {"base": its worktree}."""
+    trees = {"new": REPO}
+    if baseline_ref:
+        trees["base"] = baseline_tree(baseline_ref)
+    return trees
+
+
+def abba(trees: dict[str, Path], rounds: int):
+    """(round, tree name) pairs: every tree once per round, the order reversed every other
+    round (ABBA), so that drift over the run falls on both alike."""
+    for r in range(rounds):
+        for t in (list(trees) if r % 2 == 0 else list(reversed(trees))):
+            yield r, t
 
 
 def run_in_tree(tree: Path, script: Path, args: list[str], timeout: float) -> dict:
