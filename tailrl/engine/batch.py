@@ -107,6 +107,29 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             keys.append(req.seed_key)
             upos.append(len(out))
             continue
+        if n == 1 and samples and draft.is_chain:
+            # a decode row verifying a chain of d nodes (the bulk of speculative steps): root
+            # and nodes at consecutive positions, each seeing [0, its position], all sampled
+            d, flat0, t0, p = len(draft.tokens), len(ids), len(out), req.params
+            plans.append(RowPlan(req, 1, list(draft.parents), list(draft.tokens), len(sample_idx), draft))
+            sample_idx += range(flat0, flat0 + d + 1)
+            ids.append(out[-1] if out else req.prompt_token_ids[-1])
+            ids += draft.tokens
+            pos += range(start, start + d + 1)
+            wrow += [r] * (d + 1)
+            wpos += range(start, start + d + 1)
+            prefix += range(start + 1, start + d + 2)
+            estart += [0] * (d + 1)
+            ecount += [0] * (d + 1)
+            num_draft += d
+            reads += start + d + 1
+            work += (d + 1) * (start + 1) + d * (d + 1) // 2
+            temps += [p.temperature] * (d + 1)
+            topk += [p.top_k] * (d + 1)
+            topp += [p.top_p] * (d + 1)
+            keys += [req.seed_key] * (d + 1)
+            upos += range(t0, t0 + d + 1)
+            continue
         dtoks = draft.tokens if draft is not None else ()
         cnt = n + len(dtoks)
         if cnt == 0:

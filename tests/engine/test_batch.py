@@ -1,0 +1,54 @@
+"""build_batch's fast paths (a plain decode row; a decode row verifying a chain) build what the
+general path builds: the same tokens, positions, slots, sampled positions, noise and plans,
+and the same visible positions for every token."""
+import numpy as np
+import torch
+
+from tailrl import SamplingParams
+from tailrl.engine.batch import build_batch
+from tailrl.engine.kv import KVCache
+from tailrl.engine.request import Request
+from tailrl.model.loader import read_args
+from tailrl.noise import uniforms
+from tailrl.speculative.draft import Draft
+
+
+def visible(meta, t: int) -> list[int]:
+    """The cache positions token t attends to."""
+    s, c = int(meta.estart[t]), int(meta.ecount[t])
+    return list(range(int(meta.prefix[t]))) + [int(x) for x in meta.extra[s:s + c]]
+
+
+def test_fast_rows_build_what_the_general_path_builds(ckpt_dir):
+    args = read_args(ckpt_dir("qwen2"))
+    kv = KVCache(args, torch.float32, "cpu", 4096, 4, 512)
+    plain = Request("a", [5, 6, 7], SamplingParams(temperature=0.7, top_k=3, top_p=0.9), seed_key=11)
+    plain.output_token_ids = [8, 9]
+    chained = Request("b", [1, 2], SamplingParams(), seed_key=12)
+    chained.output_token_ids = [3]
+    prefill = Request("c", [4, 4, 4, 4, 4], SamplingParams(), seed_key=13)
+    for row, (req, computed) in enumerate(((plain, 4), (chained, 2), (prefill, 0))):
+        req.row, req.num_computed_tokens = row, computed
+        kv.grow(row, req.num_tokens + 4)
+    rows = [(plain, 1), (chained, 1), (prefill, 3)]
+    nodes = [21, 22, 23]
+    as_chain = Draft.unchecked(nodes, [-1, 0, 1], [1.0] * 3, "t", chain=True)
+    as_tree = Draft.unchecked(nodes, [-1, 0, 1], [1.0] * 3, "t", chain=False)   # the general path
+    fast, general = (build_batch(rows, {"b": d}, kv) for d in (as_chain, as_tree))
+    for f in ("input_ids", "positions", "sample_index"):
+        assert torch.equal(getattr(fast, f), getattr(general, f)), f
+    assert torch.equal(fast.meta.write_slot, general.meta.write_slot) and torch.equal(fast.meta.q_row, general.meta.q_row)
+    assert (fast.meta.kv_len, fast.meta.reads, fast.meta.work) == (general.meta.kv_len, general.meta.reads,
+                                                                   general.meta.work)
+    n = len(fast.input_ids)
+    assert [visible(fast.meta, t) for t in range(n)] == [visible(general.meta, t) for t in range(n)]
+    assert (fast.temperature, fast.top_k, fast.top_p) == (general.temperature, general.top_k, general.top_p)
+    assert np.array_equal(fast.u, general.u) and fast.num_draft_tokens == general.num_draft_tokens == 3
+    assert [(p.req, p.n, p.parents, p.draft_tokens, p.entry) for p in fast.plans] == \
+        [(p.req, p.n, p.parents, p.draft_tokens, p.entry) for p in general.plans]
+    assert fast.spans == general.spans == [(prefill, 0, 5, 3)]
+    # the plain row, by hand: its last token at position 4, seeing [0, 5), its noise at output position 2
+    assert fast.input_ids[0] == 9 and fast.positions[0] == 4 and visible(fast.meta, 0) == list(range(5))
+    assert fast.sample_index.tolist() == [0, 1, 2, 3, 4] and fast.plans[0].entry == 0 and fast.plans[1].entry == 1
+    assert fast.u[0] == uniforms([11], [2])[0] and fast.u[1:].tolist() == uniforms([12] * 4, [1, 2, 3, 4]).tolist()
+    assert (fast.temperature[0], fast.top_k[0], fast.top_p[0]) == (0.7, 3, 0.9)
