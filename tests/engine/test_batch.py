@@ -37,7 +37,8 @@ def test_fast_rows_build_what_the_general_path_builds(ckpt_dir):
     fast, general = (build_batch(rows, {"b": d}, kv) for d in (as_chain, as_tree))
     for f in ("input_ids", "positions", "sample_index"):
         assert torch.equal(getattr(fast, f), getattr(general, f)), f
-    assert torch.equal(fast.meta.write_slot, general.meta.write_slot) and torch.equal(fast.meta.q_row, general.meta.q_row)
+    assert torch.equal(fast.meta.write_slot, general.meta.write_slot)
+    assert torch.equal(fast.meta.q_row, general.meta.q_row)
     assert (fast.meta.kv_len, fast.meta.reads, fast.meta.work) == (general.meta.kv_len, general.meta.reads,
                                                                    general.meta.work)
     n = len(fast.input_ids)
