@@ -28,7 +28,8 @@ checkpoint directory). Then, on ``--device``:
    ``--bound-tokens`` tokens each, EOS ignored; each makespan's ratio to T*.
 5. Peak device memory (``torch.cuda.max_memory_allocated``); per timed rollout, the CUDA graph
    pool (the share of steps replayed, captures, the pool's bytes against its budget) and the
-   speculator's host time per step (``timing_s/draft`` + ``timing_s/observe``) beside the step.
+   speculator's host time per step (``timing_s/draft`` + ``timing_s/observe``) beside the step,
+   and the engine's stages per step (``stage_ms``: where a host-bound bulk shows).
 6. ``tailrl train configs/demo.yaml --set device=...`` for ``--train-steps`` steps (0: skipped):
    seconds per GRPO step (median), its rollout and update shares.
 7. On a GPU, the batch-invariant matmul's cost: one forward's matmuls (per layer qkv, o,
@@ -50,7 +51,7 @@ The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s",
 "accept_length", "variants": {"fixed", "fixed_3", "fixed_12", "graphs_2048": {"seconds", "speedup", ...}},
 "best_fixed", "default_over_best_fixed", "bound_s",
 "plain_over_bound", "default_over_bound", "steps": {"plain",
-"default": {"steps", "step_ms", "spec_host_ms", "graph_share", "graph_captures", "graph_mb",
+"default": {"steps", "step_ms", "spec_host_ms", "stage_ms", "graph_share", "graph_captures", "graph_mb",
 "graph_budget_mb"}}}, "saturated_tok_s", "train": {"steps", "step_s", "rollout_s", "update_s"},
 "matmul": {M: {"stock_ms", "invariant_ms", "triton_ms", "ratio", "triton_ratio"}, "stock_decisions",
 "probe_s"}, "cpu_vs_gpu": {"equal", "differ", "near_ties",
@@ -241,11 +242,15 @@ def train_steps(a: argparse.Namespace) -> dict:
 
 
 def step_figures(m: dict) -> dict:
-    """A rollout's steps: count, wall ms per step, the speculator's host ms per step, and the
-    CUDA graphs (share of steps replayed, captures, pool MB, budget MB) where there are any."""
+    """A rollout's steps: count, wall ms per step, the speculator's host ms per step, the
+    engine's own stages per step (``stage_ms``: schedule, build, forward, sample, postprocess:
+    on a GPU all but the forward's kernels are host work, and ``sample`` also waits for the
+    forward), and the CUDA graphs (share of steps replayed, captures, pool MB, budget MB)."""
     steps = max(m["rollout/num_forward"], 1)
     out = {"steps": int(steps), "step_ms": round(m["timing_s/gen"] / steps * 1e3, 3),
-           "spec_host_ms": round((m["timing_s/draft"] + m["timing_s/observe"]) / steps * 1e3, 3)}
+           "spec_host_ms": round((m["timing_s/draft"] + m["timing_s/observe"]) / steps * 1e3, 3),
+           "stage_ms": {k: round(m[f"timing_s/{k}"] / steps * 1e3, 3)
+                        for k in ("schedule", "build", "forward", "sample", "postprocess") if f"timing_s/{k}" in m}}
     if "graphs/replayed_steps" in m:
         out.update(graph_share=round(m["graphs/replayed_steps"] / steps, 3), graph_captures=m["graphs/captures"],
                    graph_mb=round(m["graphs/peak_bytes"] / 2**20, 1),
