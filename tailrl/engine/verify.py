@@ -64,6 +64,18 @@ def commit(plan: "RowPlan", tokens: list[int], logprobs: list[float], kv: "KVCac
         plan.last = e
         plan.rows.append(e)
         return [tokens[e]], 0, append_token(req, tokens[e], logprobs[e], eos_token_ids)
+    if plan.draft is not None and plan.draft.is_chain:   # a chain, as below: the run of nodes equal to
+        drafted, k = plan.draft_tokens, 0                # the targets is accepted, already in place
+        while k < len(drafted) and drafted[k] == tokens[e + k]:
+            k += 1
+        req.num_computed_tokens += k
+        for i in range(e, e + k + 1):
+            plan.last = i
+            plan.rows.append(i)
+            status = append_token(req, tokens[i], logprobs[i], eos_token_ids)
+            if status is not None:
+                return tokens[e:i + 1], k, status
+        return tokens[e:e + k + 1], k, None
     emitted, accepted = accept_draft(plan.parents, plan.draft_tokens, tokens[e:e + 1 + len(plan.draft_tokens)])
     if accepted:
         base = req.num_computed_tokens

@@ -53,3 +53,31 @@ def test_fast_rows_build_what_the_general_path_builds(ckpt_dir):
     assert fast.sample_index.tolist() == [0, 1, 2, 3, 4] and fast.plans[0].entry == 0 and fast.plans[1].entry == 1
     assert fast.u[0] == uniforms([11], [2])[0] and fast.u[1:].tolist() == uniforms([12] * 4, [1, 2, 3, 4]).tolist()
     assert (fast.temperature[0], fast.top_k[0], fast.top_p[0]) == (0.7, 3, 0.9)
+
+
+def test_commit_of_a_chain_equals_the_general_rule():
+    """commit's fast path for chains (the run of nodes equal to the targets) against the
+    general rule (accept_draft over the same nodes marked as a tree): the same tokens,
+    accepted count, finish status, sampled rows and request state, through acceptance runs of
+    every length, a stop token inside the run and max_tokens inside the run."""
+    import random
+
+    from tailrl.engine.batch import RowPlan
+    from tailrl.engine.verify import commit
+    rng = random.Random(0)
+    for case in range(300):
+        d = rng.randint(1, 6)
+        nodes = [rng.randint(1, 4) for _ in range(d)]
+        targets = [nodes[j] if j < d and rng.random() < 0.7 else rng.randint(1, 4) for j in range(d + 1)]
+        stop = [3] if case % 3 == 0 else None
+        max_tokens = rng.randint(1, 8) if case % 5 == 0 else 100
+        got = []
+        for chain in (True, False):
+            req = Request("r", [1, 2], SamplingParams(max_tokens=max_tokens, stop_token_ids=stop), seed_key=1)
+            req.output_token_ids, req.num_computed_tokens = [9], 3
+            draft = Draft.unchecked(nodes, list(range(-1, d - 1)), [1.0] * d, "t", chain=chain)
+            plan = RowPlan(req, 1, list(draft.parents), list(nodes), 2, draft)
+            tokens = [0, 0] + targets + [0]
+            out = commit(plan, tokens, [float(t) for t in tokens], None, (0,))
+            got.append((out, plan.last, plan.rows, req.output_token_ids, req.output_logprobs, req.num_computed_tokens))
+        assert got[0] == got[1], (nodes, targets, stop, max_tokens)
