@@ -7,7 +7,10 @@ a model whose forward is negligible (a tiny random checkpoint, 2 layers, hidden 
 going through the CUDA-graph input path (``StepGraphs`` with the capture replaced by an eager
 call, as on a CPU), ``--prompts`` x ``--n`` rows at T=1 for ``--max-tokens`` tokens (EOS
 ignored: every step has all rows): per step, the milliseconds of each host stage
-(``timing_s/schedule``, ``build``, ``sample``, ``postprocess``) and of the whole step.
+(``timing_s/schedule``, ``build``, ``sample``, ``postprocess``; with ``--speculative``, also
+the speculator's ``draft`` and ``observe``) and of the whole step. ``--speculative fixed`` or
+``default`` verifies drafts from the history of the same rollout (every row drafts good
+chains: the verify path's host work at its heaviest).
 
 Per tree (this checkout; with ``--baseline-ref REF`` also a worktree of REF), each
 measurement in its own process, trees alternating per round, the order reversed every other
@@ -30,7 +33,7 @@ from trees import abba, compared_trees, run_in_tree
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-STAGES = ("schedule", "build", "sample", "postprocess")
+STAGES = ("schedule", "build", "sample", "postprocess", "draft", "observe")
 
 
 def worker(a: argparse.Namespace) -> None:
@@ -38,26 +41,29 @@ def worker(a: argparse.Namespace) -> None:
     from checkpoints import make_checkpoint
 
     import tailrl
-    from tailrl import LLM, SamplingParams
+    from tailrl import LLM, SamplingParams, SpeculativeConfig
     from tailrl.engine.batch import ModelRunner
     from tailrl.engine.graph_pool import GraphPool, eager_capture
     from tailrl.engine.graphs import StepGraphs
     path = make_checkpoint(tempfile.mkdtemp(prefix="tailrl-host-"), "qwen2", init_std=3.0, max_pos=1024)
     rows = a.prompts * a.n
-    llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 4 * rows))
+    spec = None if a.speculative == "none" else SpeculativeConfig(
+        policy="fixed" if a.speculative == "fixed" else "priced")
+    llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 8 * rows), speculative=spec)
     e = llm.engine
     e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), rows))
     sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, ignore_eos=True, seed=1)
     prompts = [[1, 2, 3 + i] for i in range(a.prompts)]
-    llm.generate(prompts, sp)
+    pids = [f"p{i}" for i in range(a.prompts)]
+    llm.generate(prompts, sp, prompt_ids=pids)              # warm-up, and the history of this very rollout
     best: dict[str, float] = {}
     for _ in range(a.repeat):
         t = time.perf_counter()
-        llm.generate(prompts, sp)
+        llm.generate(prompts, sp, prompt_ids=pids)
         wall = time.perf_counter() - t
         m = llm.last_metrics
         steps = m["rollout/num_forward"]
-        got = {s: m[f"timing_s/{s}"] / steps * 1e3 for s in STAGES}
+        got = {s: m.get(f"timing_s/{s}", 0.0) / steps * 1e3 for s in STAGES}
         got.update(step=wall / steps * 1e3, forward=m["timing_s/forward"] / steps * 1e3)
         best = {k: min(v, best.get(k, v)) for k, v in got.items()}
     print(json.dumps({"tailrl": str(Path(tailrl.__file__).resolve().parent), "rows": rows, "ms": best}))
@@ -70,6 +76,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeat", type=int, default=2, help="rollouts per process (each figure: the fastest)")
+    ap.add_argument("--speculative", choices=("none", "fixed", "default"), default="none")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -77,7 +84,8 @@ def main() -> None:
     if a.worker:
         return worker(a)
     trees = compared_trees(a.baseline_ref)
-    args = ["--prompts", str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--repeat", str(a.repeat)]
+    args = ["--prompts", str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--repeat", str(a.repeat),
+            "--speculative", a.speculative]
     runs: dict[str, list[dict]] = {t: [] for t in trees}
     for r, t in abba(trees, a.rounds):
         got = run_in_tree(trees[t], HERE / "host_step.py", args, a.timeout)["ms"]
@@ -88,7 +96,7 @@ def main() -> None:
         report["trees"][t] = {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]}
     if "base" in report["trees"]:
         new, base = report["trees"]["new"], report["trees"]["base"]
-        report["new_over_base"] = {k: round(new[k] / base[k], 3) for k in new if base[k] > 0}
+        report["new_over_base"] = {k: round(new[k] / base[k], 3) for k in new if base.get(k, 0) > 0}
         host = lambda x: sum(x[s] for s in STAGES)   # noqa: E731
         report["host_new_over_base"] = round(host(new) / host(base), 3)
         print(f"host ms per step ({report['rows']} rows): new {host(new):.3f}, base {host(base):.3f} "
