@@ -124,6 +124,24 @@ def test_sampler_rows_alone_equal_rows_in_a_batch(dtype, chunk_rows, monkeypatch
     assert sampler.token_logprobs(logits, temp, together[0]) == together[1]
 
 
+def test_rows_go_whole_off_the_cpu(monkeypatch):
+    """Chunks of rows are for a CPU's cache: on any other device (a GPU) a chunk would cost its
+    launches and a wait, so the sampler's function sees every row at once."""
+    seen = []
+
+    def fn(logits, rows):
+        seen.append(logits.shape[0])
+        return (torch.tensor(rows),)
+
+    monkeypatch.setattr(sampler, "CHUNK_ELEMENTS", 2 * 100)
+    rows = list(range(64))
+    assert sampler._in_chunks(fn, torch.empty(64, 100, device="meta"), rows) == (rows,)
+    assert seen == [64]
+    seen.clear()
+    assert sampler._in_chunks(fn, torch.empty(64, 100), rows) == (rows,)
+    assert seen == [2] * 32
+
+
 def test_logprobs_are_hf_log_softmax_at_temperature(ckpt_dir):
     path = ckpt_dir("qwen2")
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
