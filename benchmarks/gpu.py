@@ -17,8 +17,9 @@ checkpoint directory). Then, on ``--device``:
    (each its own engine), and Hugging Face ``generate`` on the same model (bf16, sampling at
    T=1 without top-k, the batch padded on the left; after a 32-token call on the same batch).
    Per setting: the makespan; tailrl's responses compared with each other (the identical
-   share: 1.0 means speculation changed no token); one request alone against the same request
-   in the batch (``alone_equals_batch``). Then variants of speculation against plain:
+   share: 1.0 means speculation changed no token and no log-probability's bits;
+   ``identical_token_share``: tokens alone); one request alone against the same request in the
+   batch, tokens and log-probabilities (``alone_equals_batch``). Then variants of speculation against plain:
    ``policy="fixed"`` (every request drafts 6 tokens at every step; also 3 and 12:
    ``best_fixed``, ``default_over_best_fixed``: #34 asks the default within 10%) and the
    default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs). Each engine takes
@@ -47,7 +48,7 @@ its results still run (the exit status is then 1).
 
 The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s", "floor_tok_s",
 "decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "rollout": {"tokens",
-"plain_s", "default_s", "hf_s", "default_speedup", "plain_over_hf", "identical_share",
+"plain_s", "default_s", "hf_s", "default_speedup", "plain_over_hf", "identical_share", "identical_token_share",
 "accept_length", "variants": {"fixed", "fixed_3", "fixed_12", "graphs_2048": {"seconds", "speedup", ...}},
 "best_fixed", "default_over_best_fixed", "bound_s",
 "plain_over_bound", "default_over_bound", "steps": {"plain",
@@ -107,7 +108,7 @@ def rollout(llm: LLM, prompts: list[list[int]], a: argparse.Namespace, seed: int
     params = [SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, seed=seed + i)
               for i in range(len(prompts))]
     outs = llm.generate(prompts, params, prompt_ids=[f"p{i}" for i in range(len(prompts))])
-    return [[list(c.token_ids) for c in o.outputs] for o in outs], llm.last_metrics["timing_s/gen"]
+    return [[(list(c.token_ids), list(c.logprobs)) for c in o.outputs] for o in outs], llm.last_metrics["timing_s/gen"]
 
 
 def hf_rollout(mdir: str, prompts: list[list[int]], a: argparse.Namespace, eos: tuple[int, ...]) -> tuple[float, int]:
@@ -357,7 +358,7 @@ def main() -> None:
         rollout(plain, prompts, a, HISTORY_SEED)
         plain_out, plain_s = rollout(plain, prompts, a, TIMED_SEED)
         steps = {"plain": step_figures(plain.last_metrics)}
-        lengths = [len(x) for xs in plain_out for x in xs]
+        lengths = [len(x[0]) for xs in plain_out for x in xs]
         roll.update(tokens=sum(lengths), max_length=max(lengths), plain_s=round(plain_s, 3), steps=steps)
         # one request alone against the same request in the batch
         alone, _ = rollout(plain, prompts[:1], a, TIMED_SEED)
@@ -371,6 +372,7 @@ def main() -> None:
         pairs = [(x, y) for xs, ys in zip(plain_out, spec_out) for x, y in zip(xs, ys)]
         roll.update(default_s=round(spec_s, 3), default_speedup=round(plain_s / spec_s, 3),
                     identical_share=sum(x == y for x, y in pairs) / len(pairs),
+                    identical_token_share=sum(x[0] == y[0] for x, y in pairs) / len(pairs),
                     accept_length=round(spec.last_metrics.get("rollout/spec_accept_length", 0.0), 2))
         print(f"rollout: plain {plain_s:.2f} s, default {spec_s:.2f} s ({plain_s / spec_s:.2f}x), identical "
               f"{roll['identical_share']:.3f}; steps {json.dumps(steps)}", flush=True)

@@ -12,7 +12,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tailrl.kernels import select
 from tailrl.noise import splitmix64, splitmix64_np
+
+
+def _sums(x: torch.Tensor):
+    """The backend whose row sums (``Backend.softmax_cdf``, ``cumsum_rows``, ``logsumexp_rows``)
+    serve ``x``: on a GPU, Triton's, whose sums do not change with the batch (kernels/gpu/scan.py)."""
+    return select(x.device, x.dtype)
 
 
 def _top_k_filter(scaled: torch.Tensor, top_k: int, top_p: torch.Tensor):
@@ -22,7 +29,7 @@ def _top_k_filter(scaled: torch.Tensor, top_k: int, top_p: torch.Tensor):
     vals, idx = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1, sorted=True)
     probs = vals.softmax(dim=-1)
     # keep the smallest prefix whose mass reaches top_p: drop a token if the mass before it >= top_p
-    before = probs.cumsum(dim=-1) - probs
+    before = _sums(probs).cumsum_rows(probs) - probs
     drop = before >= top_p[:, None]
     drop[:, 0] = False                                 # the top token always survives
     return vals.masked_fill(drop, float("-inf")), idx
@@ -31,9 +38,7 @@ def _top_k_filter(scaled: torch.Tensor, top_k: int, top_p: torch.Tensor):
 def _cdf(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row: the unnormalised CDF of exp(logits - max), its total and the max. Sampling and
     ``token_logprobs`` both take logsumexp from here (max + log(total)): the same bits."""
-    mx = logits.amax(dim=-1, keepdim=True)
-    cdf = (logits - mx).exp_().cumsum_(dim=-1)                        # [M, V], unnormalised
-    return cdf, cdf[:, -1].contiguous(), mx.squeeze(1)
+    return _sums(logits).softmax_cdf(logits)
 
 
 def _pick(cdf: torch.Tensor, total: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -67,7 +72,7 @@ def _mass_above(e: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Per row r: the sum of e[r] over the tokens whose e is above ``value[r]``, overwriting e
     (a sequential scan in vocabulary order: the same bits whatever the batch or thread count)."""
     e.masked_fill_(e <= value[:, None], 0.0)                      # e where e > v, else 0
-    return e.cumsum_(dim=-1)[:, -1]
+    return _sums(e).cumsum_rows(e, inplace=True)[:, -1]
 
 
 def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.Tensor, first: torch.Tensor,
@@ -101,7 +106,7 @@ def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.
                 hi = mid
             else:
                 lo = mid + 1
-        kept = e.masked_fill_(e < values[lo], 0.0).cumsum_(dim=-1)
+        kept = _sums(e).cumsum_rows(e.masked_fill_(e < values[lo], 0.0), inplace=True)
         tok[r] = _pick(kept, kept[:, -1], torch.as_tensor(_retry(u[r:r + 1], attempts + 1), device=x.device))[0]
     return tok
 
@@ -175,7 +180,7 @@ def _normaliser(scaled: torch.Tensor, temperature: list[float]):
     lse = torch.empty(m, dtype=scaled.dtype, device=dev)
     if greedy:
         g = _index(greedy, m, dev)
-        lse[g] = scaled[g].logsumexp(dim=-1)
+        lse[g] = _sums(scaled).logsumexp_rows(scaled[g])
     if not sampled:
         return lse, greedy, sampled, None
     cdf, total, mx = _cdf(scaled[_index(sampled, m, dev)])

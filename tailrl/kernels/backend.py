@@ -72,6 +72,22 @@ class Backend:
         """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""
         raise NotImplementedError
 
+    # ---- the sampler's row sums (engine/sampler.py): each row's sums in one order -----------
+    def softmax_cdf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row of ``x`` [M, V]: the running sums of exp(x - max) [M, V] (an unnormalised
+        CDF), their total (the last running sum) [M] and the max [M]."""
+        mx = x.amax(dim=-1, keepdim=True)
+        cdf = (x - mx).exp_().cumsum_(dim=-1)
+        return cdf, cdf[:, -1].contiguous(), mx.squeeze(1)
+
+    def cumsum_rows(self, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """The running sums of each row of ``x`` [M, V] (into ``x`` itself if ``inplace``)."""
+        return x.cumsum_(dim=-1) if inplace else x.cumsum(dim=-1)
+
+    def logsumexp_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """log(sum(exp(x))) of each row of ``x`` [M, V]."""
+        return x.logsumexp(dim=-1)
+
     def prepare(self, linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
         """Before a model's first step: whatever ``linear`` decides per weight (``(weight,
         bias)`` pairs), decided now rather than inside the first step. Nothing by default."""

@@ -24,12 +24,14 @@ from tailrl.kernels.gpu import matmul, stock
 from tailrl.kernels.gpu.activation import silu_mul_kernel
 from tailrl.kernels.gpu.attention import attend_kernel, merge_kernel, rope_write_kernel
 from tailrl.kernels.gpu.norm import add_rms_norm_kernel, rms_norm_kernel
+from tailrl.kernels.gpu.scan import row_scan_kernel
 from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
 from tailrl.kernels.reference import REFERENCE
 
 log = logging.getLogger(__name__)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SILU_BLOCK = 1024                      # columns of the MLP's activation per program
+SCAN_BLOCK = 4096                      # the sampler's row sums: columns per step of a row's walk
 # attention: a query's blocks dealt to this many lanes (attention.py); one value per process,
 # as the matmul's tiles (rows differ between processes that differ in it)
 LANES = int(os.environ.get("TAILRL_ATTENTION_LANES", "16"))
@@ -120,6 +122,38 @@ class TritonBackend(Backend):
         if stock.use_stock(weight):
             return stock.stock_linear(x, weight, bias)
         return matmul.linear(x, weight, bias)
+
+    # ---- the sampler's row sums: one program per row, in order (scan.py) ----------------------
+    def _scan(self, x: torch.Tensor, exp: bool, write: bool, out: torch.Tensor | None = None):
+        m, v = x.shape
+        if out is None and write:
+            out = torch.empty(m, v, dtype=x.dtype, device=x.device)
+        total = torch.empty(m, dtype=x.dtype, device=x.device)
+        mx = torch.empty(m, dtype=x.dtype, device=x.device) if exp else total
+        if m and v:
+            row_scan_kernel[(m,)](x, x.stride(0), out if write else total, total, mx, v, BLOCK=SCAN_BLOCK,
+                                  EXP=exp, WRITE=write, num_warps=8)
+        return out, total, mx
+
+    @staticmethod
+    def _scannable(x: torch.Tensor) -> bool:
+        return x.dim() == 2 and x.dtype in DTYPES and x.stride(-1) == 1 and x.shape[-1] > 0
+
+    def softmax_cdf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not self._scannable(x):
+            return super().softmax_cdf(x)
+        return self._scan(x, exp=True, write=True)
+
+    def cumsum_rows(self, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        if not self._scannable(x):
+            return super().cumsum_rows(x, inplace)
+        return self._scan(x, exp=False, write=True, out=x if inplace and x.is_contiguous() else None)[0]
+
+    def logsumexp_rows(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._scannable(x):
+            return super().logsumexp_rows(x)
+        _, total, mx = self._scan(x, exp=True, write=False)
+        return mx + total.log()
 
     def prepare(self, linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
         """Probe each weight shape for cuBLAS's invariance now (stock.py), not in a first step;
