@@ -199,10 +199,72 @@ void linear(uintptr_t x, int64_t xs, uintptr_t w, int64_t ws, uintptr_t bias, ui
                   p * panel, std::min(N, (p + 1) * panel));
 }
 
+// ---- float64: the same idea in double, for exactness checks --------------------------------
+//
+//   Y[m, n] = reduce( acc ) + b[n],  acc[l] over 8 lanes:
+//     for each chunk c of 8 positions of K, in order: acc[l] = fma(w[n, 8c + l], x[m, 8c + l], acc[l])
+//     (positions past K read as 0), then halves added pairwise, 4 + 4, 2 + 2, 1 + 1.
+//
+// PyTorch's float64 product (MKL's dgemm on this machine) changes a row's bits with the number
+// of rows (from one row to two and beyond, at K = 896) and with the number of threads; this one
+// depends on neither. Written lane by lane with std::fma: the compiler may vectorise the lanes,
+// never reorder a lane's sum.
+constexpr int DLANES = 8;
+
+inline double reduce_dlanes(const double* a) {
+    double t[DLANES];
+    for (int i = 0; i < DLANES; ++i) t[i] = a[i];
+    for (int w = DLANES / 2; w > 0; w /= 2)
+        for (int i = 0; i < w; ++i) t[i] = t[i] + t[i + w];
+    return t[0];
+}
+
+template <int R>
+inline void dtile(const double* xp, int64_t xps, const double* w, int64_t ws, const double* b, double* y, int64_t ys,
+                  int64_t K, int64_t chunks, int64_t m0, int64_t n) {
+    double acc[R][DLANES] = {};
+    const double* wr = w + n * ws;
+    const int64_t full = K / DLANES;
+    for (int64_t c = 0; c < chunks; ++c) {
+        double wl[DLANES];
+        for (int l = 0; l < DLANES; ++l) {
+            const int64_t k = c * DLANES + l;
+            wl[l] = (c < full || k < K) ? wr[k] : 0.0;
+        }
+        for (int i = 0; i < R; ++i) {
+            const double* xr = xp + (m0 + i) * xps + c * DLANES;
+            for (int l = 0; l < DLANES; ++l) acc[i][l] = std::fma(wl[l], xr[l], acc[i][l]);
+        }
+    }
+    for (int i = 0; i < R; ++i) {
+        const double v = reduce_dlanes(acc[i]);
+        y[(m0 + i) * ys + n] = b ? v + b[n] : v;
+    }
+}
+
+void linear_f64(uintptr_t x, int64_t xs, uintptr_t w, int64_t ws, uintptr_t bias, uintptr_t y, int64_t ys,
+                int64_t M, int64_t N, int64_t K, int threads) {
+    const int64_t chunks = (K + DLANES - 1) / DLANES, xps = chunks * DLANES;
+    py::gil_scoped_release release;
+    std::vector<double> xp(static_cast<size_t>(std::max<int64_t>(M, 1) * xps), 0.0);   // X, K padded with zeros
+    const auto* xr = reinterpret_cast<const double*>(x);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(xp.data() + m * xps, xr + m * xs, static_cast<size_t>(K) * 8);
+    const auto* wp = reinterpret_cast<const double*>(w);
+    const auto* bp = reinterpret_cast<const double*>(bias);
+    auto* yp = reinterpret_cast<double*>(y);
+#pragma omp parallel for num_threads(threads) schedule(static) if (N > 1)
+    for (int64_t n = 0; n < N; ++n) {
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) dtile<4>(xp.data(), xps, wp, ws, bp, yp, ys, K, chunks, m, n);
+        for (; m < M; ++m) dtile<1>(xp.data(), xps, wp, ws, bp, yp, ys, K, chunks, m, n);
+    }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_gemm, m) {
-    m.doc() = "A row-invariant bfloat16 matmul (see _gemm.cpp)";
+    m.doc() = "Row-invariant bfloat16 and float64 matmuls (see _gemm.cpp)";
     m.def("linear", &linear, "x, x row stride, w, w row stride, bias (bfloat16, 0 = none), y, y row stride, M, N, K, "
           "threads: y = x w^T + bias in bfloat16 with float accumulation in a fixed order");
+    m.def("linear_f64", &linear_f64, "the same arguments, float64: y = x w^T + bias, each element's sum in a fixed order");
 }

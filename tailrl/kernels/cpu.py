@@ -3,12 +3,13 @@ our own, and for batch invariance): row attention for decode, verify (chains and
 prefill chunks, fused with RoPE and the K/V writes, and RMS norm; and for bfloat16 the
 row-invariant matmul of ``_gemm.cpp`` (oneDNN's bfloat16 GEMM changes a row's bits with the
 number of rows on AVX512 CPUs without native bfloat16 dot products; this one is exact by
-construction on every CPU, and measured faster than oneDNN there: its header). OpenMP inside;
+construction on every CPU, and measured faster than oneDNN there: its header), and its float64
+form (MKL's float64 product changes a row's bits with the number of rows and of threads). OpenMP inside;
 tensors are handed over as raw pointers with element strides, checked here.
 
 Available when the extensions are built (``NATIVE``, ``NATIVE_GEMM``; ``TAILRL_PURE_PYTHON=1``
 turns them off) for bfloat16, float32 and float64; otherwise ``tailrl.kernels.select`` picks
-the reference. Float32 and float64 matmuls are PyTorch's.
+the reference. Float32 matmuls are PyTorch's (not batch invariant: float32 is not an exact dtype here).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _load(name: str, what: str):
 
 
 _native = _load("_attention", "row attention")
-_gemm = _load("_gemm", "bfloat16 matmul")
+_gemm = _load("_gemm", "bfloat16 and float64 matmuls")
 NATIVE = _native is not None
 NATIVE_GEMM = _gemm is not None
 
@@ -97,8 +98,8 @@ class CpuBackend(Backend):
         return out.view(n, heads * d)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """bfloat16: ``_gemm.cpp`` (row-invariant); other dtypes: PyTorch's."""
-        if not NATIVE_GEMM or x.dtype != torch.bfloat16 or x.dim() != 2:
+        """bfloat16 and float64: ``_gemm.cpp`` (row-invariant); float32: PyTorch's."""
+        if not NATIVE_GEMM or x.dtype not in (torch.bfloat16, torch.float64) or x.dim() != 2:
             return F.linear(x, weight, bias)
         if x.stride(-1) != 1:
             x = x.contiguous()
@@ -110,9 +111,9 @@ class CpuBackend(Backend):
                              f"{weight.dtype} (rows contiguous, same dtype)")
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         if m:
-            _gemm.linear(x.data_ptr(), x.stride(0), weight.data_ptr(), weight.stride(0),
-                         bias.data_ptr() if bias is not None else 0, out.data_ptr(), n, m, n, k,
-                         torch.get_num_threads())
+            fn = _gemm.linear if x.dtype == torch.bfloat16 else _gemm.linear_f64
+            fn(x.data_ptr(), x.stride(0), weight.data_ptr(), weight.stride(0),
+               bias.data_ptr() if bias is not None else 0, out.data_ptr(), n, m, n, k, torch.get_num_threads())
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

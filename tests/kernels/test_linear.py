@@ -1,5 +1,6 @@
-"""The CPU backend's bfloat16 matmul: a row's bits never depend on the other rows of the product,
-and every output is the fixed reduction its header defines (checked against an emulation)."""
+"""The CPU backend's bfloat16 and float64 matmuls: a row's bits never depend on the other rows of
+the product nor on the thread count, and every output is the fixed reduction its header defines
+(checked against an emulation)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,61 @@ def test_empty_and_mismatched_inputs():
     assert cpu.CPU.linear(torch.zeros(0, 32).bfloat16(), w).shape == (0, 8)
     with pytest.raises(ValueError, match="linear"):
         cpu.CPU.linear(torch.zeros(2, 31).bfloat16(), w)
-    # other dtypes are PyTorch's
+    # float32 is PyTorch's
     x = torch.randn(3, 32)
     assert torch.equal(cpu.CPU.linear(x, w.float()), F.linear(x, w.float()))
+
+
+def defined_f64(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """_gemm.cpp's float64 definition: lane l of 8 takes an FMA of position 8c + l per chunk c
+    (zero-padded), the lanes are added pairwise (4 + 4, 2 + 2, 1 + 1), then the bias. The FMA
+    is emulated by a product rounded once with its sum: exact where the product is (small
+    integers), which is what the test feeds it."""
+    m, k = x.shape
+    chunks = -(-k // 8)
+    xp = F.pad(x, (0, chunks * 8 - k)).view(m, chunks, 8)
+    wp = F.pad(w, (0, chunks * 8 - k)).view(w.shape[0], chunks, 8)
+    acc = torch.zeros(m, w.shape[0], 8, dtype=torch.float64)
+    for c in range(chunks):
+        acc = acc + xp[:, None, c, :] * wp[None, :, c, :]
+    width = 8
+    while width > 1:
+        width //= 2
+        acc = acc[..., :width] + acc[..., width:2 * width]
+    out = acc[..., 0]
+    return out + b if b is not None else out
+
+
+@pytest.mark.parametrize("k,n", [(64, 48), (100, 37), (13, 5)])
+def test_float64_outputs_are_the_defined_reduction(k, n):
+    """Operands whose products are exact (integers times powers of two), summed in an order
+    where rounding shows: large and small terms mixed, so that another order gives other bits."""
+    g = torch.Generator().manual_seed(k + n)
+    x = torch.randint(-9, 10, (7, k), generator=g).double() * 2.0 ** torch.randint(-30, 30, (7, k), generator=g)
+    w = torch.randint(-9, 10, (n, k), generator=g).double() * 2.0 ** torch.randint(-30, 30, (n, k), generator=g)
+    b = torch.randn(n, generator=g).double()
+    want = defined_f64(x, w, b)
+    assert torch.equal(cpu.CPU.linear(x, w, b), want)
+    assert torch.equal(cpu.CPU.linear(x, w), defined_f64(x, w, None))
+    assert not torch.equal(F.linear(x, w, b), want) or k < 16      # the order is visible at this K
+
+
+@pytest.mark.parametrize("k,n", [(896, 1152), (4864, 96), (130, 67)])
+def test_a_float64_row_alone_equals_the_row_in_any_product_with_any_threads(k, n):
+    """PyTorch's float64 product on this machine changes a row's bits from one row to two and
+    with the thread count at K = 896; this one does not."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(40, k, generator=g).double()
+    w = torch.randn(n, k, generator=g).double()
+    b = torch.randn(n, generator=g).double()
+    lin = select("cpu", torch.float64).linear
+    alone = torch.cat([lin(x[i:i + 1], w, b) for i in range(40)])
+    for m in (2, 3, 4, 5, 8, 17, 40):
+        assert torch.equal(lin(x[:m], w, b), alone[:m]), m
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(lin(x, w, b), alone)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.allclose(alone, F.linear(x, w, b), rtol=1e-12, atol=1e-11)
