@@ -85,8 +85,11 @@ class Backend:
         return x.cumsum_(dim=-1) if inplace else x.cumsum(dim=-1)
 
     def logsumexp_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """log(sum(exp(x))) of each row of ``x`` [M, V]."""
-        return x.logsumexp(dim=-1)
+        """log(sum(exp(x))) of each row of ``x`` [M, V], as max + log(the last running sum of
+        ``softmax_cdf``): PyTorch's own ``logsumexp`` on a CPU splits a lone row of a 152k
+        vocabulary between threads, and so gives it other bits alone than in a batch."""
+        _, total, mx = self.softmax_cdf(x)
+        return mx + total.log()
 
     def prepare(self, linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
         """Before a model's first step: whatever ``linear`` decides per weight (``(weight,

@@ -124,6 +124,18 @@ def test_sampler_rows_alone_equal_rows_in_a_batch(dtype, chunk_rows, monkeypatch
     assert sampler.token_logprobs(logits, temp, together[0]) == together[1]
 
 
+def test_greedy_rows_of_a_real_vocabulary_alone_equal_rows_in_a_batch():
+    """At Qwen2.5's 151,936 tokens PyTorch's CPU ``logsumexp`` splits a lone row between threads
+    (other bits than the row in a batch); the normaliser every row takes is a running sum in
+    order, so a greedy row's log-probability is the same alone as in a batch."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 151936, generator=g) * 3        # row 4: PyTorch's logsumexp differs alone
+    temp, top_k, top_p, u = [0.0] * 12, [-1] * 12, [1.0] * 12, [0.5] * 12
+    together = sample(logits, temp, top_k, top_p, u)
+    for i in range(12):
+        assert sample(logits[i:i + 1], [0.0], [-1], [1.0], [0.5]) == ([together[0][i]], [together[1][i]])
+
+
 def test_rows_go_whole_off_the_cpu(monkeypatch):
     """Chunks of rows are for a CPU's cache: on any other device (a GPU) a chunk would cost its
     launches and a wait, so the sampler's function sees every row at once."""
