@@ -8,13 +8,15 @@ checkpoint directory). Then, on ``--device``:
    model's weight bytes give the batch-1 decode bound, tokens/s = bandwidth / weight bytes.
 2. Batch-1 greedy decode: one prompt, ``--decode-tokens`` new tokens (EOS ignored), after a
    warm-up call: tokens/s, with the decode steps replayed from CUDA graphs (the default on a
-   GPU) and without (``cuda_graphs=False``: every kernel launched from Python); the step's
+   GPU) and without (``cuda_graphs=False``: every kernel launched from Python), and without
+   steps launched ahead (``async_scheduling=False``: each step waits for the last); the step's
    stages in ms (forward: launching it; sample: waiting for it, sampling, the copy back); on a
    GPU, ``--profile-steps`` more steps under ``torch.profiler``: two tables (by device time and
    by host time per operator) in the log.
 3. The rollout: ``--prompts`` held-out task prompts x ``--n``, T=1, ``--max-tokens``; round 1
-   (the history) then the timed round 2, for tailrl plain and tailrl default speculation
-   (each its own engine), and Hugging Face ``generate`` on the same model (bf16, sampling at
+   (the history) then the timed round 2, for tailrl plain, plain without steps launched ahead
+   (``plain_sync_s``, ``ahead_speedup``) and tailrl default speculation (each its own engine),
+   and Hugging Face ``generate`` on the same model (bf16, sampling at
    T=1 without top-k, the batch padded on the left; after a 32-token call on the same batch).
    Per setting: the makespan; tailrl's responses compared with each other (the identical
    share: 1.0 means speculation changed no token and no log-probability's bits;
@@ -47,8 +49,9 @@ A part that fails prints its traceback and is recorded in "errors"; the parts th
 its results still run (the exit status is then 1).
 
 The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s", "floor_tok_s",
-"decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "rollout": {"tokens",
-"plain_s", "default_s", "hf_s", "default_speedup", "plain_over_hf", "identical_share", "identical_token_share",
+"decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "decode_b1_sync_tok_s", "rollout": {"tokens",
+"plain_s", "plain_sync_s", "ahead_speedup", "plain_sync_identical", "default_s", "hf_s", "default_speedup",
+"plain_over_hf", "identical_share", "identical_token_share",
 "accept_length", "variants": {"fixed", "fixed_3", "fixed_12", "graphs_2048": {"seconds", "speedup", ...}},
 "best_fixed", "default_over_best_fixed", "bound_s",
 "plain_over_bound", "default_over_bound", "steps": {"plain",
@@ -315,18 +318,20 @@ def main() -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=a.decode_tokens, ignore_eos=True)
     mem = {"gpu_memory_utilization": a.gpu_memory_utilization} if torch.device(a.device).type == "cuda" else {}
 
-    def decode(**kw) -> tuple[LLM, float]:
+    def decode(name: str = "", **kw) -> tuple[LLM, float]:
         llm = LLM(mdir, device=a.device, seed=0, **mem, **kw)
         llm.generate([prompts[0]], greedy)
         llm.generate([prompts[0]], greedy)
         m = llm.last_metrics                # where a step's time goes (forward: launching; sample: waits for it)
-        out["decode_b1_stage_ms" if not kw else "decode_b1_eager_stage_ms"] = {
+        out[f"decode_b1{name}_stage_ms"] = {
             k.split("/")[1]: round(v / a.decode_tokens * 1e3, 3) for k, v in m.items()
             if k.startswith("timing_s/") and k != "timing_s/gen"}
         return llm, m["timing_s/gen"] / a.decode_tokens
 
     plain, step_s = attempt("decode", decode) or (None, None)
-    eager_s = (attempt("decode_eager", lambda: decode(cuda_graphs=False)) or (None, None))[1]
+    eager_s = (attempt("decode_eager", lambda: decode("_eager", cuda_graphs=False)) or (None, None))[1]
+    # without steps launched ahead (engine/ahead.py): each step waits for the one before it
+    sync_s = (attempt("decode_sync", lambda: decode("_sync", async_scheduling=False)) or (None, None))[1]
     if step_s:
         out.update(decode_b1_tok_s=round(1 / step_s, 1), decode_b1_over_floor=round(1 / step_s / (bw / weights), 3))
         print(f"batch-1 decode {1 / step_s:.0f} tokens/s; weight-read floor {bw / weights:.0f} tokens/s "
@@ -334,6 +339,9 @@ def main() -> None:
     if eager_s:
         out["decode_b1_eager_tok_s"] = round(1 / eager_s, 1)
         print(f"batch-1 decode without CUDA graphs {1 / eager_s:.0f} tokens/s", flush=True)
+    if sync_s:
+        out["decode_b1_sync_tok_s"] = round(1 / sync_s, 1)
+        print(f"batch-1 decode without steps launched ahead {1 / sync_s:.0f} tokens/s", flush=True)
 
     def profile() -> None:
         """Where a batch-1 decode step's time goes, operator by operator (host and device)."""
@@ -365,6 +373,17 @@ def main() -> None:
         roll["alone_equals_batch"] = alone[0] == plain_out[0]
         print(f"rollout: plain {plain_s:.2f} s, {sum(lengths)} tokens; a request alone equals it in the batch: "
               f"{roll['alone_equals_batch']}", flush=True)
+
+        def plain_sync() -> None:           # plain without steps launched ahead (engine/ahead.py)
+            llm = LLM(mdir, device=a.device, seed=0, async_scheduling=False, **mem)
+            rollout(llm, prompts, a, HISTORY_SEED)
+            got, secs = rollout(llm, prompts, a, TIMED_SEED)
+            steps["plain_sync"] = step_figures(llm.last_metrics)
+            roll.update(plain_sync_s=round(secs, 3), ahead_speedup=round(secs / plain_s, 3),
+                        plain_sync_identical=got == plain_out)
+            print(f"rollout: plain without steps ahead {secs:.2f} s ({secs / plain_s:.2f}x the plain time); "
+                  f"identical {got == plain_out}", flush=True)
+        attempt("rollout_plain_sync", plain_sync)
         spec = LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig(), **mem)
         rollout(spec, prompts, a, HISTORY_SEED)
         spec_out, spec_s = rollout(spec, prompts, a, TIMED_SEED)

@@ -185,6 +185,8 @@ class EngineConfig:
     cuda_graphs: bool = True                      # GPU: decode and verify steps replayed from CUDA graphs ...
     cuda_graph_max_tokens: int = 512              # ... of at most this many tokens (drafts included) ...
     cuda_graph_gib: float = 1.0                   # ... within this memory (taken from the K/V budget)
+    async_scheduling: bool | None = None          # launch a plain decoding step before the previous one's
+                                                  # tokens are back (engine/ahead.py); None: with CUDA graphs
     num_threads: int | None = None                # torch threads; None = as many cores as other
                                                   # processes leave free (bfloat16, float64; float32:
                                                   # torch's count, tailrl/threads.py says why)
@@ -209,6 +211,8 @@ class EngineConfig:
         _check(isinstance(self.cuda_graph_max_tokens, int) and self.cuda_graph_max_tokens >= 1,
                "cuda_graph_max_tokens", "must be an integer >= 1", self.cuda_graph_max_tokens)
         _check(self.cuda_graph_gib >= 0, "cuda_graph_gib", "must be >= 0", self.cuda_graph_gib)
+        _check(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
+               "must be true, false or null", self.async_scheduling)
 
 
 POOL_BACKENDS = ("local", "ray")

@@ -60,6 +60,9 @@ class Batch:
     # committed tokens computed this step (their hidden states, for a drafter's past)
     spans: list[tuple[Request, int, int, int]] = field(default_factory=list)
     graph: tuple[int, int] | None = None    # the bucket whose static inputs hold this step (engine/graphs.py)
+    # (flat index, request) of decode rows whose input token a step still on the device
+    # samples (a placeholder here; engine/ahead.py fills it in on the device)
+    ahead: list[tuple[int, Request]] = field(default_factory=list)
 
 
 def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: StepGraphs | None = None) -> Batch:
@@ -80,6 +83,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     keys, upos = [], []                 # noise of each sampled position: (seed key, output position)
     num_draft = reads = work = 0
     spans: list[tuple[Request, int, int, int]] = []
+    ahead: list[tuple[int, Request]] = []
     for r, (req, n) in enumerate(rows):
         start = req.num_computed_tokens
         out = req.output_token_ids
@@ -91,7 +95,10 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             # step waits on at hundreds of rows)
             plans.append(RowPlan(req, 1, [], [], len(sample_idx), None))
             sample_idx.append(len(ids))
-            ids.append(out[-1] if out else req.prompt_token_ids[-1])
+            tok = out[-1] if out else req.prompt_token_ids[-1]
+            if tok < 0:                     # sampled by a step still on the device (engine/ahead.py)
+                ahead.append((len(ids), req))
+            ids.append(tok)
             pos.append(start)
             wrow.append(r)
             wpos.append(start)
@@ -166,7 +173,8 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     longs, ints = [ids, pos, sample_idx, kv.slots(np.asarray(wrow), wpos_a)], [wrow, prefix, estart, ecount]
     key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], len(rows),
                                                  int(wpos_a.max(initial=-1)) + 1, reads, work, kv, graphs)
-    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, uniforms(keys, upos), num_draft, spans, key)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, uniforms(keys, upos), num_draft, spans, key,
+                 ahead)
 
 
 def _place(longs: list, ints: list, extra: list, rows: int, kv_len: int, reads: int, work: int, kv: KVCache,

@@ -14,13 +14,14 @@ import time
 import torch
 
 from tailrl.config import EngineConfig, SpeculativeConfig, device_scope, require_device
+from tailrl.engine.ahead import Launched, feed, placeholders, settle
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
 from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request, RequestStatus
-from tailrl.engine.sampler import sample
+from tailrl.engine.sampler import sample, sample_async
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
@@ -62,6 +63,11 @@ class LLMEngine:
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
             speculator = Speculator(speculative, history, target=self.model)
         self.speculator = speculator
+        # plain decoding steps launched before the previous step's tokens are back (ahead.py)
+        ahead = config.async_scheduling if config.async_scheduling is not None else graphs is not None
+        self.ahead = ahead and speculator is None
+        self._launched: Launched | None = None
+        self._settled_at = 0.0
         if speculator is not None and hasattr(speculator, "captures"):
             speculator.captures = captures_made
         if graphs is not None and speculator is not None:     # the drafter's chain steps too, in the same pool
@@ -90,6 +96,7 @@ class LLMEngine:
             self.speculator.start(req)
 
     def abort(self, request_id: str) -> Request | None:
+        self.drain()
         req = self.requests.get(request_id)
         if req is None or req.status.finished:
             return req
@@ -108,6 +115,7 @@ class LLMEngine:
     def free_cache(self) -> None:
         """Give back the memory of the K/V pool between rollouts (nothing queued, running or
         unreleased); it is allocated again at the next step."""
+        self.drain()
         if self.has_unfinished() or any(r.row >= 0 for r in self.requests.values()):
             raise RuntimeError("free_cache: requests still hold the KV cache")
         self.kv.free_memory()
@@ -115,6 +123,7 @@ class LLMEngine:
     # ---- metrics of one rollout (a generate call) --------------------------------------------
     def begin_rollout(self) -> None:
         """Start counting a rollout: ``rollout_counters`` and ``spec_metrics`` cover what follows."""
+        self.drain()
         self.metrics.trace.clear()
         self._rollout_start = self.metrics.snapshot()
         self._rollout_allocations = self.kv.allocations
@@ -158,6 +167,8 @@ class LLMEngine:
     def _step(self) -> list[Request]:
         if self.threads is not None:
             self.threads.tick()
+        if self.ahead:
+            return self._step_ahead()
         clock = [time.perf_counter()]
         captures = captures_made()
         sched = self.scheduler.schedule()                                  # 1. schedule
@@ -211,6 +222,69 @@ class LLMEngine:
         if self.idle_work is not None:                 # a step boundary: nothing is mid-step
             self.idle_work.after_step(len(sched.rows))
         return finished
+
+    # ---- steps launched ahead (ahead.py) ------------------------------------------------------
+    def _step_ahead(self) -> list[Request]:
+        """Launch the next plain step, then settle the one launched before it. Returns the
+        requests that finished (in the settled step)."""
+        start = time.perf_counter()
+        prev, self._launched = self._launched, None
+        if prev is not None:
+            placeholders(prev, self.scheduler)
+        sched = self.scheduler.schedule()
+        scheduled = time.perf_counter()
+        if sched.num_tokens == 0:
+            if prev is not None:
+                return self._settle(prev)
+            if self.scheduler.has_work():
+                raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
+            return []
+        batch = self.runner.build(sched.rows, {})
+        if prev is not None:
+            feed(batch, prev)                         # its tokens, on the device, as this step's inputs
+        built = time.perf_counter()
+        logits = self.runner.run(batch)
+        for req, n in sched.rows:
+            req.num_computed_tokens += n
+        launched = time.perf_counter()
+        sampled = sample_async(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)
+        self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
+                                         [scheduled - start, 0.0, built - scheduled, launched - built,
+                                          time.perf_counter() - launched], start)
+        if prev is None:
+            return []
+        finished = self._settle(prev)
+        if not step.live():                           # every row it computes has stopped already
+            self._launched = None
+            self._settle(step)
+        return finished
+
+    def _settle(self, step: Launched) -> list[Request]:
+        """Wait for a launched step's tokens, commit them, finish what stopped; its metrics."""
+        t0 = time.perf_counter()
+        step.sampled.lists()
+        t1 = time.perf_counter()
+        finished = settle(step, self.args.eos_token_ids)
+        for req in finished:
+            self._finish(req, req.status)
+        t2 = time.perf_counter()
+        b, s = step.batch, step.stages
+        self.metrics.record_step(step.rows, len(b.input_ids), 0, step.preempted,
+                                 s[:4] + [s[4] + t1 - t0, t2 - t1, 0.0])
+        if self.step_log is not None:                 # a step's period: since the step settled before it
+            self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
+                                  "seconds": t2 - max(step.start, self._settled_at)})
+        self._settled_at = t2
+        return finished
+
+    def drain(self) -> list[Request]:
+        """Settle the step in flight, if any (``async_scheduling``): afterwards every request's
+        state is its own, with nothing computing. Returns the requests that finished."""
+        if self._launched is None:
+            return []
+        step, self._launched = self._launched, None
+        with device_scope(self.config.device):
+            return self._settle(step)
 
     def _propose(self, sched: SchedulerOutput) -> dict:
         if self.speculator is None or sched.token_budget_left <= 0:
@@ -304,6 +378,7 @@ class LLMEngine:
     # ---- moving requests between instances ------------------------------------------------
     def export_request(self, request_id: str) -> RequestState:
         """Take an unfinished request out of this engine with its tokens, K/V and drafting state."""
+        self.drain()
         req = self.requests.get(request_id)
         if req is None or req.status.finished:
             raise ValueError(f"request_id {request_id!r} is not an unfinished request of this engine")
@@ -329,6 +404,7 @@ class LLMEngine:
     def load_weights(self, hf_state_dict: dict[str, torch.Tensor]) -> None:
         """In-place weight update from Hugging Face parameter names (e.g. after an RL step).
         Cached K/V of running requests is stale afterwards; call between generate calls."""
+        self.drain()
         self.model.load_hf_state_dict(hf_state_dict)
         if self.speculator is not None:
             self.speculator.target_updated(self.model)

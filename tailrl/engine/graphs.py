@@ -5,7 +5,9 @@ drafts: no prefill chunk) is padded to a bucket: its token count rounded up to
 ``token_buckets`` and its tree-visibility list to a power of two. Each bucket owns one device
 buffer of static inputs (token ids, positions, slots, visibility, the block table) that its
 graph reads, filled by one host-to-device copy per step from a host staging buffer (pinned on
-a GPU). The graph runs the model's forward to the final norm; the LM head and the sampler run
+a GPU; two per bucket, taken in turn, so that a step built while the previous one's copy may
+still wait in the stream never rewrites what that copy reads: engine/ahead.py). The graph
+runs the model's forward to the final norm; the LM head and the sampler run
 after it, on the real rows only.
 
 Padding tokens are inert: each writes its K/V at the K/V pool's scratch slot and sees that
@@ -19,7 +21,7 @@ they address the K/V pool, so a reallocated K/V pool (after ``free_cache``) drop
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -49,12 +51,14 @@ def _pow2(n: int) -> int:
 class _Bucket:
     n: int                          # tokens (padded)
     e: int                          # tree visibility entries (padded, >= 1)
-    host: torch.Tensor              # int32 staging (pinned on a GPU)
+    host: list[torch.Tensor]        # int32 staging, two taken in turn (pinned on a GPU)
     dev: torch.Tensor               # int32 static inputs on the device
     meta: AttentionMeta             # views of ``dev``: what the graph reads
     ids: torch.Tensor
     pos: torch.Tensor
     sample: torch.Tensor
+    copied: list = field(default_factory=lambda: [None, None])   # per staging buffer: its last copy's event
+    turn: int = 0
 
     @property
     def table_offset(self) -> int:
@@ -82,7 +86,11 @@ class StepGraphs:
         """Write one step's inputs into ``key``'s static buffer with one copy; returns views of
         the step's real tokens (ids, positions, sample index, attention meta)."""
         b = self._static.get(key) or self._new(key)
-        n, h = len(longs[0]), b.host.numpy()
+        b.turn ^= 1
+        host = b.host[b.turn]
+        if b.copied[b.turn] is not None:
+            b.copied[b.turn].synchronize()        # its copy two steps ago has read it (long since, as a rule)
+        n, h = len(longs[0]), host.numpy()
         lo = h[:2 * LONGS * b.n].view(np.int64).reshape(LONGS, b.n)
         for i, (a, pad) in enumerate(zip(longs, (0, 0, 0, self.kv.scratch_slot))):
             lo[i, :n] = a
@@ -95,7 +103,10 @@ class StepGraphs:
         h[t0 - b.e:t0 - b.e + len(extra)] = extra
         end = t0 + rows * self.kv.table.shape[1]
         h[t0:end] = self.kv._table[:rows].ravel()
-        b.dev[:end].copy_(b.host[:end], non_blocking=True)
+        b.dev[:end].copy_(host[:end], non_blocking=True)
+        if host.is_pinned():
+            b.copied[b.turn] = torch.cuda.Event()
+            b.copied[b.turn].record()
         m = b.meta
         meta = AttentionMeta(m.write_slot[:n], m.q_row[:n], m.prefix[:n], m.estart[:n], m.ecount[:n],
                              m.extra, m.block_table, kv_len, reads, work)
@@ -111,6 +122,7 @@ class StepGraphs:
             host = host.pin_memory()
         host[-width:] = kv.num_blocks                   # the scratch row: every entry the scratch block
         dev = host.to(kv.device, copy=True)
+        host = [host, host.clone().pin_memory() if host.is_pinned() else host.clone()]
         lo = dev[:2 * LONGS * n].view(torch.int64).view(LONGS, n)
         it = dev[2 * LONGS * n:2 * LONGS * n + INTS * n].view(INTS, n)
         meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),

@@ -136,29 +136,44 @@ def _index(rows: list[int], m: int, device) -> torch.Tensor | slice:
 CHUNK_ELEMENTS = 1 << 21          # rows go in chunks of about 8 MB of float32 logits (on a CPU)
 
 
-def _in_chunks(fn, logits: torch.Tensor, *per_row: list) -> tuple[list, ...]:
-    """fn(logits chunk, *per_row chunks) -> a tuple of per-row tensors, over chunks of rows, as
-    lists. Every row is computed on its own, so chunks keep each pass's data in a CPU's cache
+class Fetched:
+    """Per-row results of the sampler (tokens, log-probabilities): the tensors where they were
+    computed (``tensors``: a next step's inputs can read its tokens there) and, from
+    ``lists()``, on the host. On a GPU the copies back start at once, without waiting, and
+    ``lists()`` waits for them: one wait per step, as late as its caller likes."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...] | None, lists: tuple[list, ...] | None = None):
+        self.tensors, self._lists, self._event = tensors, lists, None
+        if lists is None and tensors[0].device.type == "cpu":
+            self._lists = tuple(t.tolist() for t in tensors)
+        elif lists is None:
+            self._host = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True) for t in tensors]
+            for h, t in zip(self._host, tensors):
+                h.copy_(t, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        elif tensors is None:                       # a CPU's chunks, back as lists already
+            self.tensors = tuple(torch.tensor(x, device="cpu") for x in lists)
+
+    def lists(self) -> tuple[list, ...]:
+        if self._lists is None:
+            self._event.synchronize()
+            self._lists = tuple(h.tolist() for h in self._host)
+        return self._lists
+
+
+def _in_chunks(fn, logits: torch.Tensor, *per_row: list) -> Fetched:
+    """fn(logits chunk, *per_row chunks) -> a tuple of per-row tensors, over chunks of rows.
+    Every row is computed on its own, so chunks keep each pass's data in a CPU's cache
     without changing a bit (at a 152k vocabulary and 64 rows: half the time of one pass over
     all). On a GPU the rows go whole: a chunk there buys nothing and costs its ~25 launches and
     a wait (13 rows per chunk at a 152k vocabulary: 580 operations for 256 rows, 28 whole)."""
     rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
     if logits.shape[0] <= rows or logits.device.type != "cpu":
-        return _to_host(fn(logits, *per_row))
-    parts = [_to_host(fn(logits[i:i + rows], *(x[i:i + rows] for x in per_row)))
+        return Fetched(fn(logits, *per_row))
+    parts = [Fetched(fn(logits[i:i + rows], *(x[i:i + rows] for x in per_row))).lists()
              for i in range(0, logits.shape[0], rows)]
-    return tuple([v for part in parts for v in part[k]] for k in range(len(parts[0])))
-
-
-def _to_host(tensors: tuple[torch.Tensor, ...]) -> tuple[list, ...]:
-    """Device tensors as lists, with one wait for the device (not one per tensor)."""
-    if tensors[0].device.type == "cpu":
-        return tuple(t.tolist() for t in tensors)
-    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-    for h, t in zip(host, tensors):
-        h.copy_(t, non_blocking=True)
-    torch.cuda.current_stream(tensors[0].device).synchronize()
-    return tuple(h.tolist() for h in host)
+    return Fetched(None, tuple([v for part in parts for v in part[k]] for k in range(len(parts[0]))))
 
 
 def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
@@ -167,6 +182,13 @@ def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top
     Temperature 0 is greedy (argmax, logprob at T = 1). Filtered rows (top-k / top-p) sample
     from the filtered distribution; their logprob is still the unfiltered tempered one (what a
     trainer recomputes for importance ratios)."""
+    return sample_async(logits, temperature, top_k, top_p, u).lists()
+
+
+def sample_async(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
+                 u: list[float] | np.ndarray) -> Fetched:
+    """``sample`` without waiting for the device: its tokens stay readable there
+    (``Fetched.tensors[0]``, int64 [M]) and come back with ``lists()``."""
     return _in_chunks(_sample_rows, logits, temperature, top_k, top_p, u)
 
 
@@ -225,7 +247,7 @@ def token_logprobs(logits: torch.Tensor, temperature: list[float], tokens: list[
     """logits [M, V] -> log_softmax(logits / T)[token] per row, computed as ``sample`` computes
     the log-probability it reports (bit for bit: each row on its own, the same operations), for
     tokens known in advance (teacher forcing: ``tailrl.engine.score``)."""
-    return _in_chunks(_token_logprobs_rows, logits, temperature, tokens)[0]
+    return _in_chunks(_token_logprobs_rows, logits, temperature, tokens).lists()[0]
 
 
 def _token_logprobs_rows(logits: torch.Tensor, temperature: list[float], tokens: list[int]) -> tuple[torch.Tensor]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
@@ -87,6 +87,8 @@ class EngineWorker:
 
     def __init__(self, config: EngineConfig, speculative: SpeculativeConfig | None = None) -> None:
         self.history = HistoryStore()   # what this instance's history drafts read (synced by the pool)
+        # a chunk ends at its target exactly: no step launched ahead past it (engine/ahead.py)
+        config = replace(config, async_scheduling=False)
         self.engine = LLMEngine(config, speculative, self.history)
         self.targets: dict[str, int] = {}            # live chunks: request -> target
         self.reported: dict[str, int] = {}           # output tokens already reported

@@ -1,0 +1,104 @@
+"""Steps launched ahead (``EngineConfig.async_scheduling``): the host builds and launches step
+n+1 before step n's tokens come back, so that a GPU never waits on the host's Python between
+two plain decoding steps.
+
+    call k:  placeholders for step n's tokens -> schedule, build, launch step n+1
+             (its decode rows read step n's tokens on the device) -> wait for step n's tokens,
+             settle them in place of the placeholders, finish what stopped
+
+A decode row's next step depends on its last token only through the token's id, and the id
+is on the device already: the host knows everything else (position, K/V slot, sampling
+noise, which is keyed by position). So step n+1 is built with a placeholder (``PENDING``) as
+each such row's last token, and its input ids are filled in on the device from step n's
+sampled tokens (``feed``). Between two calls no placeholder is left: every token a caller
+sees is settled, and at most one step is in flight.
+
+What a step can not know ahead is a stop token: a request that stops at step n had a row in
+step n+1 whose results are dropped (its K/V write lands in its own blocks, released after;
+the device runs the steps in order). A request that reaches its length limit at step n
+leaves its row before step n+1 is scheduled. Every token is the one plain decoding samples:
+the same inputs, the same row-invariant kernels, the same noise (tests/engine/test_ahead.py).
+Drafts need the tokens on the host, so an engine with a speculator never steps ahead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tailrl.engine.batch import Batch
+from tailrl.engine.request import Request, RequestStatus
+from tailrl.engine.sampler import Fetched
+from tailrl.engine.scheduler import Scheduler
+from tailrl.engine.verify import append_token
+
+PENDING = -1                        # a placeholder: the token a step in flight samples
+
+
+@dataclass
+class Launched:
+    """A step whose tokens are still on the device."""
+    batch: Batch
+    rows: int                       # scheduled rows
+    preempted: int
+    sampled: Fetched
+    stages: list[float]             # seconds of its schedule, draft, build, forward and sampling launches
+    start: float                    # perf_counter() when its call began
+
+    def live(self) -> bool:
+        return any(not p.req.status.finished for p in self.batch.plans)
+
+
+def placeholders(step: Launched, scheduler: Scheduler) -> None:
+    """A placeholder token for each unfinished request ``step`` samples, so that the scheduler
+    and the batch see it one token on; a request the token takes to its length limit leaves
+    its row now (nothing to compute for it next)."""
+    for plan in step.batch.plans:
+        req = plan.req
+        if req.status is not RequestStatus.RUNNING:
+            continue
+        req.output_token_ids.append(PENDING)
+        req.output_logprobs.append(0.0)
+        if req.remaining_tokens <= 0:
+            scheduler.remove(req)
+
+
+def feed(batch: Batch, step: Launched) -> None:
+    """Write ``step``'s sampled tokens, on the device, into ``batch``'s input ids where it has
+    placeholders (``Batch.ahead``)."""
+    if not batch.ahead:
+        return
+    entry = {id(p.req): p.entry for p in step.batch.plans}
+    dst = [i for i, _ in batch.ahead]
+    src = [entry[id(req)] for _, req in batch.ahead]
+    tokens = step.sampled.tensors[0]
+    if dst == src == list(range(len(dst))):             # the same rows in the same order (most steps)
+        batch.input_ids[:len(dst)].copy_(tokens[:len(dst)])
+        return
+    index = torch.tensor([dst, src], dtype=torch.long, device="cpu")
+    if tokens.device.type != "cpu":                     # one pinned copy, not waited for
+        index = index.pin_memory().to(tokens.device, non_blocking=True)
+    batch.input_ids.index_copy_(0, index[0], tokens.index_select(0, index[1]))
+
+
+def settle(step: Launched, eos_token_ids: tuple[int, ...]) -> list[Request]:
+    """Wait for ``step``'s tokens and give each unfinished request its own, in place of its
+    placeholder (or appended, if it has none: a step settled without one launched after it).
+    Returns the requests that stopped; requests that had already stopped are skipped."""
+    tokens, logprobs = step.sampled.lists()
+    finished = []
+    for plan in step.batch.plans:
+        req = plan.req
+        if req.status.finished:
+            continue
+        out, e = req.output_token_ids, plan.entry
+        if out and out[-1] == PENDING:
+            out.pop()
+            req.output_logprobs.pop()
+        plan.last = e
+        plan.rows.append(e)
+        status = append_token(req, tokens[e], logprobs[e], eos_token_ids)
+        if status is not None:
+            req.status = status
+            finished.append(req)
+    return finished

@@ -1,0 +1,164 @@
+"""Steps launched ahead (engine/ahead.py, ``async_scheduling``), on the CPU: every token and
+log-probability the one plain decoding gives, whatever stops requests (stop tokens, which a
+step launched ahead can not know, and length limits), with rows waiting for room, with
+preemptions, through the graphs' static inputs; no placeholder ever visible between steps;
+a request exported mid-flight continues elsewhere to the same tokens."""
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tailrl import LLM, SamplingParams, SpeculativeConfig
+from tailrl.config import EngineConfig
+from tailrl.engine import engine as engine_mod
+from tailrl.engine.ahead import PENDING
+from tailrl.engine.batch import ModelRunner
+from tailrl.engine.graph_pool import GraphPool, eager_capture
+from tailrl.engine.graphs import StepGraphs
+
+PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4], [5, 6, 7, 8]]
+PARAMS = [SamplingParams(n=3, temperature=1.0, max_tokens=40, stop_token_ids=[11, 23], seed=3),
+          SamplingParams(n=2, temperature=0.0, max_tokens=25, stop_token_ids=[7]),
+          SamplingParams(n=2, temperature=0.8, top_p=0.9, top_k=20, max_tokens=30, seed=5),
+          SamplingParams(n=2, temperature=1.0, max_tokens=1, seed=8),
+          SamplingParams(n=3, temperature=1.2, max_tokens=35, stop_token_ids=[3, 50], seed=9)]
+
+
+def outputs(llm: LLM):
+    outs = llm.generate(PROMPTS, PARAMS)
+    return [[(c.token_ids, c.logprobs, c.finish_reason) for c in o.outputs] for o in outs]
+
+
+@pytest.fixture
+def fed(monkeypatch):
+    """Counts the steps whose inputs came from a step still in flight."""
+    count = [0]
+    feed = engine_mod.feed
+
+    def counting(batch, step):
+        count[0] += bool(batch.ahead)
+        return feed(batch, step)
+    monkeypatch.setattr(engine_mod, "feed", counting)
+    return count
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("rows", [256, 5], ids=["all-rows", "waiting"])
+def test_steps_launched_ahead_give_plain_decodings_outputs(model, dtype, graphs, rows, fed):
+    """Against the same engine stepping one step at a time, through the same inputs path, where
+    a CPU's kernels are batch invariant (a step launched ahead keeps the rows of requests that
+    stopped in the step before it: other batches than plain stepping's): not float32, whose
+    CPU products change in the last bits with the batch."""
+    def engine(ahead: bool) -> LLM:
+        llm = LLM(model, dtype=dtype, max_num_seqs=rows, async_scheduling=ahead)
+        e = llm.engine
+        if graphs:
+            e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64))
+        return llm
+    want = outputs(engine(False))
+    reasons = {r for o in want for _, _, r in o}
+    assert reasons == {"stop", "length"}
+    llm = engine(True)
+    e = llm.engine
+    assert e.ahead
+    for _ in range(2):
+        assert outputs(llm) == want
+        assert e._launched is None
+    assert fed[0] > 20
+    if graphs:
+        assert llm.last_metrics["graphs/replayed_steps"] > 20
+
+
+def test_preempted_requests_settle_and_recompute_the_same_tokens(model, fed):
+    kw = dict(dtype="bfloat16", max_model_len=128, kv_cache_tokens=256, max_num_seqs=16)
+    want = outputs(LLM(model, async_scheduling=False, **kw))
+    llm = LLM(model, async_scheduling=True, **kw)
+    assert outputs(llm) == want
+    assert llm.last_metrics["rollout/preemptions"] > 0 and fed[0] > 0
+
+
+def test_no_placeholder_between_steps_and_an_export_continues_elsewhere(model):
+    """Step by step: after each ``step()`` every request's tokens are settled and at most one
+    step is in flight; a request exported after a few steps (the step in flight is settled
+    first) and imported into a plain engine ends with the tokens it has in a plain rollout."""
+    sp = SamplingParams(n=4, temperature=1.0, max_tokens=30, stop_token_ids=[11], seed=2)
+    plain = LLM(model, async_scheduling=False)
+    want = {c.index: c.token_ids for c in plain.generate([PROMPTS[2]], sp)[0].outputs}
+    llm = LLM(model, async_scheduling=True)
+    e = llm.engine
+    reqs = llm.inputs.requests(0, [PROMPTS[2]], sp)[3][0]
+    for r in reqs:
+        e.add_request(r)
+    for _ in range(6):
+        e.step()
+        assert all(PENDING not in r.output_token_ids for r in reqs)
+    assert e._launched is not None
+    state = e.export_request(reqs[1].request_id)
+    assert e._launched is None and PENDING not in state.output_token_ids
+    while e.has_unfinished():
+        e.step()
+        assert all(PENDING not in r.output_token_ids for r in reqs)
+    moved = plain.engine.import_request(state)
+    while plain.engine.has_unfinished():
+        plain.engine.step()
+    assert moved.output_token_ids == want[1]
+    assert [r.output_token_ids for r in reqs if r is not reqs[1]] == [want[i] for i in (0, 2, 3)]
+
+
+def test_abort_and_weights_settle_the_step_in_flight(model):
+    """An abort after k calls of ``step()`` leaves the request with the tokens of every step
+    launched so far, as a plain engine's after k steps; new weights wait for the step in flight."""
+    got = {}
+    for ahead in (False, True):
+        llm = LLM(model, async_scheduling=ahead)
+        e = llm.engine
+        e.step_log = []
+        groups = llm.inputs.requests(0, PROMPTS[:2], SamplingParams(n=2, max_tokens=20, ignore_eos=True, seed=1))[3]
+        for r in [r for g in groups for r in g]:
+            e.add_request(r)
+        for _ in range(4):
+            e.step()
+        victim = groups[0][0]
+        e.abort(victim.request_id)
+        assert e._launched is None and victim.finish_reason == "abort"
+        got[ahead] = list(victim.output_token_ids)
+        e.step()
+        e.load_weights(load_file(os.path.join(model, "model.safetensors")))     # the same weights again
+        assert e._launched is None
+        assert len(e.step_log) == e.metrics.num_forward and all(s["seconds"] > 0 for s in e.step_log)
+    assert got[True] == got[False] and len(got[True]) == 3      # the first step prefills the shared prompt
+
+
+def test_who_steps_ahead():
+    """By default an engine with CUDA graphs (a GPU's); never one with a speculator (its drafts
+    read the tokens on the host) nor a rollout pool's worker (a chunk ends at its target)."""
+    with pytest.raises(ValueError, match="async_scheduling"):
+        EngineConfig(model="m", async_scheduling="yes")
+
+
+def test_an_engine_with_a_speculator_or_on_a_cpu_by_default_does_not_step_ahead(model):
+    assert not LLM(model, speculative=SpeculativeConfig(), async_scheduling=True).engine.ahead
+    assert not LLM(model).engine.ahead                    # a CPU: no CUDA graphs
+    pool = LLM(model, instances=2, pool={"processes": False}, async_scheduling=True).pool
+    assert not any(h.worker.engine.ahead for h in pool.instances)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device itself checks")
+def test_steps_launched_ahead_make_no_tensor_on_the_host_by_default(model, monkeypatch, fed):
+    """Through the Triton kernels (interpreted) and the graphs' static inputs, each step under
+    ``tests/device_guard.py``: the same outputs as stepping one step at a time."""
+    from device_guard import guard
+    monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    params = [SamplingParams(n=2, temperature=1.0, max_tokens=12, stop_token_ids=[11, 23], seed=3),
+              SamplingParams(n=2, temperature=0.0, max_tokens=9, stop_token_ids=[7])]
+
+    def run(ahead: bool):
+        llm = LLM(model, async_scheduling=ahead)
+        e = llm.engine
+        e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64))
+        return [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(PROMPTS[:2], params)]
+    want = run(False)
+    guard(monkeypatch, engine_mod.LLMEngine, "step", "drain")
+    assert run(True) == want and fed[0] > 5
