@@ -57,11 +57,12 @@ inline uint16_t float_to_bf16(float f) {        // round to nearest even (NaN st
     return static_cast<uint16_t>(u >> 16);
 }
 
-// The fixed reduction of 16 lanes: halves added pairwise, 8 + 8, 4 + 4, 2 + 2, 1 + 1.
-inline float reduce_lanes(const float* a) {
-    float t[LANES];
-    for (int i = 0; i < LANES; ++i) t[i] = a[i];
-    for (int w = LANES / 2; w > 0; w /= 2)
+// The fixed reduction of N lanes: halves added pairwise (16 lanes: 8 + 8, 4 + 4, 2 + 2, 1 + 1).
+template <typename T, int N = LANES>
+inline T reduce_lanes(const T* a) {
+    T t[N];
+    for (int i = 0; i < N; ++i) t[i] = a[i];
+    for (int w = N / 2; w > 0; w /= 2)
         for (int i = 0; i < w; ++i) t[i] = t[i] + t[i + w];
     return t[0];
 }
@@ -113,7 +114,7 @@ inline void tile(const float* xw, int64_t xws, const uint16_t* w, int64_t ws, in
     for (int i = 0; i < MR; ++i)
         for (int j = 0; j < NR; ++j) {
             _mm512_store_ps(lanes, acc[i][j]);
-            out[i][j] = reduce_lanes(lanes);
+            out[i][j] = reduce_lanes<float>(lanes);
         }
 }
 #else
@@ -135,7 +136,7 @@ inline void tile(const float* xw, int64_t xws, const uint16_t* w, int64_t ws, in
                     acc[l] = std::fma(we, xr[c * CHUNK + l], acc[l]);
                     acc[l] = std::fma(wo, xr[c * CHUNK + LANES + l], acc[l]);
                 }
-            out[i][j] = reduce_lanes(acc);
+            out[i][j] = reduce_lanes<float>(acc);
         }
 }
 #endif
@@ -211,14 +212,6 @@ void linear(uintptr_t x, int64_t xs, uintptr_t w, int64_t ws, uintptr_t bias, ui
 // never reorder a lane's sum.
 constexpr int DLANES = 8;
 
-inline double reduce_dlanes(const double* a) {
-    double t[DLANES];
-    for (int i = 0; i < DLANES; ++i) t[i] = a[i];
-    for (int w = DLANES / 2; w > 0; w /= 2)
-        for (int i = 0; i < w; ++i) t[i] = t[i] + t[i + w];
-    return t[0];
-}
-
 template <int R>
 inline void dtile(const double* xp, int64_t xps, const double* w, int64_t ws, const double* b, double* y, int64_t ys,
                   int64_t K, int64_t chunks, int64_t m0, int64_t n) {
@@ -237,7 +230,7 @@ inline void dtile(const double* xp, int64_t xps, const double* w, int64_t ws, co
         }
     }
     for (int i = 0; i < R; ++i) {
-        const double v = reduce_dlanes(acc[i]);
+        const double v = reduce_lanes<double, DLANES>(acc[i]);
         y[(m0 + i) * ys + n] = b ? v + b[n] : v;
     }
 }
