@@ -16,7 +16,9 @@ shared ``EngineLoop`` (one continuously batched engine, tailrl's speculation and
   ``LLM(seed=...).generate(tokens, SamplingParams(n=N, seed=prompt_seed(epoch, tokens)))`` for
   samples 0..N-1;
 - history: once every sibling of a group has finished, their responses become the prompt's
-  history; a group cut short by an abort or an error records nothing.
+  history; a sibling whose call comes after the others finished (calls arrive one by one)
+  joins it and the history is recorded again, whole; a group cut short by an abort or an
+  error records nothing.
 
 Control: ``update_weights`` (applied between two engine steps; a new epoch), ``sleep`` (waits
 until nothing runs, then gives back the KV cache's memory), ``abort_all`` (ends running calls
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from tailrl.config import SamplingParams
@@ -61,12 +64,15 @@ class Sample:
 class SampleGroups:
     """Per-sample calls -> engine requests in groups; when a group's history is due."""
 
+    KEEP = 4096            # groups whose responses are kept after they finished (a late sibling joins them)
+
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.epoch = 0
         self._issued: dict[str, int] = {}                      # group id -> samples issued
         self._live: dict[str, int] = {}                        # group id -> samples running
-        self._done: dict[str, list[list[int]] | None] = {}     # group id -> responses (None: cut short)
+        # group id -> responses (None: cut short), the finished groups' least recently finished first
+        self._done: OrderedDict[str, list[list[int]] | None] = OrderedDict()
         self._lock = threading.Lock()                          # make: asyncio side; retire: loop thread
 
     def new_epoch(self) -> None:
@@ -107,12 +113,18 @@ class SampleGroups:
             self._leave(request)
 
     def _leave(self, r: Request) -> list[tuple[str, list[list[int]]]]:
-        self._live[r.group_id] -= 1
-        if self._live[r.group_id]:
+        gid = r.group_id
+        self._live[gid] -= 1
+        if self._live[gid]:
             return []
-        del self._live[r.group_id]
-        done = self._done.pop(r.group_id, None)
-        return [(r.prompt_id, done)] if done else []
+        del self._live[gid]
+        done = self._done.get(gid)
+        if gid in self._done:                # kept: a sibling called after this adds to it
+            self._done.move_to_end(gid)
+        if len(self._done) > self.KEEP:      # down to half, the least recently finished first
+            for old in [g for g in self._done if g not in self._live][:len(self._done) - self.KEEP // 2]:
+                del self._done[old]
+        return [(r.prompt_id, list(done))] if done else []
 
 
 class SampleServer:
