@@ -64,7 +64,7 @@ engine() {
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-90} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             tests/kernels/test_triton.py tests/kernels/test_triton_sampler.py tests/kernels/test_stock.py tests/drafter/test_drafter_graphs.py \
-            tests/engine/test_engine_device.py \
+            tests/engine/test_engine_device.py tests/engine/test_ahead.py \
             tests/rl/test_device.py
     else
         echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"

@@ -162,3 +162,18 @@ def test_steps_launched_ahead_make_no_tensor_on_the_host_by_default(model, monke
     want = run(False)
     guard(monkeypatch, engine_mod.LLMEngine, "step", "drain")
     assert run(True) == want and fed[0] > 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, streams and copies not waited for")
+def test_on_a_gpu_steps_launched_ahead_give_plain_stepping_outputs(model):
+    """On a GPU, where the copies and launches really run behind the host: every token and
+    log-probability of a rollout with steps launched ahead (the default there) equals stepping
+    one step at a time's, with stop tokens and rows waiting for room; steps were replayed from
+    CUDA graphs and fed on the device."""
+    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=5, gpu_memory_utilization=0.2)
+    want = outputs(LLM(model, async_scheduling=False, **kw))
+    llm = LLM(model, **kw)
+    assert llm.engine.ahead
+    for _ in range(2):
+        assert outputs(llm) == want
+    assert llm.last_metrics["graphs/replayed_steps"] > 20
