@@ -18,15 +18,16 @@ from tailrl.noise import splitmix64, splitmix64_np
 
 def _sums(x: torch.Tensor):
     """The backend whose row sums (``Backend.softmax_cdf``, ``cumsum_rows``, ``logsumexp_rows``)
-    serve ``x``: on a GPU, Triton's, whose sums do not change with the batch (kernels/gpu/scan.py)."""
+    and ``top_k`` serve ``x``: on a GPU, Triton's, whose sums do not change with the batch
+    (kernels/gpu/scan.py), nor its top-k's ties."""
     return select(x.device, x.dtype)
 
 
 def _top_k_filter(scaled: torch.Tensor, top_k: int, top_p: torch.Tensor):
-    """Rows with top-k (top-p applies inside it): their k best, sorted (found with ``topk``, not
+    """Rows with top-k (top-p applies inside it): their k best, sorted (found with ``top_k``, not
     a sort of the row), the tokens outside the top-p nucleus of the top-k distribution masked.
     Returns (filtered logits [M, k], vocabulary ids [M, k])."""
-    vals, idx = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1, sorted=True)
+    vals, idx = _sums(scaled).top_k(scaled, min(top_k, scaled.shape[-1]))
     probs = vals.softmax(dim=-1)
     # keep the smallest prefix whose mass reaches top_p: drop a token if the mass before it >= top_p
     before = _sums(probs).cumsum_rows(probs) - probs

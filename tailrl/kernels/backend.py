@@ -84,6 +84,10 @@ class Backend:
         """The running sums of each row of ``x`` [M, V] (into ``x`` itself if ``inplace``)."""
         return x.cumsum_(dim=-1) if inplace else x.cumsum(dim=-1)
 
+    def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``k`` largest values, largest first, and their column ids (``topk``)."""
+        return x.topk(k, dim=-1, sorted=True)
+
     def logsumexp_rows(self, x: torch.Tensor) -> torch.Tensor:
         """log(sum(exp(x))) of each row of ``x`` [M, V], as max + log(the last running sum of
         ``softmax_cdf``): PyTorch's own ``logsumexp`` on a CPU splits a lone row of a 152k

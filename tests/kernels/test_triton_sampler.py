@@ -2,7 +2,7 @@
 where there is no GPU: the running sums, totals and log-sum-exps of rows against PyTorch's, a
 row's bits alone equal to its bits in any batch, and the sampler through them: every setting's
 tokens and log-probabilities the same for a row alone as in a batch, and the tokens those of
-the CPU's sums for the same noise."""
+the CPU's sums for the same noise. And the GPU backend's top-k, ties kept and ordered by column."""
 import pytest
 import torch
 
@@ -93,3 +93,23 @@ def test_the_sampler_through_the_gpu_sums(small_blocks, monkeypatch):
     assert max(abs(a - b) for a, b in zip(together[1], cpu_lp)) < 1e-4
     assert sampler.token_logprobs(logits, temp, together[0]) == together[1]
     assert {(True, True), (True, False), (False, True)} <= set(launches)   # every sum went through scan.py
+
+
+@pytest.mark.parametrize("k", [1, 20, 300])
+def test_top_k_keeps_and_orders_ties_by_column(k):
+    """Values on a coarse grid (bfloat16 logits tie near the top): each row keeps its k largest,
+    ties kept and ordered lowest column first, alone or in a batch (CUDA's ``topk`` picks its
+    algorithm by the number of rows)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(0, 6, (16, 300), generator=g).float() * 0.5
+    x[3] = 1.0                                        # a row of ties only
+    x[5, 7:] = float("-inf")                          # fewer finite values than k
+    x = x.to(DEVICE)
+    vals, idx = TRITON.top_k(x, k)
+    for r in range(16):
+        row = x[r].tolist()
+        want = sorted(range(300), key=lambda c: (-row[c], c))[:k]
+        assert idx[r].tolist() == want and vals[r].tolist() == [row[c] for c in want]
+    for lo, hi in ((0, 1), (3, 4), (5, 12)):
+        alone = TRITON.top_k(x[lo:hi], k)
+        assert torch.equal(alone[0], vals[lo:hi]) and torch.equal(alone[1], idx[lo:hi])

@@ -149,6 +149,24 @@ class TritonBackend(Backend):
             return super().cumsum_rows(x, inplace)
         return self._scan(x, exp=False, write=True, out=x if inplace and x.is_contiguous() else None)[0]
 
+    def top_k(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ties broken by column, lowest first, in which values are kept and in their order.
+        CUDA's ``topk`` picks its algorithm by the number of rows, and bfloat16 logits tie often
+        near the top: which of two tied tokens a row keeps, and the order the inverse CDF walks
+        them in, could change with the batch. The k-th largest value is exact whatever the
+        algorithm; the values above it and the first ties at it (an integer count) are the row's
+        own; a second ``topk`` over distinct integer keys lists them by column, and a stable
+        sort by value orders them."""
+        v = x.shape[-1]
+        kth = x.topk(k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+        above, tied = x > kth, x == kth
+        keep = above | (tied & (tied.cumsum(dim=-1) <= k - above.sum(dim=-1, keepdim=True)))
+        cols = torch.arange(v, 0, -1, device=x.device)                   # the first column keys highest
+        idx = torch.where(keep, cols, 0).topk(k, dim=-1, sorted=True).indices
+        vals = x.gather(-1, idx)
+        order = vals.argsort(dim=-1, descending=True, stable=True)
+        return vals.gather(-1, order), idx.gather(-1, order)
+
     def logsumexp_rows(self, x: torch.Tensor) -> torch.Tensor:
         if not self._scannable(x):
             return super().logsumexp_rows(x)
