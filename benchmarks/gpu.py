@@ -46,7 +46,9 @@ checkpoint directory). Then, on ``--device``:
    prompts x ``--compare-tokens`` tokens: equal responses, and for the others the top-2 logit
    margin where they part (near-ties within 1e-6 counted).
 A part that fails prints its traceback and is recorded in "errors"; the parts that do not need
-its results still run (the exit status is then 1).
+its results still run (the exit status is then 1). With ``--partial-json PATH`` the figures so far
+are written to PATH after every part (``"partial_after"``: the last part), so that a run cut
+short by a time limit still leaves what it measured.
 
 The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s", "floor_tok_s",
 "decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "decode_b1_sync_tok_s", "rollout": {"tokens",
@@ -282,6 +284,7 @@ def main() -> None:
     ap.add_argument("--compare-tokens", type=int, default=128)
     ap.add_argument("--profile-steps", type=int, default=32, help="batch-1 decode steps under torch.profiler (0: skip)")
     ap.add_argument("--quick", action="store_true", help="4 prompts x 2, max 32: checks the script in a minute")
+    ap.add_argument("--partial-json", default=None, help="after each part, the figures so far (JSON) to this file")
     a = ap.parse_args()
     if a.quick:
         a.prompts, a.n, a.max_tokens, a.decode_tokens, a.bound_rows, a.bound_tokens = 4, 2, 32, 16, 8, 16
@@ -309,6 +312,9 @@ def main() -> None:
             errors[name] = f"{type(exc).__name__}: {exc}"[:500]
             print(f"{name} failed: {errors[name]}", flush=True)
             return None
+        finally:                      # what is measured so far survives a kill (a session's time limit)
+            if a.partial_json:
+                Path(a.partial_json).write_text(json.dumps({**out, "errors": errors, "partial_after": name}))
 
     # 1-2. the floor and batch-1 decode
     weights = args.num_parameters * 2

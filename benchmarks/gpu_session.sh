@@ -60,7 +60,8 @@ engine() {
             echo "TAILRL_MATMUL_TILES=$TAILRL_MATMUL_TILES" | tee -a "$OUT/summary.txt"
         fi
     fi
-    step gpu ${GPU_LIMIT:-260} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS
+    step gpu ${GPU_LIMIT:-260} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
+        --partial-json "$OUT/gpu_partial.json"
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-90} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             tests/kernels/test_triton.py tests/kernels/test_triton_sampler.py tests/kernels/test_stock.py tests/drafter/test_drafter_graphs.py \
