@@ -41,10 +41,10 @@ class ServerThread:
         return f"http://127.0.0.1:{self.port}"
 
 
-def start_server(model: str, api_key: str | None = API_KEY, speculative=None, **cfg):
+def start_server(model: str, api_key: str | None = API_KEY, speculative=None, engine: dict | None = None, **cfg):
     from tailrl import LLM
     from tailrl.serve.app import build_app
     from tailrl.serve.config import ServeConfig
-    llm = LLM(model, seed=0, max_num_seqs=64, speculative=speculative)
+    llm = LLM(model, seed=0, max_num_seqs=64, speculative=speculative, **(engine or {}))
     app = build_app(llm, ServeConfig(model_name=MODEL, api_key=api_key, **cfg))
     return ServerThread(app, free_port())

@@ -93,3 +93,26 @@ def test_stream_usage_chunk(big_server):
     chunks = list(client.completions.create(model=MODEL, prompt="u", max_tokens=5, n=2, stream=True,
                                             stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     assert chunks[-1].usage.completion_tokens == 10 and not chunks[-1].choices
+
+
+def test_a_server_whose_engine_steps_ahead_answers_as_one_that_does_not(chat_model):
+    """Concurrent seeded requests, some ending at EOS: the same tokens and log-probabilities
+    from an engine launching each plain step before the last one's tokens are back (a GPU's
+    default, forced here) as from one stepping one step at a time."""
+    def answers(ahead: bool) -> list:
+        with start_server(chat_model, max_tokens_limit=64, engine={"async_scheduling": ahead}) as s:
+            assert s.app.state.server.llm.engine.ahead == ahead
+            results: list = [None] * 8
+            threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+                i, post(s.port, {"model": MODEL, "prompt": f"q{i}", "max_tokens": 30 + i, "seed": i,
+                                 "logprobs": 1}))) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            wait_idle(s)
+            return [(r["choices"][0]["token_ids"], r["choices"][0]["logprobs"]["token_logprobs"],
+                     r["choices"][0]["finish_reason"]) for r in results]
+    got = answers(True)
+    assert got == answers(False)
+    assert {r for _, _, r in got} == {"stop", "length"}
