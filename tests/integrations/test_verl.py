@@ -128,7 +128,8 @@ def test_task_parquet_through_verls_dataset_and_agent_loop(model_dir, ray_cluste
 
 def test_prompt_router_keeps_a_prompts_samples_on_one_replica_across_epochs(model_dir, ray_cluster):
     """Two replicas behind PromptRouter: every prompt's samples, in both calls, ran on one
-    replica (its history there holds the second call's N responses); both replicas got work."""
+    replica (its history there holds both calls' 2N responses: no weight update between them,
+    so one group); both replicas got work."""
     import ray
     from verl.experimental.agent_loop import AgentLoopManager
     from verl.workers.rollout.llm_server import LLMServerManager
@@ -148,8 +149,8 @@ def test_prompt_router_keeps_a_prompts_samples_on_one_replica_across_epochs(mode
                                                                  for k in ks], sorted(keys)))
                  for h in manager.server_handles]
     assert len(histories) == 2
-    for counts in zip(*histories):                  # per prompt: N responses on one replica, none on the other
-        assert sorted(counts) == [0, N]
+    for counts in zip(*histories):                  # per prompt: 2N responses on one replica, none on the other
+        assert sorted(counts) == [0, 2 * N]
     assert all(any(c) for c in histories)
 
 
