@@ -131,14 +131,15 @@ def test_abort_and_weights_settle_the_step_in_flight(model):
     assert got[True] == got[False] and len(got[True]) == 3      # the first step prefills the shared prompt
 
 
-def test_who_steps_ahead():
-    """By default an engine with CUDA graphs (a GPU's); never one with a speculator (its drafts
-    read the tokens on the host) nor a rollout pool's worker (a chunk ends at its target)."""
+def test_async_scheduling_is_checked():
     with pytest.raises(ValueError, match="async_scheduling"):
         EngineConfig(model="m", async_scheduling="yes")
 
 
 def test_an_engine_with_a_speculator_or_on_a_cpu_by_default_does_not_step_ahead(model):
+    """By default an engine with CUDA graphs (a GPU's) steps ahead; never one with a speculator
+    (its drafts read the tokens on the host) nor a rollout pool's worker (a chunk ends at its
+    target)."""
     assert not LLM(model, speculative=SpeculativeConfig(), async_scheduling=True).engine.ahead
     assert not LLM(model).engine.ahead                    # a CPU: no CUDA graphs
     pool = LLM(model, instances=2, pool={"processes": False}, async_scheduling=True).pool
