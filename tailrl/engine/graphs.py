@@ -57,6 +57,7 @@ class _Bucket:
     ids: torch.Tensor
     pos: torch.Tensor
     sample: torch.Tensor
+    pinned: bool = False            # the staging is pinned (a GPU's): its copies run behind the host
     copied: list = field(default_factory=lambda: [None, None])   # per staging buffer: its last copy's event
     turn: int = 0
 
@@ -104,7 +105,7 @@ class StepGraphs:
         end = t0 + rows * self.kv.table.shape[1]
         h[t0:end] = self.kv._table[:rows].ravel()
         b.dev[:end].copy_(host[:end], non_blocking=True)
-        if host.is_pinned():
+        if b.pinned:
             b.copied[b.turn] = torch.cuda.Event()
             b.copied[b.turn].record()
         m = b.meta
@@ -127,7 +128,7 @@ class StepGraphs:
         it = dev[2 * LONGS * n:2 * LONGS * n + INTS * n].view(INTS, n)
         meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),
                              width * BLOCK, 0, 0)
-        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2])
+        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], host[0].is_pinned())
         self._static[key] = b
         return b
 
