@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from tailrl.engine.batch import Batch
+from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.sampler import Fetched
 from tailrl.engine.scheduler import Scheduler
-from tailrl.engine.verify import append_token
+from tailrl.engine.verify import commit
 
 PENDING = -1                        # a placeholder: the token a step in flight samples
 
@@ -81,23 +82,22 @@ def feed(batch: Batch, step: Launched) -> None:
     batch.input_ids.index_copy_(0, index[0], tokens.index_select(0, index[1]))
 
 
-def settle(step: Launched, eos_token_ids: tuple[int, ...]) -> list[Request]:
-    """Wait for ``step``'s tokens and give each unfinished request its own, in place of its
-    placeholder (or appended, if it has none: a step settled without one launched after it).
-    Returns the requests that stopped; requests that had already stopped are skipped."""
+def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]) -> list[Request]:
+    """Wait for ``step``'s tokens and commit each unfinished request's own (``verify.commit``)
+    in place of its placeholder (or after its tokens, if it has none: a step settled without
+    one launched after it). Returns the requests that stopped; requests that had already
+    stopped are skipped."""
     tokens, logprobs = step.sampled.lists()
     finished = []
     for plan in step.batch.plans:
         req = plan.req
         if req.status.finished:
             continue
-        out, e = req.output_token_ids, plan.entry
+        out = req.output_token_ids
         if out and out[-1] == PENDING:
             out.pop()
             req.output_logprobs.pop()
-        plan.last = e
-        plan.rows.append(e)
-        status = append_token(req, tokens[e], logprobs[e], eos_token_ids)
+        status = commit(plan, tokens, logprobs, kv, eos_token_ids)[2]
         if status is not None:
             req.status = status
             finished.append(req)

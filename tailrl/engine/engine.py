@@ -264,7 +264,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         step.sampled.lists()
         t1 = time.perf_counter()
-        finished = settle(step, self.args.eos_token_ids)
+        finished = settle(step, self.kv, self.args.eos_token_ids)
         for req in finished:
             self._finish(req, req.status)
         t2 = time.perf_counter()
