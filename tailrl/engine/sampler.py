@@ -16,7 +16,7 @@ from tailrl.kernels import select
 from tailrl.noise import splitmix64, splitmix64_np
 
 
-def _sums(x: torch.Tensor):
+def _kernels(x: torch.Tensor):
     """The backend whose row sums (``Backend.softmax_cdf``, ``cumsum_rows``, ``logsumexp_rows``)
     and ``top_k`` serve ``x``: on a GPU, Triton's, whose sums do not change with the batch
     (kernels/gpu/scan.py), nor its top-k's ties."""
@@ -27,10 +27,10 @@ def _top_k_filter(scaled: torch.Tensor, top_k: int, top_p: torch.Tensor):
     """Rows with top-k (top-p applies inside it): their k best, sorted (found with ``top_k``, not
     a sort of the row), the tokens outside the top-p nucleus of the top-k distribution masked.
     Returns (filtered logits [M, k], vocabulary ids [M, k])."""
-    vals, idx = _sums(scaled).top_k(scaled, min(top_k, scaled.shape[-1]))
+    vals, idx = _kernels(scaled).top_k(scaled, min(top_k, scaled.shape[-1]))
     probs = vals.softmax(dim=-1)
     # keep the smallest prefix whose mass reaches top_p: drop a token if the mass before it >= top_p
-    before = _sums(probs).cumsum_rows(probs) - probs
+    before = _kernels(probs).cumsum_rows(probs) - probs
     drop = before >= top_p[:, None]
     drop[:, 0] = False                                 # the top token always survives
     return vals.masked_fill(drop, float("-inf")), idx
@@ -39,7 +39,7 @@ def _top_k_filter(scaled: torch.Tensor, top_k: int, top_p: torch.Tensor):
 def _cdf(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row: the unnormalised CDF of exp(logits - max), its total and the max. Sampling and
     ``token_logprobs`` both take logsumexp from here (max + log(total)): the same bits."""
-    return _sums(logits).softmax_cdf(logits)
+    return _kernels(logits).softmax_cdf(logits)
 
 
 def _pick(cdf: torch.Tensor, total: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ def _mass_above(e: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Per row r: the sum of e[r] over the tokens whose e is above ``value[r]``, overwriting e
     (a sequential scan in vocabulary order: the same bits whatever the batch or thread count)."""
     e.masked_fill_(e <= value[:, None], 0.0)                      # e where e > v, else 0
-    return _sums(e).cumsum_rows(e, inplace=True)[:, -1]
+    return _kernels(e).cumsum_rows(e, inplace=True)[:, -1]
 
 
 def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.Tensor, first: torch.Tensor,
@@ -107,7 +107,7 @@ def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.
                 hi = mid
             else:
                 lo = mid + 1
-        kept = _sums(e).cumsum_rows(e.masked_fill_(e < values[lo], 0.0), inplace=True)
+        kept = _kernels(e).cumsum_rows(e.masked_fill_(e < values[lo], 0.0), inplace=True)
         tok[r] = _pick(kept, kept[:, -1], torch.as_tensor(_retry(u[r:r + 1], attempts + 1), device=x.device))[0]
     return tok
 
@@ -203,7 +203,7 @@ def _normaliser(scaled: torch.Tensor, temperature: list[float]):
     lse = torch.empty(m, dtype=scaled.dtype, device=dev)
     if greedy:
         g = _index(greedy, m, dev)
-        lse[g] = _sums(scaled).logsumexp_rows(scaled[g])
+        lse[g] = _kernels(scaled).logsumexp_rows(scaled[g])
     if not sampled:
         return lse, greedy, sampled, None
     cdf, total, mx = _cdf(scaled[_index(sampled, m, dev)])
