@@ -19,6 +19,9 @@
 #                                            # and online drafter on the 0.5b stand-in, each trainer's
 #                                            # engine at 0.12 of the GPU: four trainers, each
 #                                            # with its policy, AdamW and scorer, share it)
+#   bash benchmarks/gpu_session.sh profile   # benchmarks/step_profile.py: the plain rollout's steps
+#                                            # with and without steps launched ahead (A B B A),
+#                                            # the operations that wait for the GPU, profiler tables
 #   bash benchmarks/gpu_session.sh host      # the machine's 16-core CPU, no GPU: #34's
 #                                            # benchmarks/spec_host.py (default vs plain on `small`)
 #
@@ -103,12 +106,17 @@ main(['train-drafter', '--model', '$M', '--out', '$D', '--device', '$DEVICE', $T
     step grpo ${GRPO_LIMIT:-420} $PY benchmarks/drafter_online.py --steps ${GRPO_STEPS:-20} --drafter "$D" \
         --set device=$DEVICE --set model=$M --set gpu_memory_utilization=0.12 --out /tmp/tailrl-grpo
     ;;
+profile)
+    [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 60 $PY setup.py build_ext --inplace
+    step profile ${PROFILE_LIMIT:-130} $PY benchmarks/step_profile.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins \
+        ${QUICK:+--quick}
+    ;;
 host)
     [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 60 $PY setup.py build_ext --inplace
     step spec_host 500 $PY benchmarks/spec_host.py --rounds 2
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_session.sh all|engine|drafter|grpo|host" >&2
+    echo "usage: bash benchmarks/gpu_session.sh all|engine|drafter|grpo|profile|host" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,145 @@
+"""Where a plain rollout step's time goes, with and without steps launched ahead.
+
+``benchmarks/gpu.py`` measures the plain rollout's makespan with steps launched ahead
+(``async_scheduling``, the default with CUDA graphs) and without; this says why they differ.
+The 0.5b stand-in's rollout (``--prompts`` x ``--n``, T=1, ``--max-tokens``; round 1 warms each
+engine up and is the history), then, per engine (ahead, sync):
+
+1. timed rounds, alternating the two engines (A B B A), no profiler attached: makespan, step
+   count, the stages per step (``benchmarks/gpu.py``'s ``step_figures``), and the CUDA caching
+   allocator's device allocations and retries (a retry frees the cache and waits for the GPU);
+2. on a GPU, one round under ``torch.cuda.set_sync_debug_mode``: every operation that makes
+   the host wait for the device, counted by the Python line that asked for it (the sampler's
+   ``Fetched.lists`` wait is the one a step needs; any other stalls the steps launched ahead);
+3. on a GPU, one round under ``torch.profiler``: the operators by host time and by device
+   time (``--profile-rows`` rows of each table).
+
+Usage: python benchmarks/step_profile.py [--device cuda] [--prompts 64 --n 8 --max-tokens 512]
+The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from gpu import HISTORY_SEED, TIMED_SEED, rollout, step_figures  # noqa: E402
+from regime import model_dir  # noqa: E402
+
+from tailrl import LLM  # noqa: E402
+from tailrl.tasks import mixture  # noqa: E402
+
+REPO = HERE.parent
+
+
+def allocator() -> dict:
+    s = torch.cuda.memory_stats()
+    return {"device_allocs": s.get("num_device_alloc", 0), "alloc_retries": s.get("num_alloc_retries", 0),
+            "device_frees": s.get("num_device_free", 0)}
+
+
+def sync_sites(llm: LLM, prompts, a) -> dict:
+    """One round with every synchronising CUDA operation reported: counts by the innermost
+    line of tailrl (or of the benchmarks) that led to it."""
+    sites: collections.Counter = collections.Counter()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if "/tailrl/" in f.filename or "/benchmarks/" in f.filename]
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1][:3])
+        sites[f"{str(message)[:60]} @ {where}"] += 1
+
+    old = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                rollout(llm, prompts, a, TIMED_SEED)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    finally:
+        warnings.showwarning = old
+    steps = llm.last_metrics["rollout/num_forward"]
+    return {"steps": int(steps), "sites": dict(sites.most_common(12))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="0.5b")
+    ap.add_argument("--standin-dir", default="/tmp/tailrl-standins")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=2, help="timed rounds per engine (A B B A ...)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.25)
+    ap.add_argument("--profile-rows", type=int, default=18)
+    ap.add_argument("--quick", action="store_true", help="4 prompts x 2, max 32: checks the script")
+    a = ap.parse_args()
+    if a.quick:
+        a.prompts, a.n, a.max_tokens = 4, 2, 32
+    t_start = time.perf_counter()
+    cuda = torch.device(a.device).type == "cuda"
+    mdir = model_dir(a.model, Path(a.standin_dir))
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(mdir)
+    prompts = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(a.prompts)]
+    mem = {"gpu_memory_utilization": a.gpu_memory_utilization} if cuda else {}
+    engines = {"ahead": LLM(mdir, device=a.device, seed=0, async_scheduling=True, **mem),
+               "sync": LLM(mdir, device=a.device, seed=0, async_scheduling=False, **mem)}
+    out: dict = {"device": torch.cuda.get_device_name() if cuda else a.device, "model": a.model,
+                 "rollout": f"{a.prompts}x{a.n} T=1 max {a.max_tokens}"}
+    outputs = {}
+    for name, llm in engines.items():
+        rollout(llm, prompts, a, HISTORY_SEED)                  # warm-up (kernels, graphs) and history
+    runs: dict = {name: [] for name in engines}
+    order = [n for r in range(a.rounds) for n in (("ahead", "sync") if r % 2 == 0 else ("sync", "ahead"))]
+    for name in order:
+        before = allocator() if cuda else {}
+        got, secs = rollout(engines[name], prompts, a, TIMED_SEED)
+        outputs[name] = got
+        after = allocator() if cuda else {}
+        runs[name].append({"s": round(secs, 3), **step_figures(engines[name].last_metrics),
+                           **{k: after[k] - before[k] for k in after}})
+        print(f"{name}: {secs:.3f} s {json.dumps(runs[name][-1])}", flush=True)
+    out["runs"] = runs
+    out["best_s"] = {name: min(r["s"] for r in rs) for name, rs in runs.items()}
+    out["ahead_speedup"] = round(out["best_s"]["sync"] / out["best_s"]["ahead"], 3)
+    out["identical"] = outputs["ahead"] == outputs["sync"]
+    if cuda:
+        out["sync_sites"] = {}
+        for name, llm in engines.items():
+            try:
+                out["sync_sites"][name] = sync_sites(llm, prompts, a)
+            except Exception as exc:                    # the profiler tables still run
+                traceback.print_exc()
+                out["sync_sites"][name] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"synchronising operations, {name}: {json.dumps(out['sync_sites'][name], indent=1)}", flush=True)
+        from torch.profiler import ProfilerActivity, profile
+        for name, llm in engines.items():
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                rollout(llm, prompts, a, TIMED_SEED)
+            steps = int(llm.last_metrics["rollout/num_forward"])
+            table = prof.key_averages()
+            for key in ("self_cpu_time_total", "self_device_time_total"):
+                print(f"{name} rollout ({steps} steps, profiled), by {key}:\n"
+                      + table.table(sort_by=key, row_limit=a.profile_rows, max_name_column_width=60), flush=True)
+    out["seconds"] = round(time.perf_counter() - t_start, 1)
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
