@@ -6,7 +6,8 @@
 #                                            # rollouts ran) drafter
 #   bash benchmarks/gpu_session.sh engine    # build the native parts; the matmul's tiles
 #                                            # (benchmarks/matmul_tiles.py, used for the rest of the
-#                                            # run); benchmarks/gpu.py; the tests
+#                                            # run); the attention's keys per lane step
+#                                            # (benchmarks/attention.py); benchmarks/gpu.py; the tests
 #                                            # that use CUDA where it is (Triton kernels vs the
 #                                            # reference, row invariance, graph steps = eager, the
 #                                            # drafter's graph depths = its eager steps)
@@ -63,6 +64,7 @@ engine() {
             echo "TAILRL_MATMUL_TILES=$TAILRL_MATMUL_TILES" | tee -a "$OUT/summary.txt"
         fi
     fi
+    [ "$DEVICE" = cuda ] && step attention ${ATTENTION_LIMIT:-60} $PY benchmarks/attention.py   # keys per lane step
     step gpu ${GPU_LIMIT:-260} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
         --partial-json "$OUT/gpu_partial.json"
     if $PY -c "import pytest" 2>/dev/null; then

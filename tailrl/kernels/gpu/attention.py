@@ -3,9 +3,10 @@
 The same semantics as the CPU kernel (tailrl/kernels/_attention.cpp): query t sees its row's
 positions [0, prefix[t]) then extra[estart[t] : estart[t] + ecount[t]], read through the row's
 block table from the pool (keys [blocks, KV, BLOCK * D] in [D/2][BLOCK][2] blocks, values
-[blocks, KV, BLOCK, D]). A query's visible positions, in blocks of BLOCK, are dealt to
-``LANES`` lanes in turn (block b to lane b mod LANES); each lane runs an online softmax over
-its blocks in order, and the lanes' states are merged in lane order. Either one program per
+[blocks, KV, BLOCK, D]). A query's visible positions, in chunks of ``KEYS`` (a multiple of the
+pool's BLOCK: one step of a lane's walk gathers KEYS keys through the block table at once), are
+dealt to ``LANES`` lanes in turn (chunk c to lane c mod LANES); each lane runs an online
+softmax over its chunks in order, and the lanes' states are merged in lane order. Either one program per
 (query token, KV head) runs every lane itself (``WHOLE``: steps with programs enough to fill
 the GPU), or one program per lane stores its state and a second kernel merges them (few
 tokens: a decode step of one row reads its context with LANES x KV programs instead of KV,
@@ -59,16 +60,16 @@ def rope_write_kernel(qkv_ptr, qkv_s0, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_pt
 
 @triton.jit
 def _lane(q, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, k_s0, k_s1, v_s0, v_s1, t_s0,
-          LANES: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-    """Online softmax of q [GP, D] over the visible blocks lane, lane + LANES, lane + 2 LANES, ...
-    (BLOCK visible positions each), in order: (max [GP], sum [GP], weighted values [GP, D])."""
+          LANES: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr):
+    """Online softmax of q [GP, D] over the visible chunks lane, lane + LANES, lane + 2 LANES, ...
+    (KEYS visible positions each), in order: (max [GP], sum [GP], weighted values [GP, D])."""
     d = tl.arange(0, D)
-    j = tl.arange(0, BLOCK)
+    j = tl.arange(0, KEYS)
     m = tl.full([GP], float("-inf"), tl.float32)
     l = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
-    for b0 in range(lane * BLOCK, total, LANES * BLOCK):
-        vis = b0 + j                                            # visible indices of this block
+    for b0 in range(lane * KEYS, total, LANES * KEYS):
+        vis = b0 + j                                            # visible indices of this chunk
         ok = vis < total
         ex = tl.load(extra_ptr + es + vis - pre, mask=ok & (vis >= pre), other=0)
         pos = tl.where(vis < pre, vis, ex)
@@ -76,15 +77,15 @@ def _lane(q, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, 
         lane_pos = pos % BLOCK
         koff = (blk[:, None] * k_s0 + kh * k_s1 + (d[None, :] // 2) * (2 * BLOCK) + lane_pos[:, None] * 2
                 + d[None, :] % 2)
-        k = tl.load(k_ptr + koff, mask=ok[:, None], other=0.0).to(tl.float32)           # [BLOCK, D]
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")                               # [GP, BLOCK]
+        k = tl.load(k_ptr + koff, mask=ok[:, None], other=0.0).to(tl.float32)           # [KEYS, D]
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")                               # [GP, KEYS]
         s = tl.where(ok[None, :], s, float("-inf"))
         mnew = tl.maximum(m, tl.max(s, 1))
         c = tl.exp(m - mnew)
         p = tl.exp(s - mnew[:, None])
         l = l * c + tl.sum(p, 1)
         voff = blk[:, None] * v_s0 + kh * v_s1 + lane_pos[:, None] * D + d[None, :]
-        v = tl.load(v_ptr + voff, mask=ok[:, None], other=0.0).to(tl.float32)            # [BLOCK, D]
+        v = tl.load(v_ptr + voff, mask=ok[:, None], other=0.0).to(tl.float32)            # [KEYS, D]
         acc = acc * c[:, None] + tl.dot(p, v, input_precision="ieee")
         m = mnew
     return m, l, acc
@@ -113,7 +114,7 @@ def _store(out_ptr, o_s0, t, kh, l, acc, G: tl.constexpr, GP: tl.constexpr, D: t
 def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, table_ptr, qrow_ptr, prefix_ptr, estart_ptr, ecount_ptr,
                   extra_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, scale,
                   H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                  LANES: tl.constexpr, WHOLE: tl.constexpr):
+                  KEYS: tl.constexpr, LANES: tl.constexpr, WHOLE: tl.constexpr):
     """Program (t, kh[, lane]): the G query heads of KV head kh of token t (padded to GP rows).
     ``WHOLE``: every lane here, merged in lane order, and the result stored; else this lane's
     state stored in part [N, KV, LANES, GP, D + 2] (values, max, sum) for merge_kernel."""
@@ -132,13 +133,13 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, table_ptr, qrow_ptr, p
         acc = tl.zeros([GP, D], tl.float32)
         for lane in range(0, LANES):
             m2, l2, acc2 = _lane(q, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane,
-                                 k_s0, k_s1, v_s0, v_s1, t_s0, LANES, GP, D, BLOCK)
+                                 k_s0, k_s1, v_s0, v_s1, t_s0, LANES, GP, D, BLOCK, KEYS)
             m, l, acc = _merge(m, l, acc, m2, l2, acc2)
         _store(out_ptr, o_s0, t, kh, l, acc, G, GP, D)
     else:
         lane = tl.program_id(2)
         m, l, acc = _lane(q, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane,
-                          k_s0, k_s1, v_s0, v_s1, t_s0, LANES, GP, D, BLOCK)
+                          k_s0, k_s1, v_s0, v_s1, t_s0, LANES, GP, D, BLOCK, KEYS)
         base = part_ptr + ((t * tl.num_programs(1) + kh) * LANES + lane) * GP * (D + 2)
         tl.store(base + g[:, None] * (D + 2) + d[None, :], acc)
         tl.store(base + g * (D + 2) + D, m)
@@ -148,7 +149,8 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, table_ptr, qrow_ptr, p
 @triton.jit
 def merge_kernel(part_ptr, out_ptr, o_s0, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                  LANES: tl.constexpr):
-    """Program (t, kh): attend_kernel's lane states merged in lane order (as WHOLE merges them)."""
+    """Program (t, kh): attend_kernel's lane states merged in lane order (as WHOLE merges them).
+    The loop is unrolled, so that the lanes' loads need not wait for one another's merges."""
     t = tl.program_id(0)
     kh = tl.program_id(1)
     g = tl.arange(0, GP)
@@ -156,7 +158,7 @@ def merge_kernel(part_ptr, out_ptr, o_s0, G: tl.constexpr, GP: tl.constexpr, D: 
     m = tl.full([GP], float("-inf"), tl.float32)
     l = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
-    for lane in range(0, LANES):
+    for lane in tl.static_range(0, LANES):
         base = part_ptr + ((t * tl.num_programs(1) + kh) * LANES + lane) * GP * (D + 2)
         acc2 = tl.load(base + g[:, None] * (D + 2) + d[None, :])
         m2 = tl.load(base + g * (D + 2) + D)

@@ -35,6 +35,17 @@ SCAN_BLOCK = 4096                      # the sampler's row sums: columns per ste
 # attention: a query's blocks dealt to this many lanes (attention.py); one value per process,
 # as the matmul's tiles (rows differ between processes that differ in it)
 LANES = int(os.environ.get("TAILRL_ATTENTION_LANES", "16"))
+# attention: keys a lane gathers per step of its walk (a multiple of the pool's BLOCK); one value
+# per process too. A lane's walk is a chain of dependent steps (the block table, then K, then V):
+# fewer, wider steps shorten it. At 16 keys a step (one pool block) attention was 43% of an
+# H100's time in the plain rollout, its programs ~34 us per layer for contexts of a few hundred
+# tokens (benchmarks/step_profile.py). 32 keys halve the chain at no register cost (ptxas for
+# sm_90, 0.5B's heads: 113 registers at 32 keys, 120 at 16, no spills, 4 warps); 64 keys spill at 4
+# warps and take 8 (168 registers: half the programs per SM), hence the warps follow KEYS.
+# benchmarks/attention.py measures the choices on a GPU.
+KEYS = int(os.environ.get("TAILRL_ATTENTION_KEYS", "32"))
+if KEYS < BLOCK or KEYS & (KEYS - 1):
+    raise ValueError(f"TAILRL_ATTENTION_KEYS must be a power of two >= {BLOCK} (the K/V pool's block), got {KEYS}")
 WHOLE_PROGRAMS = 132                   # from this many (token, KV head) programs each runs all its lanes
 # No multiply-add contraction where two kernels must give the same bits from the same code
 # (attention's two modes, the norm with and without the residual add): each kernel's
@@ -79,8 +90,8 @@ class TritonBackend(Backend):
         attend_kernel[(n, kv_heads) if whole else (n, kv_heads, LANES)](
             q, k_cache, v_cache, out, part, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
             meta.extra, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0),
-            meta.block_table.stride(0), d ** -0.5, H=heads, G=g, GP=gp, D=d, BLOCK=BLOCK, LANES=LANES, WHOLE=whole,
-            **EXACT)
+            meta.block_table.stride(0), d ** -0.5, H=heads, G=g, GP=gp, D=d, BLOCK=BLOCK, KEYS=KEYS, LANES=LANES,
+            WHOLE=whole, num_warps=4 if KEYS <= 32 else 8, **EXACT)
         if not whole:
             merge_kernel[(n, kv_heads)](part, out, out.stride(0), G=g, GP=gp, D=d, LANES=LANES, **EXACT)
         return out

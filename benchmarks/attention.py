@@ -1,0 +1,130 @@
+"""The GPU attention kernel's cost by keys per step of a lane's walk (``TAILRL_ATTENTION_KEYS``).
+
+One layer's ``rope_attend`` (RoPE and the K/V write, attention through block tables, the lanes'
+merge where a step has few tokens) at Qwen2.5-0.5B's heads (14 query heads, 2 K/V heads, head
+dim 64), bfloat16, the K/V pool's blocks shuffled: decode steps of ``--rows`` rows at
+``--contexts`` positions each, and verify steps of 64 rows each checking a chain of 6 drafts
+(7 queries a row). Per shape and per ``--keys`` value: microseconds per call, replayed from a
+CUDA graph of ``--calls`` calls (as the engine replays its steps), best of ``--reps``; and each
+value's largest difference from the first value's outputs (a check that the variants compute
+the same attention: they differ in float32 rounding only).
+
+Each value of KEYS gives other bits, so an engine process uses one (the backend reads it once);
+here the module variable is set per measurement, which only a benchmark may do.
+
+Usage (on a GPU): python benchmarks/attention.py [--keys 16,32,64,128]
+A smoke test of the script on a CPU (Triton's interpreter, tiny shapes, timings meaningless):
+TRITON_INTERPRET=1 python benchmarks/attention.py --quick
+The last line is one JSON object: {"device", "shapes": {shape: {keys: us}}, "best": {shape: keys},
+"max_diff": {keys: float}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from tailrl.kernels import RopeTables
+from tailrl.kernels.gpu import backend
+from tailrl.kernels.gpu.backend import TRITON
+from tailrl.kernels.layout import BLOCK, AttentionMeta
+from tailrl.model.rope import rope_table
+
+H, KV, D = 14, 2, 64
+
+
+def step(rows: int, context: int, chain: int, device: str, seed: int = 0):
+    """``rows`` rows of ``context`` committed positions each (shuffled blocks), each with
+    ``chain`` new queries at the next positions: what rope_attend takes."""
+    rng = random.Random(seed)
+    per_row = (context + chain) // BLOCK + 1
+    n_blocks = rows * per_row + 1
+    order = list(range(n_blocks))
+    rng.shuffle(order)
+    table = torch.tensor(order[:rows * per_row], dtype=torch.int32).view(rows, per_row)
+    q_row, prefix, slots, positions = [], [], [], []
+    for r in range(rows):
+        for i in range(chain):
+            p = context + i                                   # sees [0, p] (itself written this step)
+            q_row.append(r)
+            prefix.append(p + 1)
+            slots.append(int(table[r, p // BLOCK]) * BLOCK + p % BLOCK)
+            positions.append(p)
+    n = len(q_row)
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = AttentionMeta(torch.tensor(slots, device=device), torch.tensor(q_row, **i32), torch.tensor(prefix, **i32),
+                         torch.zeros(n, **i32), torch.zeros(n, **i32), torch.zeros(1, **i32), table.to(device),
+                         context + chain, rows * (context + chain), n * (context + chain))
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(n_blocks, KV, BLOCK * D, generator=g).to(device, torch.bfloat16)
+    v = torch.randn(n_blocks, KV, BLOCK, D, generator=g).to(device, torch.bfloat16)
+    qkv = torch.randn(n, (H + 2 * KV) * D, generator=g).to(device, torch.bfloat16)
+    cos, sin = rope_table(D, context + chain + 1, 1e6, torch.float32)
+    tables = RopeTables(cos.to(device, torch.bfloat16), sin.to(device, torch.bfloat16), cos.to(device), sin.to(device))
+    rope = TRITON.rope(tables, torch.tensor(positions, device=device))
+    return qkv, rope, k, v, meta
+
+
+def timed(fn, calls: int, reps: int, cuda: bool) -> float:
+    """Microseconds per call: a CUDA graph of ``calls`` calls replayed, best of ``reps``."""
+    fn()
+    if not cuda:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    best = float("inf")
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", default="16,32,64,128")
+    ap.add_argument("--rows", default="1,8,64,512")
+    ap.add_argument("--contexts", default="256,1024,4096")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="tiny shapes: checks the script (on a CPU, interpreted)")
+    a = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    keys = [int(x) for x in a.keys.split(",")]
+    shapes = [(r, c, 1) for r in map(int, a.rows.split(",")) for c in map(int, a.contexts.split(","))
+              if r * c <= 512 * 1024] + [(64, 512, 7)]
+    if a.quick:
+        keys, shapes, a.calls, a.reps = keys[:2], [(1, 40, 1), (3, 40, 7)], 1, 1
+    out: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreted: timings meaningless)",
+                 "shapes": {}, "best": {}, "max_diff": {k: 0.0 for k in keys}}
+    for rows, context, chain in shapes:
+        name = f"{rows}x{chain}@{context}"
+        qkv, rope, k, v, meta = step(rows, context, chain, device)
+        first = None
+        res = {}
+        for kk in keys:
+            backend.KEYS = kk
+            kc, vc = k.clone(), v.clone()
+            got = TRITON.rope_attend(qkv, rope, kc, vc, meta, H)
+            first = got if first is None else first
+            out["max_diff"][kk] = max(out["max_diff"][kk], (got.float() - first.float()).abs().max().item())
+            res[kk] = round(timed(lambda: TRITON.rope_attend(qkv, rope, kc, vc, meta, H), a.calls, a.reps, cuda), 2)
+        out["shapes"][name] = res
+        out["best"][name] = min(res, key=res.get)
+        print(f"{name}: " + ", ".join(f"keys {kk} {us:.1f} us" for kk, us in res.items()), flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
