@@ -4,9 +4,9 @@
 #
 #   bash benchmarks/gpu_session.sh all       # <= 10 min: engine, then (if benchmarks/gpu.py's
 #                                            # rollouts ran) drafter
-#   bash benchmarks/gpu_session.sh engine    # build the native parts; the matmul's tiles
-#                                            # (benchmarks/matmul_tiles.py, used for the rest of the
-#                                            # run); the attention's keys per lane step
+#   bash benchmarks/gpu_session.sh engine    # build the native parts; with MEASURE_TILES=1 the
+#                                            # matmul's tiles (benchmarks/matmul_tiles.py, used for
+#                                            # the rest of the run); the attention's keys per lane step
 #                                            # (benchmarks/attention.py); benchmarks/gpu.py; the tests
 #                                            # that use CUDA where it is (Triton kernels vs the
 #                                            # reference, row invariance, graph steps = eager, the
@@ -57,7 +57,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a timeout, log to $OUT/NAME.l
 
 engine() {
     step build ${BUILD_LIMIT:-60} $PY setup.py build_ext --inplace
-    if [ "$DEVICE" = cuda ] && [ -z "${TAILRL_MATMUL_TILES:-}" ]; then    # the matmul's tiles, measured here
+    # the matmul's tiles measured here (MEASURE_TILES=1; 90 s): matmul.py's default is the best of
+    # six measured on an H100, so a session spends its device time on the rest by default
+    if [ "$DEVICE" = cuda ] && [ -n "${MEASURE_TILES:-}" ] && [ -z "${TAILRL_MATMUL_TILES:-}" ]; then
         step tiles ${TILES_LIMIT:-90} $PY benchmarks/matmul_tiles.py --out /tmp/tailrl-tiles
         if [ -s /tmp/tailrl-tiles ]; then
             export TAILRL_MATMUL_TILES=$(cat /tmp/tailrl-tiles)
