@@ -5,9 +5,11 @@ merge where a step has few tokens) at Qwen2.5-0.5B's heads (14 query heads, 2 K/
 dim 64), bfloat16, the K/V pool's blocks shuffled: decode steps of ``--rows`` rows at
 ``--contexts`` positions each, and verify steps of 64 rows each checking a chain of 6 drafts
 (7 queries a row). Per shape and per ``--keys`` value: microseconds per call, replayed from a
-CUDA graph of ``--calls`` calls (as the engine replays its steps), best of ``--reps``; and each
-value's largest difference from the first value's outputs (a check that the variants compute
-the same attention: they differ in float32 rounding only).
+CUDA graph of ``--calls`` calls (as the engine replays its steps), best of ``--reps``; for the
+verify steps also with query groups (``K+groups``: a row's chain walks its K/V together, as a
+step with several queries in a row launches it; ``groups_equal``: the same bits as without);
+and each value's largest difference from the first value's outputs (a check that the variants
+compute the same attention: they differ in float32 rounding only).
 
 Each value of KEYS gives other bits, so an engine process uses one (the backend reads it once);
 here the module variable is set per measurement, which only a benchmark may do.
@@ -15,12 +17,13 @@ here the module variable is set per measurement, which only a benchmark may do.
 Usage (on a GPU): python benchmarks/attention.py [--keys 16,32,64,128]
 A smoke test of the script on a CPU (Triton's interpreter, tiny shapes, timings meaningless):
 TRITON_INTERPRET=1 python benchmarks/attention.py --quick
-The last line is one JSON object: {"device", "shapes": {shape: {keys: us}}, "best": {shape: keys},
-"max_diff": {keys: float}}.
+The last line is one JSON object: {"device", "shapes": {shape: {keys[+groups]: us}}, "best": {shape:
+keys}, "max_diff": {keys: float}, "groups_equal"}.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
@@ -113,13 +116,19 @@ def main() -> None:
         qkv, rope, k, v, meta = step(rows, context, chain, device)
         first = None
         res = {}
+        metas = {"": meta} if chain == 1 else {"": meta, "+groups": dataclasses.replace(meta, multi=True)}
         for kk in keys:
             backend.KEYS = kk
-            kc, vc = k.clone(), v.clone()
-            got = TRITON.rope_attend(qkv, rope, kc, vc, meta, H)
-            first = got if first is None else first
-            out["max_diff"][kk] = max(out["max_diff"][kk], (got.float() - first.float()).abs().max().item())
-            res[kk] = round(timed(lambda: TRITON.rope_attend(qkv, rope, kc, vc, meta, H), a.calls, a.reps, cuda), 2)
+            outs = {}
+            for tag, mt in metas.items():
+                kc, vc = k.clone(), v.clone()
+                got = outs[tag] = TRITON.rope_attend(qkv, rope, kc, vc, mt, H)
+                first = got if first is None else first
+                if tag:                 # the same keys with and without groups: the same bits
+                    out["groups_equal"] = out.get("groups_equal", True) and torch.equal(got, outs[""])
+                out["max_diff"][kk] = max(out["max_diff"][kk], (got.float() - first.float()).abs().max().item())
+                res[f"{kk}{tag}"] = round(timed(lambda: TRITON.rope_attend(qkv, rope, kc, vc, mt, H), a.calls, a.reps,
+                                                cuda), 2)
         out["shapes"][name] = res
         out["best"][name] = min(res, key=res.get)
         print(f"{name}: " + ", ".join(f"keys {kk} {us:.1f} us" for kk, us in res.items()), flush=True)

@@ -59,7 +59,7 @@ class Batch:
     # per row with committed tokens other than a decode row's: (request, first position, flat index, count) of the
     # committed tokens computed this step (their hidden states, for a drafter's past)
     spans: list[tuple[Request, int, int, int]] = field(default_factory=list)
-    graph: tuple[int, int] | None = None    # the bucket whose static inputs hold this step (engine/graphs.py)
+    graph: tuple[int, int, bool] | None = None   # the bucket whose static inputs hold this step (engine/graphs.py)
     # (flat index, request) of decode rows whose input token a step still on the device
     # samples (a placeholder here; engine/ahead.py fills it in on the device)
     ahead: list[tuple[int, Request]] = field(default_factory=list)
@@ -178,16 +178,19 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
 
 
 def _place(longs: list, ints: list, extra: list, rows: int, kv_len: int, reads: int, work: int, kv: KVCache,
-           graphs: StepGraphs | None) -> tuple[tuple[int, int] | None, tuple]:
+           graphs: StepGraphs | None) -> tuple[tuple[int, int, bool] | None, tuple]:
     """A step's inputs on the device: (its graph bucket or None, (ids, positions, sample index,
     attention meta)). A step where every position samples (no prefill chunk) goes to its
     bucket's static inputs; any other step, or one without graphs, to fresh tensors."""
-    key = graphs.key(len(longs[0]), len(extra)) if graphs is not None and len(longs[2]) == len(longs[0]) else None
+    multi = len(longs[0]) > rows                        # some row has several queries
+    key = graphs.key(len(longs[0]), len(extra), multi) if graphs is not None and len(longs[2]) == len(longs[0]) \
+        else None
     if key is not None:
         return key, graphs.place(key, longs, ints, extra, rows, kv_len, reads, work)
     table = kv.table[:rows]
     (ids_t, pos_t, sample_t, slots), vis = to_device(longs, ints + [extra, table], kv.device)
-    return None, (ids_t, pos_t, sample_t, AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), kv_len, reads, work))
+    return None, (ids_t, pos_t, sample_t, AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), kv_len, reads, work,
+                                                        multi))
 
 
 def to_device(longs: list, ints: list, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

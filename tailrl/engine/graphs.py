@@ -72,17 +72,19 @@ class StepGraphs:
     def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int):
         self.model, self.kv, self.pool = model, kv, pool
         self.buckets = token_buckets(max_tokens)
-        self._static: dict[tuple[int, int], _Bucket] = {}
+        self._static: dict[tuple[int, int, bool], _Bucket] = {}
         self._kv_allocations = kv.allocations
         self.replays = self.eager = 0               # steps run from static inputs: replayed / eagerly (refused)
 
-    def key(self, num_tokens: int, num_extra: int) -> tuple[int, int] | None:
-        """The bucket of a step with every position sampling, or None (too many tokens)."""
+    def key(self, num_tokens: int, num_extra: int, multi: bool = False) -> tuple[int, int, bool] | None:
+        """The bucket of a step with every position sampling, or None (too many tokens). ``multi``:
+        some row has several queries (``AttentionMeta.multi``: attention launches its grouped
+        form, another graph, the same bits)."""
         if num_tokens == 0 or num_tokens > self.buckets[-1]:
             return None
-        return self.buckets[bisect.bisect_left(self.buckets, num_tokens)], _pow2(max(num_extra, 1))
+        return self.buckets[bisect.bisect_left(self.buckets, num_tokens)], _pow2(max(num_extra, 1)), multi
 
-    def place(self, key: tuple[int, int], longs: list, ints: list, extra: list, rows: int,
+    def place(self, key: tuple[int, int, bool], longs: list, ints: list, extra: list, rows: int,
               kv_len: int, reads: int, work: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMeta]:
         """Write one step's inputs into ``key``'s static buffer with one copy; returns views of
         the step's real tokens (ids, positions, sample index, attention meta)."""
@@ -110,11 +112,11 @@ class StepGraphs:
             b.copied[b.turn].record()
         m = b.meta
         meta = AttentionMeta(m.write_slot[:n], m.q_row[:n], m.prefix[:n], m.estart[:n], m.ecount[:n],
-                             m.extra, m.block_table, kv_len, reads, work)
+                             m.extra, m.block_table, kv_len, reads, work, m.multi)
         return b.ids[:n], b.pos[:n], b.sample[:n], meta
 
-    def _new(self, key: tuple[int, int]) -> _Bucket:
-        n, e = key
+    def _new(self, key: tuple[int, int, bool]) -> _Bucket:
+        n, e, multi = key
         kv = self.kv
         rows, width = kv.max_rows + 1, kv.table.shape[1]
         t0 = 2 * LONGS * n + INTS * n + e                # the table's offset (``_Bucket.table_offset``)
@@ -127,12 +129,12 @@ class StepGraphs:
         lo = dev[:2 * LONGS * n].view(torch.int64).view(LONGS, n)
         it = dev[2 * LONGS * n:2 * LONGS * n + INTS * n].view(INTS, n)
         meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),
-                             width * BLOCK, 0, 0)
+                             width * BLOCK, 0, 0, multi)
         b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], host[0].is_pinned())
         self._static[key] = b
         return b
 
-    def run(self, key: tuple[int, int]) -> torch.Tensor:
+    def run(self, key: tuple[int, int, bool]) -> torch.Tensor:
         """The normed hidden states [bucket tokens, H] of the step placed in ``key``'s buffer:
         replayed from its graph, or computed eagerly from the same inputs where the pool
         refuses the key. Valid until the next step."""

@@ -85,6 +85,7 @@ class AttentionMeta:
     kv_len: int                         # largest position any query sees, plus one
     reads: int                          # (row, key position) pairs read: the K/V traffic
     work: int                           # (query, key position) pairs scored
+    multi: bool = False                 # some row has several queries (chains, prefill): kernels may group them
 
     @property
     def num_tokens(self) -> int:

@@ -2,6 +2,7 @@
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 where there is no GPU): RoPE with the
 K/V write into a shuffled pool, attention over chains, trees, GQA and ragged rows through block
 tables, RMS norm; a query's bits alone equal its bits in a batch; and a tiny model end to end."""
+import dataclasses
 import random
 
 import pytest
@@ -114,11 +115,35 @@ def test_attention_lanes_merged_in_one_program_or_by_a_second_kernel_give_the_sa
         assert (split.float() - want).abs().max().item() < tol
 
 
-def test_a_query_alone_equals_the_query_in_a_batch():
-    rows = [[(90, [])], [(40, []), (41, [])], [(70, [100, 101, 104])]]
+def test_a_rows_queries_walk_its_kv_together_with_the_bits_each_has_alone(monkeypatch):
+    """Query groups (``AttentionMeta.multi``: chains of drafts and prefill runs of one row walk
+    its K/V together, up to ``GROUP`` queries, each masked to its own prefix): every query's
+    bits equal those of the launch without groups, in both modes, at groups of 4 and 8, in
+    float32 (where no rounding hides a bit) and bfloat16. Rows: chains, trees, and a prefill
+    run of 21 positions across group boundaries."""
+    from tailrl.kernels.gpu import backend
+    rows = random_rows(random.Random(8), 6, cap=300) + [[(p, []) for p in range(50, 71)]]
+    qkv, positions, k, v, meta = step(rows, n_blocks=7 * 30 + 3, seed=9)
+    grouped = dataclasses.replace(meta, multi=True)
+    want, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta)
+    for dtype, cases in ((torch.float32, [(4, 0), (4, 1 << 30), (8, 1 << 30)]), (torch.bfloat16, [(4, 1 << 30)])):
+        monkeypatch.setattr(backend, "WHOLE_PROGRAMS", 0)
+        alone, _, _ = run(TRITON, dtype, qkv, positions, k, v, meta)
+        for group, whole_programs in cases:
+            monkeypatch.setattr(backend, "GROUP", group)
+            monkeypatch.setattr(backend, "WHOLE_PROGRAMS", whole_programs)
+            got, _, _ = run(TRITON, dtype, qkv, positions, k, v, grouped)
+            assert torch.equal(got, alone), (dtype, group, whole_programs)
+        assert (alone.float() - want).abs().max().item() < (2e-5 if dtype == torch.float32 else 3e-2)
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_a_query_alone_equals_the_query_in_a_batch(multi):
+    rows = [[(90, [])], [(40, []), (41, []), (42, [])], [(70, [100, 101, 104])]]
     qkv, positions, k, v, meta = step(rows, n_blocks=20, seed=3)
-    batch, k, v = run(TRITON, torch.bfloat16, qkv, positions, k, v, meta)      # alone: the same K/V in the pool
-    for t, r in ((0, 0), (2, 1), (3, 2)):                  # flat index of a query, its row
+    batch, k, v = run(TRITON, torch.bfloat16, qkv, positions, k, v,             # alone: the same K/V in the pool
+                      dataclasses.replace(meta, multi=multi))
+    for t, r in ((0, 0), (2, 1), (3, 1), (4, 2)):          # flat index of a query, its row
         one = AttentionMeta(meta.write_slot[t:t + 1], torch.zeros(1, dtype=torch.int32), meta.prefix[t:t + 1],
                             torch.zeros(1, dtype=torch.int32), meta.ecount[t:t + 1],
                             meta.extra[meta.estart[t]:meta.estart[t] + max(1, int(meta.ecount[t]))],
@@ -176,9 +201,10 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch)
 
 
 def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkeypatch):
-    """bfloat16 through the Triton kernels (the batch-invariant matmul included): a rollout
-    whose decode and verify steps replay graphs (CUDA graphs on a GPU; on a CPU the same
-    static, padded inputs run eagerly) gives the eager rollout's tokens and logprobs bit for bit;
+    """bfloat16 through the Triton kernels (the batch-invariant matmul included): speculation
+    gives plain decoding's tokens and logprobs bit for bit, and a rollout whose decode and
+    verify steps replay graphs (CUDA graphs on a GPU; on a CPU the same static, padded inputs
+    run eagerly) gives the eager rollout's;
     without a GPU, its steps make no tensor on the host by default (``tests/device_guard.py``)."""
     from device_guard import guard
 
@@ -193,6 +219,9 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkey
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
     want = run(LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE, cuda_graphs=False, **SMALL_POOL))
+    # lossless: plain decoding's steps (one query a row) and the verify steps (chains: query
+    # groups in attention) give every token and log-probability the same bits
+    assert run(LLM(path, device=DEVICE, cuda_graphs=False, **SMALL_POOL)) == want
     llm = LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE, **SMALL_POOL)
     if DEVICE == "cpu":                                 # on a GPU the device itself checks
         guard(monkeypatch, LLMEngine, "step")

@@ -6,14 +6,20 @@ block table from the pool (keys [blocks, KV, BLOCK * D] in [D/2][BLOCK][2] block
 [blocks, KV, BLOCK, D]). A query's visible positions, in chunks of ``KEYS`` (a multiple of the
 pool's BLOCK: one step of a lane's walk gathers KEYS keys through the block table at once), are
 dealt to ``LANES`` lanes in turn (chunk c to lane c mod LANES); each lane runs an online
-softmax over its chunks in order, and the lanes' states are merged in lane order. Either one program per
-(query token, KV head) runs every lane itself (``WHOLE``: steps with programs enough to fill
-the GPU), or one program per lane stores its state and a second kernel merges them (few
-tokens: a decode step of one row reads its context with LANES x KV programs instead of KV,
-each walking 1/LANES of it). The two are the same arithmetic in the same order (the same
-functions, float32 states stored and read back exactly), so a query's bits depend on its own
-row alone: not on another program, on the number of tokens, on the mode, or on where the
-blocks lie (row-invariant by construction).
+softmax over its chunks in order, and the lanes' states are merged in lane order. Either one
+program per (query group, KV head) runs every lane itself (``WHOLE``: steps with programs
+enough to fill the GPU), or one program per lane stores its state and a second kernel merges
+them (few tokens: a decode step of one row reads its context with LANES x KV programs instead
+of KV, each walking 1/LANES of it).
+
+A query group (``QT`` > 1, steps where a row has several queries: chains of drafts, prefill
+chunks) is up to QT consecutive queries of one row that see their prefixes alone, at
+consecutive positions: they walk the row's K/V once, together, instead of once each, every
+query masked to its own prefix. A query's arithmetic is the same in a group, alone, in either
+mode, in a launch of any size or QT: per element, an exact max, or a dot whose every element
+is its own in-order sum (float32 "ieee" dots are FMA loops), and a chunk that a query does not
+see leaves its state untouched. So its bits depend on its own row alone (row-invariant by
+construction).
 """
 from __future__ import annotations
 
@@ -59,15 +65,21 @@ def rope_write_kernel(qkv_ptr, qkv_s0, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_pt
 
 
 @triton.jit
-def _lane(q, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, k_s0, k_s1, v_s0, v_s1, t_s0,
-          LANES: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr):
-    """Online softmax of q [GP, D] over the visible chunks lane, lane + LANES, lane + 2 LANES, ...
-    (KEYS visible positions each), in order: (max [GP], sum [GP], weighted values [GP, D])."""
+def _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, k_s0, k_s1, v_s0, v_s1, t_s0,
+          LANES: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr):
+    """Online softmax of the query rows q [MP, D] over the walk's chunks lane, lane + LANES,
+    lane + 2 LANES, ... (KEYS visible indices each, of ``total``: the positions [0, pre), then
+    extra[es:]), in order: (max [MP], sum [MP], weighted values [MP, D]). Row r sees the indices
+    below rtot[r]; in a chunk where it sees none its state is kept as it was, so its bits are
+    those of a walk that stopped at its own end. Every operation is either per element, an
+    exact max, or a dot, whose every element is its own sum over K in order (the FMA dot of
+    float32 at "ieee" precision): a row's bits do not depend on the other rows or on MP."""
     d = tl.arange(0, D)
     j = tl.arange(0, KEYS)
-    m = tl.full([GP], float("-inf"), tl.float32)
-    l = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, D], tl.float32)
+    ones = tl.full([KEYS, 16], 1.0, tl.float32)
+    m = tl.full([MP], float("-inf"), tl.float32)
+    l = tl.zeros([MP], tl.float32)
+    acc = tl.zeros([MP, D], tl.float32)
     for b0 in range(lane * KEYS, total, LANES * KEYS):
         vis = b0 + j                                            # visible indices of this chunk
         ok = vis < total
@@ -78,15 +90,20 @@ def _lane(q, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, 
         koff = (blk[:, None] * k_s0 + kh * k_s1 + (d[None, :] // 2) * (2 * BLOCK) + lane_pos[:, None] * 2
                 + d[None, :] % 2)
         k = tl.load(k_ptr + koff, mask=ok[:, None], other=0.0).to(tl.float32)           # [KEYS, D]
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")                               # [GP, KEYS]
-        s = tl.where(ok[None, :], s, float("-inf"))
-        mnew = tl.maximum(m, tl.max(s, 1))
-        c = tl.exp(m - mnew)
-        p = tl.exp(s - mnew[:, None])
-        l = l * c + tl.sum(p, 1)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")                               # [MP, KEYS]
+        see = ok[None, :] & (vis[None, :] < rtot[:, None])
+        s = tl.where(see, s, float("-inf"))
+        live = b0 < rtot                                        # rows that see some of this chunk
+        mnew = tl.where(live, tl.maximum(m, tl.max(s, 1)), m)
+        mref = tl.where(live, mnew, 0.0)                        # live rows' max is finite; others: no NaN
+        c = tl.where(live, tl.exp(m - mref), 1.0)
+        p = tl.where(see, tl.exp(s - mref[:, None]), 0.0)
+        # the row sums as a dot (each its own sum in order), not tl.sum: a reduction's order follows
+        # the tile's layout, which changes with MP
+        l = tl.where(live, l * c + tl.max(tl.dot(p, ones, input_precision="ieee"), 1), l)
         voff = blk[:, None] * v_s0 + kh * v_s1 + lane_pos[:, None] * D + d[None, :]
         v = tl.load(v_ptr + voff, mask=ok[:, None], other=0.0).to(tl.float32)            # [KEYS, D]
-        acc = acc * c[:, None] + tl.dot(p, v, input_precision="ieee")
+        acc = tl.where(live[:, None], acc * c[:, None] + tl.dot(p, v, input_precision="ieee"), acc)
         m = mnew
     return m, l, acc
 
@@ -96,8 +113,9 @@ def _merge(m, l, acc, m2, l2, acc2):
     """Two softmax states over disjoint keys as one; an empty one (max -inf) changes nothing."""
     mn = tl.maximum(m, m2)
     live = mn > float("-inf")
-    a = tl.where(live, tl.exp(m - mn), 0.0)
-    b = tl.where(live, tl.exp(m2 - mn), 0.0)
+    ref = tl.where(live, mn, 0.0)                               # no -inf - -inf where both are empty
+    a = tl.where(live, tl.exp(m - ref), 0.0)
+    b = tl.where(live, tl.exp(m2 - ref), 0.0)
     return mn, l * a + l2 * b, acc * a[:, None] + acc2 * b[:, None]
 
 
@@ -111,39 +129,83 @@ def _store(out_ptr, o_s0, t, kh, l, acc, G: tl.constexpr, GP: tl.constexpr, D: t
 
 
 @triton.jit
+def _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT: tl.constexpr):
+    """How many tokens program t attends for: 0 where token t continues the group of the token
+    before it, else its group's size. Token u continues u - 1 where both are in one row, see
+    their prefixes alone (no extra), and u's prefix is one more and not a multiple of QT (a
+    chain of drafts, a prefill chunk: groups of up to QT tokens, aligned to positions)."""
+    if QT == 1:
+        count = 1
+    else:
+        i = tl.arange(0, QT)
+        w = t - 1 + i                                           # the token before t, then t's window
+        inw = (w >= 0) & (w < n)
+        wrow = tl.load(qrow_ptr + w, mask=inw, other=-1)
+        wpre = tl.load(prefix_ptr + w, mask=inw, other=-1)
+        wec = tl.load(ecount_ptr + w, mask=inw, other=1)
+        inx = t + i < n
+        xrow = tl.load(qrow_ptr + t + i, mask=inx, other=-1)
+        xpre = tl.load(prefix_ptr + t + i, mask=inx, other=-1)
+        xec = tl.load(ecount_ptr + t + i, mask=inx, other=1)
+        # cont[i]: token t + i continues token t + i - 1 (i = 0: t continues the token before it)
+        cont = inx & inw & (xrow == wrow) & (xec == 0) & (wec == 0) & (xpre == wpre + 1) & (xpre % QT != 0)
+        continues = tl.max(tl.where(i == 0, cont.to(tl.int32), 0), 0)
+        size = tl.min(tl.where(cont | (i == 0), QT, i), 0)      # t, then the tokens that continue it
+        count = tl.where(continues > 0, 0, size)
+    return count
+
+
+@triton.jit
 def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, table_ptr, qrow_ptr, prefix_ptr, estart_ptr, ecount_ptr,
-                  extra_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, scale,
-                  H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                  KEYS: tl.constexpr, LANES: tl.constexpr, WHOLE: tl.constexpr):
-    """Program (t, kh[, lane]): the G query heads of KV head kh of token t (padded to GP rows).
-    ``WHOLE``: every lane here, merged in lane order, and the result stored; else this lane's
-    state stored in part [N, KV, LANES, GP, D + 2] (values, max, sum) for merge_kernel."""
+                  extra_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
+                  H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr, D: tl.constexpr,
+                  BLOCK: tl.constexpr, KEYS: tl.constexpr, LANES: tl.constexpr, QT: tl.constexpr,
+                  WHOLE: tl.constexpr):
+    """Program (t, kh[, lane]): token t's group (``_group``: t alone where QT is 1, or t and
+    the tokens of its row's chain or prefill that follow it, up to QT; nothing where t is not
+    the first of its group), the G query heads of KV head kh of each of its tokens as rows
+    i * G + g of one tile of MP rows. They walk the row's positions once, together, each
+    masked to its own. ``WHOLE``: every lane here, merged in lane order, and the results stored;
+    else this lane's states stored in part [N, KV, LANES, GP, D + 2] (values, max, sum) for
+    merge_kernel."""
     t = tl.program_id(0)
     kh = tl.program_id(1)
     row = tl.load(qrow_ptr + t)
     pre = tl.load(prefix_ptr + t)
     es = tl.load(estart_ptr + t)
-    total = pre + tl.load(ecount_ptr + t)
-    g = tl.arange(0, GP)
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + (t * H + kh * G + g[:, None]) * D + d[None, :], mask=(g < G)[:, None], other=0.0) * scale
-    if WHOLE:
-        m = tl.full([GP], float("-inf"), tl.float32)
-        l = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, D], tl.float32)
-        for lane in range(0, LANES):
-            m2, l2, acc2 = _lane(q, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane,
-                                 k_s0, k_s1, v_s0, v_s1, t_s0, LANES, GP, D, BLOCK, KEYS)
-            m, l, acc = _merge(m, l, acc, m2, l2, acc2)
-        _store(out_ptr, o_s0, t, kh, l, acc, G, GP, D)
-    else:
-        lane = tl.program_id(2)
-        m, l, acc = _lane(q, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane,
-                          k_s0, k_s1, v_s0, v_s1, t_s0, LANES, GP, D, BLOCK, KEYS)
-        base = part_ptr + ((t * tl.num_programs(1) + kh) * LANES + lane) * GP * (D + 2)
-        tl.store(base + g[:, None] * (D + 2) + d[None, :], acc)
-        tl.store(base + g * (D + 2) + D, m)
-        tl.store(base + g * (D + 2) + D + 1, l)
+    ec = tl.load(ecount_ptr + t)
+    count = _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT)
+    if count > 0:
+        r = tl.arange(0, MP)
+        i = r // G                                              # the row's token (t + i) and head (g)
+        g = r % G
+        valid = (i < count) & (r < QT * G)
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + ((t + i[:, None]) * H + kh * G + g[:, None]) * D + d[None, :], mask=valid[:, None],
+                    other=0.0) * scale
+        # a row sees its token's prefix, then its extras (a token with extras is alone)
+        rtot = tl.where(valid, tl.load(prefix_ptr + t + i, mask=valid, other=0) + ec, 0)
+        total = tl.max(rtot, 0)
+        walk_pre = total - ec                                   # the walk's positions: [0, walk_pre), then extras
+        if WHOLE:
+            m = tl.full([MP], float("-inf"), tl.float32)
+            l = tl.zeros([MP], tl.float32)
+            acc = tl.zeros([MP, D], tl.float32)
+            for lane in range(0, LANES):
+                m2, l2, acc2 = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
+                                     k_s0, k_s1, v_s0, v_s1, t_s0, LANES, MP, D, BLOCK, KEYS)
+                m, l, acc = _merge(m, l, acc, m2, l2, acc2)
+            out = acc / tl.where(l > 0, l, 1.0)[:, None]
+            tl.store(out_ptr + (t + i[:, None]) * o_s0 + (kh * G + g[:, None]) * D + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+        else:
+            lane = tl.program_id(2)
+            m, l, acc = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
+                              k_s0, k_s1, v_s0, v_s1, t_s0, LANES, MP, D, BLOCK, KEYS)
+            base = part_ptr + (((t + i) * tl.num_programs(1) + kh) * LANES + lane) * GP * (D + 2) + g * (D + 2)
+            tl.store(base[:, None] + d[None, :], acc, mask=valid[:, None])
+            tl.store(base + D, m, mask=valid)
+            tl.store(base + D + 1, l, mask=valid)
 
 
 @triton.jit

@@ -39,14 +39,20 @@ LANES = int(os.environ.get("TAILRL_ATTENTION_LANES", "16"))
 # per process too. A lane's walk is a chain of dependent steps (the block table, then K, then V):
 # fewer, wider steps shorten it. At 16 keys a step (one pool block) attention was 43% of an
 # H100's time in the plain rollout, its programs ~34 us per layer for contexts of a few hundred
-# tokens (benchmarks/step_profile.py). 32 keys halve the chain at no register cost (ptxas for
-# sm_90, 0.5B's heads: 113 registers at 32 keys, 120 at 16, no spills, 4 warps); 64 keys spill at 4
-# warps and take 8 (168 registers: half the programs per SM), hence the warps follow KEYS.
-# benchmarks/attention.py measures the choices on a GPU.
+# tokens (benchmarks/step_profile.py). At 32, half the steps; ptxas for sm_90 at 0.5B's heads and
+# 4 warps: 146 registers (one program per token and KV head) and 122 (per lane), no spills; 64 keys
+# spill at 4 warps, hence 8 there. benchmarks/attention.py measures the choices on a GPU.
 KEYS = int(os.environ.get("TAILRL_ATTENTION_KEYS", "32"))
 if KEYS < BLOCK or KEYS & (KEYS - 1):
     raise ValueError(f"TAILRL_ATTENTION_KEYS must be a power of two >= {BLOCK} (the K/V pool's block), got {KEYS}")
 WHOLE_PROGRAMS = 132                   # from this many (token, KV head) programs each runs all its lanes
+# attention: a row's consecutive queries (a chain of drafts, a prefill chunk) walk its K/V together,
+# up to this many (attention.py); a query's bits are the same at any GROUP. 4 (at 0.5B's heads a
+# tile of 32 query rows): 139 and 112 registers at 32 keys and 4 warps, no spills (8: spills of
+# 0.7-1.4 KB a thread). Not yet measured on a GPU; TAILRL_ATTENTION_GROUP=1 turns groups off.
+GROUP = int(os.environ.get("TAILRL_ATTENTION_GROUP", "4"))
+if GROUP < 1 or GROUP & (GROUP - 1):
+    raise ValueError(f"TAILRL_ATTENTION_GROUP must be a power of two >= 1, got {GROUP}")
 # No multiply-add contraction where two kernels must give the same bits from the same code
 # (attention's two modes, the norm with and without the residual add): each kernel's
 # compiler would otherwise fuse where its own context lets it
@@ -85,13 +91,15 @@ class TritonBackend(Backend):
             H=heads, KV=kv_heads, D=d, BLOCK=BLOCK)
         g = heads // kv_heads
         gp = max(16, _pow2(g))
+        qt = GROUP if meta.multi else 1                 # queries of a row walking its K/V together
+        mp = max(16, _pow2(qt * g))
         whole = n * kv_heads >= WHOLE_PROGRAMS
         part = out if whole else torch.empty(n, kv_heads, LANES, gp, d + 2, dtype=torch.float32, device=qkv.device)
         attend_kernel[(n, kv_heads) if whole else (n, kv_heads, LANES)](
             q, k_cache, v_cache, out, part, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
             meta.extra, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0),
-            meta.block_table.stride(0), d ** -0.5, H=heads, G=g, GP=gp, D=d, BLOCK=BLOCK, KEYS=KEYS, LANES=LANES,
-            WHOLE=whole, num_warps=4 if KEYS <= 32 else 8, **EXACT)
+            meta.block_table.stride(0), n, d ** -0.5, H=heads, G=g, GP=gp, MP=mp, D=d, BLOCK=BLOCK, KEYS=KEYS,
+            LANES=LANES, QT=qt, WHOLE=whole, num_warps=4 if KEYS <= 32 else 8, **EXACT)
         if not whole:
             merge_kernel[(n, kv_heads)](part, out, out.stride(0), G=g, GP=gp, D=d, LANES=LANES, **EXACT)
         return out
