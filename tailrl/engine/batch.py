@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tailrl.engine.graphs import StepGraphs
+from tailrl.engine.graphs import Key, StepGraphs
 from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
+from tailrl.engine.sampler import Fetched, for_sampling, graph_mode
 from tailrl.kernels import AttentionMeta
 from tailrl.model.transformer import Transformer
 from tailrl.noise import uniforms
@@ -59,7 +60,7 @@ class Batch:
     # per row with committed tokens other than a decode row's: (request, first position, flat index, count) of the
     # committed tokens computed this step (their hidden states, for a drafter's past)
     spans: list[tuple[Request, int, int, int]] = field(default_factory=list)
-    graph: tuple[int, int, bool] | None = None   # the bucket whose static inputs hold this step (engine/graphs.py)
+    graph: Key | None = None        # the bucket whose static inputs hold this step (engine/graphs.py)
     # (flat index, request) of decode rows whose input token a step still on the device
     # samples (a placeholder here; engine/ahead.py fills it in on the device)
     ahead: list[tuple[int, Request]] = field(default_factory=list)
@@ -171,22 +172,24 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             upos += [t0] + [t0 + d for d in depths]
     wpos_a = np.asarray(wpos, dtype=np.int64)
     longs, ints = [ids, pos, sample_idx, kv.slots(np.asarray(wrow), wpos_a)], [wrow, prefix, estart, ecount]
-    key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], len(rows),
+    u = uniforms(keys, upos)
+    mode = graph_mode(temps, topk, topp) if graphs is not None else None
+    key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, mode, len(rows),
                                                  int(wpos_a.max(initial=-1)) + 1, reads, work, kv, graphs)
-    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, uniforms(keys, upos), num_draft, spans, key,
-                 ahead)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead)
 
 
-def _place(longs: list, ints: list, extra: list, rows: int, kv_len: int, reads: int, work: int, kv: KVCache,
-           graphs: StepGraphs | None) -> tuple[tuple[int, int, bool] | None, tuple]:
+def _place(longs: list, ints: list, extra: list, u: np.ndarray, mode: str | None, rows: int, kv_len: int,
+           reads: int, work: int, kv: KVCache, graphs: StepGraphs | None) -> tuple[Key | None, tuple]:
     """A step's inputs on the device: (its graph bucket or None, (ids, positions, sample index,
     attention meta)). A step where every position samples (no prefill chunk) goes to its
-    bucket's static inputs; any other step, or one without graphs, to fresh tensors."""
+    bucket's static inputs (with ``u``, the uniforms, where its graph samples in ``mode``); any
+    other step, or one without graphs, to fresh tensors."""
     multi = len(longs[0]) > rows                        # some row has several queries
-    key = graphs.key(len(longs[0]), len(extra), multi) if graphs is not None and len(longs[2]) == len(longs[0]) \
-        else None
+    key = graphs.key(len(longs[0]), len(extra), multi, mode) \
+        if graphs is not None and len(longs[2]) == len(longs[0]) else None
     if key is not None:
-        return key, graphs.place(key, longs, ints, extra, rows, kv_len, reads, work)
+        return key, graphs.place(key, longs, ints, extra, u, rows, kv_len, reads, work)
     table = kv.table[:rows]
     (ids_t, pos_t, sample_t, slots), vis = to_device(longs, ints + [extra, table], kv.device)
     return None, (ids_t, pos_t, sample_t, AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), kv_len, reads, work,
@@ -241,15 +244,21 @@ class ModelRunner:
         return build_batch(rows, drafts, self.kv, self.graphs)
 
     def run(self, batch: Batch, return_hidden: bool = False):
-        """Returns logits [M, V] of the sampled positions; if asked, also their hidden states
-        [M, H] and those of every position computed [N, H] (normed, as the LM head reads them)."""
+        """Returns logits [M, V] of the sampled positions (float32 where the model is bfloat16),
+        or, where the step's graph sampled them (``Batch.graph``'s mode), its tokens and
+        log-probabilities as ``sampler.sample_async`` returns them (a ``Fetched``); if asked,
+        also the hidden states [M, H] of the sampled positions and those of every position
+        computed [N, H] (normed, as the LM head reads them)."""
         if batch.graph is not None:                    # every position samples: M = N
-            hidden = self.graphs.run(batch.graph)[:len(batch.input_ids)]
+            m = len(batch.input_ids)
+            out = self.graphs.run(batch.graph)
+            hidden = (out if batch.graph[3] is None else out[0])[:m]
             h = hidden = hidden.clone() if return_hidden else hidden   # the graph's output is rewritten next step
+            if batch.graph[3] is not None:
+                sampled = Fetched((out[1][:m], out[2][:m]))
+                return (sampled, h, hidden) if return_hidden else sampled
         else:
             hidden = self.model(batch.input_ids, batch.positions, self.kv.layers(), batch.meta)
             h = hidden[batch.sample_index]
-        logits = self.model.logits(h)
-        if logits.dtype == torch.bfloat16:             # sample in float32: bf16 CDFs are too coarse
-            logits = logits.float()
+        logits = for_sampling(self.model.logits(h))
         return (logits, h, hidden) if return_hidden else logits

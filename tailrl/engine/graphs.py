@@ -7,7 +7,10 @@ buffer of static inputs (token ids, positions, slots, visibility, the block tabl
 graph reads, filled by one host-to-device copy per step from a host staging buffer (pinned on
 a GPU; two per bucket, taken in turn, so that a step built while the previous one's copy may
 still wait in the stream never rewrites what that copy reads: engine/ahead.py). The graph
-runs the model's forward to the final norm; the LM head and the sampler run
+runs the model's forward to the final norm. Where every row samples alike
+(``sampler.graph_mode``: an RL rollout's T = 1, or greedy) and the bucket's float32 logits
+take at most ``sampler.GRAPH_LOGITS_BYTES``, it runs the LM head and the sampler too, the
+rows' uniforms a static input (some 25 launches from the host per step fewer); else those run
 after it, on the real rows only.
 
 Padding tokens are inert: each writes its K/V at the K/V pool's scratch slot and sees that
@@ -28,10 +31,13 @@ import torch
 
 from tailrl.engine.graph_pool import GraphPool
 from tailrl.engine.kv import KVCache
+from tailrl.engine.sampler import GRAPH_LOGITS_BYTES, for_sampling, sample_static
 from tailrl.kernels import BLOCK, AttentionMeta
 from tailrl.model.transformer import Transformer
 
 LONGS, INTS = 4, 4             # ids, positions, sample index, slots (int64); row, prefix, estart, ecount (int32)
+FLOATS = 1                     # the rows' uniforms (float32)
+Key = tuple[int, int, bool, "str | None"]   # tokens, tree visibility entries (padded), multi, sampler mode
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -57,13 +63,15 @@ class _Bucket:
     ids: torch.Tensor
     pos: torch.Tensor
     sample: torch.Tensor
+    u: torch.Tensor                 # float32 uniforms (read where the graph samples)
+    mode: str | None = None         # sampler.graph_mode the graph samples in (None: it ends at the final norm)
     pinned: bool = False            # the staging is pinned (a GPU's): its copies run behind the host
     copied: list = field(default_factory=lambda: [None, None])   # per staging buffer: its last copy's event
     turn: int = 0
 
     @property
     def table_offset(self) -> int:
-        return 2 * LONGS * self.n + INTS * self.n + self.e
+        return (2 * LONGS + INTS + FLOATS) * self.n + self.e
 
 
 class StepGraphs:
@@ -72,22 +80,29 @@ class StepGraphs:
     def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int):
         self.model, self.kv, self.pool = model, kv, pool
         self.buckets = token_buckets(max_tokens)
-        self._static: dict[tuple[int, int, bool], _Bucket] = {}
+        self._static: dict[Key, _Bucket] = {}
         self._kv_allocations = kv.allocations
         self.replays = self.eager = 0               # steps run from static inputs: replayed / eagerly (refused)
 
-    def key(self, num_tokens: int, num_extra: int, multi: bool = False) -> tuple[int, int, bool] | None:
+    def key(self, num_tokens: int, num_extra: int, multi: bool = False, mode: str | None = None) -> Key | None:
         """The bucket of a step with every position sampling, or None (too many tokens). ``multi``:
         some row has several queries (``AttentionMeta.multi``: attention launches its grouped
-        form, another graph, the same bits)."""
+        form, another graph, the same bits); ``mode``: the step's ``sampler.graph_mode``, kept
+        where the bucket's logits are small enough to sample in the graph."""
         if num_tokens == 0 or num_tokens > self.buckets[-1]:
             return None
-        return self.buckets[bisect.bisect_left(self.buckets, num_tokens)], _pow2(max(num_extra, 1)), multi
+        n = self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
+        if n * self.model.args.vocab_size * 4 > GRAPH_LOGITS_BYTES:
+            mode = None
+        elif mode == "sample" and self.model.embed.weight.dtype not in (torch.bfloat16, torch.float32):
+            mode = None             # its sampler takes the uniforms in float16 or float64, not as staged
+        return n, _pow2(max(num_extra, 1)), multi, mode
 
-    def place(self, key: tuple[int, int, bool], longs: list, ints: list, extra: list, rows: int,
+    def place(self, key: Key, longs: list, ints: list, extra: list, u: np.ndarray, rows: int,
               kv_len: int, reads: int, work: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMeta]:
         """Write one step's inputs into ``key``'s static buffer with one copy; returns views of
-        the step's real tokens (ids, positions, sample index, attention meta)."""
+        the step's real tokens (ids, positions, sample index, attention meta). ``u``: the rows'
+        uniforms (float64), staged as float32 where the graph samples."""
         b = self._static.get(key) or self._new(key)
         b.turn ^= 1
         host = b.host[b.turn]
@@ -102,6 +117,9 @@ class StepGraphs:
         for i, (a, pad) in enumerate(zip(ints, (self.kv.max_rows, 1, 0, 0))):   # the scratch row, slot 0
             it[i, :n] = a
             it[i, n:] = pad
+        if b.mode == "sample":              # rounded to float32 here as the device rounds them
+            uoff = (2 * LONGS + INTS) * b.n
+            h[uoff:uoff + n] = np.asarray(u, dtype=np.float64).astype(np.float32).view(np.int32)
         t0 = b.table_offset
         h[t0 - b.e:t0 - b.e + len(extra)] = extra
         end = t0 + rows * self.kv.table.shape[1]
@@ -115,11 +133,11 @@ class StepGraphs:
                              m.extra, m.block_table, kv_len, reads, work, m.multi)
         return b.ids[:n], b.pos[:n], b.sample[:n], meta
 
-    def _new(self, key: tuple[int, int, bool]) -> _Bucket:
-        n, e, multi = key
+    def _new(self, key: Key) -> _Bucket:
+        n, e, multi, mode = key
         kv = self.kv
         rows, width = kv.max_rows + 1, kv.table.shape[1]
-        t0 = 2 * LONGS * n + INTS * n + e                # the table's offset (``_Bucket.table_offset``)
+        t0 = (2 * LONGS + INTS + FLOATS) * n + e         # the table's offset (``_Bucket.table_offset``)
         host = torch.zeros(t0 + rows * width, dtype=torch.int32, device="cpu")   # staging: pinned on a GPU
         if torch.device(kv.device).type == "cuda":
             host = host.pin_memory()
@@ -130,19 +148,26 @@ class StepGraphs:
         it = dev[2 * LONGS * n:2 * LONGS * n + INTS * n].view(INTS, n)
         meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),
                              width * BLOCK, 0, 0, multi)
-        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], host[0].is_pinned())
+        u = dev[(2 * LONGS + INTS) * n:(2 * LONGS + INTS + FLOATS) * n].view(torch.float32)
+        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], u, mode, host[0].is_pinned())
         self._static[key] = b
         return b
 
-    def run(self, key: tuple[int, int, bool]) -> torch.Tensor:
-        """The normed hidden states [bucket tokens, H] of the step placed in ``key``'s buffer:
+    def run(self, key: Key) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The normed hidden states [bucket tokens, H] of the step placed in ``key``'s buffer,
+        and where the key samples (``mode``) its tokens and log-probabilities [bucket tokens]:
         replayed from its graph, or computed eagerly from the same inputs where the pool
         refuses the key. Valid until the next step."""
         if self.kv.allocations != self._kv_allocations:      # the K/V pool the graphs address is gone
             self.pool.clear()
             self._kv_allocations = self.kv.allocations
         b = self._static[key]
-        fn = lambda: self.model(b.ids, b.pos, self.kv.layers(), b.meta)   # noqa: E731
+
+        def fn():
+            hidden = self.model(b.ids, b.pos, self.kv.layers(), b.meta)
+            if b.mode is None:
+                return hidden
+            return (hidden, *sample_static(for_sampling(self.model.logits(hidden)), b.mode, b.u))
         out = self.pool.replay(key, fn)
         if out is None:
             self.eager += 1

@@ -186,6 +186,34 @@ def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top
     return sample_async(logits, temperature, top_k, top_p, u).lists()
 
 
+GRAPH_LOGITS_BYTES = 8 << 20     # a step graph samples in it where its float32 logits take at most this
+
+
+def graph_mode(temperature: list[float], top_k: list[int], top_p: list[float]) -> str | None:
+    """The form of the sampler that a step's CUDA graph can hold (its control flow fixed by the
+    mode, its uniforms a static input): "sample" where every row samples at T = 1 without top-k
+    or top-p (an RL rollout's), "greedy" where every row is greedy; else None (sampled eagerly)."""
+    if all(t == 1.0 for t in temperature) and all(k <= 0 for k in top_k) and all(p >= 1.0 for p in top_p):
+        return "sample"
+    if all(t == 0.0 for t in temperature):
+        return "greedy"
+    return None
+
+
+def sample_static(logits: torch.Tensor, mode: str, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample``'s tokens and log-probabilities of every row in ``graph_mode`` ``mode``, with the
+    uniforms on the device already (float32, as ``_pick`` takes them: the host rounds them as
+    the device would): the same operations on the same values, so the same bits, and nothing
+    read from the host."""
+    m = logits.shape[0]
+    return _sample_rows(logits, [1.0 if mode == "sample" else 0.0] * m, [0] * m, [1.0] * m, u)
+
+
+def for_sampling(logits: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits as the sampler takes them: float32 (bfloat16 CDFs are too coarse)."""
+    return logits.float() if logits.dtype == torch.bfloat16 else logits
+
+
 def sample_async(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
                  u: list[float] | np.ndarray) -> Fetched:
     """``sample`` without waiting for the device: its tokens stay readable there
@@ -222,8 +250,12 @@ def _sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int
         tokens[_index(greedy, m, dev)] = scaled[_index(greedy, m, dev)].argmax(dim=-1)
     if sampled:
         cdf, total, mx = sums
-        uu = np.asarray(u, dtype=np.float64)[sampled]
-        tokens[_index(sampled, m, dev)] = _pick(cdf, total, _to(dev, uu))
+        if isinstance(u, torch.Tensor):          # float32 on the device already (a step graph's, graph_mode)
+            uu, u_dev = None, u[_index(sampled, m, dev)]
+        else:
+            uu = np.asarray(u, dtype=np.float64)[sampled]
+            u_dev = _to(dev, uu)
+        tokens[_index(sampled, m, dev)] = _pick(cdf, total, u_dev)
         by_p = [j for j, i in enumerate(sampled) if top_k[i] <= 0 and top_p[i] < 1]
         # a top-k row needs only its k best; rows go by their own k, so that tied logits come
         # out of topk in the same order whatever else is in the batch

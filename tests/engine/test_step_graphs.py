@@ -93,6 +93,27 @@ def test_replayed_steps_equal_eager_steps_bit_for_bit(model, dtype, spec):
         assert m["graphs/misses"] == 0 and m["graphs/hits"] == m["graphs/replayed_steps"]
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["sample", "greedy"])
+@pytest.mark.parametrize("spec", SPECS[:2], ids=["plain", "chains"])
+def test_graphs_that_sample_give_the_eager_sampler_bits(model, temperature, spec):
+    """Where every row samples alike (T = 1 without top-k or top-p: an RL rollout's; or greedy)
+    the step's graph runs the LM head and the sampler too, its uniforms a static input staged
+    as float32: tokens and log-probabilities equal plain eager decoding's, bit for bit, in
+    bfloat16; float64 keeps the sampler out of the graph (its uniforms are float64)."""
+    params = SamplingParams(n=3, temperature=temperature, max_tokens=30, ignore_eos=True, seed=11)
+    run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(PROMPTS, params)]  # noqa: E731
+    for dtype in ("bfloat16", "float64"):
+        want = run(LLM(model, dtype=dtype))
+        llm = LLM(model, dtype=dtype, speculative=spec)
+        graphs = with_graphs(llm)
+        for _ in range(2):
+            assert run(llm) == want
+        assert llm.last_metrics["graphs/replayed_steps"] > 0 and llm.last_metrics["graphs/eager_steps"] == 0
+        modes = {key[3] for key in graphs._static}
+        assert modes == ({"sample" if temperature else "greedy"} if dtype == "bfloat16" or not temperature
+                         else {None}), modes
+
+
 def test_steps_over_the_largest_bucket_and_refused_keys_run_eagerly_with_the_same_results(model):
     want = outputs(LLM(model, dtype="bfloat16"))
     llm = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(policy="fixed"))
