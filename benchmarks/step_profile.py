@@ -1,18 +1,23 @@
-"""Where a plain rollout step's time goes, with and without steps launched ahead.
+"""Where a rollout step's time goes: plain with and without steps launched ahead, and speculation.
 
-``benchmarks/gpu.py`` measures the plain rollout's makespan with steps launched ahead
-(``async_scheduling``, the default with CUDA graphs) and without; this says why they differ.
+``benchmarks/gpu.py`` measures the rollouts' makespans; this says why they are what they are.
 The 0.5b stand-in's rollout (``--prompts`` x ``--n``, T=1, ``--max-tokens``; round 1 warms each
-engine up and is the history), then, per engine (ahead, sync):
+engine up and is the history), then, per engine (``ahead``: plain, steps launched ahead, the
+default with CUDA graphs; ``sync``: plain, each step waiting for the last; ``default``: the
+default speculation, whose steps wait for the last, as drafts need the tokens):
 
-1. timed rounds, alternating the two engines (A B B A), no profiler attached: makespan, step
-   count, the stages per step (``benchmarks/gpu.py``'s ``step_figures``), and the CUDA caching
-   allocator's device allocations and retries (a retry frees the cache and waits for the GPU);
-2. on a GPU, one round under ``torch.cuda.set_sync_debug_mode``: every operation that makes
-   the host wait for the device, counted by the Python line that asked for it (the sampler's
-   ``Fetched.lists`` wait is the one a step needs; any other stalls the steps launched ahead);
-3. on a GPU, one round under ``torch.profiler``: the operators by host time and by device
-   time (``--profile-rows`` rows of each table).
+1. timed rounds, rotating the engines (A B C, then C B A, ...), no profiler attached: makespan,
+   step count, the stages per step (``benchmarks/gpu.py``'s ``step_figures``), and the CUDA
+   caching allocator's device allocations and retries (a retry frees the cache and waits for
+   the GPU); each engine's outputs against the others' (tokens and log-probabilities);
+   ``default_speedup``: the fastest plain round over the default's first (its later rounds
+   also draft from its earlier timed rounds, the same responses: optimistic);
+2. on a GPU, one round of ``ahead`` and of ``default`` under ``torch.cuda.set_sync_debug_mode``:
+   every operation that makes the host wait for the device, counted by the Python line that
+   asked for it (the sampler's ``Fetched.lists`` wait is the one a step needs);
+3. on a GPU, one round of ``ahead`` and of ``default`` under ``torch.profiler``: the operators
+   by host time and by device time (``--profile-rows`` rows of each table), last (a profiler
+   session slows the process's later CUDA calls).
 
 Usage: python benchmarks/step_profile.py [--device cuda] [--prompts 64 --n 8 --max-tokens 512]
 The last line is one JSON object.
@@ -36,7 +41,7 @@ sys.path.insert(0, str(HERE))
 from gpu import HISTORY_SEED, TIMED_SEED, rollout, step_figures  # noqa: E402
 from regime import model_dir  # noqa: E402
 
-from tailrl import LLM  # noqa: E402
+from tailrl import LLM, SpeculativeConfig  # noqa: E402
 from tailrl.tasks import mixture  # noqa: E402
 
 REPO = HERE.parent
@@ -99,29 +104,37 @@ def main() -> None:
     prompts = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(a.prompts)]
     mem = {"gpu_memory_utilization": a.gpu_memory_utilization} if cuda else {}
     engines = {"ahead": LLM(mdir, device=a.device, seed=0, async_scheduling=True, **mem),
-               "sync": LLM(mdir, device=a.device, seed=0, async_scheduling=False, **mem)}
+               "sync": LLM(mdir, device=a.device, seed=0, async_scheduling=False, **mem),
+               "default": LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig(), **mem)}
     out: dict = {"device": torch.cuda.get_device_name() if cuda else a.device, "model": a.model,
                  "rollout": f"{a.prompts}x{a.n} T=1 max {a.max_tokens}"}
     outputs = {}
     for name, llm in engines.items():
         rollout(llm, prompts, a, HISTORY_SEED)                  # warm-up (kernels, graphs) and history
     runs: dict = {name: [] for name in engines}
-    order = [n for r in range(a.rounds) for n in (("ahead", "sync") if r % 2 == 0 else ("sync", "ahead"))]
+    names = list(engines)
+    order = [n for r in range(a.rounds) for n in (names if r % 2 == 0 else names[::-1])]
     for name in order:
         before = allocator() if cuda else {}
         got, secs = rollout(engines[name], prompts, a, TIMED_SEED)
         outputs[name] = got
         after = allocator() if cuda else {}
-        runs[name].append({"s": round(secs, 3), **step_figures(engines[name].last_metrics),
-                           **{k: after[k] - before[k] for k in after}})
+        m = engines[name].last_metrics
+        runs[name].append({"s": round(secs, 3), **step_figures(m), **{k: after[k] - before[k] for k in after},
+                           **({"accept_length": round(m["rollout/spec_accept_length"], 2)}
+                              if "rollout/spec_accept_length" in m else {})})
         print(f"{name}: {secs:.3f} s {json.dumps(runs[name][-1])}", flush=True)
     out["runs"] = runs
     out["best_s"] = {name: min(r["s"] for r in rs) for name, rs in runs.items()}
     out["ahead_speedup"] = round(out["best_s"]["sync"] / out["best_s"]["ahead"], 3)
-    out["identical"] = outputs["ahead"] == outputs["sync"]
+    # the default's later rounds draft from its earlier timed rounds too (the same responses): its
+    # first timed round alone is the fair one (history from another seed's round)
+    out["default_speedup"] = round(out["best_s"]["ahead"] / runs["default"][0]["s"], 3)
+    out["identical"] = outputs["ahead"] == outputs["sync"] == outputs["default"]
     if cuda:
         out["sync_sites"] = {}
-        for name, llm in engines.items():
+        profiled = {name: engines[name] for name in ("ahead", "default")}
+        for name, llm in profiled.items():
             try:
                 out["sync_sites"][name] = sync_sites(llm, prompts, a)
             except Exception as exc:                    # the profiler tables still run
@@ -129,7 +142,7 @@ def main() -> None:
                 out["sync_sites"][name] = f"{type(exc).__name__}: {exc}"[:300]
             print(f"synchronising operations, {name}: {json.dumps(out['sync_sites'][name], indent=1)}", flush=True)
         from torch.profiler import ProfilerActivity, profile
-        for name, llm in engines.items():
+        for name, llm in profiled.items():
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 rollout(llm, prompts, a, TIMED_SEED)
             steps = int(llm.last_metrics["rollout/num_forward"])
