@@ -185,13 +185,13 @@ def _place(longs: list, ints: list, extra: list, u: np.ndarray, mode: str | None
     attention meta)). A step where every position samples (no prefill chunk) goes to its
     bucket's static inputs (with ``u``, the uniforms, where its graph samples in ``mode``); any
     other step, or one without graphs, to fresh tensors."""
-    multi = len(longs[0]) > rows                        # some row has several queries
-    key = graphs.key(len(longs[0]), len(extra), multi, mode) \
-        if graphs is not None and len(longs[2]) == len(longs[0]) else None
+    key = graphs.key(len(longs[0]), len(extra), mode) if graphs is not None and len(longs[2]) == len(longs[0]) \
+        else None
     if key is not None:
         return key, graphs.place(key, longs, ints, extra, u, rows, kv_len, reads, work)
     table = kv.table[:rows]
     (ids_t, pos_t, sample_t, slots), vis = to_device(longs, ints + [extra, table], kv.device)
+    multi = len(longs[0]) > rows                        # some row has several queries (attention may group them)
     return None, (ids_t, pos_t, sample_t, AttentionMeta(slots, *vis[:5], vis[5].view(table.shape), kv_len, reads, work,
                                                         multi))
 
@@ -252,9 +252,9 @@ class ModelRunner:
         if batch.graph is not None:                    # every position samples: M = N
             m = len(batch.input_ids)
             out = self.graphs.run(batch.graph)
-            hidden = (out if batch.graph[3] is None else out[0])[:m]
+            hidden = (out if batch.graph[2] is None else out[0])[:m]
             h = hidden = hidden.clone() if return_hidden else hidden   # the graph's output is rewritten next step
-            if batch.graph[3] is not None:
+            if batch.graph[2] is not None:
                 sampled = Fetched((out[1][:m], out[2][:m]))
                 return (sampled, h, hidden) if return_hidden else sampled
         else:

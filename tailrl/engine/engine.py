@@ -56,7 +56,8 @@ class LLMEngine:
         if torch.device(config.device).type == "cuda" and config.cuda_graphs:
             pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
             max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)
-            graphs = StepGraphs(self.model, self.kv, pool, max_tokens)
+            graphs = StepGraphs(self.model, self.kv, pool, max_tokens,
+                                grouped=speculative is not None or speculator is not None)
         self.runner = ModelRunner(self.model, self.kv, graphs)
         if speculator is None and speculative is not None:
             from tailrl.speculative.speculator import Speculator

@@ -37,7 +37,7 @@ from tailrl.model.transformer import Transformer
 
 LONGS, INTS = 4, 4             # ids, positions, sample index, slots (int64); row, prefix, estart, ecount (int32)
 FLOATS = 1                     # the rows' uniforms (float32)
-Key = tuple[int, int, bool, "str | None"]   # tokens, tree visibility entries (padded), multi, sampler mode
+Key = tuple[int, int, "str | None"]   # tokens, tree visibility entries (padded), sampler mode
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -77,18 +77,22 @@ class _Bucket:
 class StepGraphs:
     LEVELS = ("graphs/held", "graphs/bytes", "graphs/peak_bytes", "graphs/budget_bytes")   # not counters
 
-    def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int):
-        self.model, self.kv, self.pool = model, kv, pool
+    def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int, grouped: bool = False):
+        """``grouped``: every graph launches attention's query groups (``AttentionMeta.multi``), as
+        an engine with a speculator wants (most of its steps verify chains; a decode row alone
+        in a group has its own bits all the same), so that no bucket needs a graph for each form
+        (a capture costs tens of milliseconds); else none does (a plain engine's graph steps
+        have one query a row)."""
+        self.model, self.kv, self.pool, self.grouped = model, kv, pool, grouped
         self.buckets = token_buckets(max_tokens)
         self._static: dict[Key, _Bucket] = {}
         self._kv_allocations = kv.allocations
         self.replays = self.eager = 0               # steps run from static inputs: replayed / eagerly (refused)
 
-    def key(self, num_tokens: int, num_extra: int, multi: bool = False, mode: str | None = None) -> Key | None:
-        """The bucket of a step with every position sampling, or None (too many tokens). ``multi``:
-        some row has several queries (``AttentionMeta.multi``: attention launches its grouped
-        form, another graph, the same bits); ``mode``: the step's ``sampler.graph_mode``, kept
-        where the bucket's logits are small enough to sample in the graph."""
+    def key(self, num_tokens: int, num_extra: int, mode: str | None = None) -> Key | None:
+        """The bucket of a step with every position sampling, or None (too many tokens). ``mode``:
+        the step's ``sampler.graph_mode``, kept where the bucket's logits are small enough to
+        sample in the graph."""
         if num_tokens == 0 or num_tokens > self.buckets[-1]:
             return None
         n = self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
@@ -96,7 +100,7 @@ class StepGraphs:
             mode = None
         elif mode == "sample" and self.model.embed.weight.dtype not in (torch.bfloat16, torch.float32):
             mode = None             # its sampler takes the uniforms in float16 or float64, not as staged
-        return n, _pow2(max(num_extra, 1)), multi, mode
+        return n, _pow2(max(num_extra, 1)), mode
 
     def place(self, key: Key, longs: list, ints: list, extra: list, u: np.ndarray, rows: int,
               kv_len: int, reads: int, work: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMeta]:
@@ -134,7 +138,7 @@ class StepGraphs:
         return b.ids[:n], b.pos[:n], b.sample[:n], meta
 
     def _new(self, key: Key) -> _Bucket:
-        n, e, multi, mode = key
+        n, e, mode = key
         kv = self.kv
         rows, width = kv.max_rows + 1, kv.table.shape[1]
         t0 = (2 * LONGS + INTS + FLOATS) * n + e         # the table's offset (``_Bucket.table_offset``)
@@ -147,7 +151,7 @@ class StepGraphs:
         lo = dev[:2 * LONGS * n].view(torch.int64).view(LONGS, n)
         it = dev[2 * LONGS * n:2 * LONGS * n + INTS * n].view(INTS, n)
         meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),
-                             width * BLOCK, 0, 0, multi)
+                             width * BLOCK, 0, 0, self.grouped)
         u = dev[(2 * LONGS + INTS) * n:(2 * LONGS + INTS + FLOATS) * n].view(torch.float32)
         b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], u, mode, host[0].is_pinned())
         self._static[key] = b

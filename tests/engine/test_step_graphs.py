@@ -109,7 +109,7 @@ def test_graphs_that_sample_give_the_eager_sampler_bits(model, temperature, spec
         for _ in range(2):
             assert run(llm) == want
         assert llm.last_metrics["graphs/replayed_steps"] > 0 and llm.last_metrics["graphs/eager_steps"] == 0
-        modes = {key[3] for key in graphs._static}
+        modes = {key[2] for key in graphs._static}
         assert modes == ({"sample" if temperature else "greedy"} if dtype == "bfloat16" or not temperature
                          else {None}), modes
 

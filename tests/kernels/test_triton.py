@@ -227,7 +227,7 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkey
         guard(monkeypatch, LLMEngine, "step")
     e = llm.engine
     capture = cuda_capture if DEVICE == "cuda" else eager_capture
-    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, capture), 64))
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, capture), 64, grouped=True))
     e.begin_rollout()
     assert run(llm) == want
     assert llm.last_metrics["graphs/replayed_steps"] > 0 and llm.last_metrics["graphs/eager_steps"] == 0
