@@ -265,14 +265,19 @@ def step_figures(m: dict) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def rollout_args(ap: argparse.ArgumentParser) -> None:
+    """The GPU rollout's options (device, model, its stand-ins' folder, prompts x n, max tokens)."""
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="0.5b")
     ap.add_argument("--standin-dir", default="/tmp/tailrl-standins")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=512)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    rollout_args(ap)
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--bound-rows", type=int, default=512)
     ap.add_argument("--bound-tokens", type=int, default=128)

@@ -38,7 +38,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu import HISTORY_SEED, TIMED_SEED, rollout, step_figures  # noqa: E402
+from gpu import HISTORY_SEED, TIMED_SEED, rollout, rollout_args, step_figures  # noqa: E402
 from regime import model_dir  # noqa: E402
 
 from tailrl import LLM, SpeculativeConfig  # noqa: E402
@@ -83,13 +83,8 @@ def sync_sites(llm: LLM, prompts, a) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--model", default="0.5b")
-    ap.add_argument("--standin-dir", default="/tmp/tailrl-standins")
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=512)
-    ap.add_argument("--rounds", type=int, default=2, help="timed rounds per engine (A B B A ...)")
+    rollout_args(ap)
+    ap.add_argument("--rounds", type=int, default=2, help="timed rounds per engine (A B C, C B A, ...)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     ap.add_argument("--profile-rows", type=int, default=18)
     ap.add_argument("--quick", action="store_true", help="4 prompts x 2, max 32: checks the script")
