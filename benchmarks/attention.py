@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from tailrl.engine.graph_pool import cuda_capture
 from tailrl.kernels import RopeTables
 from tailrl.kernels.gpu import backend
 from tailrl.kernels.gpu.backend import TRITON
@@ -72,22 +73,24 @@ def step(rows: int, context: int, chain: int, device: str, seed: int = 0):
 
 
 def timed(fn, calls: int, reps: int, cuda: bool) -> float:
-    """Microseconds per call: a CUDA graph of ``calls`` calls replayed, best of ``reps``."""
-    fn()
+    """Microseconds per call: ``calls`` calls captured into one CUDA graph as the engine captures
+    its steps (``cuda_capture``), replayed, best of ``reps``."""
     if not cuda:
+        fn()
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def many():
         for _ in range(calls):
-            fn()
+            out = fn()
+        return out
+    replay, _ = cuda_capture(many)
     best = float("inf")
     for _ in range(reps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        graph.replay()
+        replay()
         torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t0) / calls * 1e6)
     return best

@@ -64,19 +64,14 @@ def sync_sites(llm: LLM, prompts, a) -> dict:
         where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1][:3])
         sites[f"{str(message)[:60]} @ {where}"] += 1
 
-    old = warnings.showwarning
-    warnings.showwarning = show
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = show
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                rollout(llm, prompts, a, TIMED_SEED)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-    finally:
-        warnings.showwarning = old
+    with warnings.catch_warnings():                   # restores the filters and showwarning after
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            rollout(llm, prompts, a, TIMED_SEED)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
     steps = llm.last_metrics["rollout/num_forward"]
     return {"steps": int(steps), "sites": dict(sites.most_common(12))}
 

@@ -18,7 +18,7 @@ import torch
 from tailrl.engine.graphs import Key, StepGraphs
 from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
-from tailrl.engine.sampler import Fetched, for_sampling, graph_mode
+from tailrl.engine.sampler import Fetched, for_sampling, graph_mode, sample_async
 from tailrl.kernels import AttentionMeta
 from tailrl.model.transformer import Transformer
 from tailrl.noise import uniforms
@@ -173,20 +173,20 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     wpos_a = np.asarray(wpos, dtype=np.int64)
     longs, ints = [ids, pos, sample_idx, kv.slots(np.asarray(wrow), wpos_a)], [wrow, prefix, estart, ecount]
     u = uniforms(keys, upos)
-    mode = graph_mode(temps, topk, topp) if graphs is not None else None
-    key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, mode, len(rows),
+    key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, (temps, topk, topp), len(rows),
                                                  int(wpos_a.max(initial=-1)) + 1, reads, work, kv, graphs)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead)
 
 
-def _place(longs: list, ints: list, extra: list, u: np.ndarray, mode: str | None, rows: int, kv_len: int,
+def _place(longs: list, ints: list, extra: list, u: np.ndarray, sampling: tuple, rows: int, kv_len: int,
            reads: int, work: int, kv: KVCache, graphs: StepGraphs | None) -> tuple[Key | None, tuple]:
     """A step's inputs on the device: (its graph bucket or None, (ids, positions, sample index,
     attention meta)). A step where every position samples (no prefill chunk) goes to its
-    bucket's static inputs (with ``u``, the uniforms, where its graph samples in ``mode``); any
-    other step, or one without graphs, to fresh tensors."""
-    key = graphs.key(len(longs[0]), len(extra), mode) if graphs is not None and len(longs[2]) == len(longs[0]) \
-        else None
+    bucket's static inputs (with ``u``, the uniforms, where its graph samples: ``sampling``, the
+    rows' temperatures, top-k and top-p, decide); any other step, or one without graphs, to
+    fresh tensors."""
+    key = graphs.key(len(longs[0]), len(extra), graph_mode(*sampling)) \
+        if graphs is not None and len(longs[2]) == len(longs[0]) else None
     if key is not None:
         return key, graphs.place(key, longs, ints, extra, u, rows, kv_len, reads, work)
     table = kv.table[:rows]
@@ -246,9 +246,9 @@ class ModelRunner:
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions (float32 where the model is bfloat16),
         or, where the step's graph sampled them (``Batch.graph``'s mode), its tokens and
-        log-probabilities as ``sampler.sample_async`` returns them (a ``Fetched``); if asked,
-        also the hidden states [M, H] of the sampled positions and those of every position
-        computed [N, H] (normed, as the LM head reads them)."""
+        log-probabilities (a ``Fetched``): ``sample`` takes either; if asked, also the hidden
+        states [M, H] of the sampled positions and those of every position computed [N, H]
+        (normed, as the LM head reads them)."""
         if batch.graph is not None:                    # every position samples: M = N
             m = len(batch.input_ids)
             out = self.graphs.run(batch.graph)
@@ -262,3 +262,10 @@ class ModelRunner:
             h = hidden[batch.sample_index]
         logits = for_sampling(self.model.logits(h))
         return (logits, h, hidden) if return_hidden else logits
+
+    @staticmethod
+    def sample(batch: Batch, out) -> Fetched:
+        """The step's tokens and log-probabilities, not waited for: those its graph sampled, or
+        the sampler's on ``run``'s logits."""
+        return out if isinstance(out, Fetched) else sample_async(out, batch.temperature, batch.top_k, batch.top_p,
+                                                                 batch.u)

@@ -21,7 +21,6 @@ from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request, RequestStatus
-from tailrl.engine.sampler import Fetched, sample_async
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
@@ -189,8 +188,7 @@ class LLMEngine:
         clock.append(time.perf_counter())
         for req, n in sched.rows:                                          # the forward wrote their K/V
             req.num_computed_tokens += n
-        tokens, logprobs = (logits if isinstance(logits, Fetched) else                # 4. sample
-                            sample_async(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)).lists()
+        tokens, logprobs = self.runner.sample(batch, logits).lists()                 # 4. sample
         clock.append(time.perf_counter())
         if computed is not None:            # before commit: a prefill span ends where sampling starts
             self._hand_out_prefill(batch, computed)
@@ -249,8 +247,7 @@ class LLMEngine:
         for req, n in sched.rows:
             req.num_computed_tokens += n
         launched = time.perf_counter()
-        sampled = logits if isinstance(logits, Fetched) else \
-            sample_async(logits, batch.temperature, batch.top_k, batch.top_p, batch.u)
+        sampled = self.runner.sample(batch, logits)
         self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
                                          [scheduled - start, 0.0, built - scheduled, launched - built,
                                           time.perf_counter() - launched], start)

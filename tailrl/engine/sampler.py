@@ -193,11 +193,10 @@ def graph_mode(temperature: list[float], top_k: list[int], top_p: list[float]) -
     """The form of the sampler that a step's CUDA graph can hold (its control flow fixed by the
     mode, its uniforms a static input): "sample" where every row samples at T = 1 without top-k
     or top-p (an RL rollout's), "greedy" where every row is greedy; else None (sampled eagerly)."""
-    if all(t == 1.0 for t in temperature) and all(k <= 0 for k in top_k) and all(p >= 1.0 for p in top_p):
+    temps = set(temperature)                     # per row on a step's path: C-speed passes
+    if temps == {1.0} and max(top_k, default=1) <= 0 and min(top_p, default=0.0) >= 1.0:
         return "sample"
-    if all(t == 0.0 for t in temperature):
-        return "greedy"
-    return None
+    return "greedy" if temps == {0.0} else None
 
 
 def sample_static(logits: torch.Tensor, mode: str, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
