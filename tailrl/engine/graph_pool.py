@@ -34,24 +34,57 @@ def captures_made() -> int:
 def cuda_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], int]:
     """Capture ``fn`` (its inputs and outputs: static tensors) into a CUDA graph with its own
     memory pool. ``fn`` runs once first on a side stream (Triton compiles its kernels there,
-    outside the capture). Returns (replay, the bytes the graph's pool reserved)."""
+    outside the capture). Returns (replay, the bytes the graph's pool reserved).
+
+    A capture in CUDA's default ("global") mode fails if any thread of the process makes an
+    unsafe CUDA call meanwhile; one that fails is tried once more in "thread_local" mode (only
+    this thread's calls count). Whatever fails raises ``CaptureError`` with every error of the
+    chain (the first one is the cause; CUDA's "operation failed due to a previous error during
+    capture" comes after it) and the device's memory at the time."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    before, free = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[0]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    # the graph's private memory pool: what the allocator reserved for it, or what the device lost
-    size = max(torch.cuda.memory_reserved() - before, free - torch.cuda.mem_get_info()[0])
+    errors = []
+    for mode in ("global", "thread_local"):
+        before, free = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[0]
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode=mode):
+                out = fn()
+        except Exception as exc:                  # reported whole below
+            errors.append(f"{mode}: {error_chain(exc)}")
+            continue
+        if errors:
+            log.warning("graph pool: a capture failed in CUDA's global mode and succeeded in thread_local mode "
+                        "(another thread's CUDA call broke the first): %s", errors[0])
+        # the graph's private memory pool: what the allocator reserved for it, or what the device lost
+        size = max(torch.cuda.memory_reserved() - before, free - torch.cuda.mem_get_info()[0])
 
-    def replay() -> torch.Tensor:
-        graph.replay()
-        return out
-    return replay, size
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return out
+        return replay, size
+    free, total = torch.cuda.mem_get_info()
+    raise CaptureError("; ".join(errors) + f" (device memory: {free / 2**30:.2f} of {total / 2**30:.2f} GiB free, "
+                       f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated, "
+                       f"{torch.cuda.memory_reserved() / 2**30:.2f} GiB reserved by torch)")
+
+
+class CaptureError(RuntimeError):
+    pass
+
+
+def error_chain(exc: BaseException) -> str:
+    """``exc`` and what it was raised from or during, first cause first."""
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return " -> ".join(reversed(chain))
 
 
 def eager_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], int]:
@@ -98,8 +131,7 @@ class GraphPool:
         except Exception as exc:              # a capture failure costs its key the graph, never the step
             self.failures += 1
             self.refused.add(key)
-            log.warning("graph pool: capturing %s failed (%s: %s); its steps run eagerly", key,
-                        type(exc).__name__, exc)
+            log.warning("graph pool: capturing %s failed (%s); its steps run eagerly", key, error_chain(exc))
             return None
         self.captures += 1
         size += keep_bytes

@@ -12,7 +12,7 @@ import pytest
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.config import EngineConfig
 from tailrl.engine.batch import ModelRunner
-from tailrl.engine.graph_pool import GraphPool, eager_capture
+from tailrl.engine.graph_pool import GraphPool, eager_capture, error_chain
 from tailrl.engine.graphs import StepGraphs, token_buckets
 
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
@@ -68,6 +68,21 @@ def test_a_failed_capture_costs_its_key_the_graph_not_the_step(caplog):
     pool = GraphPool(100, capture)
     assert pool.replay("k", lambda: 1) is None and pool.failures == 1 and "k" in pool.refused
     assert "capturing" in caplog.text
+
+
+def test_a_failed_capture_is_logged_with_its_first_cause(caplog):
+    """CUDA reports a broken capture at its end ("a previous error"): the log names the error
+    the capture was raised during, first."""
+    def capture(fn):
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing (cudaMalloc)")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")
+    pool = GraphPool(100, capture)
+    assert pool.replay("k", lambda: 1) is None
+    first, second = caplog.text.index("cudaMalloc"), caplog.text.index("previous error")
+    assert first < second
+    assert error_chain(ValueError("x")) == "ValueError: x"
 
 
 SPECS = [None, SpeculativeConfig(policy="fixed"), SpeculativeConfig(policy="fixed", max_tree_paths=3)]
