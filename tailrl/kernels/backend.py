@@ -52,6 +52,13 @@ class Backend:
         Returns [N, H * D]."""
         raise NotImplementedError
 
+    def linear_rope_attend(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rope: Rope,
+                           k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
+                           heads: int) -> torch.Tensor:
+        """``rope_attend`` of the fused projection ``linear(h, weight, bias)`` (a backend may
+        add the bias in RoPE's pass rather than in a launch of its own)."""
+        return self.rope_attend(self.linear(h, weight, bias), rope, k_cache, v_cache, meta, heads)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS norm over the last dimension of ``x`` times ``weight``."""
         raise NotImplementedError
@@ -71,6 +78,12 @@ class Backend:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""
         raise NotImplementedError
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``linear(silu_mul(gate_up), weight, bias)`` (a backend may compute the activation as
+        the product reads it, never storing it)."""
+        return self.linear(self.silu_mul(gate_up), weight, bias)
 
     # ---- the sampler's row sums (engine/sampler.py): each row's sums in one order -----------
     def softmax_cdf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

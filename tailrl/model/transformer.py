@@ -39,17 +39,20 @@ class DecoderLayer(nn.Module):
             h = kernels.rms_norm(x, self.input_norm, a.rms_norm_eps)
         else:
             x, h = kernels.add_rms_norm(x, y, self.input_norm, a.rms_norm_eps)
-        qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)            # [N, (H+2KV)*D]
-        nqk = a.num_heads + a.num_kv_heads
-        if self.qk_norm is not None:                                        # Qwen3: norm each Q and K head
+        if self.qk_norm is None:            # the projection [N, (H+2KV)*D], RoPE, K/V writes, attention
+            att = kernels.linear_rope_attend(h, self.qkv.weight, self.qkv.bias, rope, k_cache, v_cache, meta,
+                                             a.num_heads)
+        else:                               # Qwen3: each Q and K head normed between projection and RoPE
+            qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)
+            nqk = a.num_heads + a.num_kv_heads
             qk = qkv[:, :nqk * a.head_dim].reshape(n * nqk, a.head_dim)
             qk = (kernels.rms_norm(qk, torch.ones_like(self.qk_norm[0]), a.rms_norm_eps).view(n, nqk, a.head_dim)
                   * self.qk_norm)
             qkv = torch.cat([qk.view(n, -1), qkv[:, nqk * a.head_dim:]], dim=1)
-        att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)   # RoPE, K/V writes, attention
+            att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
         x, h = kernels.add_rms_norm(x, kernels.linear(att, self.o.weight, self.o.bias), self.post_norm, a.rms_norm_eps)
-        act = kernels.silu_mul(kernels.linear(h, self.gate_up.weight, self.gate_up.bias))   # [N, I]
-        return x, kernels.linear(act, self.down.weight, self.down.bias)
+        gate_up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias)   # [N, 2I]
+        return x, kernels.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
 
 
 class Transformer(nn.Module):

@@ -137,6 +137,35 @@ def test_a_rows_queries_walk_its_kv_together_with_the_bits_each_has_alone(monkey
         assert (alone.float() - want).abs().max().item() < (2e-5 if dtype == torch.float32 else 3e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_projection_bias_added_in_ropes_pass_gives_the_separate_adds_bits(dtype, monkeypatch):
+    """Where cuBLAS computes the fused projection, RoPE's pass adds its bias (a launch fewer):
+    attention, K and V equal, bit for bit, those of the product plus the bias added as PyTorch
+    adds it; ``linear_rope_attend`` takes that path for a stock weight only."""
+    from tailrl.kernels.gpu import stock
+    rows = random_rows(random.Random(11), 4)
+    qkv, positions, k, v, meta = step(rows, n_blocks=4 * 8 + 3, seed=12)
+    bias = torch.randn(qkv.shape[1], generator=torch.Generator().manual_seed(13)) * 3
+    cos, sin = rope_table(D, 512, 1e4, torch.float32)
+    rope = TRITON.rope(RopeTables(cos.to(dtype), sin.to(dtype), cos, sin), positions)
+    x, b = qkv.to(dtype), bias.to(dtype)
+    sep = [k.to(dtype), v.to(dtype)]
+    fused = [c.clone() for c in sep]
+    want = TRITON.rope_attend(x + b, rope, *sep, meta, H)
+    got = TRITON.rope_attend(x, rope, *fused, meta, H, b)
+    assert torch.equal(got, want) and torch.equal(fused[0], sep[0]) and torch.equal(fused[1], sep[1])
+    h = torch.randn(len(x), 48, generator=torch.Generator().manual_seed(14)).to(dtype)
+    w = torch.randn(qkv.shape[1], 48, generator=torch.Generator().manual_seed(15)).to(dtype) / 8
+    for use in (True, False):
+        monkeypatch.setattr(stock, "use_stock", lambda weight, use=use: use)
+        calls = []
+        monkeypatch.setattr(stock, "stock_linear", lambda x, w, b=None: calls.append(b) or F.linear(x, w, b))
+        caches = [c.clone() for c in sep]
+        got = TRITON.linear_rope_attend(h, w, b, rope, *caches, meta, H)
+        want = TRITON.rope_attend(F.linear(h, w) + b if use else TRITON.linear(h, w, b), rope, *sep, meta, H)
+        assert torch.equal(got, want) and calls == ([None] if use else [])
+
+
 @pytest.mark.parametrize("multi", [False, True])
 def test_a_query_alone_equals_the_query_in_a_batch(multi):
     rows = [[(90, [])], [(40, []), (41, []), (42, [])], [(70, [100, 101, 104])]]
@@ -259,6 +288,37 @@ def test_matmul_rows_do_not_depend_on_the_batch(k, n, monkeypatch):
     assert (matmul.linear(x, w, b).double() - ref).abs().max() <= 0.02 * ref.abs().max()
     assert matmul.splits(40, 1280) > 1 and matmul.splits(151936, 896) == 1
     assert TRITON.linear(x.float(), w.float()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_activation_computed_as_the_matmul_reads_it_gives_the_two_kernels_bits(dtype, monkeypatch):
+    """``silu_mul_linear`` through the Triton matmul computes silu(gate) * up as it loads its
+    tiles: the bits of silu_mul_kernel then the product, for K in one range or several, with a
+    bias, summed per range or per program (``WHOLE_PROGRAMS``); a row alone equals the row in
+    the batch. A weight that cuBLAS computes, or a step of more than ``ACT_ROWS`` rows, takes
+    the two launches (the same bits)."""
+    from tailrl.kernels.gpu import matmul, stock
+    g = torch.Generator().manual_seed(21)
+    for k, n, whole in ((96, 40, 1 << 30), (1280, 40, 1 << 30), (1280, 40, 1)):
+        monkeypatch.setattr(matmul, "WHOLE_PROGRAMS", whole)
+        gu = (torch.randn(70, 2 * k, generator=g) * 3).to(dtype).to(DEVICE)
+        w = (torch.randn(n, k, generator=g) / 8).to(dtype).to(DEVICE)
+        b = torch.randn(n, generator=g).to(dtype).to(DEVICE)
+        fused = matmul.linear(gu, w, b, act=True)
+        assert torch.equal(fused, matmul.linear(TRITON.silu_mul(gu), w, b)), (k, whole)
+        assert torch.equal(matmul.linear(gu[9:10], w, b, act=True)[0], fused[9])
+    with pytest.raises(ValueError, match="gate"):
+        matmul.linear(gu[:, 1:].contiguous(), w, act=True)
+    from tailrl.kernels.gpu import backend
+    monkeypatch.setattr(stock, "use_stock", lambda weight: False)
+    monkeypatch.setattr(backend, "ACT_ROWS", 8)               # 70 rows: two launches; 1 row: one
+    assert torch.equal(TRITON.silu_mul_linear(gu[9:10], w, b)[0], TRITON.silu_mul_linear(gu, w, b)[9])
+    for use, rows in ((False, 8), (True, 8), (False, 9)):
+        monkeypatch.setattr(stock, "use_stock", lambda weight, use=use: use)
+        calls = []
+        monkeypatch.setattr(matmul, "linear", lambda *a, act=False, **kw: calls.append(act) or fused)
+        TRITON.silu_mul_linear(gu[:rows], w, b)
+        assert calls == ([] if use else [rows <= 8])
 
 
 def test_matmul_tiles_are_checked():

@@ -13,12 +13,22 @@ from tailrl.kernels.gpu.rounding import round_to
 
 
 @triton.jit
+def silu_times(g, u, dtype: tl.constexpr):
+    """silu(g) * u in ``dtype``, from g and u in ``dtype``: each op rounded as PyTorch rounds
+    it. No multiply feeds an add, so no compiler can contract it into an FMA: the same bits in
+    every kernel that calls it (this one, and the matmul that computes the activation as it
+    reads it: matmul.py)."""
+    g = g.to(tl.float32)
+    s = round_to(g / (1.0 + tl.exp(-g)), dtype).to(tl.float32)
+    return round_to(s * u.to(tl.float32), dtype)
+
+
+@triton.jit
 def silu_mul_kernel(gu_ptr, out_ptr, I, BLOCK: tl.constexpr):
     """Program (row r, block j): columns [j * BLOCK, (j + 1) * BLOCK) of out [rows, I]."""
     r, j = tl.program_id(0), tl.program_id(1)
     c = j * BLOCK + tl.arange(0, BLOCK)
     ok = c < I
-    g = tl.load(gu_ptr + r * 2 * I + c, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + r * 2 * I + I + c, mask=ok, other=0.0).to(tl.float32)
-    s = round_to(g / (1.0 + tl.exp(-g)), out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + r * I + c, round_to(s * u, out_ptr.dtype.element_ty), mask=ok)
+    g = tl.load(gu_ptr + r * 2 * I + c, mask=ok, other=0.0)
+    u = tl.load(gu_ptr + r * 2 * I + I + c, mask=ok, other=0.0)
+    tl.store(out_ptr + r * I + c, silu_times(g, u, out_ptr.dtype.element_ty), mask=ok)

@@ -26,14 +26,28 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tailrl.kernels.gpu.rounding import round_to
+
 
 @triton.jit
-def rope_write_kernel(qkv_ptr, qkv_s0, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
+def _projected(row, b_ptr, col, HAS_BIAS: tl.constexpr):
+    """Elements ``col`` of a token's fused projection, plus the projection's bias where it has
+    one, rounded to the projection's dtype as PyTorch's add rounds it (so the bits of a product
+    whose bias cuBLAS left to a separate add)."""
+    x = tl.load(row + col)
+    if HAS_BIAS:
+        x = round_to(x.to(tl.float32) + tl.load(b_ptr + col).to(tl.float32), row.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def rope_write_kernel(qkv_ptr, qkv_s0, b_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
                       k_s0, k_s1, v_s0, v_s1,
-                      H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (t, h): head h of token t. Query heads (h < H) rotated into q [N, H, D]
-    (float32, as the attention reads them); key heads rotated into the pool at the token's
-    slot, value heads copied there."""
+                      H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                      HAS_BIAS: tl.constexpr):
+    """Program (t, h): head h of token t (plus its bias, ``HAS_BIAS``). Query heads (h < H)
+    rotated into q [N, H, D] (float32, as the attention reads them); key heads rotated into the
+    pool at the token's slot, value heads copied there."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, D)
@@ -41,8 +55,8 @@ def rope_write_kernel(qkv_ptr, qkv_s0, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_pt
     row = qkv_ptr + t * qkv_s0
     if h < H + KV:
         p = tl.load(pos_ptr + t)
-        x = tl.load(row + h * D + d).to(tl.float32)
-        partner = tl.load(row + h * D + (d + half) % D).to(tl.float32)
+        x = _projected(row, b_ptr, h * D + d, HAS_BIAS).to(tl.float32)
+        partner = _projected(row, b_ptr, h * D + (d + half) % D, HAS_BIAS).to(tl.float32)
         c = tl.load(cos_ptr + p * D + d)
         s = tl.load(sin_ptr + p * D + d)
         y = x * c + tl.where(d < half, -partner, partner) * s
@@ -60,7 +74,7 @@ def rope_write_kernel(qkv_ptr, qkv_s0, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_pt
         slot = tl.load(slot_ptr + t)
         blk = slot // BLOCK
         lane = slot % BLOCK
-        val = tl.load(row + (H + KV + kh) * D + d)
+        val = _projected(row, b_ptr, (H + KV + kh) * D + d, HAS_BIAS)
         tl.store(v_ptr + blk * v_s0 + kh * v_s1 + lane * D + d, val)
 
 
@@ -171,7 +185,6 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, table_ptr, qrow_ptr, p
     t = tl.program_id(0)
     kh = tl.program_id(1)
     row = tl.load(qrow_ptr + t)
-    pre = tl.load(prefix_ptr + t)
     es = tl.load(estart_ptr + t)
     ec = tl.load(ecount_ptr + t)
     count = _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT)

@@ -53,6 +53,12 @@ WHOLE_PROGRAMS = 132                   # from this many (token, KV head) program
 GROUP = int(os.environ.get("TAILRL_ATTENTION_GROUP", "4"))
 if GROUP < 1 or GROUP & (GROUP - 1):
     raise ValueError(f"TAILRL_ATTENTION_GROUP must be a power of two >= 1, got {GROUP}")
+# the MLP's activation computed inside the down projection's matmul (``silu_mul_linear``) in steps
+# of at most this many rows: one tile of rows, where a decode step's launches cost more than its
+# arithmetic. Above, each of the product's column tiles would compute the activation again, and on
+# an H100 its tiles' dots, fed from registers, serialise (ptxas for sm_90, Triton 3.6: the same
+# wgmma m64n64k16 instruction either way, so the same bits)
+ACT_ROWS = matmul.TILES.bm
 # No multiply-add contraction where two kernels must give the same bits from the same code
 # (attention's two modes, the norm with and without the residual add): each kernel's
 # compiler would otherwise fuse where its own context lets it
@@ -69,13 +75,27 @@ class TritonBackend(Backend):
     def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
         return Rope(positions, tables.cos_acc, tables.sin_acc)             # float32 tables, full
 
+    def linear_rope_attend(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rope: Rope,
+                           k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
+                           heads: int) -> torch.Tensor:
+        """Where cuBLAS computes the projection (its bias would be a launch of its own, stock.py),
+        RoPE's pass adds the bias, rounded as that add rounds it: the same bits, a launch fewer
+        a layer (the Triton matmul adds a bias in its own last pass)."""
+        if bias is None or h.dim() != 2 or h.dtype not in DTYPES or weight.stride(-1) != 1 \
+                or bias.dtype != h.dtype or not bias.is_contiguous() or not stock.use_stock(weight):
+            return super().linear_rope_attend(h, weight, bias, rope, k_cache, v_cache, meta, heads)
+        return self.rope_attend(stock.stock_linear(h, weight), rope, k_cache, v_cache, meta, heads, bias)
+
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMeta, heads: int) -> torch.Tensor:
+                    meta: AttentionMeta, heads: int, bias: torch.Tensor | None = None) -> torch.Tensor:
         """Two or three launches: RoPE and the K/V writes (every token's, before any attention
-        reads them), then attention (few tokens: per lane, then the lanes merged)."""
+        reads them; ``bias``: the projection's, added first), then attention (few tokens: per
+        lane, then the lanes merged)."""
         n = qkv.shape[0]
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
         if d & (d - 1):                  # Triton's ranges are powers of two: such a head dim takes the reference
+            if bias is not None:
+                qkv = qkv + bias
             cos, sin = (t[rope.positions].to(qkv.dtype).unsqueeze(1) for t in (rope.cos, rope.sin))
             return REFERENCE.rope_attend(qkv, Rope(rope.positions, cos, sin), k_cache, v_cache, meta, heads)
         if qkv.stride(-1) != 1:
@@ -86,9 +106,9 @@ class TritonBackend(Backend):
             return out
         q = torch.empty(n, heads, d, dtype=torch.float32, device=qkv.device)
         rope_write_kernel[(n, heads + 2 * kv_heads)](
-            qkv, qkv.stride(0), rope.cos, rope.sin, rope.positions, meta.write_slot, q, k_cache, v_cache,
-            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-            H=heads, KV=kv_heads, D=d, BLOCK=BLOCK)
+            qkv, qkv.stride(0), bias if bias is not None else qkv, rope.cos, rope.sin, rope.positions,
+            meta.write_slot, q, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+            v_cache.stride(1), H=heads, KV=kv_heads, D=d, BLOCK=BLOCK, HAS_BIAS=bias is not None)
         g = heads // kv_heads
         gp = max(16, _pow2(g))
         qt = GROUP if meta.multi else 1                 # queries of a row walking its K/V together
@@ -141,6 +161,16 @@ class TritonBackend(Backend):
         if stock.use_stock(weight):
             return stock.stock_linear(x, weight, bias)
         return matmul.linear(x, weight, bias)
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+        """In steps of at most ``ACT_ROWS`` rows, where the Triton matmul computes the product, it
+        computes the activation as it reads its tiles (``matmul.linear(act=True)``:
+        silu_mul_kernel's arithmetic, the same bits, a launch fewer a layer)."""
+        if gate_up.dim() != 2 or gate_up.dtype not in DTYPES or gate_up.shape[1] % 2 or weight.stride(-1) != 1 \
+                or weight.dtype != gate_up.dtype or gate_up.shape[0] > ACT_ROWS or stock.use_stock(weight):
+            return super().silu_mul_linear(gate_up, weight, bias)
+        return matmul.linear(gate_up, weight, bias, act=True)
 
     # ---- the sampler's row sums: one program per row, in order (scan.py) ----------------------
     def _scan(self, x: torch.Tensor, exp: bool, write: bool, out: torch.Tensor | None = None):

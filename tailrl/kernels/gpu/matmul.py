@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tailrl.kernels.gpu.activation import silu_times
+
 MAX_SPLITS = 8
 TARGET_PROGRAMS = 132          # an H100's SMs: below this many (N tiles x splits) the GPU idles
 WHOLE_PROGRAMS = TARGET_PROGRAMS   # from this many tiles (M tiles x N tiles) a program sums all its ranges
@@ -75,14 +77,21 @@ def splits(n: int, k: int, tiles: Tiles = TILES) -> int:
 
 
 @triton.jit
-def range_sum(x_ptr, w_ptr, rm, rn, M, N, k0, k1, x_s0, w_s0,
-              IEEE: tl.constexpr, WIDEN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Rows ``rm`` x columns ``rn`` summed over K's range [k0, k1), BK at a time, in order."""
+def range_sum(x_ptr, w_ptr, rm, rn, M, N, K, k0, k1, x_s0, w_s0,
+              IEEE: tl.constexpr, WIDEN: tl.constexpr, ACT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BK: tl.constexpr):
+    """Rows ``rm`` x columns ``rn`` summed over K's range [k0, k1), BK at a time, in order.
+    ``ACT``: x's rows are [gate | up], K wide each, and the product reads silu(gate) * up,
+    computed as each tile is loaded (activation.silu_times: silu_mul_kernel's bits)."""
     rk = tl.arange(0, BK)
     acc = tl.zeros([BM, BN], tl.float32)
     for k in range(k0, k1, BK):
         kk = k + rk
-        x = tl.load(x_ptr + rm[:, None] * x_s0 + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < k1), other=0.0)
+        xmask = (rm[:, None] < M) & (kk[None, :] < k1)
+        x = tl.load(x_ptr + rm[:, None] * x_s0 + kk[None, :], mask=xmask, other=0.0)
+        if ACT:
+            up = tl.load(x_ptr + rm[:, None] * x_s0 + K + kk[None, :], mask=xmask, other=0.0)
+            x = silu_times(x, up, x_ptr.dtype.element_ty)
         w = tl.load(w_ptr + rn[None, :] * w_s0 + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < k1), other=0.0)
         if WIDEN:
             acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
@@ -98,7 +107,8 @@ def range_sum(x_ptr, w_ptr, rm, rn, M, N, k0, k1, x_s0, w_s0,
 @triton.jit(do_not_specialize=["M"])
 def partial_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, x_s0, w_s0, span, S,
                    IEEE: tl.constexpr, WIDEN: tl.constexpr, FINAL: tl.constexpr, ALL: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr):
     """Program (m tile, n tile, range s): the range's partial sums, in K order (``FINAL``: the
     only range: plus the bias, rounded into y, as reduce_kernel would). ``ALL``: every one of
     the ``S`` ranges in this program, their sums added in range order from zero, then the
@@ -110,11 +120,11 @@ def partial_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, x_s0, w_s0, sp
     if ALL:
         acc = tl.zeros([BM, BN], tl.float32)
         for s in range(0, S):
-            acc += range_sum(x_ptr, w_ptr, rm, rn, M, N, s * span, tl.minimum(K, s * span + span), x_s0, w_s0,
-                             IEEE, WIDEN, BM, BN, BK)
+            acc += range_sum(x_ptr, w_ptr, rm, rn, M, N, K, s * span, tl.minimum(K, s * span + span), x_s0, w_s0,
+                             IEEE, WIDEN, ACT, BM, BN, BK)
     else:
-        acc = range_sum(x_ptr, w_ptr, rm, rn, M, N, ps * span, tl.minimum(K, ps * span + span), x_s0, w_s0,
-                        IEEE, WIDEN, BM, BN, BK)
+        acc = range_sum(x_ptr, w_ptr, rm, rn, M, N, K, ps * span, tl.minimum(K, ps * span + span), x_s0, w_s0,
+                        IEEE, WIDEN, ACT, BM, BN, BK)
     ok = (rm[:, None] < M) & (rn[None, :] < N)
     if FINAL or ALL:
         if HAS_BIAS:
@@ -138,11 +148,15 @@ def reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, S, HAS_BIAS: tl.constexpr, BN: t
     tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, tiles: Tiles = TILES) -> torch.Tensor:
-    """x [M, K] (rows contiguous) @ w [N, K]^T (+ b [N]) -> [M, N] in x's dtype."""
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, tiles: Tiles = TILES,
+           act: bool = False) -> torch.Tensor:
+    """x [M, K] (rows contiguous) @ w [N, K]^T (+ b [N]) -> [M, N] in x's dtype. ``act``: x is
+    [M, 2K], rows [gate | up], and the product is silu(gate) * up's (never stored)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    m, k = x.shape
+    m, k = x.shape[0], x.shape[1] // 2 if act else x.shape[1]
+    if act and x.shape[1] != 2 * k:
+        raise ValueError(f"linear: act needs rows [gate | up] of an even width, got {tuple(x.shape)}")
     n = w.shape[0]
     if w.shape[1] != k or w.stride(-1) != 1 or w.dtype != x.dtype:
         raise ValueError(f"linear: x {tuple(x.shape)} {x.dtype} does not fit weight {tuple(w.shape)} {w.dtype}")
@@ -159,8 +173,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, tile
     bias = b if b is not None else y
     partial_kernel[(tiles_m, tiles_n, 1 if whole else s)](
         x, w, part, bias, y, m, n, k, x.stride(0), w.stride(0), span, s, IEEE=x.dtype == torch.float32, WIDEN=WIDEN,
-        FINAL=s == 1, ALL=whole, HAS_BIAS=b is not None, BM=tiles.bm, BN=tiles.bn, BK=bk, num_warps=tiles.warps,
-        num_stages=tiles.stages)
+        FINAL=s == 1, ALL=whole, HAS_BIAS=b is not None, ACT=act, BM=tiles.bm, BN=tiles.bn, BK=bk,
+        num_warps=tiles.warps, num_stages=tiles.stages)
     if s > 1 and not whole:
         reduce_kernel[(m, tiles_n)](part, bias, y, m, n, s, HAS_BIAS=b is not None, BN=tiles.bn)
     return y
