@@ -12,6 +12,7 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 
 from tailrl.kernels import RopeTables, select  # noqa: E402
+from tailrl.kernels.gpu.arrivals import counters  # noqa: E402
 from tailrl.kernels.gpu.backend import TRITON  # noqa: E402
 from tailrl.kernels.layout import BLOCK, AttentionMeta  # noqa: E402
 from tailrl.kernels.reference import REFERENCE  # noqa: E402
@@ -97,7 +98,7 @@ def test_rope_attend_matches_the_reference(dtype, tol):
 def test_attention_lanes_merged_in_one_program_or_by_a_second_kernel_give_the_same_bits(monkeypatch, lanes, keys):
     """Long rows (up to 600 positions: several chunks of keys per lane) and short ones, chains
     and trees: every lane in one program (a step with programs enough to fill a GPU) and one
-    program per lane merged by a second kernel (few tokens) compute the same bits; both near
+    program per lane, merged by the last lane to finish (few tokens), compute the same bits; both near
     float64. Lanes and keys per step of a lane's walk: the defaults (tests/conftest.py sets 2
     lanes under the interpreter), one pool block per step, and four lanes of 64-key chunks."""
     from tailrl.kernels.gpu import backend
@@ -113,6 +114,7 @@ def test_attention_lanes_merged_in_one_program_or_by_a_second_kernel_give_the_sa
         split, ks, vs = run(TRITON, dtype, *args)
         assert torch.equal(whole, split) and torch.equal(kw, ks) and torch.equal(vw, vs)
         assert (split.float() - want).abs().max().item() < tol
+    assert not counters(torch.device(DEVICE), 1).any()       # every lane group's counter back at zero
 
 
 def test_a_rows_queries_walk_its_kv_together_with_the_bits_each_has_alone(monkeypatch):
@@ -287,6 +289,7 @@ def test_matmul_rows_do_not_depend_on_the_batch(k, n, monkeypatch):
     ref = x.double() @ w.double().T + b.double()
     assert (matmul.linear(x, w, b).double() - ref).abs().max() <= 0.02 * ref.abs().max()
     assert matmul.splits(40, 1280) > 1 and matmul.splits(151936, 896) == 1
+    assert not counters(torch.device(DEVICE), 1).any()       # every tile's counter back at zero
     assert TRITON.linear(x.float(), w.float()).dtype == torch.float32
 
 

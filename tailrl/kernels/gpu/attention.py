@@ -8,9 +8,9 @@ pool's BLOCK: one step of a lane's walk gathers KEYS keys through the block tabl
 dealt to ``LANES`` lanes in turn (chunk c to lane c mod LANES); each lane runs an online
 softmax over its chunks in order, and the lanes' states are merged in lane order. Either one
 program per (query group, KV head) runs every lane itself (``WHOLE``: steps with programs
-enough to fill the GPU), or one program per lane stores its state and a second kernel merges
-them (few tokens: a decode step of one row reads its context with LANES x KV programs instead
-of KV, each walking 1/LANES of it).
+enough to fill the GPU), or one program per lane stores its state and the group's last lane to
+finish merges them all (few tokens: a decode step of one row reads its context with LANES x KV
+programs instead of KV, each walking 1/LANES of it; arrivals.py).
 
 A query group (``QT`` > 1, steps where a row has several queries: chains of drafts, prefill
 chunks) is up to QT consecutive queries of one row that see their prefixes alone, at
@@ -26,6 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tailrl.kernels.gpu.arrivals import arrive
 from tailrl.kernels.gpu.rounding import round_to
 
 
@@ -134,15 +135,6 @@ def _merge(m, l, acc, m2, l2, acc2):
 
 
 @triton.jit
-def _store(out_ptr, o_s0, t, kh, l, acc, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
-    g = tl.arange(0, GP)
-    d = tl.arange(0, D)
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    tl.store(out_ptr + t * o_s0 + (kh * G + g[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(g < G)[:, None])
-
-
-@triton.jit
 def _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT: tl.constexpr):
     """How many tokens program t attends for: 0 where token t continues the group of the token
     before it, else its group's size. Token u continues u - 1 where both are in one row, see
@@ -170,8 +162,8 @@ def _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT: tl.constexpr):
 
 
 @triton.jit
-def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, table_ptr, qrow_ptr, prefix_ptr, estart_ptr, ecount_ptr,
-                  extra_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
+def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, qrow_ptr, prefix_ptr, estart_ptr,
+                  ecount_ptr, extra_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
                   H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr, D: tl.constexpr,
                   BLOCK: tl.constexpr, KEYS: tl.constexpr, LANES: tl.constexpr, QT: tl.constexpr,
                   WHOLE: tl.constexpr):
@@ -180,8 +172,9 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, table_ptr, qrow_ptr, p
     the first of its group), the G query heads of KV head kh of each of its tokens as rows
     i * G + g of one tile of MP rows. They walk the row's positions once, together, each
     masked to its own. ``WHOLE``: every lane here, merged in lane order, and the results stored;
-    else this lane's states stored in part [N, KV, LANES, GP, D + 2] (values, max, sum) for
-    merge_kernel."""
+    else this lane's states stored in part [N, KV, LANES, GP, D + 2] (values, max, sum), and the
+    group's last lane to arrive at its counter (``count_ptr``, t * KV + kh) merges the LANES
+    states in lane order, as WHOLE does, and stores the results."""
     t = tl.program_id(0)
     kh = tl.program_id(1)
     row = tl.load(qrow_ptr + t)
@@ -215,28 +208,22 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, table_ptr, qrow_ptr, p
             lane = tl.program_id(2)
             m, l, acc = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
                               k_s0, k_s1, v_s0, v_s1, t_s0, LANES, MP, D, BLOCK, KEYS)
-            base = part_ptr + (((t + i) * tl.num_programs(1) + kh) * LANES + lane) * GP * (D + 2) + g * (D + 2)
-            tl.store(base[:, None] + d[None, :], acc, mask=valid[:, None])
-            tl.store(base + D, m, mask=valid)
-            tl.store(base + D + 1, l, mask=valid)
-
-
-@triton.jit
-def merge_kernel(part_ptr, out_ptr, o_s0, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                 LANES: tl.constexpr):
-    """Program (t, kh): attend_kernel's lane states merged in lane order (as WHOLE merges them).
-    The loop is unrolled, so that the lanes' loads need not wait for one another's merges."""
-    t = tl.program_id(0)
-    kh = tl.program_id(1)
-    g = tl.arange(0, GP)
-    d = tl.arange(0, D)
-    m = tl.full([GP], float("-inf"), tl.float32)
-    l = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, D], tl.float32)
-    for lane in tl.static_range(0, LANES):
-        base = part_ptr + ((t * tl.num_programs(1) + kh) * LANES + lane) * GP * (D + 2)
-        acc2 = tl.load(base + g[:, None] * (D + 2) + d[None, :])
-        m2 = tl.load(base + g * (D + 2) + D)
-        l2 = tl.load(base + g * (D + 2) + D + 1)
-        m, l, acc = _merge(m, l, acc, m2, l2, acc2)
-    _store(out_ptr, o_s0, t, kh, l, acc, G, GP, D)
+            kv = tl.num_programs(1)
+            state = part_ptr + (((t + i) * kv + kh) * LANES) * GP * (D + 2) + g * (D + 2)   # lane 0's
+            mine = state + lane * GP * (D + 2)
+            tl.store(mine[:, None] + d[None, :], acc, mask=valid[:, None])
+            tl.store(mine + D, m, mask=valid)
+            tl.store(mine + D + 1, l, mask=valid)
+            if arrive(count_ptr + t * kv + kh, LANES):          # the last lane merges them all, in lane order
+                m = tl.full([MP], float("-inf"), tl.float32)
+                l = tl.zeros([MP], tl.float32)
+                acc = tl.zeros([MP, D], tl.float32)
+                for other in tl.static_range(0, LANES):         # unrolled: the loads need not wait for merges
+                    at = state + other * GP * (D + 2)
+                    acc2 = tl.load(at[:, None] + d[None, :], mask=valid[:, None], other=0.0, cache_modifier=".cg")
+                    m2 = tl.load(at + D, mask=valid, other=float("-inf"), cache_modifier=".cg")
+                    l2 = tl.load(at + D + 1, mask=valid, other=0.0, cache_modifier=".cg")
+                    m, l, acc = _merge(m, l, acc, m2, l2, acc2)
+                out = acc / tl.where(l > 0, l, 1.0)[:, None]
+                tl.store(out_ptr + (t + i[:, None]) * o_s0 + (kh * G + g[:, None]) * D + d[None, :],
+                         out.to(out_ptr.dtype.element_ty), mask=valid[:, None])

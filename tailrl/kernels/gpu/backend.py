@@ -22,7 +22,8 @@ import triton
 from tailrl.kernels.backend import Backend, Rope, RopeTables
 from tailrl.kernels.gpu import matmul, stock
 from tailrl.kernels.gpu.activation import silu_mul_kernel
-from tailrl.kernels.gpu.attention import attend_kernel, merge_kernel, rope_write_kernel
+from tailrl.kernels.gpu.arrivals import counters
+from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
 from tailrl.kernels.gpu.norm import add_rms_norm_kernel, rms_norm_kernel
 from tailrl.kernels.gpu.scan import row_scan_kernel
 from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
@@ -88,9 +89,9 @@ class TritonBackend(Backend):
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMeta, heads: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """Two or three launches: RoPE and the K/V writes (every token's, before any attention
-        reads them; ``bias``: the projection's, added first), then attention (few tokens: per
-        lane, then the lanes merged)."""
+        """Two launches: RoPE and the K/V writes (every token's, before any attention reads
+        them; ``bias``: the projection's, added first), then attention (few tokens: a program
+        per lane, the last of a query's lanes to finish merging them)."""
         n = qkv.shape[0]
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
         if d & (d - 1):                  # Triton's ranges are powers of two: such a head dim takes the reference
@@ -115,13 +116,12 @@ class TritonBackend(Backend):
         mp = max(16, _pow2(qt * g))
         whole = n * kv_heads >= WHOLE_PROGRAMS
         part = out if whole else torch.empty(n, kv_heads, LANES, gp, d + 2, dtype=torch.float32, device=qkv.device)
+        count = part if whole else counters(qkv.device, n * kv_heads)
         attend_kernel[(n, kv_heads) if whole else (n, kv_heads, LANES)](
-            q, k_cache, v_cache, out, part, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
+            q, k_cache, v_cache, out, part, count, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
             meta.extra, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0),
             meta.block_table.stride(0), n, d ** -0.5, H=heads, G=g, GP=gp, MP=mp, D=d, BLOCK=BLOCK, KEYS=KEYS,
             LANES=LANES, QT=qt, WHOLE=whole, num_warps=4 if KEYS <= 32 else 8, **EXACT)
-        if not whole:
-            merge_kernel[(n, kv_heads)](part, out, out.stride(0), G=g, GP=gp, D=d, LANES=LANES, **EXACT)
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

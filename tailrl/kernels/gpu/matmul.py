@@ -10,9 +10,9 @@ K alone:
 - K split into ``splits(N, K)`` ranges fixed per weight shape (more ranges when N has few
   tiles, so that small-M steps still occupy the GPU), each range reduced in order, BK at a
   time;
-- the ranges' float32 partial sums added in range order by a second kernel, which also adds
-  the bias and rounds to the output dtype (one range: the first kernel does that itself, the
-  same arithmetic: 0 + x is x); where M alone gives tiles enough to occupy the GPU, each
+- the ranges' float32 partial sums added in range order by the tile's last range to finish
+  (arrivals.py: no second kernel), which also adds the bias and rounds to the output dtype
+  (one range: its program does that itself, the same arithmetic: 0 + x is x); where M alone gives tiles enough to occupy the GPU, each
   program sums its tile's ranges itself, in the same order from the same zero (``ALL``): the
   same bits without the partial sums' trip through memory (at M = 2048 on the down
   projection, 8 ranges: 117 MB written and read back, four times the operands' bytes).
@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from tailrl.kernels.gpu.activation import silu_times
+from tailrl.kernels.gpu.arrivals import arrive, counters
 
 MAX_SPLITS = 8
 TARGET_PROGRAMS = 132          # an H100's SMs: below this many (N tiles x splits) the GPU idles
@@ -105,15 +106,17 @@ def range_sum(x_ptr, w_ptr, rm, rn, M, N, K, k0, k1, x_s0, w_s0,
 # M is never specialised (Triton compiles variants for M == 1 and M % 16 == 0 otherwise): one
 # binary per weight shape, whatever the number of rows
 @triton.jit(do_not_specialize=["M"])
-def partial_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, x_s0, w_s0, span, S,
+def partial_kernel(x_ptr, w_ptr, part_ptr, count_ptr, b_ptr, y_ptr, M, N, K, x_s0, w_s0, span, S,
                    IEEE: tl.constexpr, WIDEN: tl.constexpr, FINAL: tl.constexpr, ALL: tl.constexpr,
                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    BK: tl.constexpr):
-    """Program (m tile, n tile, range s): the range's partial sums, in K order (``FINAL``: the
-    only range: plus the bias, rounded into y, as reduce_kernel would). ``ALL``: every one of
-    the ``S`` ranges in this program, their sums added in range order from zero, then the
-    bias, rounded into y: reduce_kernel's arithmetic without the partial sums' round trip
-    through memory (for steps with tiles enough to occupy the GPU unsplit)."""
+    """Program (m tile, n tile, range s): the range's partial sums, in K order, stored in
+    part; the tile's last range to finish (arrivals.py: its counter ``count_ptr``, pm * N
+    tiles + pn) adds the S ranges' sums in range order from zero, then the bias, and rounds
+    them into y. ``FINAL``: the only range: its sums plus the bias, rounded into y (0 + x is
+    x: the same arithmetic). ``ALL``: every range in this program, added in the same order:
+    the same bits without the partial sums' round trip through memory (for steps with tiles
+    enough to occupy the GPU unsplit)."""
     pm, pn, ps = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
@@ -126,26 +129,24 @@ def partial_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, x_s0, w_s0, sp
         acc = range_sum(x_ptr, w_ptr, rm, rn, M, N, K, ps * span, tl.minimum(K, ps * span + span), x_s0, w_s0,
                         IEEE, WIDEN, ACT, BM, BN, BK)
     ok = (rm[:, None] < M) & (rn[None, :] < N)
-    if FINAL or ALL:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
-    else:
+    if not (FINAL or ALL):              # this range's sums; the tile's last range to finish adds them all
         tl.store(part_ptr + (ps * M + rm[:, None]) * N + rn[None, :], acc, mask=ok)
+        if arrive(count_ptr + pm * tl.num_programs(1) + pn, S):
+            acc = tl.zeros([BM, BN], tl.float32)
+            for s in range(0, S):
+                acc += tl.load(part_ptr + (s * M + rm[:, None]) * N + rn[None, :], mask=ok, other=0.0,
+                               cache_modifier=".cg")
+            _finish(acc, b_ptr, y_ptr, rm, rn, N, ok, HAS_BIAS)
+    else:
+        _finish(acc, b_ptr, y_ptr, rm, rn, N, ok, HAS_BIAS)
 
 
-@triton.jit(do_not_specialize=["M"])
-def reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, S, HAS_BIAS: tl.constexpr, BN: tl.constexpr):
-    """Program (row m, n tile): the ranges' sums in order, plus the bias, rounded once."""
-    m, pn = tl.program_id(0), tl.program_id(1)
-    rn = pn * BN + tl.arange(0, BN)
-    ok = rn < N
-    acc = tl.zeros([BN], tl.float32)
-    for s in range(0, S):
-        acc += tl.load(part_ptr + (s * M + m) * N + rn, mask=ok, other=0.0)
+@triton.jit
+def _finish(acc, b_ptr, y_ptr, rm, rn, N, ok, HAS_BIAS: tl.constexpr):
+    """The tile's sums plus the bias, rounded once into y."""
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=ok)
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, tiles: Tiles = TILES,
@@ -171,10 +172,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, tile
     whole = s > 1 and tiles_m * tiles_n >= WHOLE_PROGRAMS      # the GPU is full unsplit: sum in place
     part = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 and not whole else y
     bias = b if b is not None else y
+    count = counters(x.device, tiles_m * tiles_n) if s > 1 and not whole else y
     partial_kernel[(tiles_m, tiles_n, 1 if whole else s)](
-        x, w, part, bias, y, m, n, k, x.stride(0), w.stride(0), span, s, IEEE=x.dtype == torch.float32, WIDEN=WIDEN,
+        x, w, part, count, bias, y, m, n, k, x.stride(0), w.stride(0), span, s, IEEE=x.dtype == torch.float32, WIDEN=WIDEN,
         FINAL=s == 1, ALL=whole, HAS_BIAS=b is not None, ACT=act, BM=tiles.bm, BN=tiles.bn, BK=bk,
         num_warps=tiles.warps, num_stages=tiles.stages)
-    if s > 1 and not whole:
-        reduce_kernel[(m, tiles_n)](part, bias, y, m, n, s, HAS_BIAS=b is not None, BN=tiles.bn)
     return y
