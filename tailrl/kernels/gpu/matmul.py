@@ -12,8 +12,9 @@ K alone:
   time;
 - the ranges' float32 partial sums added in range order by the tile's last range to finish
   (arrivals.py: no second kernel), which also adds the bias and rounds to the output dtype
-  (one range: its program does that itself, the same arithmetic: 0 + x is x); where M alone gives tiles enough to occupy the GPU, each
-  program sums its tile's ranges itself, in the same order from the same zero (``ALL``): the
+  (one range: its program does that itself, the same arithmetic: 0 + x is x); where M alone
+  gives tiles enough to occupy the GPU, each program sums its tile's ranges itself, in the
+  same order from the same zero (``ALL``): the
   same bits without the partial sums' trip through memory (at M = 2048 on the down
   projection, 8 ranges: 117 MB written and read back, four times the operands' bytes).
 
@@ -174,7 +175,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, tile
     bias = b if b is not None else y
     count = counters(x.device, tiles_m * tiles_n) if s > 1 and not whole else y
     partial_kernel[(tiles_m, tiles_n, 1 if whole else s)](
-        x, w, part, count, bias, y, m, n, k, x.stride(0), w.stride(0), span, s, IEEE=x.dtype == torch.float32, WIDEN=WIDEN,
-        FINAL=s == 1, ALL=whole, HAS_BIAS=b is not None, ACT=act, BM=tiles.bm, BN=tiles.bn, BK=bk,
+        x, w, part, count, bias, y, m, n, k, x.stride(0), w.stride(0), span, s, IEEE=x.dtype == torch.float32,
+        WIDEN=WIDEN, FINAL=s == 1, ALL=whole, HAS_BIAS=b is not None, ACT=act, BM=tiles.bm, BN=tiles.bn, BK=bk,
         num_warps=tiles.warps, num_stages=tiles.stages)
     return y
