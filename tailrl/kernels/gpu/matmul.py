@@ -14,9 +14,9 @@ K alone:
   (arrivals.py: no second kernel), which also adds the bias and rounds to the output dtype
   (one range: its program does that itself, the same arithmetic: 0 + x is x); where M alone
   gives tiles enough to occupy the GPU, each program sums its tile's ranges itself, in the
-  same order from the same zero (``ALL``): the
-  same bits without the partial sums' trip through memory (at M = 2048 on the down
-  projection, 8 ranges: 117 MB written and read back, four times the operands' bytes).
+  same order from the same zero (``ALL``): the same bits without the partial sums' trip
+  through memory (at M = 2048 on the down projection, 8 ranges: 117 MB written and read back,
+  four times the operands' bytes).
 
 So a row computes the same bits alone or in any batch; only the tile it lands in changes, and
 the instructions that compute a tile treat its rows alike. The tiles (``TILES``: 64 x 64 outputs,
