@@ -67,7 +67,7 @@ engine() {
         fi
     fi
     [ "$DEVICE" = cuda ] && step attention ${ATTENTION_LIMIT:-60} $PY benchmarks/attention.py   # keys per lane step
-    step gpu ${GPU_LIMIT:-260} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
+    step gpu ${GPU_LIMIT:-280} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
         --partial-json "$OUT/gpu_partial.json"
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-110} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \

@@ -184,7 +184,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9           # GPU: this share of its memory for weights, activations and K/V
     cuda_graphs: bool = True                      # GPU: decode and verify steps replayed from CUDA graphs ...
     cuda_graph_max_tokens: int = 512              # ... of at most this many tokens (drafts included) ...
-    cuda_graph_gib: float = 1.0                   # ... within this memory (taken from the K/V budget)
+    cuda_graph_gib: float = 1.0                   # ... within this memory (taken from the K/V budget),
+    cuda_graph_warmup: bool = True                # ... captured at start-up (each bucket's, as vLLM
+                                                  # does), not in the steps that first need them
     async_scheduling: bool | None = None          # launch a plain decoding step before the previous one's
                                                   # tokens are back (engine/ahead.py); None: with CUDA graphs
     num_threads: int | None = None                # torch threads; None = as many cores as other
@@ -211,6 +213,8 @@ class EngineConfig:
         _check(isinstance(self.cuda_graph_max_tokens, int) and self.cuda_graph_max_tokens >= 1,
                "cuda_graph_max_tokens", "must be an integer >= 1", self.cuda_graph_max_tokens)
         _check(self.cuda_graph_gib >= 0, "cuda_graph_gib", "must be >= 0", self.cuda_graph_gib)
+        _check(isinstance(self.cuda_graph_warmup, bool), "cuda_graph_warmup", "must be true or false",
+               self.cuda_graph_warmup)
         _check(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
                "must be true, false or null", self.async_scheduling)
 

@@ -59,6 +59,8 @@ class LLMEngine:
             graphs = StepGraphs(self.model, self.kv, pool, max_tokens,
                                 grouped=speculative is not None or speculator is not None)
         self.runner = ModelRunner(self.model, self.kv, graphs)
+        if graphs is not None and config.cuda_graph_warmup:
+            self._warm_up(graphs, speculative is not None or speculator is not None)
         if speculator is None and speculative is not None:
             from tailrl.speculative.speculator import Speculator
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
@@ -88,6 +90,16 @@ class LLMEngine:
         self.step_log: list[dict] | None = None
         self._rollout_start = self.metrics.snapshot()
         self._graphs_start = self._graph_stats()
+
+    def _warm_up(self, graphs: StepGraphs, drafts: bool) -> None:
+        """Every graph a step may replay, captured now (a capture costs tens of milliseconds,
+        which inside a rollout would be the rollout's): up to ``max_num_seqs`` tokens, plain
+        decoding's steps; with drafts, up to the graphs' token cap."""
+        t0 = time.perf_counter()
+        with device_scope(self.config.device):
+            made = graphs.warm_up(graphs.buckets[-1] if drafts else min(graphs.buckets[-1], self.config.max_num_seqs))
+        log.info("CUDA graphs: %d step shapes captured in %.2f s (%.0f MiB; cuda_graph_warmup=False captures "
+                 "each when a step first needs it)", made, time.perf_counter() - t0, graphs.pool.bytes / 2**20)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:

@@ -179,5 +179,17 @@ class StepGraphs:
         self.replays += 1
         return out
 
+    def warm_up(self, max_tokens: int, modes: tuple = ("sample", None)) -> int:
+        """Capture now, not in the steps that first need them, the graph of every bucket up to
+        ``max_tokens`` tokens in each sampler ``mode`` (chains and plain rows: one visibility
+        entry), from steps of padding tokens alone (inert: the scratch row and slot). Returns
+        the number of graphs captured."""
+        keys = {self.key(n, 0, mode) for n in self.buckets if n <= max_tokens for mode in modes}
+        before = self.pool.captures
+        for key in sorted(keys, key=lambda k: (-k[0], str(k[2]))):
+            self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
+            self.run(key)
+        return self.pool.captures - before
+
     def stats(self) -> dict[str, float]:
         return {**self.pool.stats(), "graphs/replayed_steps": self.replays, "graphs/eager_steps": self.eager}

@@ -151,8 +151,31 @@ def test_a_reallocated_kv_pool_drops_the_graphs(model):
     assert held > 0 and llm.last_metrics["graphs/captures"] >= held
 
 
+@pytest.mark.parametrize("spec", [None, SpeculativeConfig(policy="fixed")], ids=["plain", "chains"])
+def test_graphs_captured_at_start_up_serve_every_step_with_its_bits(model, spec):
+    """``cuda_graph_warmup``: every bucket's graph captured from steps of padding alone (plain:
+    up to max_num_seqs tokens; with drafts, up to the graphs' cap), in each sampler mode; then a
+    rollout (every row at T = 1) captures nothing, replays every step without prefill, and
+    gives the tokens and log-probabilities of eager steps."""
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=30, ignore_eos=True, seed=3)
+    run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(PROMPTS, params)]  # noqa: E731
+    want = run(LLM(model, dtype="bfloat16"))
+    llm = LLM(model, dtype="bfloat16", speculative=spec, max_num_seqs=16)
+    graphs = with_graphs(llm)
+    llm.engine._warm_up(graphs, drafts=spec is not None)
+    top = 64 if spec is not None else 16
+    assert graphs.pool.captures == len({graphs.key(n, 0, m) for n in graphs.buckets if n <= top for m in ("sample", None)})
+    for _ in range(2):                                   # the second call drafts from the first's history
+        assert run(llm) == want
+        m = llm.last_metrics
+        assert m["graphs/captures"] == 0 and m["graphs/replayed_steps"] > 0 and m["graphs/eager_steps"] == 0
+    if spec is not None:
+        assert m["rollout/spec_accepted_tokens"] > 0
+
+
 def test_graph_settings_are_checked():
-    for field, bad in (("cuda_graphs", 1), ("cuda_graph_max_tokens", 0), ("cuda_graph_gib", -1.0)):
+    for field, bad in (("cuda_graphs", 1), ("cuda_graph_max_tokens", 0), ("cuda_graph_gib", -1.0),
+                       ("cuda_graph_warmup", 1)):
         with pytest.raises(ValueError, match=field):
             EngineConfig(model="m", **{field: bad})
 
