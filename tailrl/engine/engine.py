@@ -44,7 +44,8 @@ class LLMEngine:
         self.threads = use_threads(config.num_threads, config.dtype)
         dtype = DTYPES[config.dtype]
         # the KV budget and the context that fits it, before any weight is read
-        budget, self.max_model_len = size_kv(read_args(config.model), config, torch.tensor([], dtype=dtype).element_size())
+        elem = torch.tensor([], dtype=dtype).element_size()
+        budget, self.max_model_len = size_kv(read_args(config.model), config, elem)
         self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
         self.model.prepare_kernels()            # on a GPU: where cuBLAS may compute (kernels/gpu/stock.py)
         if torch.device(config.device).type == "cuda":
