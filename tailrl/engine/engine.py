@@ -192,11 +192,10 @@ class LLMEngine:
             self.threads.tick()
         if self.ahead:
             return self._step_ahead()
-        if self.modes is not None and not self.speculator.needs_hidden:
-            running = self.scheduler.running           # a plain step where nobody would draft
-            if not self.speculator.plan(running, len(running)) or self.modes.choose(len(running)) == AHEAD:
-                self._ahead_steps += 1
-                return self._step_ahead()
+        if self.modes is not None and not self.speculator.needs_hidden \
+                and self.modes.choose(len(self.scheduler.running)) == AHEAD:
+            self._ahead_steps += 1
+            return self._step_ahead()
         finished = self.drain()                        # a step launched ahead before this one
         return finished + self._step_drafting()
 

@@ -6,11 +6,9 @@ launched before the previous one's tokens are back (ahead.py; on an H100, plain 
 the 0.5b stand-in's rollout took 1.49-1.62 s so against 1.80-1.91 s one step at a time). The
 speculator's policy prices drafts against plain steps taken one at a time, so where drafts save
 less than stepping ahead does, a speculative engine on a GPU ran slower than plain decoding
-(0.78x in one measurement). So a step where the policy would not draft (``Speculator.plan``,
-asked before the previous step's tokens are back) is launched ahead, and where it would,
-``ModeChoice`` measures both modes instead of pricing them: per bucket of batch sizes (powers
-of two), an exponential average of the seconds per emitted token of the steps of each mode
-(steps without prefill), and it takes the cheaper. The other mode is tried
+(0.78x in one measurement). ``ModeChoice`` measures both instead of pricing them: per bucket of
+batch sizes (powers of two), an exponential average of the seconds per emitted token of the
+steps of each mode (steps without prefill), and it takes the cheaper. The other mode is tried
 again for ``TRIAL`` steps every ``interval`` steps of the bucket: ``EXPLORE`` at first, doubled
 each time the trial loses (up to ``MAX_EXPLORE``), back to ``EXPLORE`` when it wins. A fresh
 bucket tries drafting first, then stepping ahead. Outputs never depend on the mode.

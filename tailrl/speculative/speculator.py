@@ -46,7 +46,7 @@ import time
 from typing import Any, Callable
 
 from tailrl.config import SpeculativeConfig
-from tailrl.speculative.critical import critical_requests, known_lengths
+from tailrl.speculative.critical import critical_requests
 from tailrl.speculative.draft import Draft
 from tailrl.speculative.factory import make_sources, make_spec_policy
 from tailrl.speculative.history import HistoryStore
@@ -89,7 +89,6 @@ class Speculator:
             self.choice.pending = batched[0].pending        # positions a call must catch up on
         self.max_tree_paths = self.config.max_tree_paths
         self._step_draft_s = 0.0
-        self._planned: tuple[int, int] | None = None   # (batch size, tree width) asked for by ``plan``
         self._full: dict[str, Draft] = {}      # this step's untruncated chains, by request
         self._carry: dict[str, Draft] = {}     # unverified rests of fully accepted chains
         self._shadow: dict[str, tuple[Draft, int, int]] = {}   # id -> (shadow draft, first, end position)
@@ -249,26 +248,14 @@ class Speculator:
         out = req.output_token_ids
         return carry is not None and max_paths == 1 and bool(out) and out[-1] == carry.tokens[0]
 
-    def plan(self, requests: list[Any], batch_size: int) -> bool:
-        """Whether the next step, of about ``batch_size`` rows, may draft: the policy's tree width
-        for it (kept for that step's ``propose``), or where that is 0, critical rows (requests
-        with known lengths). Asked before the step's tokens are known (engine/modes.py)."""
-        paths = min(self.policy.max_paths(batch_size), self.max_tree_paths)
-        self._planned = (batch_size, paths)
-        return paths > 0 or (self.config.critical_rows > 0 and any(known_lengths(r) for r in requests))
-
     def propose(self, requests: list[Any], batch_size: int,
                 max_total_tokens: int | None = None) -> dict[str, Draft]:
-        planned, self._planned = self._planned, None
         if not requests or not self.sources:
             return {}
         t0 = time.perf_counter()
         # the step's key positions: its longest context (what the cost model prices)
         self.cost_model.context = max(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests)
-        if planned is not None:                     # asked for this step already (``plan``): once a step
-            paths = planned[1]
-        else:
-            paths = min(self.policy.max_paths(batch_size), self.max_tree_paths)
+        paths = min(self.policy.max_paths(batch_size), self.max_tree_paths)
         critical = paths <= 0
         if critical:                     # drafting is off at this batch size: the critical path only
             # (the critical_rows requests with the most expected tokens still to generate)

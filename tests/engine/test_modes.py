@@ -43,33 +43,12 @@ def test_drafting_and_stepping_ahead_in_any_order_give_plain_decodings_outputs(m
     if graphs:
         e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64,
                                                           grouped=True))
-    calls = []
-    max_paths = e.speculator.policy.max_paths
-    monkeypatch.setattr(e.speculator.policy, "max_paths", lambda b: calls.append(b) or max_paths(b))
     for _ in range(2):
         assert outputs(llm) == want
         assert e._launched is None and all(PENDING not in r.output_token_ids for r in e.requests.values())
     m = llm.last_metrics
     assert m["rollout/spec_ahead_steps"] > 10 and m["rollout/spec_verify_steps"] > 10
     assert m["rollout/spec_accepted_tokens"] > 0
-    assert len(calls) <= e.metrics.num_forward + 2          # the policy asked once a step (planned, then used)
-
-
-def test_where_the_policy_would_not_draft_the_step_is_launched_ahead_unasked(model, monkeypatch):
-    """Drafting off above one row (``max_spec_batch=1``): those steps go ahead without the
-    choice being asked; the policy is asked once per step; outputs are plain decoding's."""
-    want = outputs(LLM(model, async_scheduling=False))
-    asked = []
-    monkeypatch.setattr(ModeChoice, "choose", lambda self, rows: asked.append(rows) or DRAFT)
-    llm = LLM(model, speculative=SpeculativeConfig(policy="fixed", max_spec_batch=1), async_scheduling=True)
-    policy = llm.engine.speculator.policy
-    calls = []
-    max_paths = policy.max_paths
-    monkeypatch.setattr(policy, "max_paths", lambda b: calls.append(b) or max_paths(b))
-    assert outputs(llm) == want
-    m = llm.last_metrics
-    assert m["rollout/spec_ahead_steps"] > 10 and set(asked) <= {0, 1}
-    assert len(calls) <= m["rollout/num_forward"] + 1      # once a step (and the call that settles the last)
 
 
 def test_hidden_states_handed_out_keep_every_step_drafting(model, monkeypatch):
