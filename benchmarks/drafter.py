@@ -162,7 +162,6 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
         out[m] = {"accept_length": mean("rollout/spec_accept_length"),
                   "accept_length_tail": mean("rollout/spec_accept_length_tail"),
                   "tail_s": mean("rollout/tail_s"), "makespan_s": mean("timing_s/gen"),
-                  "ahead_steps": mean("rollout/spec_ahead_steps"),
                   "first_rollout_s": round(first[m], 2),
                   "speedup_vs_plain": spread([p / s for p, s in zip(plain, span[m])]),
                   # over every timed round (bfloat16: 1.0; float32 may flip a rare near-tie, see README)

@@ -252,9 +252,7 @@ def step_figures(m: dict) -> dict:
     """A rollout's steps: count, wall ms per step, the speculator's host ms per step, the
     engine's own stages per step (``stage_ms``: schedule, build, forward, sample, postprocess:
     on a GPU all but the forward's kernels are host work, and ``sample`` also waits for the
-    forward), the CUDA graphs (share of steps replayed, captures, pool MB, budget MB), and a
-    speculative engine's steps that verified drafts and that it launched ahead instead
-    (engine/modes.py)."""
+    forward), and the CUDA graphs (share of steps replayed, captures, pool MB, budget MB)."""
     steps = max(m["rollout/num_forward"], 1)
     out = {"steps": int(steps), "step_ms": round(m["timing_s/gen"] / steps * 1e3, 3),
            "spec_host_ms": round((m["timing_s/draft"] + m["timing_s/observe"]) / steps * 1e3, 3),
@@ -264,9 +262,6 @@ def step_figures(m: dict) -> dict:
         out.update(graph_share=round(m["graphs/replayed_steps"] / steps, 3), graph_captures=m["graphs/captures"],
                    graph_mb=round(m["graphs/peak_bytes"] / 2**20, 1),
                    graph_budget_mb=round(m["graphs/budget_bytes"] / 2**20, 1))
-    if "rollout/spec_verify_steps" in m:
-        out.update(verify_steps=int(m["rollout/spec_verify_steps"]),
-                   ahead_steps=int(m.get("rollout/spec_ahead_steps", 0)))
     return out
 
 

@@ -4,9 +4,7 @@
 The 0.5b stand-in's rollout (``--prompts`` x ``--n``, T=1, ``--max-tokens``; round 1 warms each
 engine up and is the history), then, per engine (``ahead``: plain, steps launched ahead, the
 default with CUDA graphs; ``sync``: plain, each step waiting for the last; ``default``: the
-default speculation, each step verifying drafts one step at a time or, where that measured
-slower, a plain step launched ahead (engine/modes.py; a GPU's default); ``default_sync``: the
-default speculation, every step one at a time, as before that choice):
+default speculation, whose steps wait for the last, as drafts need the tokens):
 
 1. timed rounds, rotating the engines (A B C, then C B A, ...), no profiler attached: makespan,
    step count, the stages per step (``benchmarks/gpu.py``'s ``step_figures``), and the CUDA
@@ -14,7 +12,6 @@ default speculation, every step one at a time, as before that choice):
    the GPU); each engine's outputs against the others' (tokens and log-probabilities);
    ``default_speedup``: the fastest plain round over the default's first (its later rounds
    also draft from its earlier timed rounds, the same responses: optimistic);
-   ``choice_speedup``: ``default_sync``'s first round over ``default``'s;
 2. on a GPU, one round of ``ahead`` and of ``default`` under ``torch.cuda.set_sync_debug_mode``:
    every operation that makes the host wait for the device, counted by the Python line that
    asked for it (the sampler's ``Fetched.lists`` wait is the one a step needs);
@@ -98,9 +95,7 @@ def main() -> None:
     mem = {"gpu_memory_utilization": a.gpu_memory_utilization} if cuda else {}
     engines = {"ahead": LLM(mdir, device=a.device, seed=0, async_scheduling=True, **mem),
                "sync": LLM(mdir, device=a.device, seed=0, async_scheduling=False, **mem),
-               "default": LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig(), **mem),
-               "default_sync": LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig(),
-                                   async_scheduling=False, **mem)}
+               "default": LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig(), **mem)}
     out: dict = {"device": torch.cuda.get_device_name() if cuda else a.device, "model": a.model,
                  "rollout": f"{a.prompts}x{a.n} T=1 max {a.max_tokens}"}
     outputs = {}
@@ -125,8 +120,7 @@ def main() -> None:
     # the default's later rounds draft from its earlier timed rounds too (the same responses): its
     # first timed round alone is the fair one (history from another seed's round)
     out["default_speedup"] = round(out["best_s"]["ahead"] / runs["default"][0]["s"], 3)
-    out["choice_speedup"] = round(runs["default_sync"][0]["s"] / runs["default"][0]["s"], 3)
-    out["identical"] = all(got == outputs["ahead"] for got in outputs.values())
+    out["identical"] = outputs["ahead"] == outputs["sync"] == outputs["default"]
     if cuda:
         out["sync_sites"] = {}
         profiled = {name: engines[name] for name in ("ahead", "default")}

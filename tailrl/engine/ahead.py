@@ -18,8 +18,7 @@ step n+1 whose results are dropped (its K/V write lands in its own blocks, relea
 the device runs the steps in order). A request that reaches its length limit at step n
 leaves its row before step n+1 is scheduled. Every token is the one plain decoding samples:
 the same inputs, the same row-invariant kernels, the same noise (tests/engine/test_ahead.py).
-Drafts need the tokens on the host: an engine with a speculator steps ahead only where it
-finds that faster than drafting (modes.py), and then drafts nothing.
+Drafts need the tokens on the host, so an engine with a speculator never steps ahead.
 """
 from __future__ import annotations
 
@@ -46,7 +45,6 @@ class Launched:
     sampled: Fetched
     stages: list[float]             # seconds of its schedule, draft, build, forward and sampling launches
     start: float                    # perf_counter() when its call began
-    typical: bool = True            # a decode step (no prefill) that captured no graph: its time prices it
 
     def live(self) -> bool:
         return any(not p.req.status.finished for p in self.batch.plans)
@@ -84,14 +82,13 @@ def feed(batch: Batch, step: Launched) -> None:
     batch.input_ids.index_copy_(0, index[0], tokens.index_select(0, index[1]))
 
 
-def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]
-           ) -> tuple[list[Request], list[tuple[Request, list[int]]]]:
+def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]) -> list[Request]:
     """Wait for ``step``'s tokens and commit each unfinished request's own (``verify.commit``)
     in place of its placeholder (or after its tokens, if it has none: a step settled without
-    one launched after it). Returns the requests that stopped, and each request's tokens
-    committed; requests that had already stopped are skipped."""
+    one launched after it). Returns the requests that stopped; requests that had already
+    stopped are skipped."""
     tokens, logprobs = step.sampled.lists()
-    finished, emitted = [], []
+    finished = []
     for plan in step.batch.plans:
         req = plan.req
         if req.status.finished:
@@ -100,9 +97,8 @@ def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]
         if out and out[-1] == PENDING:
             out.pop()
             req.output_logprobs.pop()
-        toks, _, status = commit(plan, tokens, logprobs, kv, eos_token_ids)
-        emitted.append((req, toks))
+        status = commit(plan, tokens, logprobs, kv, eos_token_ids)[2]
         if status is not None:
             req.status = status
             finished.append(req)
-    return finished, emitted
+    return finished

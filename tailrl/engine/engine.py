@@ -20,7 +20,6 @@ from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
 from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
-from tailrl.engine.modes import AHEAD, DRAFT, ModeChoice
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.transfer import RequestState
@@ -67,12 +66,9 @@ class LLMEngine:
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
             speculator = Speculator(speculative, history, target=self.model)
         self.speculator = speculator
-        # plain decoding steps launched before the previous step's tokens are back (ahead.py); with
-        # a speculator, whichever of drafting and stepping ahead measures faster (modes.py)
+        # plain decoding steps launched before the previous step's tokens are back (ahead.py)
         ahead = config.async_scheduling if config.async_scheduling is not None else graphs is not None
         self.ahead = ahead and speculator is None
-        self.modes = ModeChoice() if ahead and speculator is not None else None
-        self._ahead_steps = self._ahead_steps_start = 0       # steps the choice launched ahead
         self._launched: Launched | None = None
         self._settled_at = 0.0
         if speculator is not None and hasattr(speculator, "captures"):
@@ -147,7 +143,6 @@ class LLMEngine:
         self.kv.reset_peaks()
         if self.speculator is not None:
             self.speculator.reset_metrics()
-        self._ahead_steps_start = self._ahead_steps
         self._graphs_start = self._graph_stats()
 
     def rollout_counters(self) -> EngineMetrics:
@@ -158,12 +153,7 @@ class LLMEngine:
         return out
 
     def spec_metrics(self) -> dict[str, float]:
-        if self.speculator is None:
-            return {}
-        out = self.speculator.metrics()
-        if self.modes is not None:                    # steps launched ahead instead of drafting (modes.py)
-            out["rollout/spec_ahead_steps"] = float(self._ahead_steps - self._ahead_steps_start)
-        return out
+        return self.speculator.metrics() if self.speculator is not None else {}
 
     def _graph_stats(self) -> dict[str, float]:
         if self.runner.graphs is None:
@@ -192,15 +182,6 @@ class LLMEngine:
             self.threads.tick()
         if self.ahead:
             return self._step_ahead()
-        if self.modes is not None and not self.speculator.needs_hidden \
-                and self.modes.choose(len(self.scheduler.running)) == AHEAD:
-            self._ahead_steps += 1
-            return self._step_ahead()
-        finished = self.drain()                        # a step launched ahead before this one
-        return finished + self._step_drafting()
-
-    def _step_drafting(self) -> list[Request]:
-        """One step at a time: drafts proposed from the tokens so far, verified in this step."""
         clock = [time.perf_counter()]
         captures = captures_made()
         sched = self.scheduler.schedule()                                  # 1. schedule
@@ -251,8 +232,6 @@ class LLMEngine:
             typical = decode and captures_made() == captures
             self.speculator.observe_step(len(batch.plans), len(batch.input_ids), clock[-1] - clock[0],
                                          batch.meta.work, prefill=not typical, reads=batch.meta.reads)
-            if self.modes is not None and typical:
-                self.modes.observe(DRAFT, len(sched.rows), clock[-1] - clock[0], sum(len(t) for t, _ in emitted))
         if self.idle_work is not None:                 # a step boundary: nothing is mid-step
             self.idle_work.after_step(len(sched.rows))
         return finished
@@ -262,7 +241,6 @@ class LLMEngine:
         """Launch the next plain step, then settle the one launched before it. Returns the
         requests that finished (in the settled step)."""
         start = time.perf_counter()
-        captures = captures_made()
         prev, self._launched = self._launched, None
         if prev is not None:
             placeholders(prev, self.scheduler)
@@ -283,10 +261,9 @@ class LLMEngine:
             req.num_computed_tokens += n
         launched = time.perf_counter()
         sampled = self.runner.sample(batch, logits)
-        typical = len(batch.input_ids) == len(sched.rows) and captures_made() == captures   # decode, no capture
         self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
                                          [scheduled - start, 0.0, built - scheduled, launched - built,
-                                          time.perf_counter() - launched], start, typical)
+                                          time.perf_counter() - launched], start)
         if prev is None:
             return []
         finished = self._settle(prev)
@@ -300,22 +277,16 @@ class LLMEngine:
         t0 = time.perf_counter()
         step.sampled.lists()
         t1 = time.perf_counter()
-        finished, emitted = settle(step, self.kv, self.args.eos_token_ids)
-        if self.speculator is not None:                # the self and group indexes read every token
-            for req, toks in emitted:
-                self.speculator.observe(req, toks, verified=False)
+        finished = settle(step, self.kv, self.args.eos_token_ids)
         for req in finished:
             self._finish(req, req.status)
         t2 = time.perf_counter()
         b, s = step.batch, step.stages
         self.metrics.record_step(step.rows, len(b.input_ids), 0, step.preempted,
                                  s[:4] + [s[4] + t1 - t0, t2 - t1, 0.0])
-        period = t2 - max(step.start, self._settled_at)    # since the step settled before it
-        if self.step_log is not None:
+        if self.step_log is not None:                 # a step's period: since the step settled before it
             self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
-                                  "seconds": period})
-        if self.modes is not None and step.typical:
-            self.modes.observe(AHEAD, step.rows, period, sum(len(t) for _, t in emitted))
+                                  "seconds": t2 - max(step.start, self._settled_at)})
         self._settled_at = t2
         return finished
 

@@ -166,12 +166,8 @@ class Speculator:
         if state["carry"] is not None:
             self._carry[req.request_id] = state["carry"]
 
-    def observe(self, req: Any, new_tokens: list[int], verified: bool = True) -> None:
-        """``req`` emitted ``new_tokens``; ``verified=False``: in a step that verified no draft
-        of it (a plain step launched ahead), so no chain's rest carries over to its next step."""
+    def observe(self, req: Any, new_tokens: list[int]) -> None:
         t0 = time.perf_counter()
-        if not verified:
-            self._carry.pop(req.request_id, None)
         for s in self.sources:
             s.observe(req, new_tokens)
         if self._shadow and req.request_id in self._shadow:
