@@ -70,7 +70,7 @@ engine() {
     step gpu ${GPU_LIMIT:-280} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
         --partial-json "$OUT/gpu_partial.json"
     if $PY -c "import pytest" 2>/dev/null; then
-        step gpu_tests ${TEST_LIMIT:-90} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
+        step gpu_tests ${TEST_LIMIT:-110} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             tests/kernels/test_triton.py tests/kernels/test_triton_sampler.py tests/kernels/test_stock.py tests/kernels/test_launches.py \
             tests/drafter/test_drafter_graphs.py \
             tests/engine/test_engine_device.py tests/engine/test_ahead.py \
