@@ -24,9 +24,10 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
     """At least ``n`` zeroed int32 counters on ``device``, the same tensor for every launch
     (grown, never shrunk: each launch leaves its counters at zero)."""
     have = _counters.get(device)
-    if have is None or have.numel() < n:
-        if have is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("arrivals: more counters needed inside a CUDA graph capture")
+    if have is None or have.numel() < n:            # never inside a capture: the graph's pool would hold them
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("arrivals: counters first needed inside a CUDA graph capture (a capture follows "
+                               "an eager run of the same step, which makes them)")
         have = _counters[device] = torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device)
     return have
 
