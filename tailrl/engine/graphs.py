@@ -68,6 +68,8 @@ class _Bucket:
     pinned: bool = False            # the staging is pinned (a GPU's): its copies run behind the host
     copied: list = field(default_factory=lambda: [None, None])   # per staging buffer: its last copy's event
     turn: int = 0
+    staged: list = field(default_factory=list)   # per staging buffer: numpy views (all, longs [4, n], ints [4, n])
+    views: dict = field(default_factory=dict)    # real tokens -> the device views of them ``place`` returns
 
     @property
     def table_offset(self) -> int:
@@ -88,6 +90,10 @@ class StepGraphs:
         self._static: dict[Key, _Bucket] = {}
         self._kv_allocations = kv.allocations
         self.replays = self.eager = 0               # steps run from static inputs: replayed / eagerly (refused)
+        # what padding tokens hold: (ids, positions, sample index, the scratch slot); (the scratch
+        # row, prefix 1, no extras: they see the scratch slot alone)
+        self._pad_longs = np.array([0, 0, 0, kv.scratch_slot], dtype=np.int64)[:, None]
+        self._pad_ints = np.array([kv.max_rows, 1, 0, 0], dtype=np.int32)[:, None]
 
     def key(self, num_tokens: int, num_extra: int, mode: str | None = None) -> Key | None:
         """The bucket of a step with every position sampling, or None (too many tokens). ``mode``:
@@ -112,15 +118,13 @@ class StepGraphs:
         host = b.host[b.turn]
         if b.copied[b.turn] is not None:
             b.copied[b.turn].synchronize()        # its copy two steps ago has read it (long since, as a rule)
-        n, h = len(longs[0]), host.numpy()
-        lo = h[:2 * LONGS * b.n].view(np.int64).reshape(LONGS, b.n)
-        for i, (a, pad) in enumerate(zip(longs, (0, 0, 0, self.kv.scratch_slot))):
-            lo[i, :n] = a
-            lo[i, n:] = pad
-        it = h[2 * LONGS * b.n:2 * LONGS * b.n + INTS * b.n].reshape(INTS, b.n)
-        for i, (a, pad) in enumerate(zip(ints, (self.kv.max_rows, 1, 0, 0))):   # the scratch row, slot 0
-            it[i, :n] = a
-            it[i, n:] = pad
+        n = len(longs[0])
+        h, lo, it = b.staged[b.turn]
+        if n:
+            lo[:, :n] = longs
+            it[:, :n] = ints
+        lo[:, n:] = self._pad_longs                # padding tokens: the scratch slot, the scratch row
+        it[:, n:] = self._pad_ints
         if b.mode == "sample":              # rounded to float32 here as the device rounds them
             uoff = (2 * LONGS + INTS) * b.n
             h[uoff:uoff + n] = np.asarray(u, dtype=np.float64).astype(np.float32).view(np.int32)
@@ -132,10 +136,14 @@ class StepGraphs:
         if b.pinned:
             b.copied[b.turn] = torch.cuda.Event()
             b.copied[b.turn].record()
+        v = b.views.get(n)
+        if v is None:
+            m = b.meta
+            v = b.views[n] = (b.ids[:n], b.pos[:n], b.sample[:n], m.write_slot[:n], m.q_row[:n], m.prefix[:n],
+                              m.estart[:n], m.ecount[:n])
         m = b.meta
-        meta = AttentionMeta(m.write_slot[:n], m.q_row[:n], m.prefix[:n], m.estart[:n], m.ecount[:n],
-                             m.extra, m.block_table, kv_len, reads, work, m.multi)
-        return b.ids[:n], b.pos[:n], b.sample[:n], meta
+        meta = AttentionMeta(*v[3:], m.extra, m.block_table, kv_len, reads, work, m.multi)
+        return v[0], v[1], v[2], meta
 
     def _new(self, key: Key) -> _Bucket:
         n, e, mode = key
@@ -154,6 +162,10 @@ class StepGraphs:
                              width * BLOCK, 0, 0, self.grouped)
         u = dev[(2 * LONGS + INTS) * n:(2 * LONGS + INTS + FLOATS) * n].view(torch.float32)
         b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], u, mode, host[0].is_pinned())
+        for t in host:
+            h = t.numpy()
+            b.staged.append((h, h[:2 * LONGS * n].view(np.int64).reshape(LONGS, n),
+                             h[2 * LONGS * n:2 * LONGS * n + INTS * n].reshape(INTS, n)))
         self._static[key] = b
         return b
 
