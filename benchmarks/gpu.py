@@ -252,7 +252,8 @@ def step_figures(m: dict) -> dict:
     """A rollout's steps: count, wall ms per step, the speculator's host ms per step, the
     engine's own stages per step (``stage_ms``: schedule, build, forward, sample, postprocess:
     on a GPU all but the forward's kernels are host work, and ``sample`` also waits for the
-    forward), and the CUDA graphs (share of steps replayed, captures, pool MB, budget MB)."""
+    forward), and the CUDA graphs (share of steps replayed, captures, pool MB, budget MB, and
+    the engine's start-up captures: count, seconds)."""
     steps = max(m["rollout/num_forward"], 1)
     out = {"steps": int(steps), "step_ms": round(m["timing_s/gen"] / steps * 1e3, 3),
            "spec_host_ms": round((m["timing_s/draft"] + m["timing_s/observe"]) / steps * 1e3, 3),
@@ -261,7 +262,8 @@ def step_figures(m: dict) -> dict:
     if "graphs/replayed_steps" in m:
         out.update(graph_share=round(m["graphs/replayed_steps"] / steps, 3), graph_captures=m["graphs/captures"],
                    graph_mb=round(m["graphs/peak_bytes"] / 2**20, 1),
-                   graph_budget_mb=round(m["graphs/budget_bytes"] / 2**20, 1))
+                   graph_budget_mb=round(m["graphs/budget_bytes"] / 2**20, 1),
+                   graph_warmup=(int(m.get("graphs/warmup_captures", 0)), round(m.get("graphs/warmup_s", 0.0), 2)))
     return out
 
 

@@ -92,11 +92,10 @@ class LLMEngine:
         """Every graph a step may replay, captured now (a capture costs tens of milliseconds,
         which inside a rollout would be the rollout's): up to ``max_num_seqs`` tokens, plain
         decoding's steps; with drafts, up to the graphs' token cap."""
-        t0 = time.perf_counter()
         with device_scope(self.config.device):
             made = graphs.warm_up(graphs.buckets[-1] if drafts else min(graphs.buckets[-1], self.config.max_num_seqs))
         log.info("CUDA graphs: %d step shapes captured in %.2f s (%.0f MiB; cuda_graph_warmup=False captures "
-                 "each when a step first needs it)", made, time.perf_counter() - t0, graphs.pool.bytes / 2**20)
+                 "each when a step first needs it)", made, graphs.warmup_s, graphs.pool.bytes / 2**20)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:

@@ -24,6 +24,7 @@ they address the K/V pool, so a reallocated K/V pool (after ``free_cache``) drop
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,7 +78,8 @@ class _Bucket:
 
 
 class StepGraphs:
-    LEVELS = ("graphs/held", "graphs/bytes", "graphs/peak_bytes", "graphs/budget_bytes")   # not counters
+    LEVELS = ("graphs/held", "graphs/bytes", "graphs/peak_bytes", "graphs/budget_bytes",   # not counters
+              "graphs/warmup_captures", "graphs/warmup_s")
 
     def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int, grouped: bool = False):
         """``grouped``: every graph launches attention's query groups (``AttentionMeta.multi``), as
@@ -90,6 +92,7 @@ class StepGraphs:
         self._static: dict[Key, _Bucket] = {}
         self._kv_allocations = kv.allocations
         self.replays = self.eager = 0               # steps run from static inputs: replayed / eagerly (refused)
+        self.warmup_captures, self.warmup_s = 0, 0.0   # what ``warm_up`` captured, in how long
         # what padding tokens hold: (ids, positions, sample index, the scratch slot); (the scratch
         # row, prefix 1, no extras: they see the scratch slot alone)
         self._pad_longs = np.array([0, 0, 0, kv.scratch_slot], dtype=np.int64)[:, None]
@@ -196,12 +199,15 @@ class StepGraphs:
         ``max_tokens`` tokens in each sampler ``mode`` (chains and plain rows: one visibility
         entry), from steps of padding tokens alone (inert: the scratch row and slot). Returns
         the number of graphs captured."""
+        t0, before = time.perf_counter(), self.pool.captures
         keys = {self.key(n, 0, mode) for n in self.buckets if n <= max_tokens for mode in modes}
-        before = self.pool.captures
         for key in sorted(keys, key=lambda k: (-k[0], str(k[2]))):
             self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
             self.run(key)
+        self.warmup_captures += self.pool.captures - before
+        self.warmup_s += time.perf_counter() - t0
         return self.pool.captures - before
 
     def stats(self) -> dict[str, float]:
-        return {**self.pool.stats(), "graphs/replayed_steps": self.replays, "graphs/eager_steps": self.eager}
+        return {**self.pool.stats(), "graphs/replayed_steps": self.replays, "graphs/eager_steps": self.eager,
+                "graphs/warmup_captures": self.warmup_captures, "graphs/warmup_s": self.warmup_s}

@@ -165,11 +165,12 @@ def test_graphs_captured_at_start_up_serve_every_step_with_its_bits(model, spec)
     llm.engine._warm_up(graphs, drafts=spec is not None)
     top = 64 if spec is not None else 16
     keys = {graphs.key(n, 0, m) for n in graphs.buckets if n <= top for m in ("sample", None)}
-    assert graphs.pool.captures == len(keys)
+    assert graphs.pool.captures == len(keys) == graphs.warmup_captures and graphs.warmup_s > 0
     for _ in range(2):                                   # the second call drafts from the first's history
         assert run(llm) == want
         m = llm.last_metrics
         assert m["graphs/captures"] == 0 and m["graphs/replayed_steps"] > 0 and m["graphs/eager_steps"] == 0
+        assert m["graphs/warmup_captures"] == len(keys)                    # a level, not a count since the call
     if spec is not None:
         assert m["rollout/spec_accepted_tokens"] > 0
 
