@@ -114,7 +114,7 @@ def test_attention_lanes_merged_in_one_program_or_by_a_second_kernel_give_the_sa
         split, ks, vs = run(TRITON, dtype, *args)
         assert torch.equal(whole, split) and torch.equal(kw, ks) and torch.equal(vw, vs)
         assert (split.float() - want).abs().max().item() < tol
-    assert not counters(torch.device(DEVICE), 1).any()       # every lane group's counter back at zero
+    assert not counters(torch.empty(0, device=DEVICE).device, 1).any()   # every lane group's counter back at zero
 
 
 def test_a_rows_queries_walk_its_kv_together_with_the_bits_each_has_alone(monkeypatch):
@@ -147,17 +147,21 @@ def test_the_projection_bias_added_in_ropes_pass_gives_the_separate_adds_bits(dt
     from tailrl.kernels.gpu import stock
     rows = random_rows(random.Random(11), 4)
     qkv, positions, k, v, meta = step(rows, n_blocks=4 * 8 + 3, seed=12)
+    dev = dict(device=DEVICE)
+    meta = AttentionMeta(*(f.to(**dev) if isinstance(f, torch.Tensor) else f
+                           for f in (getattr(meta, name) for name in meta.__dataclass_fields__)))
     bias = torch.randn(qkv.shape[1], generator=torch.Generator().manual_seed(13)) * 3
     cos, sin = rope_table(D, 512, 1e4, torch.float32)
-    rope = TRITON.rope(RopeTables(cos.to(dtype), sin.to(dtype), cos, sin), positions)
-    x, b = qkv.to(dtype), bias.to(dtype)
-    sep = [k.to(dtype), v.to(dtype)]
+    rope = TRITON.rope(RopeTables(cos.to(dtype=dtype, **dev), sin.to(dtype=dtype, **dev), cos.to(**dev),
+                                  sin.to(**dev)), positions.to(**dev))
+    x, b = qkv.to(dtype=dtype, **dev), bias.to(dtype=dtype, **dev)
+    sep = [k.to(dtype=dtype, **dev), v.to(dtype=dtype, **dev)]
     fused = [c.clone() for c in sep]
     want = TRITON.rope_attend(x + b, rope, *sep, meta, H)
     got = TRITON.rope_attend(x, rope, *fused, meta, H, b)
     assert torch.equal(got, want) and torch.equal(fused[0], sep[0]) and torch.equal(fused[1], sep[1])
-    h = torch.randn(len(x), 48, generator=torch.Generator().manual_seed(14)).to(dtype)
-    w = torch.randn(qkv.shape[1], 48, generator=torch.Generator().manual_seed(15)).to(dtype) / 8
+    h = torch.randn(len(x), 48, generator=torch.Generator().manual_seed(14)).to(dtype=dtype, **dev)
+    w = torch.randn(qkv.shape[1], 48, generator=torch.Generator().manual_seed(15)).to(dtype=dtype, **dev) / 8
     for use in (True, False):
         monkeypatch.setattr(stock, "use_stock", lambda weight, use=use: use)
         calls = []
@@ -289,7 +293,7 @@ def test_matmul_rows_do_not_depend_on_the_batch(k, n, monkeypatch):
     ref = x.double() @ w.double().T + b.double()
     assert (matmul.linear(x, w, b).double() - ref).abs().max() <= 0.02 * ref.abs().max()
     assert matmul.splits(40, 1280) > 1 and matmul.splits(151936, 896) == 1
-    assert not counters(torch.device(DEVICE), 1).any()       # every tile's counter back at zero
+    assert not counters(torch.empty(0, device=DEVICE).device, 1).any()   # every tile's counter back at zero
     assert TRITON.linear(x.float(), w.float()).dtype == torch.float32
 
 
