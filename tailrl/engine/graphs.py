@@ -139,12 +139,10 @@ class StepGraphs:
         if b.pinned:
             b.copied[b.turn] = torch.cuda.Event()
             b.copied[b.turn].record()
-        v = b.views.get(n)
+        m, v = b.meta, b.views.get(n)
         if v is None:
-            m = b.meta
             v = b.views[n] = (b.ids[:n], b.pos[:n], b.sample[:n], m.write_slot[:n], m.q_row[:n], m.prefix[:n],
                               m.estart[:n], m.ecount[:n])
-        m = b.meta
         meta = AttentionMeta(*v[3:], m.extra, m.block_table, kv_len, reads, work, m.multi)
         return v[0], v[1], v[2], meta
 

@@ -135,6 +135,33 @@ def _merge(m, l, acc, m2, l2, acc2):
 
 
 @triton.jit
+def _merge_stored(state, valid, MP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, LANES: tl.constexpr):
+    """The LANES states stored from ``state`` (lane 0's, per row; lanes GP * (D + 2) apart),
+    merged in lane order, read at L2 (arrivals.py). Unrolled: the loads need not wait for the
+    merges. Returns (sum, weighted values)."""
+    d = tl.arange(0, D)
+    m = tl.full([MP], float("-inf"), tl.float32)
+    l = tl.zeros([MP], tl.float32)
+    acc = tl.zeros([MP, D], tl.float32)
+    for lane in tl.static_range(0, LANES):
+        at = state + lane * GP * (D + 2)
+        acc2 = tl.load(at[:, None] + d[None, :], mask=valid[:, None], other=0.0, cache_modifier=".cg")
+        m2 = tl.load(at + D, mask=valid, other=float("-inf"), cache_modifier=".cg")
+        l2 = tl.load(at + D + 1, mask=valid, other=0.0, cache_modifier=".cg")
+        m, l, acc = _merge(m, l, acc, m2, l2, acc2)
+    return l, acc
+
+
+@triton.jit
+def _store(out_ptr, o_s0, token, head, l, acc, valid, D: tl.constexpr):
+    """Rows (token, head) of the attention's output: the weighted values over their sums."""
+    d = tl.arange(0, D)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(out_ptr + token[:, None] * o_s0 + head[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=valid[:, None])
+
+
+@triton.jit
 def _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT: tl.constexpr):
     """How many tokens program t attends for: 0 where token t continues the group of the token
     before it, else its group's size. Token u continues u - 1 where both are in one row, see
@@ -201,9 +228,7 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
                 m2, l2, acc2 = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
                                      k_s0, k_s1, v_s0, v_s1, t_s0, LANES, MP, D, BLOCK, KEYS)
                 m, l, acc = _merge(m, l, acc, m2, l2, acc2)
-            out = acc / tl.where(l > 0, l, 1.0)[:, None]
-            tl.store(out_ptr + (t + i[:, None]) * o_s0 + (kh * G + g[:, None]) * D + d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+            _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)
         else:
             lane = tl.program_id(2)
             m, l, acc = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
@@ -215,15 +240,5 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
             tl.store(mine + D, m, mask=valid)
             tl.store(mine + D + 1, l, mask=valid)
             if arrive(count_ptr + t * kv + kh, LANES):          # the last lane merges them all, in lane order
-                m = tl.full([MP], float("-inf"), tl.float32)
-                l = tl.zeros([MP], tl.float32)
-                acc = tl.zeros([MP, D], tl.float32)
-                for other in tl.static_range(0, LANES):         # unrolled: the loads need not wait for merges
-                    at = state + other * GP * (D + 2)
-                    acc2 = tl.load(at[:, None] + d[None, :], mask=valid[:, None], other=0.0, cache_modifier=".cg")
-                    m2 = tl.load(at + D, mask=valid, other=float("-inf"), cache_modifier=".cg")
-                    l2 = tl.load(at + D + 1, mask=valid, other=0.0, cache_modifier=".cg")
-                    m, l, acc = _merge(m, l, acc, m2, l2, acc2)
-                out = acc / tl.where(l > 0, l, 1.0)[:, None]
-                tl.store(out_ptr + (t + i[:, None]) * o_s0 + (kh * G + g[:, None]) * D + d[None, :],
-                         out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+                l, acc = _merge_stored(state, valid, MP, GP, D, LANES)
+                _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)

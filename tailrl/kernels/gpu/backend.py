@@ -82,8 +82,7 @@ class TritonBackend(Backend):
         """Where cuBLAS computes the projection (its bias would be a launch of its own, stock.py),
         RoPE's pass adds the bias, rounded as that add rounds it: the same bits, a launch fewer
         a layer (the Triton matmul adds a bias in its own last pass)."""
-        if bias is None or h.dim() != 2 or h.dtype not in DTYPES or weight.stride(-1) != 1 \
-                or bias.dtype != h.dtype or not bias.is_contiguous() or not stock.use_stock(weight):
+        if bias is None or bias.dtype != h.dtype or not bias.is_contiguous() or self._product(h, weight) != "stock":
             return super().linear_rope_attend(h, weight, bias, rope, k_cache, v_cache, meta, heads)
         return self.rope_attend(stock.stock_linear(h, weight), rope, k_cache, v_cache, meta, heads, bias)
 
@@ -156,19 +155,28 @@ class TritonBackend(Backend):
         """Batch-invariant for 2-D inputs of the kernels' dtypes: cuBLAS where it was measured
         invariant for this weight's shape (stock.py), else the Triton matmul (matmul.py);
         anything else PyTorch's."""
-        if x.dim() != 2 or x.dtype not in DTYPES or weight.stride(-1) != 1:
+        kind = self._product(x, weight)
+        if kind is None:
             return F.linear(x, weight, bias)
-        if stock.use_stock(weight):
+        if kind == "stock":
             return stock.stock_linear(x, weight, bias)
         return matmul.linear(x, weight, bias)
+
+    @staticmethod
+    def _product(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+        """Which kernel ``linear`` takes for ``x`` and ``weight``: "stock" (cuBLAS, stock.py),
+        "triton" (matmul.py), or None (PyTorch's, for what the kernels do not take)."""
+        if x.dim() != 2 or x.dtype not in DTYPES or weight.stride(-1) != 1:
+            return None
+        return "stock" if stock.use_stock(weight) else "triton"
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
         """In steps of at most ``ACT_ROWS`` rows, where the Triton matmul computes the product, it
         computes the activation as it reads its tiles (``matmul.linear(act=True)``:
         silu_mul_kernel's arithmetic, the same bits, a launch fewer a layer)."""
-        if gate_up.dim() != 2 or gate_up.dtype not in DTYPES or gate_up.shape[1] % 2 or weight.stride(-1) != 1 \
-                or weight.dtype != gate_up.dtype or gate_up.shape[0] > ACT_ROWS or stock.use_stock(weight):
+        if gate_up.shape[-1] % 2 or gate_up.shape[0] > ACT_ROWS or weight.dtype != gate_up.dtype \
+                or self._product(gate_up, weight) != "triton":
             return super().silu_mul_linear(gate_up, weight, bias)
         return matmul.linear(gate_up, weight, bias, act=True)
 

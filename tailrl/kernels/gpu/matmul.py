@@ -171,9 +171,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, tile
     s = -(-k // span)
     tiles_m, tiles_n = triton.cdiv(m, tiles.bm), triton.cdiv(n, tiles.bn)
     whole = s > 1 and tiles_m * tiles_n >= WHOLE_PROGRAMS      # the GPU is full unsplit: sum in place
-    part = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 and not whole else y
+    split = s > 1 and not whole                                # ranges in programs of their own
+    part = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if split else y
+    count = counters(x.device, tiles_m * tiles_n) if split else y
     bias = b if b is not None else y
-    count = counters(x.device, tiles_m * tiles_n) if s > 1 and not whole else y
     partial_kernel[(tiles_m, tiles_n, 1 if whole else s)](
         x, w, part, count, bias, y, m, n, k, x.stride(0), w.stride(0), span, s, IEEE=x.dtype == torch.float32,
         WIDEN=WIDEN, FINAL=s == 1, ALL=whole, HAS_BIAS=b is not None, ACT=act, BM=tiles.bm, BN=tiles.bn, BK=bk,
