@@ -8,13 +8,17 @@ going through the CUDA-graph input path (``StepGraphs`` with the capture replace
 call, as on a CPU), ``--prompts`` x ``--n`` rows at T=1 for ``--max-tokens`` tokens (EOS
 ignored: every step has all rows): per step, the milliseconds of each host stage
 (``timing_s/schedule``, ``build``, ``sample``, ``postprocess``; with ``--speculative``, also
-the speculator's ``draft`` and ``observe``) and of the whole step. ``--speculative fixed`` or
-``default`` verifies drafts from the history of the same rollout (every row drafts good
-chains: the verify path's host work at its heaviest).
+the speculator's ``draft`` and ``observe``) and of the whole step. ``--speculative fixed`` verifies drafts
+from the history of the same rollout at every step (every row drafts good chains, up to
+``max_draft_tokens``: the verify path's host work at its heaviest); ``--speculative default``
+lets the priced policy decide (on this tiny model at hundreds of rows it does not draft, so
+that measures the host cost of deciding not to).
 
 Per tree (this checkout; with ``--baseline-ref REF`` also a worktree of REF), each
 measurement in its own process, trees alternating per round, the order reversed every other
-round (ABBA); reported: the median of rounds per tree, and each stage's ratio new / base.
+round (ABBA); reported: the median of rounds per tree, and each stage's ratio new / base;
+also the whole step and, inside the stages, the cyclic garbage collector's ms per step
+(``timing_s/gc``; trees before it was measured report 0).
 
 Usage: python benchmarks/host_step.py [--baseline-ref REF] [--rounds 4]
 The last line is one JSON object.
@@ -47,8 +51,9 @@ def worker(a: argparse.Namespace) -> None:
     from tailrl.engine.graphs import StepGraphs
     path = make_checkpoint(tempfile.mkdtemp(prefix="tailrl-host-"), "qwen2", init_std=3.0, max_pos=1024)
     rows = a.prompts * a.n
-    spec = None if a.speculative == "none" else SpeculativeConfig(
-        policy="fixed" if a.speculative == "fixed" else "priced")
+    # "fixed" drafts at every batch size (max_spec_batch=0); the priced default decides itself
+    spec = None if a.speculative == "none" else (SpeculativeConfig(policy="fixed", max_spec_batch=0)
+                                                 if a.speculative == "fixed" else SpeculativeConfig())
     llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 8 * rows), speculative=spec)
     e = llm.engine
     e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), rows))
@@ -64,7 +69,8 @@ def worker(a: argparse.Namespace) -> None:
         m = llm.last_metrics
         steps = m["rollout/num_forward"]
         got = {s: m.get(f"timing_s/{s}", 0.0) / steps * 1e3 for s in STAGES}
-        got.update(step=wall / steps * 1e3, forward=m["timing_s/forward"] / steps * 1e3)
+        got.update(step=wall / steps * 1e3, forward=m["timing_s/forward"] / steps * 1e3,
+                   gc=m.get("timing_s/gc", 0.0) / steps * 1e3)         # inside the stages, not beside them
         best = {k: min(v, best.get(k, v)) for k, v in got.items()}
     print(json.dumps({"tailrl": str(Path(tailrl.__file__).resolve().parent), "rows": rows, "ms": best}))
 
