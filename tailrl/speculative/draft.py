@@ -30,6 +30,7 @@ class Draft:
     match_len: int = 0                # length of the context suffix the draft was matched on
     _path: list[float] | None = field(default=None, init=False, repr=False, compare=False)
     _chain: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _score: float | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -59,7 +60,7 @@ class Draft:
         ``__post_init__``'s per-node checks: drafting runs for every request at every step."""
         d = object.__new__(cls)
         d.tokens, d.parents, d.probs, d.source, d.match_len = tokens, parents, probs, source, match_len
-        d._path, d._chain = None, chain
+        d._path, d._chain, d._score = None, chain, None
         return d
 
     def rest(self, n: int) -> "Draft":
@@ -83,7 +84,7 @@ class Draft:
 
     @property
     def max_depth(self) -> int:
-        return max(self.depths, default=0)
+        return len(self.tokens) if self.is_chain else max(self.depths, default=0)
 
     @property
     def path_probs(self) -> list[float]:
@@ -98,7 +99,9 @@ class Draft:
     @property
     def score(self) -> float:
         """Expected number of accepted draft tokens (bonus token excluded)."""
-        return float(sum(self.path_probs))
+        if self._score is None:
+            self._score = float(sum(self.path_probs))
+        return self._score
 
     def accepted_by(self, emitted: list[int]) -> int:
         """Draft nodes a verifier accepts when the target emits ``emitted`` from the root on

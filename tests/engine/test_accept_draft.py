@@ -119,3 +119,46 @@ def test_max_tokens_inside_an_accepted_run_ends_the_response(model, max_tokens):
     assert req.finish_reason == "length"
     gained, accepted = steps[-1]
     assert gained >= 2 and accepted >= 1    # the last step was an accepted run that hit max_tokens
+
+
+def test_a_chain_run_appends_as_token_by_token():
+    """A verified chain's run is appended in a few list operations (``_append_run``); it must
+    end where appending one token at a time ends it: the first stop token (EOS unless
+    ignored, or a stop id) or the length limit (max_tokens or the context), a stop token on
+    the limit counting as a stop, with the same tokens, log-probabilities and sampled rows."""
+    import copy
+    import random
+
+    from tailrl.engine.batch import RowPlan
+    from tailrl.engine.verify import _append_run, append_token
+    rng = random.Random(0)
+    ends = set()
+    for _ in range(5000):
+        max_tokens = rng.randint(1, 12)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=rng.random() < 0.3,
+                                stop_token_ids=[rng.randint(0, 9)] if rng.random() < 0.3 else None)
+        prompt = [1] * rng.randint(1, 5)
+        req = Request("r", prompt, params, 1)
+        req.max_model_len = rng.randint(len(prompt) + 1, len(prompt) + 14)
+        done = rng.randint(0, max(0, min(max_tokens, req.max_model_len - len(prompt)) - 1))
+        req.output_token_ids, req.output_logprobs = [5] * done, [0.0] * done
+        tokens, logprobs = [rng.randint(0, 9) for _ in range(10)], [rng.random() for _ in range(10)]
+        start = rng.randint(0, 3)
+        end = rng.randint(start + 1, 10)
+        eos = (rng.randint(0, 9),)
+        a, b = copy.deepcopy(req), copy.deepcopy(req)
+        plan_a, plan_b = RowPlan(a, 1, [], [], start), RowPlan(b, 1, [], [], start)
+        got = _append_run(plan_a, tokens, logprobs, start, end, eos)
+        want = (tokens[start:end], None)
+        for i in range(start, end):
+            plan_b.last = i
+            plan_b.rows.append(i)
+            status = append_token(b, tokens[i], logprobs[i], eos)
+            if status is not None:
+                want = (tokens[start:i + 1], status)
+                break
+        assert got == want
+        assert (a.output_token_ids, a.output_logprobs) == (b.output_token_ids, b.output_logprobs)
+        assert (plan_a.rows, plan_a.last) == (plan_b.rows, plan_b.last)
+        ends.add((want[1], len(want[0]) < end - start))
+    assert len(ends) >= 4          # stops and length limits, inside runs and at their ends, all met
