@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
+from tailrl.engine.heap import frozen_heap
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.transfer import RequestState
 from tailrl.speculative.history import HistoryStore
@@ -159,13 +160,14 @@ class EngineWorker:
         deltas: dict[str, Delta] = {}
         ended: list[str] = []
         busy, steps = 0.0, 0
-        while self.targets and steps < cmd.max_steps:
-            t0 = time.perf_counter()
-            self.engine.step()
-            busy += time.perf_counter() - t0
-            steps += 1
-            if self._collect(deltas, ended):
-                break
+        with frozen_heap():                           # full collections walk only what the chunk allocates
+            while self.targets and steps < cmd.max_steps:
+                t0 = time.perf_counter()
+                self.engine.step()
+                busy += time.perf_counter() - t0
+                steps += 1
+                if self._collect(deltas, ended):
+                    break
         return Report(list(deltas.values()), exported, ended, busy, steps)
 
     def _start(self, c: Chunk) -> None:

@@ -1,0 +1,90 @@
+"""A rollout runs with the heap that existed before it frozen out of full collections
+(engine/heap.py), and leaves the collector as it found it."""
+import gc
+import weakref
+
+from tailrl import LLM, SamplingParams
+from tailrl.engine.heap import frozen_heap
+
+
+class _Node:
+    pass
+
+
+def _cycle() -> weakref.ref:
+    """Garbage that only the cyclic collector frees: two objects referring to each other."""
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+def test_the_heap_is_frozen_during_a_rollout_only(model):
+    llm = LLM(model, max_num_seqs=4)
+    counts = []
+    step = llm.engine.step
+
+    def counting_step():
+        counts.append(gc.get_freeze_count())
+        return step()
+    llm.engine.step = counting_step
+    before = gc.get_freeze_count()
+    garbage = _cycle()                       # made before the rollout: frozen with the rest
+    out = llm.generate([[1, 2, 3]], SamplingParams(n=2, max_tokens=6, seed=0))
+    assert len(out[0].outputs) == 2 and counts
+    assert min(counts) > 0                   # every step ran with the older objects frozen
+    assert gc.get_freeze_count() == before == 0
+    gc.collect()
+    assert garbage() is None                 # unfrozen after the rollout: collected, not leaked
+
+
+def test_a_frozen_heap_is_left_frozen_and_a_disabled_collector_alone():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with frozen_heap():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen          # the caller's freeze is not undone
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        with frozen_heap():
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_the_heap_is_unfrozen_after_an_error():
+    try:
+        with frozen_heap():
+            assert gc.get_freeze_count() > 0
+            raise RuntimeError("a step failed")
+    except RuntimeError:
+        pass
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_block_times_its_collections():
+    with frozen_heap() as heap:
+        for _ in range(3):
+            _cycle()
+        gc.collect()                        # a full collection, timed
+    assert heap.full >= 1 and heap.collections >= heap.full and heap.gc_s > 0
+    n = heap.collections
+    gc.collect()
+    assert heap.collections == n            # the callback left with the block
+
+
+def test_a_rollout_reports_its_time_in_the_collector(model):
+    llm = LLM(model, max_num_seqs=4)
+    step = llm.engine.step
+
+    def collecting_step():                  # one full collection inside the rollout
+        gc.collect()
+        llm.engine.step = step
+        return step()
+    llm.engine.step = collecting_step
+    llm.generate([[1, 2, 3]], SamplingParams(n=2, max_tokens=6, seed=0))
+    m = llm.last_metrics
+    assert m["rollout/gc_full_collections"] >= 1
+    assert 0 < m["timing_s/gc"] < m["timing_s/gen"]
