@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tailrl.engine.heap import frozen_heap
 from tailrl.engine.request import Request
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ COUNTER_KEYS = {
     "observe_s": "timing_s/observe",
 }
 TRACE_LIMIT = 4096          # engine step trace entries kept before a new metrics window starts
+HEAP_STEPS = 4096           # engine steps a busy stretch keeps the older heap frozen (engine/heap.py)
 
 
 @dataclass
@@ -124,13 +126,11 @@ class EngineLoop:
         while not self._stop.is_set():
             self._drain(block=not self.engine.has_unfinished())
             if self.engine.has_unfinished():
-                try:
-                    self.engine.step()
-                except Exception as e:      # the server must stay up: fail what was running
-                    log.exception("engine step failed; aborting %d live groups", len(self._groups))
-                    self._fail_all(f"engine error: {e}")
-            self._publish()
-            self._refresh_stats()
+                with frozen_heap():         # what the server held before the stretch: out of full collections
+                    self._busy()
+            else:
+                self._publish()
+                self._refresh_stats()
         self._fail_all("server shutting down")
         while True:                          # calls queued behind the stop fail, not hang
             try:
@@ -139,6 +139,25 @@ class EngineLoop:
                 return
             if kind == "call":
                 payload[1].set_exception(RuntimeError("the engine loop stopped"))
+
+    def _busy(self) -> None:
+        """The loop's round (take what came in, step if there is work, publish) while there is
+        work, for at most ``HEAP_STEPS`` rounds: a server busy for hours still lets full
+        collections walk its older objects between two stretches. The first round's inbox was
+        taken by the caller."""
+        for i in range(HEAP_STEPS):
+            if i:
+                self._drain(block=False)
+            if self.engine.has_unfinished():
+                try:
+                    self.engine.step()
+                except Exception as e:      # the server must stay up: fail what was running
+                    log.exception("engine step failed; aborting %d live groups", len(self._groups))
+                    self._fail_all(f"engine error: {e}")
+            self._publish()
+            self._refresh_stats()
+            if self._stop.is_set() or not self.engine.has_unfinished():
+                return
 
     def _drain(self, block: bool) -> None:
         try:

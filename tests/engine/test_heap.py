@@ -88,3 +88,34 @@ def test_a_rollout_reports_its_time_in_the_collector(model):
     m = llm.last_metrics
     assert m["rollout/gc_full_collections"] >= 1
     assert 0 < m["timing_s/gc"] < m["timing_s/gen"]
+
+
+def test_a_server_steps_with_the_older_heap_frozen(model):
+    """The server's loop thread freezes the heap for each stretch of steps (at most
+    ``HEAP_STEPS``) and unfreezes it when the engine runs out of work."""
+    import threading
+    import time
+
+    from tailrl.engine.request import Request
+    from tailrl.serve.loop import EngineLoop
+    llm = LLM(model, max_num_seqs=4)
+    counts = []
+    step = llm.engine.step
+
+    def counting_step():
+        counts.append(gc.get_freeze_count())
+        return step()
+    llm.engine.step = counting_step
+    done = threading.Event()
+    loop = EngineLoop(llm, on_retire=lambda reqs: None).start()
+    try:
+        loop.submit([Request("a", [1, 2, 3], SamplingParams(max_tokens=6, seed=0), seed_key=1)],
+                    lambda updates: done.set() if any(u.finish_reason for u in updates) else None)
+        assert done.wait(60)
+        deadline = time.monotonic() + 10
+        while gc.get_freeze_count() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gc.get_freeze_count() == 0    # idle: nothing frozen
+    finally:
+        loop.stop()
+    assert counts and min(counts) > 0
