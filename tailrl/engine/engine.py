@@ -218,6 +218,13 @@ class LLMEngine:
         stages = [b - a for a, b in zip(clock, clock[1:])]
         spec = (handed - clock[-2]) + (observed - committed)  # observe_s; postprocess_s: commit and finish
         stages[-1] -= spec
+        if self.speculator is not None:
+            # a step with prefill chunks is not a decode step's cost, nor one that captured a graph
+            decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows)
+            typical = decode and captures_made() == captures
+            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), clock[-1] - clock[0],
+                                         batch.meta.work, prefill=not typical, reads=batch.meta.reads)
+            spec += time.perf_counter() - clock[-1]             # what it learned from the step: observe_s too
         stages.append(spec)
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
@@ -225,12 +232,6 @@ class LLMEngine:
         if self.step_log is not None:
             self.step_log.append({"batch": len(sched.rows), "new_tokens": len(batch.input_ids),
                                   "kv_tokens": batch.meta.reads, "seconds": clock[-1] - clock[0]})
-        if self.speculator is not None:
-            # a step with prefill chunks is not a decode step's cost, nor one that captured a graph
-            decode = len(batch.input_ids) - batch.num_draft_tokens == len(sched.rows)
-            typical = decode and captures_made() == captures
-            self.speculator.observe_step(len(batch.plans), len(batch.input_ids), clock[-1] - clock[0],
-                                         batch.meta.work, prefill=not typical, reads=batch.meta.reads)
         if self.idle_work is not None:                 # a step boundary: nothing is mid-step
             self.idle_work.after_step(len(sched.rows))
         return finished

@@ -87,6 +87,9 @@ class Speculator:
                                    track=self.config.drafter_tracking, seed=seed) if batched else None
         if batched and hasattr(batched[0], "pending"):
             self.choice.pending = batched[0].pending        # positions a call must catch up on
+        # the cost model is fed only where it is read: the source choice (a drafter) and the
+        # adaptive policy (the default priced policy has its own curve; a fit per step is ~20 us)
+        self._cost_read = self.choice is not None or getattr(self.policy, "cost", None) is self.cost_model
         self.max_tree_paths = self.config.max_tree_paths
         self._step_draft_s = 0.0
         self._full: dict[str, Draft] = {}      # this step's untruncated chains, by request
@@ -399,7 +402,8 @@ class Speculator:
         if self.choice is not None:
             self.choice.observe_step(seconds, batch_size, prefill)
         if not prefill:
-            self.cost_model.observe(batch_size, num_tokens, seconds - draft_s, attention, reads)
+            if self._cost_read:
+                self.cost_model.observe(batch_size, num_tokens, seconds - draft_s, attention, reads)
             self.policy.observe_step(batch_size, num_tokens, seconds)
 
     # ---- metrics ------------------------------------------------------------------------
