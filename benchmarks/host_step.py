@@ -8,8 +8,10 @@ going through the CUDA-graph input path (``StepGraphs`` with the capture replace
 call, as on a CPU), ``--prompts`` x ``--n`` rows at T=1 for ``--max-tokens`` tokens (EOS
 ignored: every step has all rows): per step, the milliseconds of each host stage
 (``timing_s/schedule``, ``build``, ``sample``, ``postprocess``; with ``--speculative``, also
-the speculator's ``draft`` and ``observe``) and of the whole step. ``--speculative fixed`` verifies drafts
-from the history of the same rollout at every step (every row drafts good chains, up to
+the speculator's ``draft`` and ``observe``) and of the whole step. ``--ahead`` launches plain
+steps ahead (``async_scheduling``: the plain path on a GPU; the stages are then each step's
+own host work, the step's wait in ``sample``). ``--speculative fixed`` verifies drafts from
+the history of the same rollout at every step (every row drafts good chains, up to
 ``max_draft_tokens``: the verify path's host work at its heaviest); ``--speculative default``
 lets the priced policy decide (on this tiny model at hundreds of rows it does not draft, so
 that measures the host cost of deciding not to).
@@ -54,7 +56,8 @@ def worker(a: argparse.Namespace) -> None:
     # "fixed" drafts at every batch size (max_spec_batch=0); the priced default decides itself
     spec = None if a.speculative == "none" else (SpeculativeConfig(policy="fixed", max_spec_batch=0)
                                                  if a.speculative == "fixed" else SpeculativeConfig())
-    llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 8 * rows), speculative=spec)
+    llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 8 * rows), speculative=spec,
+              async_scheduling=a.ahead or None)
     e = llm.engine
     e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), rows))
     sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, ignore_eos=True, seed=1)
@@ -83,6 +86,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeat", type=int, default=2, help="rollouts per process (each figure: the fastest)")
     ap.add_argument("--speculative", choices=("none", "fixed", "default"), default="none")
+    ap.add_argument("--ahead", action="store_true", help="plain steps launched ahead (a GPU's plain path)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -91,7 +95,7 @@ def main() -> None:
         return worker(a)
     trees = compared_trees(a.baseline_ref)
     args = ["--prompts", str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--repeat", str(a.repeat),
-            "--speculative", a.speculative]
+            "--speculative", a.speculative] + (["--ahead"] if a.ahead else [])
     runs: dict[str, list[dict]] = {t: [] for t in trees}
     for r, t in abba(trees, a.rounds):
         got = run_in_tree(trees[t], HERE / "host_step.py", args, a.timeout)["ms"]

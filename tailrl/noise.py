@@ -31,15 +31,25 @@ def uniform(key: int, position: int) -> float:
     return (splitmix64(key ^ splitmix64(position)) >> 11) * (1.0 / (1 << 53))
 
 
+_GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31)
+SCALAR_UNIFORMS = 6         # up to this many pairs, Python's ints beat numpy's fixed ~13 us a call
+
+
 def splitmix64_np(x: np.ndarray) -> np.ndarray:
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    x = x + _GOLDEN
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    return x ^ (x >> _S31)
 
 
 def uniforms(keys: list[int], positions: list[int]) -> np.ndarray:
-    """``uniform`` of many (key, position) pairs at once (uint64 arithmetic wraps as in Python's & MASK64)."""
+    """``uniform`` of many (key, position) pairs at once (uint64 arithmetic wraps as in Python's
+    & MASK64); a few pairs (a step of a few rows, every step of a GPU's tail) one by one."""
+    if len(keys) <= SCALAR_UNIFORMS:
+        return np.array([uniform(k, p) for k, p in zip(keys, positions)], dtype=np.float64)
     k = np.array(keys, dtype=np.uint64)
     p = np.array(positions, dtype=np.uint64)
-    return (splitmix64_np(k ^ splitmix64_np(p)) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return (splitmix64_np(k ^ splitmix64_np(p)) >> _S11).astype(np.float64) * (1.0 / (1 << 53))

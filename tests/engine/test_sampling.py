@@ -7,7 +7,7 @@ import transformers
 from tailrl import LLM, SamplingParams
 from tailrl.engine import sampler
 from tailrl.engine.sampler import _cdf, _nucleus, sample
-from tailrl.noise import uniform
+from tailrl.noise import SCALAR_UNIFORMS, uniform, uniforms
 
 
 def test_same_tokens_alone_and_in_batch_of_64(ckpt_dir):
@@ -198,3 +198,16 @@ def test_top_k_row_with_ties_ignores_the_other_rows_k():
         alone, _ = sample(row, [1.0], [5], [1.0], u[:1])
         mixed, _ = sample(torch.cat([row, other]), [1.0, 1.0], [5, 60], [1.0, 1.0], u)
         assert alone[0] == mixed[0]
+
+
+def test_uniforms_many_at_once_equal_one_by_one():
+    """A step's uniforms (numpy's uint64 arithmetic above ``SCALAR_UNIFORMS`` pairs, Python's
+    ints up to it) are exactly ``uniform``'s for every pair, on both sides of the switch."""
+    import random
+    rng = random.Random(0)
+    for n in (1, SCALAR_UNIFORMS, SCALAR_UNIFORMS + 1, 300):
+        keys = [rng.getrandbits(64) for _ in range(n)]
+        positions = [rng.randrange(1 << 20) for _ in range(n)]
+        got = uniforms(keys, positions)
+        assert got.dtype == np.float64 and got.shape == (n,)
+        assert got.tolist() == [uniform(k, p) for k, p in zip(keys, positions)]
