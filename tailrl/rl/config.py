@@ -93,8 +93,17 @@ class TrainConfig:
     progress: bool = True                 # tqdm bars
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.model, str) and self.model != "", "model", "must be a preset name or a directory", self.model)
-        _check(isinstance(self.dataset, str) and self.dataset != "", "dataset", "must be 'tasks' or a file", self.dataset)
+        self._check_data()
+        self._check_optimisation()
+        self._check_run()
+        self._check_drafter()
+
+    def _check_data(self) -> None:
+        """The model, the prompts and the reward."""
+        _check(isinstance(self.model, str) and self.model != "", "model", "must be a preset name or a directory",
+               self.model)
+        _check(isinstance(self.dataset, str) and self.dataset != "", "dataset", "must be 'tasks' or a file",
+               self.dataset)
         if self.dataset != "tasks":
             _check(Path(self.dataset).suffix.lower() in (".jsonl", ".json", ".parquet"), "dataset",
                    "must be 'tasks' or a .jsonl/.json/.parquet file", self.dataset)
@@ -104,6 +113,9 @@ class TrainConfig:
                "task_difficulty", "needs task_family and must be an int", self.task_difficulty)
         _check(self.reward in REWARDS or (isinstance(self.reward, str) and ":" in self.reward), "reward",
                f"must be one of {REWARDS} or 'module:function'", self.reward)
+
+    def _check_optimisation(self) -> None:
+        """Steps, batches and the loss."""
         for key in ("total_steps", "batch_size", "ppo_minibatches", "micro_batch_tokens", "max_tokens"):
             v = getattr(self, key)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "must be an integer >= 1", v)
@@ -125,6 +137,9 @@ class TrainConfig:
                self.old_logprobs)
         for key in ("exact_logprobs", "autocast"):
             _check(isinstance(getattr(self, key), bool), key, "must be true or false", getattr(self, key))
+
+    def _check_run(self) -> None:
+        """Sampling, the engine, the pool, checkpoints, speculation."""
         _check(self.temperature > 0, "temperature", "must be > 0 (GRPO needs sampled groups)", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (disabled) or >= 1", self.top_k)
@@ -153,7 +168,6 @@ class TrainConfig:
             self.speculative_config()
         except ValueError as e:
             raise ValueError(f"config key 'speculative': {e}") from None
-        self._check_drafter()
 
     def _check_drafter(self) -> None:
         for key in ("drafter", "drafter_eval"):
