@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -54,26 +53,8 @@ def main() -> None:
 
     import tailrl.llm
     from tailrl import LLM, SamplingParams, SpeculativeConfig
-    from tailrl.engine.heap import HeapStats, frozen_heap
+    from tailrl.engine.heap import frozen_heap, timed_collections
     from tailrl.tasks import mixture
-
-    @contextmanager
-    def timed_only():
-        """The baseline: the same timing, nothing frozen."""
-        stats, started = HeapStats(), [0.0]
-
-        def timed(phase, info):
-            if phase == "start":
-                started[0] = time.perf_counter()
-                return
-            stats.gc_s += time.perf_counter() - started[0]
-            stats.collections += 1
-            stats.full += info["generation"] == 2
-        gc.callbacks.append(timed)
-        try:
-            yield stats
-        finally:
-            gc.callbacks.remove(timed)
 
     rollouts = {}
     tiny = make_checkpoint(tempfile.mkdtemp(prefix="tailrl-heap-"), "qwen2", init_std=3.0, max_pos=1024)
@@ -96,7 +77,7 @@ def main() -> None:
         llm_s.generate(prompts, [SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, seed=10_000 + i)
                                  for i in range(len(prompts))], prompt_ids=pids)
         rollouts["small"] = lambda: llm_s.generate(prompts, params, prompt_ids=pids)
-    variants = {"frozen": frozen_heap, "not": timed_only}
+    variants = {"frozen": frozen_heap, "not": timed_collections}     # the baseline: timed, nothing frozen
     got: dict = {r: {v: [] for v in variants} for r in rollouts}
     for i in range(a.rounds):
         order = list(variants) if i % 2 == 0 else list(variants)[::-1]

@@ -38,9 +38,8 @@ class HeapStats:
 
 
 @contextmanager
-def frozen_heap() -> Iterator[HeapStats]:
-    """The objects alive now stay out of the collector's walks until the block ends; the
-    block's collections are counted and timed."""
+def timed_collections() -> Iterator[HeapStats]:
+    """The collections inside the block, counted and timed (nothing frozen)."""
     stats, started = HeapStats(), [0.0]
 
     def timed(phase: str, info: dict) -> None:
@@ -50,13 +49,23 @@ def frozen_heap() -> Iterator[HeapStats]:
         stats.gc_s += time.perf_counter() - started[0]
         stats.collections += 1
         stats.full += info["generation"] == 2
-    freeze = gc.isenabled() and not gc.get_freeze_count()
     gc.callbacks.append(timed)
-    if freeze:
-        gc.freeze()
     try:
         yield stats
     finally:
-        if freeze:
-            gc.unfreeze()
         gc.callbacks.remove(timed)
+
+
+@contextmanager
+def frozen_heap() -> Iterator[HeapStats]:
+    """The objects alive now stay out of the collector's walks until the block ends; the
+    block's collections are counted and timed."""
+    freeze = gc.isenabled() and not gc.get_freeze_count()
+    with timed_collections() as stats:
+        if freeze:
+            gc.freeze()
+        try:
+            yield stats
+        finally:
+            if freeze:
+                gc.unfreeze()

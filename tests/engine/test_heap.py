@@ -18,8 +18,8 @@ def _cycle() -> weakref.ref:
     return weakref.ref(a)
 
 
-def test_the_heap_is_frozen_during_a_rollout_only(model):
-    llm = LLM(model, max_num_seqs=4)
+def _freeze_counts(llm) -> list[int]:
+    """The objects frozen at each of the engine's steps from now on."""
     counts = []
     step = llm.engine.step
 
@@ -27,6 +27,12 @@ def test_the_heap_is_frozen_during_a_rollout_only(model):
         counts.append(gc.get_freeze_count())
         return step()
     llm.engine.step = counting_step
+    return counts
+
+
+def test_the_heap_is_frozen_during_a_rollout_only(model):
+    llm = LLM(model, max_num_seqs=4)
+    counts = _freeze_counts(llm)
     before = gc.get_freeze_count()
     garbage = _cycle()                       # made before the rollout: frozen with the rest
     out = llm.generate([[1, 2, 3]], SamplingParams(n=2, max_tokens=6, seed=0))
@@ -99,13 +105,7 @@ def test_a_server_steps_with_the_older_heap_frozen(model):
     from tailrl.engine.request import Request
     from tailrl.serve.loop import EngineLoop
     llm = LLM(model, max_num_seqs=4)
-    counts = []
-    step = llm.engine.step
-
-    def counting_step():
-        counts.append(gc.get_freeze_count())
-        return step()
-    llm.engine.step = counting_step
+    counts = _freeze_counts(llm)
     done = threading.Event()
     loop = EngineLoop(llm, on_retire=lambda reqs: None).start()
     try:
