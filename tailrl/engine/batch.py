@@ -23,6 +23,8 @@ from tailrl.kernels import AttentionMeta
 from tailrl.model.transformer import Transformer
 from tailrl.noise import uniforms
 
+FEW_TOKENS = 8          # a step of at most this many tokens finds its K/V slots in Python's ints
+
 
 def node_depths(parents: list[int]) -> list[int]:
     """Depth of each draft node; children of the root (-1) have depth 1."""
@@ -170,11 +172,15 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             topp += [p.top_p] * k
             keys += [req.seed_key] * k
             upos += [t0] + [t0 + d for d in depths]
-    wpos_a = np.asarray(wpos, dtype=np.int64)
-    longs, ints = [ids, pos, sample_idx, kv.slots(np.asarray(wrow), wpos_a)], [wrow, prefix, estart, ecount]
+    if len(wpos) <= FEW_TOKENS:
+        slots, kv_len = kv.slot_list(wrow, wpos), max(wpos, default=-1) + 1
+    else:
+        wpos_a = np.asarray(wpos, dtype=np.int64)
+        slots, kv_len = kv.slots(np.asarray(wrow), wpos_a), int(wpos_a.max(initial=-1)) + 1
+    longs, ints = [ids, pos, sample_idx, slots], [wrow, prefix, estart, ecount]
     u = uniforms(keys, upos)
     key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, (temps, topk, topp), len(rows),
-                                                 int(wpos_a.max(initial=-1)) + 1, reads, work, kv, graphs)
+                                                 kv_len, reads, work, kv, graphs)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead)
 
 

@@ -68,6 +68,7 @@ class _Bucket:
     mode: str | None = None         # sampler.graph_mode the graph samples in (None: it ends at the final norm)
     pinned: bool = False            # the staging is pinned (a GPU's): its copies run behind the host
     copied: list = field(default_factory=lambda: [None, None])   # per staging buffer: its last copy's event
+    pad_from: list = field(default_factory=list)   # per staging buffer: its tokens from here on are padding
     turn: int = 0
     staged: list = field(default_factory=list)   # per staging buffer: numpy views (all, longs [4, n], ints [4, n])
     views: dict = field(default_factory=dict)    # real tokens -> the device views of them ``place`` returns
@@ -126,8 +127,11 @@ class StepGraphs:
         if n:
             lo[:, :n] = longs
             it[:, :n] = ints
-        lo[:, n:] = self._pad_longs                # padding tokens: the scratch slot, the scratch row
-        it[:, n:] = self._pad_ints
+        pad = b.pad_from[b.turn]
+        if n < pad:                                # padding tokens: the scratch slot, the scratch row
+            lo[:, n:pad] = self._pad_longs         # (beyond ``pad``, written by an earlier step)
+            it[:, n:pad] = self._pad_ints
+        b.pad_from[b.turn] = n
         if b.mode == "sample":              # rounded to float32 here as the device rounds them
             uoff = (2 * LONGS + INTS) * b.n
             h[uoff:uoff + n] = np.asarray(u, dtype=np.float64).astype(np.float32).view(np.int32)
@@ -162,7 +166,7 @@ class StepGraphs:
         meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),
                              width * BLOCK, 0, 0, self.grouped)
         u = dev[(2 * LONGS + INTS) * n:(2 * LONGS + INTS + FLOATS) * n].view(torch.float32)
-        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], u, mode, host[0].is_pinned())
+        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], u, mode, host[0].is_pinned(), pad_from=[n, n])
         for t in host:
             h = t.numpy()
             b.staged.append((h, h[:2 * LONGS * n].view(np.int64).reshape(LONGS, n),

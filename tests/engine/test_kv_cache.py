@@ -123,3 +123,15 @@ def test_budget_counts_whole_blocks():
     assert kv.grow(0, 128) and kv.grow(1, 128) and not kv.grow(2, 128)   # 3 x 4 blocks > 9
     with pytest.raises(ValueError, match="kv_cache_tokens"):
         KVCache(ARGS, torch.float32, "cpu", budget_tokens=100, max_rows=8, max_len=128)
+
+
+def test_a_few_slots_in_python_equal_the_array_lookup():
+    """``slot_list`` (a step of a few tokens) gives ``slots``' values for the same pairs."""
+    kv = KVCache(ARGS, torch.float32, "cpu", budget_tokens=40 * BLOCK, max_rows=8, max_len=200)
+    for row, length in enumerate((5, 70, 130)):
+        assert kv.grow(row, length)
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 3, 40)
+    positions = np.array([rng.integers(0, (5, 70, 130)[r]) for r in rows], dtype=np.int64)
+    want = kv.slots(rows, positions).tolist()
+    assert kv.slot_list(rows.tolist(), positions.tolist()) == want and len(set(want)) == len(set(zip(rows, positions)))

@@ -225,3 +225,23 @@ def test_every_capture_tried_is_counted():
     pool.replay("a", lambda: None)
     pool.replay("b", lambda: None)
     assert captures_made() - before == 2 == pool.captures
+
+
+def test_every_token_past_a_step_s_own_is_padding_whatever_came_before(model):
+    """A staging buffer writes padding only where an earlier step left real tokens: after any
+    sequence of step sizes in one bucket, the tokens past the step's own are inert (token 0,
+    the scratch slot and row, prefix 1) and its own are the step's."""
+    import numpy as np
+    g = with_graphs(LLM(model, max_num_seqs=4))
+    key = g.key(7, 0, None)
+    size = key[0]
+    for n in (3, 5, 7, 1, 2, 2, 7, 0, 4):
+        longs = [[11] * n, [1] * n, list(range(n)), [5] * n]
+        ints = [[0] * n, [2] * n, [0] * n, [0] * n]
+        ids, _, _, meta = g.place(key, longs, ints, [0], np.zeros(n), 1, 4, 4, 4)
+        b = g._static[key]
+        assert b.ids[n:].tolist() == [0] * (size - n) and ids.tolist() == [11] * n
+        assert b.meta.write_slot[n:].tolist() == [g.kv.scratch_slot] * (size - n)
+        assert b.meta.q_row[n:].tolist() == [g.kv.max_rows] * (size - n)
+        assert b.meta.prefix[n:].tolist() == [1] * (size - n)
+        assert meta.write_slot.tolist() == [5] * n and meta.prefix.tolist() == [2] * n

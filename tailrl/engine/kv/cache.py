@@ -183,6 +183,12 @@ class KVCache:
         """Pool slots (block * BLOCK + lane) of (row, position) pairs: where their K/V go."""
         return self._table[rows, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
 
+    def slot_list(self, rows: list[int], positions: list[int]) -> list[int]:
+        """``slots`` of a few pairs in Python's ints (numpy's fixed cost per call is most of the
+        build of a step of a few rows)."""
+        t = self._table
+        return [int(t[r, p // BLOCK]) * BLOCK + p % BLOCK for r, p in zip(rows, positions)]
+
     def _blocks_lanes(self, row: int, positions) -> tuple[torch.Tensor, torch.Tensor]:
         p = np.asarray(positions, dtype=np.int64)
         s = torch.from_numpy(self.slots(np.full_like(p, row), p)).to(self.device)
