@@ -23,7 +23,7 @@ from tailrl.kernels import AttentionMeta
 from tailrl.model.transformer import Transformer
 from tailrl.noise import uniforms
 
-FEW_TOKENS = 8          # a step of at most this many tokens finds its K/V slots in Python's ints
+FEW_TOKENS = 16         # a step of at most this many tokens finds its K/V slots in Python's ints
 
 
 def node_depths(parents: list[int]) -> list[int]:
