@@ -149,7 +149,10 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
                 runs[name].append(done)
             calls = (f" | drafter calls {met['rollout/spec_drafter_calls']:.0f} (exploring "
                      f"{met['rollout/spec_drafter_explore_calls']:.0f}, skipped by the gate "
-                     f"{met['rollout/spec_drafter_gate_skips']:.0f}) {met['timing_s/drafter']:.2f} s"
+                     f"{met['rollout/spec_drafter_gate_skips']:.0f}) {met['timing_s/drafter']:.2f} s, a call "
+                     f"priced {met['rollout/spec_drafter_price_call_s'] * 1e3:.2f} ms + "
+                     f"{met['rollout/spec_drafter_price_request_s'] * 1e3:.3f} ms a request, accepting "
+                     f"{met['rollout/spec_drafter_mean_accepted']:.2f}"
                      if "rollout/spec_drafter_calls" in met else "")
             print(f"{'first' if r < 0 else f'round {r}':8s} {name:8s} makespan {met['timing_s/gen']:.2f} s | "
                   f"forward {met['timing_s/forward']:.2f} s{calls}", flush=True)
@@ -177,7 +180,8 @@ def compare(model_dir: str, drafter_dir: str, prompts, n: int, max_tokens: int, 
             out[m]["drafter_graph_depths"] = mean("graphs/drafter_replayed_depths")
             out[m]["drafter_eager_depths"] = mean("graphs/drafter_eager_depths")
         if "rollout/spec_drafter_calls" in mets[0]:
-            for key in ("calls", "explore_calls", "gate_skips", "shadow_drafts", "shadow_accept_length"):
+            for key in ("calls", "explore_calls", "gate_skips", "shadow_drafts", "shadow_accept_length",
+                        "price_call_s", "price_request_s", "mean_accepted"):
                 out[m][f"drafter_{key}"] = mean(f"rollout/spec_drafter_{key}")
     # the target: hybrid at least as fast as the faster of suffix and drafter alone, round by round
     out["hybrid_vs_best"] = spread([min(a, b) / h for a, b, h in zip(span["suffix"], span["drafter"], span["hybrid"])])

@@ -65,6 +65,11 @@ class SpecCounters:
                       "rollout/spec_drafter_shadow_accept_length":
                           (self.shadow_accepted + self.shadow_n) / self.shadow_n if self.shadow_n else 0.0,
                       "timing_s/drafter": self.call_s})
+            d0, d1, d2 = choice.call_prices()            # what the prices weigh a call's gains against
+            mean = choice.drafter_mean()
+            m.update({"rollout/spec_drafter_price_call_s": float(d0), "rollout/spec_drafter_price_request_s": float(d1),
+                      "rollout/spec_drafter_price_position_s": float(d2),
+                      "rollout/spec_drafter_mean_accepted": float(mean) if mean is not None else 0.0})
         for name in dict.fromkeys(sources + list(self.steps)):
             st = self.steps.get(name, 0)
             m[f"rollout/spec_draft_tokens/{name}"] = float(self.drafted.get(name, 0))
