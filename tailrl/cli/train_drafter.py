@@ -26,9 +26,11 @@ def sample_responses(model_dir: str, prompts: list[list[int]], n: int, max_token
 
 def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 4, max_tokens: int = 512,
                steps: int = 1000, batch: int = 1024, lr: float = 1e-3, unroll: int = 3,
-               seed: int = 0, size: int | None = None, device: str = "cpu") -> dict[str, float]:
+               seed: int = 0, size: int | None = None, device: str = "cpu",
+               max_seconds: float | None = None) -> dict[str, float]:
     """Sample, teacher-force, train and save a drafter for ``model_dir`` into ``out_dir``, all
-    on ``device`` (the target in float32 for its states and the drafter's frozen head)."""
+    on ``device`` (the target in float32 for its states and the drafter's frozen head);
+    ``max_seconds``: the training's time budget besides its ``steps`` (``train``)."""
     import transformers
 
     from tailrl.config import check_device, require_device
@@ -46,7 +48,7 @@ def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 
         raise ValueError("train-drafter: no response is long enough to train on (raise --max-tokens)")
     drafter = Drafter.for_target(load_model(model_dir, "float32", device), size)
     t2 = time.perf_counter()
-    figures = train(drafter, data, steps, batch, lr, unroll, seed)
+    figures = train(drafter, data, steps, batch, lr, unroll, seed, max_seconds)
     drafter.save(out_dir)
     figures.update(sequences=float(len(seqs)), windows=float(data.windows(unroll)), sample_s=t1 - t0,
                    train_s=time.perf_counter() - t2)
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", type=int, default=None, help="the drafter's MLP width (default: the model's)")
     ap.add_argument("--device", default="cpu", help="where to sample and train: cpu, cuda or cuda:N")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="the training's time budget (after sampling): it ends with the first of this and --steps")
     a = ap.parse_args(argv)
     for name in ("prompts", "n", "max_tokens", "steps", "batch", "unroll", "size"):
         if getattr(a, name) is not None and getattr(a, name) < 1:
@@ -89,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         require_device(a.device, "--device")
     except ValueError as e:
         ap.error(str(e))
+    if a.max_seconds is not None and not a.max_seconds > 0:
+        ap.error("--max-seconds must be > 0")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     figures = warm_start(a.model, a.out, task_prompts(a.model, a.prompts), a.n, a.max_tokens, a.steps,
-                         a.batch, a.lr, a.unroll, a.seed, a.size, a.device)
+                         a.batch, a.lr, a.unroll, a.seed, a.size, a.device, a.max_seconds)
     log.info("drafter saved to %s", a.out)
     print(json.dumps({"out": a.out, **figures}))
     return 0

@@ -21,6 +21,8 @@ states while the tail idles) reuses ``sample_batch`` and ``drafter_loss``.
 """
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -126,25 +128,36 @@ def drafter_loss(drafter: Drafter, batch: SequenceBatch, unroll: int,
 
 
 def train(drafter: Drafter, data: DrafterData, steps: int, batch: int = 1024, lr: float = 1e-3,
-          unroll: int = 3, seed: int = 0) -> dict[str, float]:
+          unroll: int = 3, seed: int = 0, max_seconds: float | None = None) -> dict[str, float]:
     """AdamW with cosine decay, ``batch`` positions per step. Returns the final figures (loss,
-    first-step agreement)."""
+    first-step agreement, steps run). ``max_seconds``: a time budget as well, the decay
+    following whichever of steps and seconds is further along, training ending with the
+    first one spent (a warm start sized to a GPU session's minutes)."""
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in drafter.parameters() if p.requires_grad]
     dev = params[0].device
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps)) if max_seconds is None else None
     drafter.train()
     loss_v = agree = 0.0
+    start, done = time.perf_counter(), 0
     bar = tqdm(range(steps), desc="train drafter", leave=False)
-    for _ in bar:
+    for step in bar:
+        if sched is None:
+            progress = max(step / steps, (time.perf_counter() - start) / max_seconds)
+            if progress >= 1.0:
+                break
+            for g in opt.param_groups:
+                g["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * progress))
         loss, agree = drafter_loss(drafter, sample_batch(data, batch, gen, dev), unroll)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
-        loss_v = loss.item()
+        if sched is not None:
+            sched.step()
+        loss_v = loss.item()                    # waits for the step: the clock above sees it whole
+        done += 1
         bar.set_postfix(loss=f"{loss_v:.3f}", agree=f"{agree:.3f}")
     drafter.eval()
-    return {"loss": loss_v, "agreement": agree}
+    return {"loss": loss_v, "agreement": agree, "steps": float(done)}

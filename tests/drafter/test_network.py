@@ -1,6 +1,7 @@
 """The learned drafter: checkpoint round trip (and the old format refused by name), shapes,
 training's whole-sequence unroll equal to step-by-step drafting, and that training teaches it."""
 import json
+import time
 
 import pytest
 import torch
@@ -126,6 +127,24 @@ def test_training_lowers_the_loss(target):
     with torch.no_grad():
         after = drafter_loss(d, batch, 2)[0].item()
     assert after < 0.8 * before
+
+
+def test_a_time_budget_ends_training_with_the_decay_done(target):
+    """``max_seconds``: training stops with the first of its steps and its seconds spent, the
+    cosine decay following whichever is further along; a generous budget runs every step."""
+    path, _ = target
+    gen = torch.Generator().manual_seed(0)
+    data = teacher_forced(path, [([5, 6, 7], torch.randint(0, 97, (40,), generator=gen).tolist())
+                                 for _ in range(4)])
+    d = Drafter.for_target(load_model(path))
+    batch = sample_batch(data, 200, torch.Generator().manual_seed(1))
+    before = drafter_loss(d, batch, 2)[0].item()
+    assert train(d, data, steps=60, batch=128, lr=3e-3, unroll=2, max_seconds=3600)["steps"] == 60
+    with torch.no_grad():
+        assert drafter_loss(d, batch, 2)[0].item() < 0.8 * before
+    t0 = time.perf_counter()
+    short = train(d, data, steps=10**6, batch=128, lr=3e-3, unroll=2, max_seconds=0.5)
+    assert 1 <= short["steps"] < 10**6 and time.perf_counter() - t0 < 5
 
 
 def test_a_bfloat16_copy_rotates_positions_as_the_float32_drafter():
