@@ -13,9 +13,11 @@ held-out task prompts x ``--n``, T=1, ``--max-tokens``), for plain decoding and 
 Per tree (this checkout; with ``--baseline-ref REF`` also a worktree of REF, built once in
 /tmp), each measurement runs in its own process; trees alternate per round, the order
 reversed every other round (ABBA). Reported per setting: median makespan; the speculator's
-host milliseconds per step, ``timing_s/draft`` (proposing and pricing) and ``timing_s/observe``
-(after sampling; trees before the stage existed count it in postprocess); steps; and the
-default's speedup over plain with poor and with good drafts, per tree.
+host milliseconds per step, ``timing_s/draft`` (the draft stage: proposing, pricing,
+truncating; trees before it was the engine's stage report the speculator's own share) and
+``timing_s/observe`` (after sampling; trees before the stage existed count it in
+postprocess); steps; and the default's speedup over plain with poor and with good drafts,
+per tree.
 
 Usage: python benchmarks/spec_host.py [--baseline-ref REF] [--rounds 2] [--prompts 64 --n 8]
 #34's check on a 16-core host (the GPU machine's): the default >= 0.97x plain with poor drafts

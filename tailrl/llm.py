@@ -78,7 +78,9 @@ class LLM:
         self.last_metrics = rollout_metrics(
             [r.num_output_tokens for r in reqs], [r.num_prompt_tokens for r in reqs],
             [r.finish_time for r in reqs], start, end, counters)
-        self.last_metrics.update(spec)
+        # the engine's stages stand: its timing_s/draft is the whole stage (the speculator's own
+        # figure leaves out the engine's share and the steps it decided not to draft)
+        self.last_metrics.update({k: v for k, v in spec.items() if k not in self.last_metrics})
         self.last_metrics.update(extra)
         return outputs
 

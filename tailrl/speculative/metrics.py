@@ -7,7 +7,8 @@ tokens per verify step including the bonus token), ``rollout/spec_draft_hit_rate
 (requests given a draft / requests asked), ``rollout/spec_off_steps`` (steps the policy
 switched speculation off), per source ``rollout/spec_draft_tokens/<source>``,
 ``rollout/spec_accepted_tokens/<source>``, ``rollout/spec_accept_length/<source>``,
-``rollout/spec_verify_steps/<source>``, and ``timing_s/draft`` (proposing) and
+``rollout/spec_verify_steps/<source>``, and ``timing_s/draft`` (proposing; in ``LLM``'s
+metrics the engine's draft stage, which contains it, is reported instead) and
 ``timing_s/draft_index`` (feeding the indexes); with a learned drafter also
 ``rollout/spec_drafter_calls`` (batched calls, catch-up of its past included),
 ``rollout/spec_drafter_explore_calls`` (those made to measure it),

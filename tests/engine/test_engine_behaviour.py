@@ -153,3 +153,15 @@ def test_every_position_is_handed_to_the_speculator_once(model):
     assert sorted(got[-1] for got in seen.values()) == want
     assert sum(got[0] == 0 for got in seen.values()) >= len(PROMPTS)          # one of each group from 0
     assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0 and llm.last_metrics["timing_s/observe"] > 0
+
+
+def test_a_speculative_rollout_reports_the_engine_s_whole_draft_stage(model):
+    """``timing_s/draft`` in a rollout's metrics is the engine's draft stage, like every
+    ``timing_s/<stage>``; the speculator's own count, part of it, does not replace it."""
+    from tailrl import SpeculativeConfig
+    llm = LLM(model, max_num_seqs=8, speculative=SpeculativeConfig(policy="fixed"))
+    llm.generate([[1, 2, 3]], SamplingParams(n=4, max_tokens=24, seed=0), prompt_ids=["p"])
+    llm.generate([[1, 2, 3]], SamplingParams(n=4, max_tokens=24, seed=0), prompt_ids=["p"])
+    m, stage = llm.last_metrics, llm.engine.rollout_counters().draft_s
+    assert m["rollout/spec_verify_steps"] > 0
+    assert m["timing_s/draft"] == stage >= llm.engine.speculator.counts.draft_s > 0
