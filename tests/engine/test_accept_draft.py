@@ -140,7 +140,7 @@ def test_a_chain_run_appends_as_token_by_token():
         prompt = [1] * rng.randint(1, 5)
         req = Request("r", prompt, params, 1)
         req.max_model_len = rng.randint(len(prompt) + 1, len(prompt) + 14)
-        done = rng.randint(0, max(0, min(max_tokens, req.max_model_len - len(prompt)) - 1))
+        done = rng.randint(0, min(max_tokens, req.max_model_len - len(prompt)))      # at the limit too
         req.output_token_ids, req.output_logprobs = [5] * done, [0.0] * done
         tokens, logprobs = [rng.randint(0, 9) for _ in range(10)], [rng.random() for _ in range(10)]
         start = rng.randint(0, 3)
