@@ -31,7 +31,7 @@ from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.sampler import Fetched
 from tailrl.engine.scheduler import Scheduler
-from tailrl.engine.verify import commit
+from tailrl.engine.verify import at_limit, commit, ends
 
 PENDING = -1                        # a placeholder: the token a step in flight samples
 
@@ -60,7 +60,7 @@ def placeholders(step: Launched, scheduler: Scheduler) -> None:
             continue
         req.output_token_ids.append(PENDING)
         req.output_logprobs.append(0.0)
-        if req.remaining_tokens <= 0:
+        if at_limit(req):
             scheduler.remove(req)
 
 
@@ -94,10 +94,18 @@ def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]) -> list[
         if req.status.finished:
             continue
         out = req.output_token_ids
-        if out and out[-1] == PENDING:
-            out.pop()
-            req.output_logprobs.pop()
-        status = commit(plan, tokens, logprobs, kv, eos_token_ids)[2]
+        if out and out[-1] == PENDING and not plan.draft_tokens:
+            e = plan.entry                  # commit's plain row, its token written over the placeholder
+            out[-1] = tokens[e]
+            req.output_logprobs[-1] = logprobs[e]
+            plan.last = e
+            plan.rows.append(e)
+            status = ends(req, out[-1], eos_token_ids)
+        else:
+            if out and out[-1] == PENDING:
+                out.pop()
+                req.output_logprobs.pop()
+            status = commit(plan, tokens, logprobs, kv, eos_token_ids)[2]
         if status is not None:
             req.status = status
             finished.append(req)

@@ -119,12 +119,23 @@ def _append_run(plan: "RowPlan", tokens: list[int], logprobs: list[float], start
 
 def append_token(req: Request, tok: int, logprob: float, eos_token_ids: tuple[int, ...]) -> RequestStatus | None:
     """Append one sampled token; the finish status if it ends the request."""
-    out = req.output_token_ids
-    out.append(tok)
+    req.output_token_ids.append(tok)
     req.output_logprobs.append(logprob)
+    return ends(req, tok, eos_token_ids)
+
+
+def ends(req: Request, tok: int, eos_token_ids: tuple[int, ...]) -> RequestStatus | None:
+    """The finish status if ``tok``, the request's last token, ends it: a stop token, or the
+    length limit reached (``remaining_tokens <= 0``)."""
     p = req.params
     if (not p.ignore_eos and tok in eos_token_ids) or (p.stop_token_ids and tok in p.stop_token_ids):
         return RequestStatus.FINISHED_STOPPED
-    if len(out) >= p.max_tokens or len(req.prompt_token_ids) + len(out) >= req.max_model_len:   # remaining_tokens <= 0
+    if at_limit(req):
         return RequestStatus.FINISHED_LENGTH
     return None
+
+
+def at_limit(req: Request) -> bool:
+    """``remaining_tokens <= 0`` in one pass (asked for every row of every step)."""
+    n = len(req.output_token_ids)
+    return n >= req.params.max_tokens or len(req.prompt_token_ids) + n >= req.max_model_len

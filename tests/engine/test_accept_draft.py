@@ -162,3 +162,20 @@ def test_a_chain_run_appends_as_token_by_token():
         assert (plan_a.rows, plan_a.last) == (plan_b.rows, plan_b.last)
         ends.add((want[1], len(want[0]) < end - start))
     assert len(ends) >= 4          # stops and length limits, inside runs and at their ends, all met
+
+
+def test_at_limit_is_remaining_tokens_spent():
+    """``verify.at_limit`` (one pass, asked for every row of every step launched ahead) is
+    ``remaining_tokens <= 0``: max_tokens or the context window reached."""
+    import random
+
+    from tailrl.engine.verify import at_limit
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(3000):
+        req = Request("r", [1] * rng.randint(1, 6), SamplingParams(max_tokens=rng.randint(1, 12)), 1)
+        req.max_model_len = rng.randint(len(req.prompt_token_ids) + 1, len(req.prompt_token_ids) + 14)
+        req.output_token_ids = [2] * rng.randint(0, 14)
+        assert at_limit(req) == (req.remaining_tokens <= 0)
+        seen.add(at_limit(req))
+    assert seen == {True, False}
