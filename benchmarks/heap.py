@@ -3,7 +3,8 @@
 A full collection walks every tracked object of the process; ``LLM.generate`` freezes what
 existed before the rollout (``frozen_heap``), so a rollout's full collections walk only what
 it allocated. This measures both in one process, alternating per round (A B B A): the
-baseline replaces ``frozen_heap`` with a block that only times the collections. Rollouts:
+baseline replaces ``frozen_heap`` with ``timed_collections`` (the same timing, nothing
+frozen). Rollouts:
 
 - ``tiny``: a random 2-layer checkpoint, ``--prompts`` x ``--n`` rows at T=1 for
   ``--tiny-tokens`` tokens (EOS ignored), drafts from the same rollout verified at every step
@@ -65,7 +66,7 @@ def main() -> None:
     tp = [[1, 2, 3 + i] for i in range(a.prompts)]
     tids = [f"p{i}" for i in range(a.prompts)]
     llm_t.generate(tp, sp, prompt_ids=tids)                      # warm-up and the history
-    rollouts["tiny"] = lambda: llm_t.generate(tp, sp, prompt_ids=tids)
+    rollouts["tiny"] = (llm_t, lambda: llm_t.generate(tp, sp, prompt_ids=tids))
     if not a.skip_small:
         model = str(REPO / "models" / "small")
         tok = AutoTokenizer.from_pretrained(model)
@@ -76,19 +77,19 @@ def main() -> None:
         llm_s = LLM(model, speculative=SpeculativeConfig())
         llm_s.generate(prompts, [SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, seed=10_000 + i)
                                  for i in range(len(prompts))], prompt_ids=pids)
-        rollouts["small"] = lambda: llm_s.generate(prompts, params, prompt_ids=pids)
+        rollouts["small"] = (llm_s, lambda: llm_s.generate(prompts, params, prompt_ids=pids))
     variants = {"frozen": frozen_heap, "not": timed_collections}     # the baseline: timed, nothing frozen
     got: dict = {r: {v: [] for v in variants} for r in rollouts}
     for i in range(a.rounds):
         order = list(variants) if i % 2 == 0 else list(variants)[::-1]
-        for name, run in rollouts.items():
+        for name, (llm, run) in rollouts.items():
             for v in order:
                 tailrl.llm.frozen_heap = variants[v]
                 objects = len(gc.get_objects())
                 t = time.perf_counter()
                 run()
                 wall = time.perf_counter() - t
-                m = (llm_t if name == "tiny" else llm_s).last_metrics
+                m = llm.last_metrics
                 got[name][v].append({"wall_s": wall, "gc_ms": m["timing_s/gc"] * 1e3,
                                      "full": m["rollout/gc_full_collections"], "objects": objects})
                 print(f"round {i} {name:5s} {v:6s} {wall:7.3f} s  gc {m['timing_s/gc'] * 1e3:7.1f} ms  "

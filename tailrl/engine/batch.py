@@ -172,16 +172,21 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             topp += [p.top_p] * k
             keys += [req.seed_key] * k
             upos += [t0] + [t0 + d for d in depths]
-    if len(wpos) <= FEW_TOKENS:
-        slots, kv_len = kv.slot_list(wrow, wpos), max(wpos, default=-1) + 1
-    else:
-        wpos_a = np.asarray(wpos, dtype=np.int64)
-        slots, kv_len = kv.slots(np.asarray(wrow), wpos_a), int(wpos_a.max(initial=-1)) + 1
+    slots, kv_len = _slots(kv, wrow, wpos)
     longs, ints = [ids, pos, sample_idx, slots], [wrow, prefix, estart, ecount]
     u = uniforms(keys, upos)
     key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, (temps, topk, topp), len(rows),
                                                  kv_len, reads, work, kv, graphs)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead)
+
+
+def _slots(kv: KVCache, rows: list[int], positions: list[int]) -> tuple[list[int] | np.ndarray, int]:
+    """The K/V slots of (row, position) pairs and the key positions the step spans (its
+    largest position + 1); a few pairs in Python's ints (``FEW_TOKENS``)."""
+    if len(positions) <= FEW_TOKENS:
+        return kv.slot_list(rows, positions), max(positions, default=-1) + 1
+    p = np.asarray(positions, dtype=np.int64)
+    return kv.slots(np.asarray(rows), p), int(p.max(initial=-1)) + 1
 
 
 def _place(longs: list, ints: list, extra: list, u: np.ndarray, sampling: tuple, rows: int, kv_len: int,

@@ -104,8 +104,7 @@ def _append_run(plan: "RowPlan", tokens: list[int], logprobs: list[float], start
     if stops and not set(run).isdisjoint(stops):
         n = next(i for i, t in enumerate(run) if t in stops) + 1
         status = RequestStatus.FINISHED_STOPPED
-    # tokens until the length limit (at least the one every appended token takes)
-    room = max(min(p.max_tokens - len(out), req.max_model_len - len(req.prompt_token_ids) - len(out)), 1)
+    room = max(req.remaining_tokens, 1)       # tokens until the length limit (at least the one appended)
     if room < n:                              # the length limit comes first
         n, status = room, RequestStatus.FINISHED_LENGTH
     elif room == n and status is None:        # with the run's last token (a stop token there wins)

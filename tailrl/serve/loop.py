@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -125,12 +126,9 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain(block=not self.engine.has_unfinished())
-            if self.engine.has_unfinished():
-                with frozen_heap():         # what the server held before the stretch: out of full collections
-                    self._busy()
-            else:
-                self._publish()
-                self._refresh_stats()
+            # a busy stretch: what the server held before it stays out of full collections
+            with frozen_heap() if self.engine.has_unfinished() else nullcontext():
+                self._rounds()
         self._fail_all("server shutting down")
         while True:                          # calls queued behind the stop fail, not hang
             try:
@@ -140,11 +138,11 @@ class EngineLoop:
             if kind == "call":
                 payload[1].set_exception(RuntimeError("the engine loop stopped"))
 
-    def _busy(self) -> None:
-        """The loop's round (take what came in, step if there is work, publish) while there is
-        work, for at most ``HEAP_STEPS`` rounds: a server busy for hours still lets full
-        collections walk its older objects between two stretches. The first round's inbox was
-        taken by the caller."""
+    def _rounds(self) -> None:
+        """The loop's round (take what came in, step if there is work, publish), repeated while
+        there is work, for at most ``HEAP_STEPS`` rounds: a server busy for hours still lets
+        full collections walk its older objects between two stretches. The first round's inbox
+        was taken by the caller."""
         for i in range(HEAP_STEPS):
             if i:
                 self._drain(block=False)
