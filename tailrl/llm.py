@@ -71,7 +71,8 @@ class LLM:
                 release_pool()   # the next call may come from another thread (threads.py says why)
             engine = self.engine
             counters, spec, extra = engine.rollout_counters(), engine.spec_metrics(), engine.graph_metrics()
-            extra.update({"timing_s/gc": heap.gc_s, "rollout/gc_full_collections": float(heap.full)})
+            extra.update({"timing_s/gc": heap.gc_s, "rollout/gc_full_collections": float(heap.full),
+                          "rollout/gc_frozen_objects": float(heap.frozen)})
         end = time.perf_counter()
         outputs = [self.inputs.output(g[0].group_id, texts[i], ids[i], pids[i], g) for i, g in enumerate(groups)]
         self._record_history(outputs)

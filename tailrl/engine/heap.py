@@ -15,9 +15,13 @@ generation (``gc.freeze``) and back into the oldest generation when it ends
 collections walk only what the rollout allocated. Garbage made before the rollout waits until
 after it; nothing is leaked (unlike a ``gc.freeze()`` at start-up, which would keep an
 engine's reference cycles, and with them its device memory, after the engine is dropped).
-Where the heap is already frozen (a caller's ``gc.freeze()``) or the collector is off, it
-does nothing, so it never unfreezes what someone else froze. Either way it times the
-collections inside (``HeapStats``; a rollout's ``timing_s/gc``).
+Where the heap is already frozen (a caller's ``gc.freeze()``: on the H100 machine 375
+objects were, before any rollout, so that a freeze of ours would have been skipped and full
+collections of 250 ms ran inside rollouts) it never unfreezes what someone else froze: it
+holds off full collections instead, for the block (``gc.set_threshold``'s third threshold
+raised, then restored), so the older heap is not walked either; young collections go on.
+Where the collector is off it does nothing. Either way it times the collections inside
+(``HeapStats``; a rollout's ``timing_s/gc``).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ class HeapStats:
     gc_s: float = 0.0               # seconds in collections
     collections: int = 0
     full: int = 0                   # of them full (generation 2)
+    frozen: int = 0                 # objects left out of them (CPython's permanent generation)
 
 
 @contextmanager
@@ -56,16 +61,26 @@ def timed_collections() -> Iterator[HeapStats]:
         gc.callbacks.remove(timed)
 
 
+HELD = 1 << 30                      # the third threshold while full collections are held off
+
+
 @contextmanager
 def frozen_heap() -> Iterator[HeapStats]:
     """The objects alive now stay out of the collector's walks until the block ends; the
     block's collections are counted and timed."""
-    freeze = gc.isenabled() and not gc.get_freeze_count()
+    enabled = gc.isenabled()
+    freeze = enabled and not gc.get_freeze_count()
+    thresholds = gc.get_threshold()
     with timed_collections() as stats:
         if freeze:
             gc.freeze()
+        elif enabled:                   # someone else's freeze: no full collection until the block ends
+            gc.set_threshold(thresholds[0], thresholds[1], HELD)
+        stats.frozen = gc.get_freeze_count()
         try:
             yield stats
         finally:
             if freeze:
                 gc.unfreeze()
+            elif enabled:
+                gc.set_threshold(*thresholds)

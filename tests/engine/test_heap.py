@@ -4,7 +4,7 @@ import gc
 import weakref
 
 from tailrl import LLM, SamplingParams
-from tailrl.engine.heap import frozen_heap
+from tailrl.engine.heap import frozen_heap, timed_collections
 
 
 class _Node:
@@ -16,6 +16,14 @@ def _cycle() -> weakref.ref:
     a, b = _Node(), _Node()
     a.other, b.other = b, a
     return weakref.ref(a)
+
+
+def _churn() -> list:
+    """Objects that outlive young collections, enough (against the heap) for a full one."""
+    keep = []
+    for _ in range(400_000):
+        keep.append([])
+    return keep
 
 
 def _freeze_counts(llm) -> list[int]:
@@ -44,18 +52,28 @@ def test_the_heap_is_frozen_during_a_rollout_only(model):
 
 
 def test_a_frozen_heap_is_left_frozen_and_a_disabled_collector_alone():
+    thresholds = gc.get_threshold()
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
-        with frozen_heap():
+        with timed_collections() as control:           # what the churn below triggers unheld
+            keep = _churn()
+        del keep
+        assert control.full > 0
+        with frozen_heap() as heap:
             assert gc.get_freeze_count() == frozen
+            keep = _churn()
+        del keep
         assert gc.get_freeze_count() == frozen          # the caller's freeze is not undone
+        assert heap.full == 0 and heap.collections > 0  # young collections went on, no full one
+        assert gc.get_threshold() == thresholds
     finally:
         gc.unfreeze()
     gc.disable()
     try:
-        with frozen_heap():
+        with frozen_heap() as heap:
             assert gc.get_freeze_count() == 0
+        assert heap.frozen == 0                          # reported: nothing left out
     finally:
         gc.enable()
 
@@ -94,6 +112,7 @@ def test_a_rollout_reports_its_time_in_the_collector(model):
     m = llm.last_metrics
     assert m["rollout/gc_full_collections"] >= 1
     assert 0 < m["timing_s/gc"] < m["timing_s/gen"]
+    assert m["rollout/gc_frozen_objects"] > 1000       # the heap before the rollout, left out
 
 
 def test_a_server_steps_with_the_older_heap_frozen(model):
