@@ -24,6 +24,7 @@ from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
+from tailrl.kernels import select
 from tailrl.model.loader import DTYPES, load_model, read_args
 from tailrl.speculative.history import HistoryStore
 from tailrl.threads import use_threads
@@ -53,7 +54,13 @@ class LLMEngine:
         self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         graphs = None
-        if torch.device(config.device).type == "cuda" and config.cuda_graphs:
+        use_graphs = torch.device(config.device).type == "cuda" and config.cuda_graphs
+        kernels = select(config.device, dtype)
+        if use_graphs and not kernels.capturable:     # float64's reference kernels: eager steps
+            use_graphs = False
+            log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step)",
+                     config.dtype, config.device, kernels.name)
+        if use_graphs:
             pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
             max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)
             graphs = StepGraphs(self.model, self.kv, pool, max_tokens,

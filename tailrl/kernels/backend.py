@@ -38,6 +38,9 @@ class Rope:
 
 class Backend:
     name = "base"
+    # a step through these kernels can be captured into a CUDA graph (no host-device
+    # synchronisation inside: the reference's visibility mask reads its extras on the host)
+    capturable = True
 
     def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
         """Once per forward: the rotary data every layer's ``rope_attend`` reads."""

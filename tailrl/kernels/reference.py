@@ -64,6 +64,7 @@ def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 class ReferenceBackend(Backend):
     name = "reference"
+    capturable = False
 
     def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
         return Rope(positions, tables.cos[positions].unsqueeze(1), tables.sin[positions].unsqueeze(1))  # [N, 1, D]

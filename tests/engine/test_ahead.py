@@ -178,3 +178,20 @@ def test_on_a_gpu_steps_launched_ahead_give_plain_stepping_outputs(model):
     for _ in range(2):
         assert outputs(llm) == want
     assert llm.last_metrics["graphs/replayed_steps"] > 20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: whether its steps can be captured")
+def test_on_a_gpu_float64_steps_run_eagerly_and_one_at_a_time(model):
+    """float64 has no Triton kernels: the reference's attention reads its visibility on the host,
+    which a CUDA graph cannot capture. Such an engine captures nothing (no capture tried and
+    refused), steps one step at a time, and its tokens are the CPU engine's."""
+    kw = dict(dtype="float64", max_num_seqs=5)
+    llm = LLM(model, device="cuda", gpu_memory_utilization=0.2, **kw)
+    assert llm.engine.runner.graphs is None and not llm.engine.ahead
+    assert [[c[0] for c in o] for o in outputs(llm)] == [[c[0] for c in o] for o in outputs(LLM(model, **kw))]
+
+
+def test_only_the_reference_kernels_are_not_capturable():
+    from tailrl.kernels.cpu import CPU
+    from tailrl.kernels.reference import REFERENCE
+    assert not REFERENCE.capturable and CPU.capturable
