@@ -52,21 +52,24 @@ def launches(monkeypatch):
     return counter
 
 
+@pytest.mark.parametrize("fused_act", [False, True])
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("stock_shapes", ["none", "qkv+gate_up"])
-def test_a_decode_layer_launches(ckpt_dir, monkeypatch, launches, stock_shapes, split):
+def test_a_decode_layer_launches(ckpt_dir, monkeypatch, launches, stock_shapes, split, fused_act):
     """A layer of a one-row decode step (Qwen2: the projection has a bias), bfloat16:
     the norm with the residual add, the fused projection (its bias added in RoPE's pass where
     cuBLAS computes it, in the matmul's last pass where Triton does), RoPE with the K/V write,
     attention (its lanes merged by the last to finish), the output projection, the second norm,
-    gate/up, and the down projection computing the MLP's activation as it reads it (a split of
-    K, added up by each tile's last range to finish): 8 launches, with K split in ranges (as the
-    0.5B's down projection is at few rows) or not. The 0.5B's layer took 12 before the bias,
-    the activation, the lanes' merge and split-K's reduce were fused in."""
+    gate/up, the MLP's activation and the down projection (a split of K, added up by each
+    tile's last range to finish): 9 launches, with K split in ranges (as the 0.5B's down
+    projection is at few rows) or not; 8 where the down projection computes the activation as
+    it reads it (``ACT_ROWS``). The 0.5B's layer took 12 before the bias, the lanes' merge and
+    split-K's reduce were fused in."""
     from tailrl import LLM, SamplingParams
-    from tailrl.kernels.gpu import matmul, stock
+    from tailrl.kernels.gpu import backend, matmul, stock
     from tailrl.model.transformer import DecoderLayer
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    monkeypatch.setattr(backend, "ACT_ROWS", matmul.TILES.bm if fused_act else 0)
     path = ckpt_dir("qwen2", init_std=3.0)
     llm = LLM(path, dtype="bfloat16", device=DEVICE, kv_cache_gib=0.25, cuda_graphs=False)
     widths = {llm.engine.model.layers[0].qkv.weight.shape[0], llm.engine.model.layers[0].gate_up.weight.shape[0]}
@@ -87,4 +90,4 @@ def test_a_decode_layer_launches(ckpt_dir, monkeypatch, launches, stock_shapes, 
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     assert per_layer, "no decode step ran"
     for ops in per_layer:
-        assert len(ops) == 8, ops
+        assert len(ops) == (8 if fused_act else 9), ops

@@ -55,11 +55,18 @@ GROUP = int(os.environ.get("TAILRL_ATTENTION_GROUP", "4"))
 if GROUP < 1 or GROUP & (GROUP - 1):
     raise ValueError(f"TAILRL_ATTENTION_GROUP must be a power of two >= 1, got {GROUP}")
 # the MLP's activation computed inside the down projection's matmul (``silu_mul_linear``) in steps
-# of at most this many rows: one tile of rows, where a decode step's launches cost more than its
-# arithmetic. Above, each of the product's column tiles would compute the activation again, and on
-# an H100 its tiles' dots, fed from registers, serialise (ptxas for sm_90, Triton 3.6: the same
-# wgmma m64n64k16 instruction either way, so the same bits)
-ACT_ROWS = matmul.TILES.bm
+# of at most this many rows (at most one tile of rows, ``matmul.TILES.bm``: above, each column tile
+# would compute it again): a launch fewer a layer, the same bits (the same wgmma m64n64k16
+# instruction either way; ptxas for sm_90, Triton 3.6). Off (0) by default: on an H100 the fused
+# form's dots, fed from registers, serialise (ptxas says so), and a batch-1 decode step's profile
+# there gave that down projection 45% of the step's device time (22 us a layer, 0.55 ms a step),
+# where the whole forward's products on the invariant path (cuBLAS where probed invariant, the
+# unfused Triton matmul for the down projection and the head) took 0.65 ms in the same run
+# (benchmarks/gpu.py, matmul at M = 1). TAILRL_MATMUL_ACT_ROWS=64 turns it on; an engine may
+# differ from another in it (the bits are the same)
+ACT_ROWS = int(os.environ.get("TAILRL_MATMUL_ACT_ROWS", "0"))
+if not 0 <= ACT_ROWS <= matmul.TILES.bm:
+    raise ValueError(f"TAILRL_MATMUL_ACT_ROWS must be 0 (off) to {matmul.TILES.bm} (a tile's rows), got {ACT_ROWS}")
 # No multiply-add contraction where two kernels must give the same bits from the same code
 # (attention's two modes, the norm with and without the residual add): each kernel's
 # compiler would otherwise fuse where its own context lets it
