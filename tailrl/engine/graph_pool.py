@@ -31,17 +31,33 @@ def captures_made() -> int:
     return _captures
 
 
+_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def capture_stream() -> torch.cuda.Stream:
+    """The current device's one stream for every capture and the run before it (made once):
+    what a library keeps per stream and makes on first use (cuBLAS's workspace: torch keys it
+    by handle and stream) is made in that run, never inside a capture, where it would come
+    from the graph's private pool (the H100 run's first engine: 70 MB of graphs against 4-8 for
+    later ones), and not once per capture either, as a new side stream each time made it."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _streams:
+        _streams[device] = torch.cuda.Stream(device)
+    return _streams[device]
+
+
 def cuda_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], int]:
     """Capture ``fn`` (its inputs and outputs: static tensors) into a CUDA graph with its own
-    memory pool. ``fn`` runs once first on a side stream (Triton compiles its kernels there,
-    outside the capture). Returns (replay, the bytes the graph's pool reserved).
+    memory pool. ``fn`` runs once first, on the stream of the capture (``capture_stream``; Triton
+    compiles its kernels there, outside the capture). Returns (replay, the bytes the graph's
+    pool reserved).
 
     A capture in CUDA's default ("global") mode fails if any thread of the process makes an
     unsafe CUDA call meanwhile; one that fails is tried once more in "thread_local" mode (only
     this thread's calls count). Whatever fails raises ``CaptureError`` with every error of the
     chain (the first one is the cause; CUDA's "operation failed due to a previous error during
     capture" comes after it) and the device's memory at the time."""
-    side = torch.cuda.Stream()
+    side = capture_stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()
@@ -52,7 +68,7 @@ def cuda_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Ten
         before, free = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[0]
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, capture_error_mode=mode):
+            with torch.cuda.graph(graph, stream=side, capture_error_mode=mode):
                 out = fn()
         except Exception as exc:                  # reported whole below
             errors.append(f"{mode}: {error_chain(exc)}")

@@ -183,27 +183,36 @@ class StepGraphs:
             self.pool.clear()
             self._kv_allocations = self.kv.allocations
         b = self._static[key]
-
-        def fn():
-            hidden = self.model(b.ids, b.pos, self.kv.layers(), b.meta)
-            if b.mode is None:
-                return hidden
-            return (hidden, *sample_static(for_sampling(self.model.logits(hidden)), b.mode, b.u))
-        out = self.pool.replay(key, fn)
+        out = self.pool.replay(key, lambda: self._forward(b))
         if out is None:
             self.eager += 1
-            return fn()
+            return self._forward(b)
         self.replays += 1
         return out
+
+    def _forward(self, b: _Bucket) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a bucket's graph runs, from its static inputs."""
+        hidden = self.model(b.ids, b.pos, self.kv.layers(), b.meta)
+        if b.mode is None:
+            return hidden
+        return (hidden, *sample_static(for_sampling(self.model.logits(hidden)), b.mode, b.u))
 
     def warm_up(self, max_tokens: int, modes: tuple = ("sample", None)) -> int:
         """Capture now, not in the steps that first need them, the graph of every bucket up to
         ``max_tokens`` tokens in each sampler ``mode`` (chains and plain rows: one visibility
-        entry), from steps of padding tokens alone (inert: the scratch row and slot). Returns
-        the number of graphs captured."""
+        entry), from steps of padding tokens alone (inert: the scratch row and slot), each
+        bucket's step run eagerly first, all of them before any capture (so that no kernel is
+        first compiled or loaded between captures: the H100 run's first engine, whose captures
+        were the process's first, ran its rollout 2.3x slower than an engine made later, its
+        graph launches 4.4 ms instead of 0.5, cause not yet known). Returns the number of graphs
+        captured."""
         t0, before = time.perf_counter(), self.pool.captures
         keys = {self.key(n, 0, mode) for n in self.buckets if n <= max_tokens for mode in modes}
-        for key in sorted(keys, key=lambda k: (-k[0], str(k[2]))):
+        keys = sorted(keys, key=lambda k: (-k[0], str(k[2])))
+        for key in keys:                # every kernel compiled and loaded before the first capture
+            self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
+            self._forward(self._static[key])
+        for key in keys:
             self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
             self.run(key)
         self.warmup_captures += self.pool.captures - before
