@@ -11,6 +11,8 @@ checkpoint directory). Then, on ``--device``:
    GPU) and without (``cuda_graphs=False``: every kernel launched from Python), and without
    steps launched ahead (``async_scheduling=False``: each step waits for the last); the step's
    stages in ms (forward: launching it; sample: waiting for it, sampling, the copy back); on a
+   GPU also with the MLP's activation computed inside the down projection
+   (``decode_b1_fused_act_tok_s``: ``TAILRL_MATMUL_ACT_ROWS``, off by default; the same bits); on a
    GPU, at the very end of the run, ``--profile-steps`` more steps under ``torch.profiler``: two
    tables (by device time and by host time per operator) in the log. Last, because a process's
    CUDA calls stay slower after a profiler session: every timing comes before it.
@@ -26,7 +28,14 @@ checkpoint directory). Then, on ``--device``:
    ``policy="fixed"`` (every request drafts 6 tokens at every step; also 3 and 12:
    ``best_fixed``, ``default_over_best_fixed``: #34 asks the default within 10%) and the
    default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs). Each engine takes
-   ``--gpu-memory-utilization``.
+   ``--gpu-memory-utilization``. Before each engine and each timed round the garbage of the
+   parts before is collected and the device's cached memory released (``settle_heap``), so that
+   no dropped engine's collection lands in a timed round; each timed round reports the caching
+   allocator's device allocations and retries; where steps launched ahead lose to waiting
+   steps, one more round of the plain engine counts the operations that made the host wait
+   for the device, by source line (``plain_sync_sites``), and a new engine stepping ahead is
+   timed too (``plain_fresh_s``); if that one is much faster, the first engine again with its
+   graphs captured anew (``plain_recaptured_s``).
 4. The no-tail bound T* = max(total tokens / saturated tokens/s, longest response x batch-1
    step time): saturated throughput from the plain engine on ``--bound-rows`` rows of
    ``--bound-tokens`` tokens each, EOS ignored; each makespan's ratio to T*.
@@ -72,10 +81,13 @@ A smoke test of the script on a CPU: python benchmarks/gpu.py --device cpu --qui
 from __future__ import annotations
 
 import argparse
+import collections
+import gc
 import json
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -95,6 +107,46 @@ HISTORY_SEED, TIMED_SEED = 10_000, 20_000
 def sync(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def settle_heap(device: str) -> None:
+    """Collect the garbage of the parts before (a dropped engine's reference cycles, with its
+    graphs and K/V pool) and give its device memory back, outside any timed round: otherwise the
+    collection, and the device's frees it makes, land in the next rollout's steps."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def allocator() -> dict:
+    """The CUDA caching allocator's device allocations, frees and retries so far (a retry frees
+    the cache and waits for the GPU)."""
+    s = torch.cuda.memory_stats()
+    return {"device_allocs": s.get("num_device_alloc", 0), "alloc_retries": s.get("num_alloc_retries", 0),
+            "device_frees": s.get("num_device_free", 0)}
+
+
+def sync_sites(llm: LLM, prompts, a) -> dict:
+    """One round with every synchronising CUDA operation reported: counts by the innermost
+    lines of tailrl (or of the benchmarks) that led to it."""
+    sites: collections.Counter = collections.Counter()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if "/tailrl/" in f.filename or "/benchmarks/" in f.filename]
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1][:3])
+        sites[f"{str(message)[:60]} @ {where}"] += 1
+
+    with warnings.catch_warnings():                   # restores the filters and showwarning after
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            rollout(llm, prompts, a, TIMED_SEED)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    steps = llm.last_metrics["rollout/num_forward"]
+    return {"steps": int(steps), "sites": dict(sites.most_common(12))}
 
 
 def copy_bandwidth(device: str, mb: int = 256, reps: int = 10) -> float:
@@ -250,7 +302,8 @@ def train_steps(a: argparse.Namespace) -> dict:
 
 def step_figures(m: dict) -> dict:
     """A rollout's steps: count, wall ms per step, the speculator's host ms per step, the
-    cyclic garbage collector's ms in the whole rollout and its full collections, the
+    cyclic garbage collector's ms in the whole rollout, its full collections and the objects
+    left out of them (``engine/heap.py``; 0: the heap was not frozen), the
     engine's own stages per step (``stage_ms``: schedule, build, forward, sample, postprocess:
     on a GPU all but the forward's kernels are host work, and ``sample`` also waits for the
     forward), and the CUDA graphs (share of steps replayed, captures, pool MB, budget MB, and
@@ -259,6 +312,7 @@ def step_figures(m: dict) -> dict:
     out = {"steps": int(steps), "step_ms": round(m["timing_s/gen"] / steps * 1e3, 3),
            "spec_host_ms": round((m["timing_s/draft"] + m["timing_s/observe"]) / steps * 1e3, 3),
            "gc_ms": round(m.get("timing_s/gc", 0.0) * 1e3, 1), "gc_full": int(m.get("rollout/gc_full_collections", 0)),
+           "gc_frozen": int(m.get("rollout/gc_frozen_objects", 0)),
            "stage_ms": {k: round(m[f"timing_s/{k}"] / steps * 1e3, 3)
                         for k in ("schedule", "build", "forward", "sample", "postprocess") if f"timing_s/{k}" in m}}
     if "graphs/replayed_steps" in m:
@@ -288,6 +342,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25,
                     help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    ap.add_argument("--variants", default="fixed,fixed_3,fixed_12,graphs_2048",
+                    help="speculation's variants to run (comma-separated; '' for none)")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--matmul-reps", type=int, default=20)
     ap.add_argument("--compare-prompts", type=int, default=64, help="small's float64 greedy GPU vs CPU (0: skip)")
@@ -299,15 +355,16 @@ def main() -> None:
     if a.quick:
         a.prompts, a.n, a.max_tokens, a.decode_tokens, a.bound_rows, a.bound_tokens = 4, 2, 32, 16, 8, 16
         a.train_steps, a.compare_prompts, a.compare_tokens = min(a.train_steps, 1), 4, 16
+    cuda = torch.device(a.device).type == "cuda"
     t_start = time.perf_counter()
     mdir = model_dir(a.model, Path(a.standin_dir))
     args = read_args(mdir)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(mdir)
     prompts = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(a.prompts)]
-    out: dict = {"device": torch.cuda.get_device_name() if torch.device(a.device).type == "cuda" else a.device,
+    out: dict = {"device": torch.cuda.get_device_name() if cuda else a.device,
                  "model": a.model}
-    if torch.device(a.device).type == "cuda":
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
 
     errors: dict = {}
@@ -332,9 +389,10 @@ def main() -> None:
     out.update(weights_gb=round(weights / 1e9, 3), copy_tb_s=round(bw / 1e12, 3),
                floor_tok_s=round(bw / weights, 1))    # a decode step reads the weights once (at copy speed)
     greedy = SamplingParams(temperature=0.0, max_tokens=a.decode_tokens, ignore_eos=True)
-    mem = {"gpu_memory_utilization": a.gpu_memory_utilization} if torch.device(a.device).type == "cuda" else {}
+    mem = {"gpu_memory_utilization": a.gpu_memory_utilization} if cuda else {}
 
     def decode(name: str = "", **kw) -> tuple[LLM, float]:
+        settle_heap(a.device)
         llm = LLM(mdir, device=a.device, seed=0, **mem, **kw)
         llm.generate([prompts[0]], greedy)
         llm.generate([prompts[0]], greedy)
@@ -348,6 +406,21 @@ def main() -> None:
     eager_s = (attempt("decode_eager", lambda: decode("_eager", cuda_graphs=False)) or (None, None))[1]
     # without steps launched ahead (engine/ahead.py): each step waits for the one before it
     sync_s = (attempt("decode_sync", lambda: decode("_sync", async_scheduling=False)) or (None, None))[1]
+
+    def fused_act() -> float | None:   # the down projection computing the MLP's activation (ACT_ROWS)
+        from tailrl.kernels.gpu import backend as gpu_backend
+        from tailrl.kernels.gpu import matmul
+        if gpu_backend.ACT_ROWS:
+            return None
+        gpu_backend.ACT_ROWS = matmul.TILES.bm
+        try:
+            return decode("_fused_act")[1]
+        finally:
+            gpu_backend.ACT_ROWS = 0
+    act_s = attempt("decode_fused_act", fused_act) if cuda else None
+    if act_s:
+        out["decode_b1_fused_act_tok_s"] = round(1 / act_s, 1)
+        print(f"batch-1 decode with the activation inside the down projection {1 / act_s:.0f} tokens/s", flush=True)
     if step_s:
         out.update(decode_b1_tok_s=round(1 / step_s, 1), decode_b1_over_floor=round(1 / step_s / (bw / weights), 3))
         print(f"batch-1 decode {1 / step_s:.0f} tokens/s; weight-read floor {bw / weights:.0f} tokens/s "
@@ -375,10 +448,23 @@ def main() -> None:
     roll: dict = {}
     out["rollout"] = roll
 
+    def timed(llm: LLM) -> tuple[list, float, dict]:
+        """The timed round of ``llm`` (its history round before it): outputs, seconds, and its
+        step figures with the allocator's device allocations and retries during it."""
+        rollout(llm, prompts, a, HISTORY_SEED)
+        settle_heap(a.device)
+        before = allocator() if cuda else {}
+        got, secs = rollout(llm, prompts, a, TIMED_SEED)
+        after = allocator() if cuda else {}
+        return got, secs, {**step_figures(llm.last_metrics), **{k: after[k] - before[k] for k in after}}
+
+    def engine(**kw) -> LLM:
+        settle_heap(a.device)
+        return LLM(mdir, device=a.device, seed=0, **mem, **kw)
+
     def rollouts() -> None:
-        rollout(plain, prompts, a, HISTORY_SEED)
-        plain_out, plain_s = rollout(plain, prompts, a, TIMED_SEED)
-        steps = {"plain": step_figures(plain.last_metrics)}
+        plain_out, plain_s, figures = timed(plain)
+        steps = {"plain": figures}
         lengths = [len(x[0]) for xs in plain_out for x in xs]
         roll.update(tokens=sum(lengths), max_length=max(lengths), plain_s=round(plain_s, 3), steps=steps)
         # one request alone against the same request in the batch
@@ -388,19 +474,30 @@ def main() -> None:
               f"{roll['alone_equals_batch']}", flush=True)
 
         def plain_sync() -> None:           # plain without steps launched ahead (engine/ahead.py)
-            llm = LLM(mdir, device=a.device, seed=0, async_scheduling=False, **mem)
-            rollout(llm, prompts, a, HISTORY_SEED)
-            got, secs = rollout(llm, prompts, a, TIMED_SEED)
-            steps["plain_sync"] = step_figures(llm.last_metrics)
+            got, secs, steps["plain_sync"] = timed(engine(async_scheduling=False))
             roll.update(plain_sync_s=round(secs, 3), ahead_speedup=round(secs / plain_s, 3),
                         plain_sync_identical=got == plain_out)
             print(f"rollout: plain without steps ahead {secs:.2f} s ({secs / plain_s:.2f}x the plain time); "
                   f"identical {got == plain_out}", flush=True)
+            if cuda and secs < plain_s:     # steps launched ahead lost: where did the host wait for the GPU?
+                roll["plain_sync_sites"] = sync_sites(plain, prompts, a)
+                print(f"synchronising operations of the plain rollout: {json.dumps(roll['plain_sync_sites'])}",
+                      flush=True)
+                # and a new engine stepping ahead, made after the others: the first engine's history, or not?
+                _, fresh_s, steps["plain_fresh"] = timed(engine())
+                roll["plain_fresh_s"] = round(fresh_s, 3)
+                print(f"rollout: plain, a new engine stepping ahead {fresh_s:.2f} s", flush=True)
+                if fresh_s < 0.8 * plain_s:     # the first engine is slow: its graphs, or the rest of it?
+                    e = plain.engine
+                    e.runner.graphs.pool.clear()
+                    e._warm_up(e.runner.graphs, False)      # captured again, now that every kernel is loaded
+                    _, again_s, steps["plain_recaptured"] = timed(plain)
+                    roll["plain_recaptured_s"] = round(again_s, 3)
+                    print(f"rollout: plain, the first engine with its graphs captured again {again_s:.2f} s",
+                          flush=True)
         attempt("rollout_plain_sync", plain_sync)
-        spec = LLM(mdir, device=a.device, seed=0, speculative=SpeculativeConfig(), **mem)
-        rollout(spec, prompts, a, HISTORY_SEED)
-        spec_out, spec_s = rollout(spec, prompts, a, TIMED_SEED)
-        steps["default"] = step_figures(spec.last_metrics)
+        spec = engine(speculative=SpeculativeConfig())
+        spec_out, spec_s, steps["default"] = timed(spec)
         pairs = [(x, y) for xs, ys in zip(plain_out, spec_out) for x, y in zip(xs, ys)]
         roll.update(default_s=round(spec_s, 3), default_speedup=round(plain_s / spec_s, 3),
                     identical_share=sum(x == y for x, y in pairs) / len(pairs),
@@ -417,16 +514,17 @@ def main() -> None:
                     "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0})}
         roll["variants"] = {}
         for name, (cfg, kw) in variants.items():
+            if name not in a.variants.split(","):
+                continue
             def variant() -> None:
-                llm = LLM(mdir, device=a.device, seed=0, speculative=cfg, **mem, **kw)
-                rollout(llm, prompts, a, HISTORY_SEED)
-                got, secs = rollout(llm, prompts, a, TIMED_SEED)
+                llm = engine(speculative=cfg, **kw)
+                got, secs, figures = timed(llm)
                 same = [x == y for xs, ys in zip(plain_out, got) for x, y in zip(xs, ys)]
                 roll["variants"][name] = {
                     "seconds": round(secs, 3), "speedup": round(plain_s / secs, 3),
                     "identical_share": sum(same) / len(same),
                     "accept_length": round(llm.last_metrics.get("rollout/spec_accept_length", 0.0), 2),
-                    "steps": step_figures(llm.last_metrics)}
+                    "steps": figures}
                 print(f"rollout: {name} {secs:.2f} s ({plain_s / secs:.2f}x plain): {roll['variants'][name]}",
                       flush=True)
             attempt(f"rollout_{name}", variant)
@@ -452,7 +550,6 @@ def main() -> None:
 
     if plain is not None and "tokens" in roll:
         attempt("bound", no_tail_bound)
-    plain = None                            # its memory goes back before Hugging Face loads
 
     def hf() -> None:
         hf_s, hf_tokens = hf_rollout(mdir, prompts, a, args.eos_token_ids)
@@ -463,21 +560,22 @@ def main() -> None:
 
     if not a.no_hf:
         attempt("hf", hf)
-    if torch.device(a.device).type == "cuda":
+    if cuda:
         out["matmul"] = attempt("matmul", lambda: matmul_cost(args, a.device, a.matmul_reps))
         print(f"invariant matmul / cuBLAS per forward: {out['matmul']}", flush=True)
     if a.train_steps > 0:
         out["train"] = attempt("train", lambda: train_steps(a))
         print(f"tailrl train configs/demo.yaml on {a.device}: {out['train']}", flush=True)
-    if torch.device(a.device).type == "cuda" and a.compare_prompts > 0:
+    if cuda and a.compare_prompts > 0:
         out["cpu_vs_gpu"] = attempt("cpu_vs_gpu", lambda: cpu_vs_gpu(
             a.device, (prompts * a.compare_prompts)[:a.compare_prompts], a.compare_tokens))
         print(f"small, float64 greedy, GPU vs CPU: {out['cpu_vs_gpu']}", flush=True)
     # last: after a profiler session, this process's CUDA calls stay slower (measured on the H100:
     # the plain rollout 2.55 s right after it, 1.49-1.62 s in benchmarks/step_profile.py's process)
-    if plain is not None and a.profile_steps > 0 and torch.device(a.device).type == "cuda":
+    if plain is not None and a.profile_steps > 0 and cuda:
         attempt("profile", profile)
-    if torch.device(a.device).type == "cuda":
+    plain = None
+    if cuda:
         out["peak_mem_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     if errors:
         out["errors"] = errors

@@ -6,8 +6,10 @@
 #                                            # rollouts ran) drafter
 #   bash benchmarks/gpu_session.sh engine    # build the native parts; with MEASURE_TILES=1 the
 #                                            # matmul's tiles (benchmarks/matmul_tiles.py, used for
-#                                            # the rest of the run); the attention's keys per lane step
-#                                            # (benchmarks/attention.py); benchmarks/gpu.py; the tests
+#                                            # the rest of the run); with MEASURE_ATTENTION=1 the
+#                                            # attention's keys per lane step (benchmarks/attention.py);
+#                                            # benchmarks/gpu.py (Hugging Face's rollout only with
+#                                            # HF=1: 37 s there, last measured at stop 45); the tests
 #                                            # that use CUDA where it is (Triton kernels vs the
 #                                            # reference, row invariance, graph steps = eager, the
 #                                            # drafter's graph depths = its eager steps)
@@ -42,7 +44,7 @@ if [ -n "${QUICK:-}" ]; then    # tiny sizes: checks the script, measures nothin
 else
     # the drafter's warm start: up to 1,000 steps within 30 s of training (300 steps, the previous
     # session's, gave a drafter that accepted 1.87 tokens a verify against the suffix drafts' ~4)
-    GPU_ARGS="--train-steps 2" TRAIN_ARGS="'--prompts', '64', '--steps', '1000', '--max-seconds', '30'"
+    GPU_ARGS="--train-steps 2 $([ -n "${HF:-}" ] || echo --no-hf)" TRAIN_ARGS="'--prompts', '64', '--steps', '1000', '--max-seconds', '30'"
     ROLLOUT_ARGS="--max-tokens 512"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -69,11 +71,12 @@ engine() {
             echo "TAILRL_MATMUL_TILES=$TAILRL_MATMUL_TILES" | tee -a "$OUT/summary.txt"
         fi
     fi
-    [ "$DEVICE" = cuda ] && step attention ${ATTENTION_LIMIT:-60} $PY benchmarks/attention.py   # keys per lane step
+    # keys per lane step (46 s; measured at stop 45: 32 keys, groups of 4 best)
+    [ "$DEVICE" = cuda ] && [ -n "${MEASURE_ATTENTION:-}" ] && step attention ${ATTENTION_LIMIT:-60} $PY benchmarks/attention.py
     step gpu ${GPU_LIMIT:-280} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
         --partial-json "$OUT/gpu_partial.json"
     if $PY -c "import pytest" 2>/dev/null; then
-        step gpu_tests ${TEST_LIMIT:-110} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
+        step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             tests/kernels/test_triton.py tests/kernels/test_triton_sampler.py tests/kernels/test_stock.py tests/kernels/test_launches.py \
             tests/drafter/test_drafter_graphs.py \
             tests/engine/test_engine_device.py tests/engine/test_ahead.py \

@@ -25,12 +25,10 @@ The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 import torch
@@ -38,42 +36,13 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu import HISTORY_SEED, TIMED_SEED, rollout, rollout_args, step_figures  # noqa: E402
+from gpu import HISTORY_SEED, TIMED_SEED, allocator, rollout, rollout_args, step_figures, sync_sites  # noqa: E402
 from regime import model_dir  # noqa: E402
 
 from tailrl import LLM, SpeculativeConfig  # noqa: E402
 from tailrl.tasks import mixture  # noqa: E402
 
 REPO = HERE.parent
-
-
-def allocator() -> dict:
-    s = torch.cuda.memory_stats()
-    return {"device_allocs": s.get("num_device_alloc", 0), "alloc_retries": s.get("num_alloc_retries", 0),
-            "device_frees": s.get("num_device_free", 0)}
-
-
-def sync_sites(llm: LLM, prompts, a) -> dict:
-    """One round with every synchronising CUDA operation reported: counts by the innermost
-    line of tailrl (or of the benchmarks) that led to it."""
-    sites: collections.Counter = collections.Counter()
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        frames = [f for f in traceback.extract_stack()[:-1]
-                  if "/tailrl/" in f.filename or "/benchmarks/" in f.filename]
-        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1][:3])
-        sites[f"{str(message)[:60]} @ {where}"] += 1
-
-    with warnings.catch_warnings():                   # restores the filters and showwarning after
-        warnings.simplefilter("always")
-        warnings.showwarning = show
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            rollout(llm, prompts, a, TIMED_SEED)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    steps = llm.last_metrics["rollout/num_forward"]
-    return {"steps": int(steps), "sites": dict(sites.most_common(12))}
 
 
 def main() -> None:
