@@ -26,8 +26,9 @@ checkpoint directory). Then, on ``--device``:
    ``identical_token_share``: tokens alone); one request alone against the same request in the
    batch, tokens and log-probabilities (``alone_equals_batch``). Then variants of speculation against plain:
    ``policy="fixed"`` (every request drafts 6 tokens at every step; also 3 and 12:
-   ``best_fixed``, ``default_over_best_fixed``: #34 asks the default within 10%) and the
-   default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs). Each engine takes
+   ``best_fixed``, ``default_over_best_fixed``: #34 asks the default within 10%), the
+   default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs) and
+   the default with the bulk's plain steps launched ahead (``ahead_above=64``). Each engine takes
    ``--gpu-memory-utilization``. Before each engine and each timed round the garbage of the
    parts before is collected and the device's cached memory released (``settle_heap``), so that
    no dropped engine's collection lands in a timed round; each timed round reports the caching
@@ -64,7 +65,7 @@ The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s",
 "decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "decode_b1_sync_tok_s", "rollout": {"tokens",
 "plain_s", "plain_sync_s", "ahead_speedup", "plain_sync_identical", "default_s", "hf_s", "default_speedup",
 "plain_over_hf", "identical_share", "identical_token_share",
-"accept_length", "variants": {"fixed", "fixed_3", "fixed_12", "graphs_2048": {"seconds", "speedup", ...}},
+"accept_length", "variants": {"fixed", "fixed_3", "fixed_12", "graphs_2048", "ahead_64": {"seconds", "speedup", ...}},
 "best_fixed", "default_over_best_fixed", "bound_s",
 "plain_over_bound", "default_over_bound", "steps": {"plain",
 "default": {"steps", "step_ms", "spec_host_ms", "stage_ms", "graph_share", "graph_captures", "graph_mb",
@@ -342,7 +343,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25,
                     help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
-    ap.add_argument("--variants", default="fixed,fixed_3,fixed_12,graphs_2048",
+    ap.add_argument("--variants", default="fixed,fixed_3,fixed_12,graphs_2048,ahead_64",
                     help="speculation's variants to run (comma-separated; '' for none)")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--matmul-reps", type=int, default=20)
@@ -511,7 +512,8 @@ def main() -> None:
         variants = {"fixed": (SpeculativeConfig(policy="fixed"), {}),
                     "fixed_3": (SpeculativeConfig(policy="fixed", max_draft_tokens=3), {}),
                     "fixed_12": (SpeculativeConfig(policy="fixed", max_draft_tokens=12), {}),
-                    "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0})}
+                    "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0}),
+                    "ahead_64": (SpeculativeConfig(ahead_above=64), {})}
         roll["variants"] = {}
         for name, (cfg, kw) in variants.items():
             if name not in a.variants.split(","):

@@ -111,6 +111,12 @@ class SpeculativeConfig:
     # requests without an estimate never count as critical). 0 = off; 32 measured 1.0-1.14x on
     # the benchmark rollout's makespan, its tail 1.8-4x shorter (docs/pool.md)
     critical_rows: int = 32
+    # where plain steps are launched ahead (an engine with CUDA graphs: engine/ahead.py): while
+    # more than this many requests are running or waiting, steps are plain, without drafts,
+    # launched ahead; from this many down (the tail), speculative steps one at a time. 0 = never
+    # (every step speculative). On an H100 a speculative step waits for the one before it
+    # (its drafts need the tokens), which at 512 rows costs more host time than its drafts save
+    ahead_above: int = 0
     # the learned drafter's acceptance is measured by shadow drafts (never verified, within 1% of
     # the steps' time) only where a drafter call could pay; true: throughout, to follow an online
     # drafter's acceptance (rollout/spec_drafter_shadow_accept_length) even where it cannot pay
@@ -150,6 +156,8 @@ class SpeculativeConfig:
                "must be an integer >= 0", self.critical_rows)
         _check(isinstance(self.drafter_tracking, bool), "drafter_tracking", "must be true or false",
                self.drafter_tracking)
+        _check(isinstance(self.ahead_above, int) and self.ahead_above >= 0, "ahead_above",
+               "must be an integer >= 0", self.ahead_above)
 
     @classmethod
     def coerce(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":

@@ -76,6 +76,9 @@ class LLMEngine:
         # plain decoding steps launched before the previous step's tokens are back (ahead.py)
         ahead = config.async_scheduling if config.async_scheduling is not None else graphs is not None
         self.ahead = ahead and speculator is None
+        # a speculative engine's plain steps launched ahead while more than this many requests
+        # run or wait (SpeculativeConfig.ahead_above; 0: every step one at a time)
+        self.ahead_above = speculator.config.ahead_above if ahead and speculator is not None else 0
         self._launched: Launched | None = None
         self._settled_at = 0.0
         if speculator is not None and hasattr(speculator, "captures"):
@@ -188,6 +191,12 @@ class LLMEngine:
             self.threads.tick()
         if self.ahead:
             return self._step_ahead()
+        if self.ahead_above:
+            if len(self.scheduler.running) + len(self.scheduler.waiting) > self.ahead_above:
+                return self._step_ahead()         # the bulk: plain steps, launched ahead
+            if self._launched is not None:        # into the tail: the step in flight settles first
+                step, self._launched = self._launched, None
+                return self._settle(step)
         clock = [time.perf_counter()]
         captures = captures_made()
         sched = self.scheduler.schedule()                                  # 1. schedule
@@ -282,15 +291,21 @@ class LLMEngine:
     def _settle(self, step: Launched) -> list[Request]:
         """Wait for a launched step's tokens, commit them, finish what stopped; its metrics."""
         t0 = time.perf_counter()
-        step.sampled.lists()
+        tokens = step.sampled.lists()[0]
         t1 = time.perf_counter()
         finished = settle(step, self.kv, self.args.eos_token_ids)
+        observed = time.perf_counter()
+        if self.speculator is not None:           # its sources index every token (plan.last: settled now)
+            for plan in step.batch.plans:
+                if plan.last >= 0:
+                    self.speculator.observe(plan.req, [tokens[plan.last]])
+        spec = time.perf_counter() - observed
         for req in finished:
             self._finish(req, req.status)
         t2 = time.perf_counter()
         b, s = step.batch, step.stages
         self.metrics.record_step(step.rows, len(b.input_ids), 0, step.preempted,
-                                 s[:4] + [s[4] + t1 - t0, t2 - t1, 0.0])
+                                 s[:4] + [s[4] + t1 - t0, t2 - t1 - spec, spec])
         if self.step_log is not None:                 # a step's period: since the step settled before it
             self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
                                   "seconds": t2 - max(step.start, self._settled_at)})

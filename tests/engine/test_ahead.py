@@ -71,6 +71,47 @@ def test_steps_launched_ahead_give_plain_decodings_outputs(model, dtype, graphs,
         assert llm.last_metrics["graphs/replayed_steps"] > 20
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_a_speculative_engine_steps_ahead_in_the_bulk_and_verifies_drafts_in_the_tail(model, dtype, fed):
+    """``ahead_above``: while more requests run or wait, plain steps launched ahead; from that
+    many down, drafts verified one step at a time, the step in flight settled first. Every
+    token and log-probability is plain decoding's, in both rounds (the second drafts from the
+    first's responses and from the tokens of steps launched ahead, which its sources indexed)."""
+    want = outputs(LLM(model, dtype=dtype, max_num_seqs=256, async_scheduling=False))
+    llm = LLM(model, dtype=dtype, max_num_seqs=256, async_scheduling=True,
+              speculative=SpeculativeConfig(policy="fixed", ahead_above=4))
+    e = llm.engine
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64,
+                                                      grouped=True))
+    assert not e.ahead and e.ahead_above == 4
+    verified = []
+    for _ in range(2):
+        assert outputs(llm) == want
+        assert e._launched is None
+        verified.append(llm.last_metrics["rollout/spec_verify_steps"])
+    assert fed[0] > 10 and min(verified) > 0
+
+
+@pytest.mark.parametrize("ahead_above", [3, 0])
+def test_every_token_reaches_the_speculators_sources_once_in_order(model, monkeypatch, ahead_above):
+    """Each token a step settles, launched ahead or not, is observed once, in order: every
+    request's observed tokens are its output (with ``ahead_above`` 0, every step one at a time:
+    the reference)."""
+    seen: dict = {}
+    llm = LLM(model, dtype="bfloat16", max_num_seqs=256, async_scheduling=True,
+              speculative=SpeculativeConfig(policy="fixed", ahead_above=ahead_above))
+    spec = llm.engine.speculator
+    observe = spec.observe
+
+    def recording(req, new_tokens):
+        seen.setdefault(req.request_id, []).extend(new_tokens)
+        return observe(req, new_tokens)
+    monkeypatch.setattr(spec, "observe", recording)
+    outs = llm.generate(PROMPTS, PARAMS)
+    responses = sorted(list(c.token_ids) for o in outs for c in o.outputs)
+    assert sorted(seen.values()) == responses and len(responses) == 12
+
+
 def test_preempted_requests_settle_and_recompute_the_same_tokens(model, fed):
     kw = dict(dtype="bfloat16", max_model_len=128, kv_cache_tokens=256, max_num_seqs=16)
     want = outputs(LLM(model, async_scheduling=False, **kw))

@@ -1,0 +1,30 @@
+"""A learned drafter in an engine that launches its bulk's plain steps ahead
+(``SpeculativeConfig.ahead_above``): those steps hand out no hidden states, so a request's
+drafter past holds only what the tail's speculative steps hand out; it drafts from there.
+Outputs are plain decoding's."""
+from tailrl import LLM, SamplingParams, SpeculativeConfig
+from tailrl.engine import engine as engine_mod
+
+PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
+PARAMS = [SamplingParams(n=3, max_tokens=40, seed=1), SamplingParams(n=2, temperature=0, max_tokens=30),
+          SamplingParams(n=2, top_p=0.8, max_tokens=40, ignore_eos=True), SamplingParams(n=2, max_tokens=24)]
+
+
+def test_a_drafter_drafts_in_the_tail_after_steps_launched_ahead(model, drafter_dir, monkeypatch):
+    plain = LLM(model, dtype="bfloat16", max_num_seqs=64)
+    spec = LLM(model, dtype="bfloat16", max_num_seqs=64, async_scheduling=True, speculative=SpeculativeConfig(
+        policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, ahead_above=8))
+    spec.engine.speculator.choice.always = True
+    launched = [0]
+    step_ahead = engine_mod.LLMEngine._step_ahead
+
+    def counting(self):
+        launched[0] += 1
+        return step_ahead(self)
+    monkeypatch.setattr(engine_mod.LLMEngine, "_step_ahead", counting)
+    for _ in range(2):
+        want = [(list(c.token_ids), c.finish_reason) for o in plain.generate(PROMPTS, PARAMS) for c in o.outputs]
+        got = [(list(c.token_ids), c.finish_reason) for o in spec.generate(PROMPTS, PARAMS) for c in o.outputs]
+        assert got == want
+        assert spec.last_metrics["rollout/spec_drafter_calls"] > 0      # it drafted in the tail
+    assert launched[0] > 20                                             # after steps launched ahead
