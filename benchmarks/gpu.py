@@ -303,8 +303,7 @@ def train_steps(a: argparse.Namespace) -> dict:
 
 def step_figures(m: dict) -> dict:
     """A rollout's steps: count, wall ms per step, the speculator's host ms per step, the
-    cyclic garbage collector's ms in the whole rollout, its full collections and the objects
-    left out of them (``engine/heap.py``; 0: the heap was not frozen), the
+    cyclic garbage collector's ms in the whole rollout and its full collections, the
     engine's own stages per step (``stage_ms``: schedule, build, forward, sample, postprocess:
     on a GPU all but the forward's kernels are host work, and ``sample`` also waits for the
     forward), and the CUDA graphs (share of steps replayed, captures, pool MB, budget MB, and
@@ -313,7 +312,6 @@ def step_figures(m: dict) -> dict:
     out = {"steps": int(steps), "step_ms": round(m["timing_s/gen"] / steps * 1e3, 3),
            "spec_host_ms": round((m["timing_s/draft"] + m["timing_s/observe"]) / steps * 1e3, 3),
            "gc_ms": round(m.get("timing_s/gc", 0.0) * 1e3, 1), "gc_full": int(m.get("rollout/gc_full_collections", 0)),
-           "gc_frozen": int(m.get("rollout/gc_frozen_objects", 0)),
            "stage_ms": {k: round(m[f"timing_s/{k}"] / steps * 1e3, 3)
                         for k in ("schedule", "build", "forward", "sample", "postprocess") if f"timing_s/{k}" in m}}
     if "graphs/replayed_steps" in m:

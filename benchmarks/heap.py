@@ -1,10 +1,9 @@
-"""The cyclic garbage collector inside rollouts, with and without the heap frozen (engine/heap.py).
+"""The cyclic garbage collector inside rollouts, with and without full collections held off (engine/heap.py).
 
-A full collection walks every tracked object of the process; ``LLM.generate`` freezes what
-existed before the rollout (``frozen_heap``), so a rollout's full collections walk only what
-it allocated. This measures both in one process, alternating per round (A B B A): the
-baseline replaces ``frozen_heap`` with ``timed_collections`` (the same timing, nothing
-frozen). Rollouts:
+A full collection walks every tracked object of the process; ``LLM.generate`` holds them off
+for the rollout (``held_collections``). This measures both in one process, alternating per
+round (A B B A): the baseline replaces ``held_collections`` with ``timed_collections`` (the
+same timing, nothing held off). Rollouts:
 
 - ``tiny``: a random 2-layer checkpoint, ``--prompts`` x ``--n`` rows at T=1 for
   ``--tiny-tokens`` tokens (EOS ignored), drafts from the same rollout verified at every step
@@ -13,8 +12,8 @@ frozen). Rollouts:
   ``--max-tokens``, the default speculation (round 1 is its history).
 
 Reported per rollout and variant: median wall seconds, the collector's milliseconds and full
-collections per rollout, the tracked objects a full collection would walk without the freeze,
-and frozen / not (the wall's ratio). ``--heavy`` imports what a GPU run's process holds
+collections per rollout, the tracked objects a full collection would walk, and held / not
+(the wall's ratio). ``--heavy`` imports what a GPU run's process holds
 (transformers' model classes, triton) first: a bigger heap, longer full collections.
 
 Usage: python benchmarks/heap.py [--rounds 4] [--heavy] [--skip-small]
@@ -54,7 +53,7 @@ def main() -> None:
 
     import tailrl.llm
     from tailrl import LLM, SamplingParams, SpeculativeConfig
-    from tailrl.engine.heap import frozen_heap, timed_collections
+    from tailrl.engine.heap import held_collections, timed_collections
     from tailrl.tasks import mixture
 
     rollouts = {}
@@ -78,13 +77,13 @@ def main() -> None:
         llm_s.generate(prompts, [SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, seed=10_000 + i)
                                  for i in range(len(prompts))], prompt_ids=pids)
         rollouts["small"] = (llm_s, lambda: llm_s.generate(prompts, params, prompt_ids=pids))
-    variants = {"frozen": frozen_heap, "not": timed_collections}     # the baseline: timed, nothing frozen
+    variants = {"held": held_collections, "not": timed_collections}     # the baseline: timed, nothing held off
     got: dict = {r: {v: [] for v in variants} for r in rollouts}
     for i in range(a.rounds):
         order = list(variants) if i % 2 == 0 else list(variants)[::-1]
         for name, (llm, run) in rollouts.items():
             for v in order:
-                tailrl.llm.frozen_heap = variants[v]
+                tailrl.llm.held_collections = variants[v]
                 objects = len(gc.get_objects())
                 t = time.perf_counter()
                 run()
@@ -94,14 +93,14 @@ def main() -> None:
                                      "full": m["rollout/gc_full_collections"], "objects": objects})
                 print(f"round {i} {name:5s} {v:6s} {wall:7.3f} s  gc {m['timing_s/gc'] * 1e3:7.1f} ms  "
                       f"full collections {m['rollout/gc_full_collections']:.0f}  tracked objects {objects}", flush=True)
-    tailrl.llm.frozen_heap = frozen_heap
+    tailrl.llm.held_collections = held_collections
     report: dict = {"rounds": a.rounds, "heavy": a.heavy, "rollouts": {}}
     for name, per in got.items():
         med = {v: {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]} for v, rs in per.items()}
-        med["frozen_over_not"] = round(med["not"]["wall_s"] / med["frozen"]["wall_s"], 3)
+        med["held_over_not"] = round(med["not"]["wall_s"] / med["held"]["wall_s"], 3)
         report["rollouts"][name] = med
-        print(f"{name}: frozen {med['frozen']['wall_s']} s (gc {med['frozen']['gc_ms']} ms), not "
-              f"{med['not']['wall_s']} s (gc {med['not']['gc_ms']} ms): {med['frozen_over_not']}x", flush=True)
+        print(f"{name}: held {med['held']['wall_s']} s (gc {med['held']['gc_ms']} ms), not "
+              f"{med['not']['wall_s']} s (gc {med['not']['gc_ms']} ms): {med['held_over_not']}x", flush=True)
     print(json.dumps(report))
 
 

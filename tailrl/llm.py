@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 
 from tailrl.config import EngineConfig, PoolConfig, SamplingParams, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
-from tailrl.engine.heap import frozen_heap
+from tailrl.engine.heap import held_collections
 from tailrl.engine.inputs import InputProcessor, load_tokenizer
 from tailrl.engine.metrics import rollout_metrics
 from tailrl.engine.outputs import RequestOutput
@@ -65,14 +65,13 @@ class LLM:
         else:
             self.engine.begin_rollout()
             try:
-                with frozen_heap() as heap:      # full collections walk only what the rollout allocates
+                with held_collections() as heap:   # no full collection walks the heap mid-rollout
                     self._run(reqs, use_tqdm)
             finally:
                 release_pool()   # the next call may come from another thread (threads.py says why)
             engine = self.engine
             counters, spec, extra = engine.rollout_counters(), engine.spec_metrics(), engine.graph_metrics()
-            extra.update({"timing_s/gc": heap.gc_s, "rollout/gc_full_collections": float(heap.full),
-                          "rollout/gc_frozen_objects": float(heap.frozen)})
+            extra.update({"timing_s/gc": heap.gc_s, "rollout/gc_full_collections": float(heap.full)})
         end = time.perf_counter()
         outputs = [self.inputs.output(g[0].group_id, texts[i], ids[i], pids[i], g) for i, g in enumerate(groups)]
         self._record_history(outputs)

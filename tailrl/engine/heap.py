@@ -1,4 +1,4 @@
-"""The Python heap during a rollout: what existed before it is left out of full collections.
+"""The Python heap during a rollout: no full garbage collection inside it.
 
 CPython's cyclic garbage collector runs a full (generation 2) collection whenever enough
 objects have survived the younger ones, and a full collection walks every tracked object of
@@ -6,45 +6,47 @@ the process: torch's, transformers' and Triton's modules and caches, the model's
 the user's own. A rollout allocates many long-lived objects (tokens, drafts, metrics), so it
 triggers full collections; measured on this CPU, a tiny model's rollout at 512 rows with
 drafts verified every step (the shape of ``benchmarks/host_step.py --speculative fixed``,
-~1.1 s) spent 173 ms in one full collection that found nothing to free. On a GPU, where a
-rollout step is a few milliseconds of host work, such a pause is dozens of steps.
+~1.1 s) spent 173 ms in one full collection that found nothing to free; on the H100 machine,
+226-260 ms inside rollouts of 1.6-3.3 s. On a GPU, where a rollout step is a few milliseconds
+of host work, such a pause is dozens of steps.
 
-``frozen_heap()`` moves every object alive when the rollout starts to CPython's permanent
-generation (``gc.freeze``) and back into the oldest generation when it ends
-(``gc.unfreeze``); both are list splices, independent of the heap's size. Inside, full
-collections walk only what the rollout allocated. Garbage made before the rollout waits until
-after it; nothing is leaked (unlike a ``gc.freeze()`` at start-up, which would keep an
-engine's reference cycles, and with them its device memory, after the engine is dropped).
-Where the heap is already frozen (a caller's ``gc.freeze()``: on the H100 machine 375
-objects were, before any rollout, so that a freeze of ours would have been skipped and full
-collections of 250 ms ran inside rollouts) it never unfreezes what someone else froze: it
-holds off full collections instead, for the block (``gc.set_threshold``'s third threshold
-raised, then restored), so the older heap is not walked either; young collections go on.
-Where the collector is off it does nothing. Either way it times the collections inside
+``held_collections()`` raises the collector's third threshold for the block and restores it
+after (two calls, whatever the heap's size): no full collection starts inside, young ones go
+on, and garbage that reached the oldest generation during the block is collected after it
+(nothing leaks). Blocks may nest and overlap across threads (the server's loop beside a
+caller's rollout): the first to enter holds, the last to leave restores. An earlier form
+froze the older heap instead (``gc.freeze``); it had to leave a heap someone else froze alone
+(on the H100 machine 375 objects were, so its freeze was skipped there) and to ask
+``gc.get_freeze_count()``, which walks every frozen object (16 ms a call on this CPU). Where
+the collector is off nothing changes. Either way the block's collections are timed
 (``HeapStats``; a rollout's ``timing_s/gc``).
 """
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
+HELD = 1 << 30                      # the third threshold while full collections are held off
+_lock = threading.Lock()
+_held = [0, None]                   # blocks inside, the thresholds to restore
+
 
 @dataclass
 class HeapStats:
-    """The cyclic collector inside a ``frozen_heap`` block (any thread's collections: they
-    hold the interpreter lock)."""
+    """The cyclic collector inside a ``held_collections`` block (any thread's collections:
+    they hold the interpreter lock)."""
     gc_s: float = 0.0               # seconds in collections
     collections: int = 0
     full: int = 0                   # of them full (generation 2)
-    frozen: int = 0                 # objects left out of them (CPython's permanent generation)
 
 
 @contextmanager
 def timed_collections() -> Iterator[HeapStats]:
-    """The collections inside the block, counted and timed (nothing frozen)."""
+    """The collections inside the block, counted and timed (nothing held off)."""
     stats, started = HeapStats(), [0.0]
 
     def timed(phase: str, info: dict) -> None:
@@ -61,26 +63,23 @@ def timed_collections() -> Iterator[HeapStats]:
         gc.callbacks.remove(timed)
 
 
-HELD = 1 << 30                      # the third threshold while full collections are held off
-
-
 @contextmanager
-def frozen_heap() -> Iterator[HeapStats]:
-    """The objects alive now stay out of the collector's walks until the block ends; the
-    block's collections are counted and timed."""
-    enabled = gc.isenabled()
-    freeze = enabled and not gc.get_freeze_count()
-    thresholds = gc.get_threshold()
-    with timed_collections() as stats:
-        if freeze:
-            gc.freeze()
-        elif enabled:                   # someone else's freeze: no full collection until the block ends
-            gc.set_threshold(thresholds[0], thresholds[1], HELD)
-        stats.frozen = gc.get_freeze_count()
-        try:
+def held_collections() -> Iterator[HeapStats]:
+    """No full collection starts inside the block (young ones do); its collections are
+    counted and timed."""
+    hold = gc.isenabled()
+    if hold:
+        with _lock:
+            if _held[0] == 0:
+                _held[1] = gc.get_threshold()
+                gc.set_threshold(_held[1][0], _held[1][1], HELD)
+            _held[0] += 1
+    try:
+        with timed_collections() as stats:
             yield stats
-        finally:
-            if freeze:
-                gc.unfreeze()
-            elif enabled:
-                gc.set_threshold(*thresholds)
+    finally:
+        if hold:
+            with _lock:
+                _held[0] -= 1
+                if _held[0] == 0:
+                    gc.set_threshold(*_held[1])

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
-from tailrl.engine.heap import frozen_heap
+from tailrl.engine.heap import held_collections
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.transfer import RequestState
 from tailrl.speculative.history import HistoryStore
@@ -160,7 +160,7 @@ class EngineWorker:
         deltas: dict[str, Delta] = {}
         ended: list[str] = []
         busy, steps = 0.0, 0
-        with frozen_heap():                           # full collections walk only what the chunk allocates
+        with held_collections():                      # no full collection mid-chunk
             while self.targets and steps < cmd.max_steps:
                 t0 = time.perf_counter()
                 self.engine.step()

@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tailrl.engine.heap import frozen_heap
+from tailrl.engine.heap import held_collections
 from tailrl.engine.request import Request
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ COUNTER_KEYS = {
     "observe_s": "timing_s/observe",
 }
 TRACE_LIMIT = 4096          # engine step trace entries kept before a new metrics window starts
-HEAP_STEPS = 4096           # engine steps a busy stretch keeps the older heap frozen (engine/heap.py)
+HEAP_STEPS = 4096           # engine steps a busy stretch holds off full collections (engine/heap.py)
 
 
 @dataclass
@@ -126,8 +126,8 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain(block=not self.engine.has_unfinished())
-            # a busy stretch: what the server held before it stays out of full collections
-            with frozen_heap() if self.engine.has_unfinished() else nullcontext():
+            # a busy stretch: no full collection inside it
+            with held_collections() if self.engine.has_unfinished() else nullcontext():
                 self._rounds()
         self._fail_all("server shutting down")
         while True:                          # calls queued behind the stop fail, not hang
@@ -140,8 +140,8 @@ class EngineLoop:
 
     def _rounds(self) -> None:
         """The loop's round (take what came in, step if there is work, publish), repeated while
-        there is work, for at most ``HEAP_STEPS`` rounds: a server busy for hours still lets
-        full collections walk its older objects between two stretches. The first round's inbox
+        there is work, for at most ``HEAP_STEPS`` rounds: a server busy for hours still makes
+        its full collections between two stretches. The first round's inbox
         was taken by the caller."""
         for i in range(HEAP_STEPS):
             if i:

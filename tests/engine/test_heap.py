@@ -1,10 +1,11 @@
-"""A rollout runs with the heap that existed before it frozen out of full collections
-(engine/heap.py), and leaves the collector as it found it."""
+"""A rollout runs with full garbage collections held off (engine/heap.py), and leaves the
+collector as it found it."""
 import gc
+import threading
 import weakref
 
 from tailrl import LLM, SamplingParams
-from tailrl.engine.heap import frozen_heap, timed_collections
+from tailrl.engine.heap import HELD, held_collections, timed_collections
 
 
 class _Node:
@@ -26,73 +27,83 @@ def _churn() -> list:
     return keep
 
 
-def _freeze_counts(llm) -> list[int]:
-    """The objects frozen at each of the engine's steps from now on."""
-    counts = []
+def _thresholds_at_steps(llm) -> list[tuple]:
+    """The collector's thresholds at each of the engine's steps from now on."""
+    seen = []
     step = llm.engine.step
 
-    def counting_step():
-        counts.append(gc.get_freeze_count())
+    def recording_step():
+        seen.append(gc.get_threshold())
         return step()
-    llm.engine.step = counting_step
-    return counts
+    llm.engine.step = recording_step
+    return seen
 
 
-def test_the_heap_is_frozen_during_a_rollout_only(model):
+def test_full_collections_are_held_off_during_a_rollout_only(model):
     llm = LLM(model, max_num_seqs=4)
-    counts = _freeze_counts(llm)
-    before = gc.get_freeze_count()
-    garbage = _cycle()                       # made before the rollout: frozen with the rest
+    seen = _thresholds_at_steps(llm)
+    before = gc.get_threshold()
+    garbage = _cycle()
     out = llm.generate([[1, 2, 3]], SamplingParams(n=2, max_tokens=6, seed=0))
-    assert len(out[0].outputs) == 2 and counts
-    assert min(counts) > 0                   # every step ran with the older objects frozen
-    assert gc.get_freeze_count() == before == 0
+    assert len(out[0].outputs) == 2 and seen
+    assert all(t == (before[0], before[1], HELD) for t in seen)     # every step held them off
+    assert gc.get_threshold() == before
     gc.collect()
-    assert garbage() is None                 # unfrozen after the rollout: collected, not leaked
+    assert garbage() is None                 # collected after the rollout, not leaked
 
 
-def test_a_frozen_heap_is_left_frozen_and_a_disabled_collector_alone():
-    thresholds = gc.get_threshold()
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        with timed_collections() as control:           # what the churn below triggers unheld
-            keep = _churn()
-        del keep
-        assert control.full > 0
-        with frozen_heap() as heap:
-            assert gc.get_freeze_count() == frozen
-            keep = _churn()
-        del keep
-        assert gc.get_freeze_count() == frozen          # the caller's freeze is not undone
-        assert heap.full == 0 and heap.collections > 0  # young collections went on, no full one
-        assert gc.get_threshold() == thresholds
-    finally:
-        gc.unfreeze()
+def test_no_full_collection_inside_young_ones_go_on():
+    with timed_collections() as control:    # what the churn below triggers, not held off
+        keep = _churn()
+    del keep
+    assert control.full > 0
+    with held_collections() as heap:
+        keep = _churn()
+    del keep
+    assert heap.full == 0 and heap.collections > 0
+
+
+def test_blocks_nest_and_overlap_across_threads_and_the_last_restores():
+    before = gc.get_threshold()
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        with held_collections():
+            inside.set()
+            release.wait(10)
+    t = threading.Thread(target=other)
+    with held_collections():
+        t.start()
+        assert inside.wait(10)
+        with held_collections():
+            assert gc.get_threshold()[2] == HELD
+    assert gc.get_threshold()[2] == HELD     # the other thread's block is still open
+    release.set()
+    t.join(10)
+    assert gc.get_threshold() == before
+
+
+def test_a_disabled_collector_is_left_alone_and_an_error_restores():
+    before = gc.get_threshold()
     gc.disable()
     try:
-        with frozen_heap() as heap:
-            assert gc.get_freeze_count() == 0
-        assert heap.frozen == 0                          # reported: nothing left out
+        with held_collections():
+            assert gc.get_threshold() == before
     finally:
         gc.enable()
-
-
-def test_the_heap_is_unfrozen_after_an_error():
     try:
-        with frozen_heap():
-            assert gc.get_freeze_count() > 0
+        with held_collections():
             raise RuntimeError("a step failed")
     except RuntimeError:
         pass
-    assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
 
 
 def test_the_block_times_its_collections():
-    with frozen_heap() as heap:
+    with held_collections() as heap:
         for _ in range(3):
             _cycle()
-        gc.collect()                        # a full collection, timed
+        gc.collect()                        # a full collection asked for, timed
     assert heap.full >= 1 and heap.collections >= heap.full and heap.gc_s > 0
     n = heap.collections
     gc.collect()
@@ -112,19 +123,18 @@ def test_a_rollout_reports_its_time_in_the_collector(model):
     m = llm.last_metrics
     assert m["rollout/gc_full_collections"] >= 1
     assert 0 < m["timing_s/gc"] < m["timing_s/gen"]
-    assert m["rollout/gc_frozen_objects"] > 1000       # the heap before the rollout, left out
 
 
-def test_a_server_steps_with_the_older_heap_frozen(model):
-    """The server's loop thread freezes the heap for each stretch of steps (at most
-    ``HEAP_STEPS``) and unfreezes it when the engine runs out of work."""
-    import threading
+def test_a_server_holds_off_full_collections_while_busy(model):
+    """The server's loop thread holds them off for each stretch of steps (at most
+    ``HEAP_STEPS``) and restores the collector when the engine runs out of work."""
     import time
 
     from tailrl.engine.request import Request
     from tailrl.serve.loop import EngineLoop
     llm = LLM(model, max_num_seqs=4)
-    counts = _freeze_counts(llm)
+    seen = _thresholds_at_steps(llm)
+    before = gc.get_threshold()
     done = threading.Event()
     loop = EngineLoop(llm, on_retire=lambda reqs: None).start()
     try:
@@ -132,9 +142,9 @@ def test_a_server_steps_with_the_older_heap_frozen(model):
                     lambda updates: done.set() if any(u.finish_reason for u in updates) else None)
         assert done.wait(60)
         deadline = time.monotonic() + 10
-        while gc.get_freeze_count() and time.monotonic() < deadline:
+        while gc.get_threshold() != before and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert gc.get_freeze_count() == 0    # idle: nothing frozen
+        assert gc.get_threshold() == before  # idle: restored
     finally:
         loop.stop()
-    assert counts and min(counts) > 0
+    assert seen and all(t[2] == HELD for t in seen)
