@@ -28,7 +28,8 @@ checkpoint directory). Then, on ``--device``:
    ``policy="fixed"`` (every request drafts 6 tokens at every step; also 3 and 12:
    ``best_fixed``, ``default_over_best_fixed``: #34 asks the default within 10%), the
    default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs) and
-   the default with the bulk's plain steps launched ahead (``ahead_above=64``). Each engine takes
+   the default with every step one at a time (``ahead_above=0``: no plain steps launched ahead
+   in the bulk). Each engine takes
    ``--gpu-memory-utilization``. Before each engine and each timed round the garbage of the
    parts before is collected and the device's cached memory released (``settle_heap``), so that
    no dropped engine's collection lands in a timed round; each timed round reports the caching
@@ -65,7 +66,8 @@ The last line is one JSON object: {"device", "model", "weights_gb", "copy_tb_s",
 "decode_b1_tok_s", "decode_b1_over_floor", "decode_b1_eager_tok_s", "decode_b1_sync_tok_s", "rollout": {"tokens",
 "plain_s", "plain_sync_s", "ahead_speedup", "plain_sync_identical", "default_s", "hf_s", "default_speedup",
 "plain_over_hf", "identical_share", "identical_token_share",
-"accept_length", "variants": {"fixed", "fixed_3", "fixed_12", "graphs_2048", "ahead_64": {"seconds", "speedup", ...}},
+"accept_length", "variants": {"fixed", "fixed_3", "fixed_12", "graphs_2048", "one_at_a_time":
+{"seconds", "speedup", ...}},
 "best_fixed", "default_over_best_fixed", "bound_s",
 "plain_over_bound", "default_over_bound", "steps": {"plain",
 "default": {"steps", "step_ms", "spec_host_ms", "stage_ms", "graph_share", "graph_captures", "graph_mb",
@@ -341,7 +343,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25,
                     help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
-    ap.add_argument("--variants", default="fixed,fixed_3,fixed_12,graphs_2048,ahead_64",
+    ap.add_argument("--variants", default="fixed,fixed_3,fixed_12,graphs_2048,one_at_a_time",
                     help="speculation's variants to run (comma-separated; '' for none)")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--matmul-reps", type=int, default=20)
@@ -511,7 +513,7 @@ def main() -> None:
                     "fixed_3": (SpeculativeConfig(policy="fixed", max_draft_tokens=3), {}),
                     "fixed_12": (SpeculativeConfig(policy="fixed", max_draft_tokens=12), {}),
                     "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0}),
-                    "ahead_64": (SpeculativeConfig(ahead_above=64), {})}
+                    "one_at_a_time": (SpeculativeConfig(ahead_above=0), {})}
         roll["variants"] = {}
         for name, (cfg, kw) in variants.items():
             if name not in a.variants.split(","):

@@ -79,6 +79,10 @@ class SamplingParams:
 SPEC_METHODS = ("suffix", "drafter", "hybrid")
 SPEC_SOURCES = ("history", "group", "self")
 SPEC_POLICIES = ("priced", "adaptive", "bandit", "fixed")
+# SpeculativeConfig.ahead_above's default: above this many requests a speculative engine that can
+# launch steps ahead does (at 64 rows a verify step of a few tokens a row is still on the flat
+# part of an H100's step-time curve, which #34 measured flat to a few hundred tokens)
+AHEAD_ABOVE = 64
 
 
 @dataclass
@@ -114,9 +118,11 @@ class SpeculativeConfig:
     # where plain steps are launched ahead (an engine with CUDA graphs: engine/ahead.py): while
     # more than this many requests are running or waiting, steps are plain, without drafts,
     # launched ahead; from this many down (the tail), speculative steps one at a time. 0 = never
-    # (every step speculative). On an H100 a speculative step waits for the one before it
-    # (its drafts need the tokens), which at 512 rows costs more host time than its drafts save
-    ahead_above: int = 0
+    # (every step speculative). None: AHEAD_ABOVE, unless the speculator collects the target's
+    # hidden states for an online drafter (steps launched ahead hand none out), then 0. On the
+    # H100 a speculative step waited for the one before it (its drafts need the tokens): the
+    # default speculation took 2.04 s where plain steps launched ahead took 1.63 s
+    ahead_above: int | None = None
     # the learned drafter's acceptance is measured by shadow drafts (never verified, within 1% of
     # the steps' time) only where a drafter call could pay; true: throughout, to follow an online
     # drafter's acceptance (rollout/spec_drafter_shadow_accept_length) even where it cannot pay
@@ -156,8 +162,8 @@ class SpeculativeConfig:
                "must be an integer >= 0", self.critical_rows)
         _check(isinstance(self.drafter_tracking, bool), "drafter_tracking", "must be true or false",
                self.drafter_tracking)
-        _check(isinstance(self.ahead_above, int) and self.ahead_above >= 0, "ahead_above",
-               "must be an integer >= 0", self.ahead_above)
+        _check(self.ahead_above is None or (isinstance(self.ahead_above, int) and self.ahead_above >= 0),
+               "ahead_above", "must be an integer >= 0 or None", self.ahead_above)
 
     @classmethod
     def coerce(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from tailrl.config import EngineConfig, SpeculativeConfig, device_scope, require_device
+from tailrl.config import AHEAD_ABOVE, EngineConfig, SpeculativeConfig, device_scope, require_device
 from tailrl.engine.ahead import Launched, feed, placeholders, settle
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
@@ -77,7 +77,7 @@ class LLMEngine:
         ahead = config.async_scheduling if config.async_scheduling is not None else graphs is not None
         self.ahead = ahead and speculator is None
         # a speculative engine's plain steps launched ahead while more than this many requests
-        # run or wait (SpeculativeConfig.ahead_above; 0: every step one at a time)
+        # run or wait (SpeculativeConfig.ahead_above; 0: every step one at a time; None: see _above)
         self.ahead_above = speculator.config.ahead_above if ahead and speculator is not None else 0
         self._launched: Launched | None = None
         self._settled_at = 0.0
@@ -191,8 +191,9 @@ class LLMEngine:
             self.threads.tick()
         if self.ahead:
             return self._step_ahead()
-        if self.ahead_above:
-            if len(self.scheduler.running) + len(self.scheduler.waiting) > self.ahead_above:
+        if self.ahead_above != 0:
+            above = self._above()
+            if above and len(self.scheduler.running) + len(self.scheduler.waiting) > above:
                 return self._step_ahead()         # the bulk: plain steps, launched ahead
             if self._launched is not None:        # into the tail: the step in flight settles first
                 step, self._launched = self._launched, None
@@ -287,6 +288,15 @@ class LLMEngine:
             self._launched = None
             self._settle(step)
         return finished
+
+    def _above(self) -> int:
+        """The requests above which this speculative engine's steps are plain, launched ahead:
+        ``ahead_above``, or by default ``AHEAD_ABOVE``, unless the speculator collects the
+        target's hidden states for an online drafter (collector attached at any time), which a
+        step launched ahead would not hand out."""
+        if self.ahead_above is not None:
+            return self.ahead_above
+        return 0 if getattr(self.speculator, "collector", None) is not None else AHEAD_ABOVE
 
     def _settle(self, step: Launched) -> list[Request]:
         """Wait for a launched step's tokens, commit them, finish what stopped; its metrics."""
