@@ -4,7 +4,8 @@
 The 0.5b stand-in's rollout (``--prompts`` x ``--n``, T=1, ``--max-tokens``; round 1 warms each
 engine up and is the history), then, per engine (``ahead``: plain, steps launched ahead, the
 default with CUDA graphs; ``sync``: plain, each step waiting for the last; ``default``: the
-default speculation, whose steps wait for the last, as drafts need the tokens):
+default speculation, whose tail's steps wait for the last, as drafts need the tokens, and whose
+bulk's plain steps are launched ahead, ``SpeculativeConfig.ahead_above``):
 
 1. timed rounds, rotating the engines (A B C, then C B A, ...), no profiler attached: makespan,
    step count, the stages per step (``benchmarks/gpu.py``'s ``step_figures``), and the CUDA

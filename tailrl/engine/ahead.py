@@ -18,7 +18,10 @@ step n+1 whose results are dropped (its K/V write lands in its own blocks, relea
 the device runs the steps in order). A request that reaches its length limit at step n
 leaves its row before step n+1 is scheduled. Every token is the one plain decoding samples:
 the same inputs, the same row-invariant kernels, the same noise (tests/engine/test_ahead.py).
-Drafts need the tokens on the host, so an engine with a speculator never steps ahead.
+Drafts need the tokens on the host, so an engine with a speculator steps ahead only where it
+does not draft: its bulk, above ``SpeculativeConfig.ahead_above`` requests (the engine settles
+the step in flight before its first speculative step, and hands each settled token to the
+speculator's sources).
 """
 from __future__ import annotations
 
