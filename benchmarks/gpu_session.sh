@@ -8,8 +8,9 @@
 #                                            # matmul's tiles (benchmarks/matmul_tiles.py, used for
 #                                            # the rest of the run); with MEASURE_ATTENTION=1 the
 #                                            # attention's keys per lane step (benchmarks/attention.py);
-#                                            # benchmarks/gpu.py (Hugging Face's rollout only with
-#                                            # HF=1: 37 s there, last measured at stop 45); the tests
+#                                            # benchmarks/gpu.py (Hugging Face's rollout, GRPO steps
+#                                            # and float64 GPU = CPU only with FULL=1: measured at
+#                                            # stop 45); the tests
 #                                            # that use CUDA where it is (Triton kernels vs the
 #                                            # reference, row invariance, graph steps = eager, the
 #                                            # drafter's graph depths = its eager steps)
@@ -44,7 +45,9 @@ if [ -n "${QUICK:-}" ]; then    # tiny sizes: checks the script, measures nothin
 else
     # the drafter's warm start: up to 1,000 steps within 30 s of training (300 steps, the previous
     # session's, gave a drafter that accepted 1.87 tokens a verify against the suffix drafts' ~4)
-    GPU_ARGS="--train-steps 2 $([ -n "${HF:-}" ] || echo --no-hf)" TRAIN_ARGS="'--prompts', '64', '--steps', '1000', '--max-seconds', '30'"
+    # Hugging Face's rollout, 2 GRPO steps and small's float64 GPU-vs-CPU tokens only with FULL=1
+    # (measured at stop 45: 37.1 s, 1.02 s a step, 64 of 64 equal): ~80 s of a session's time
+    GPU_ARGS="$([ -n "${FULL:-}" ] && echo --train-steps 2 || echo --no-hf --train-steps 0 --compare-prompts 0)" TRAIN_ARGS="'--prompts', '64', '--steps', '1000', '--max-seconds', '30'"
     ROLLOUT_ARGS="--max-tokens 512"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
