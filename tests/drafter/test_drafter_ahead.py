@@ -2,18 +2,25 @@
 (``SpeculativeConfig.ahead_above``): those steps hand out no hidden states, so a request's
 drafter past holds only what the tail's speculative steps hand out; it drafts from there.
 Outputs are plain decoding's."""
+import pytest
+import torch
+
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.engine import engine as engine_mod
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])   # on a GPU: its graphs and copies
 
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
 PARAMS = [SamplingParams(n=3, max_tokens=40, seed=1), SamplingParams(n=2, temperature=0, max_tokens=30),
           SamplingParams(n=2, top_p=0.8, max_tokens=40, ignore_eos=True), SamplingParams(n=2, max_tokens=24)]
 
 
-def test_a_drafter_drafts_in_the_tail_after_steps_launched_ahead(model, drafter_dir, monkeypatch):
-    plain = LLM(model, dtype="bfloat16", max_num_seqs=64)
-    spec = LLM(model, dtype="bfloat16", max_num_seqs=64, async_scheduling=True, speculative=SpeculativeConfig(
-        policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, ahead_above=8))
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_drafter_drafts_in_the_tail_after_steps_launched_ahead(model, drafter_dir, monkeypatch, device):
+    kw = dict(dtype="bfloat16", max_num_seqs=64, device=device, kv_cache_gib=0.25)
+    plain = LLM(model, **kw)
+    spec = LLM(model, async_scheduling=True, speculative=SpeculativeConfig(
+        policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, ahead_above=8), **kw)
     spec.engine.speculator.choice.always = True
     launched = [0]
     step_ahead = engine_mod.LLMEngine._step_ahead

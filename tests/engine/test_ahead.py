@@ -246,6 +246,19 @@ def test_on_a_gpu_steps_launched_ahead_give_plain_stepping_outputs(model):
     assert llm.last_metrics["graphs/replayed_steps"] > 20
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, streams and copies not waited for")
+def test_on_a_gpu_a_speculative_engines_bulk_steps_ahead_and_its_tail_verifies(model, fed):
+    """The split (``ahead_above``) through real graphs, copies and streams: tokens and
+    log-probabilities equal plain stepping's, with steps fed on the device and drafts verified."""
+    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=64, gpu_memory_utilization=0.2)
+    want = outputs(LLM(model, **kw))
+    llm = LLM(model, speculative=SpeculativeConfig(policy="fixed", ahead_above=4), **kw)
+    assert not llm.engine.ahead and llm.engine.runner.graphs is not None
+    for _ in range(2):
+        assert outputs(llm) == want
+    assert fed[0] > 10 and llm.last_metrics["rollout/spec_verify_steps"] > 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: whether its steps can be captured")
 def test_on_a_gpu_float64_steps_run_eagerly_and_one_at_a_time(model):
     """float64 has no Triton kernels: the reference's attention reads its visibility on the host,
