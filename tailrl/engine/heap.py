@@ -14,11 +14,11 @@ of host work, such a pause is dozens of steps.
 after (two calls, whatever the heap's size): no full collection starts inside, young ones go
 on, and garbage that reached the oldest generation during the block is collected after it
 (nothing leaks). Blocks may nest and overlap across threads (the server's loop beside a
-caller's rollout): the first to enter holds, the last to leave restores. An earlier form
-froze the older heap instead (``gc.freeze``); it had to leave a heap someone else froze alone
-(on the H100 machine 375 objects were, so its freeze was skipped there) and to ask
-``gc.get_freeze_count()``, which walks every frozen object (16 ms a call on this CPU). Where
-the collector is off nothing changes. Either way the block's collections are timed
+caller's rollout): the first to enter holds, the last to leave restores. Freezing the older
+heap instead (``gc.freeze``) would have to leave alone a heap someone else froze (on the H100
+machine 375 objects were, before any rollout) and, to know that, ask ``gc.get_freeze_count()``,
+which walks every frozen object (16 ms a call on this CPU). Where the collector is off nothing
+changes. Either way the block's collections are timed
 (``HeapStats``; a rollout's ``timing_s/gc``).
 """
 from __future__ import annotations
