@@ -53,18 +53,7 @@ class LLMEngine:
         self.args = self.model.args
         self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        graphs = None
-        use_graphs = torch.device(config.device).type == "cuda" and config.cuda_graphs
-        kernels = select(config.device, dtype)
-        if use_graphs and not kernels.capturable:     # float64's reference kernels: eager steps
-            use_graphs = False
-            log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step)",
-                     config.dtype, config.device, kernels.name)
-        if use_graphs:
-            pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
-            max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)
-            graphs = StepGraphs(self.model, self.kv, pool, max_tokens,
-                                grouped=speculative is not None or speculator is not None)
+        graphs = self._graphs(dtype, grouped=speculative is not None or speculator is not None)
         self.runner = ModelRunner(self.model, self.kv, graphs)
         if graphs is not None and config.cuda_graph_warmup:
             self._warm_up(graphs, speculative is not None or speculator is not None)
@@ -97,6 +86,21 @@ class LLMEngine:
         self.step_log: list[dict] | None = None
         self._rollout_start = self.metrics.snapshot()
         self._graphs_start = self._graph_stats()
+
+    def _graphs(self, dtype: torch.dtype, grouped: bool) -> StepGraphs | None:
+        """The decode and verify steps' CUDA graphs, on a GPU with ``cuda_graphs`` and kernels a
+        graph can capture (not float64's reference, which waits for the device inside a step)."""
+        config = self.config
+        if torch.device(config.device).type != "cuda" or not config.cuda_graphs:
+            return None
+        kernels = select(config.device, dtype)
+        if not kernels.capturable:
+            log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step)",
+                     config.dtype, config.device, kernels.name)
+            return None
+        pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
+        max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)
+        return StepGraphs(self.model, self.kv, pool, max_tokens, grouped=grouped)
 
     def _warm_up(self, graphs: StepGraphs, drafts: bool) -> None:
         """Every graph a step may replay, captured now (a capture costs tens of milliseconds,
@@ -189,15 +193,15 @@ class LLMEngine:
     def _step(self) -> list[Request]:
         if self.threads is not None:
             self.threads.tick()
-        if self.ahead:
+        if self.ahead or self._bulk():
             return self._step_ahead()
-        if self.ahead_above != 0:
-            above = self._above()
-            if above and len(self.scheduler.running) + len(self.scheduler.waiting) > above:
-                return self._step_ahead()         # the bulk: plain steps, launched ahead
-            if self._launched is not None:        # into the tail: the step in flight settles first
-                step, self._launched = self._launched, None
-                return self._settle(step)
+        if self._launched is not None:            # a speculative engine's tail: the bulk's last step settles first
+            step, self._launched = self._launched, None
+            return self._settle(step)
+        return self._step_one()
+
+    def _step_one(self) -> list[Request]:
+        """A step the host waits for: scheduled, drafted, computed, sampled and committed."""
         clock = [time.perf_counter()]
         captures = captures_made()
         sched = self.scheduler.schedule()                                  # 1. schedule
@@ -288,6 +292,14 @@ class LLMEngine:
             self._launched = None
             self._settle(step)
         return finished
+
+    def _bulk(self) -> bool:
+        """Whether this speculative engine's step is plain and launched ahead: more requests run
+        or wait than ``_above``."""
+        if self.ahead_above == 0:
+            return False
+        above = self._above()
+        return above > 0 and len(self.scheduler.running) + len(self.scheduler.waiting) > above
 
     def _above(self) -> int:
         """The requests above which this speculative engine's steps are plain, launched ahead:
