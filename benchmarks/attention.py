@@ -1,24 +1,26 @@
-"""The GPU attention kernel's cost by keys per step of a lane's walk (``TAILRL_ATTENTION_KEYS``).
+"""The GPU attention kernel's cost by its dots (``TAILRL_ATTENTION_DOTS``) and keys per step of
+a lane's walk (``TAILRL_ATTENTION_KEYS``).
 
 One layer's ``rope_attend`` (RoPE and the K/V write, attention through block tables, the lanes'
 merge where a step has few tokens) at Qwen2.5-0.5B's heads (14 query heads, 2 K/V heads, head
 dim 64), bfloat16, the K/V pool's blocks shuffled: decode steps of ``--rows`` rows at
 ``--contexts`` positions each, and verify steps of 64 rows each checking a chain of 6 drafts
-(7 queries a row). Per shape and per ``--keys`` value: microseconds per call, replayed from a
-CUDA graph of ``--calls`` calls (as the engine replays its steps), best of ``--reps``; for the
-verify steps also with query groups (``K+groups``: a row's chain walks its K/V together, as a
-step with several queries in a row launches it; ``groups_equal``: the same bits as without);
-and each value's largest difference from the first value's outputs (a check that the variants
-compute the same attention: they differ in float32 rounding only).
+(7 queries a row). Per shape and per (``--dots``, ``--keys``) pair: microseconds per call,
+replayed from a CUDA graph of ``--calls`` calls (as the engine replays its steps), best of
+``--reps``; for the verify steps also with query groups (``+groups``: a row's chain walks its
+K/V together, as a step with several queries in a row launches it; ``groups_equal``: the same
+bits as without); and each pair's largest difference from the first pair's outputs (a check
+that the variants compute the same attention: they differ in rounding only; tensor cores
+round the softmax weights to bfloat16).
 
-Each value of KEYS gives other bits, so an engine process uses one (the backend reads it once);
-here the module variable is set per measurement, which only a benchmark may do.
+Each pair gives other bits, so an engine process uses one (the backend reads them once); here
+the module variables are set per measurement, which only a benchmark may do.
 
-Usage (on a GPU): python benchmarks/attention.py [--keys 16,32,64,128]
+Usage (on a GPU): python benchmarks/attention.py [--dots tensor,ieee] [--keys 16,32,64,128]
 A smoke test of the script on a CPU (Triton's interpreter, tiny shapes, timings meaningless):
 TRITON_INTERPRET=1 python benchmarks/attention.py --quick
-The last line is one JSON object: {"device", "shapes": {shape: {keys[+groups]: us}}, "best": {shape:
-keys}, "max_diff": {keys: float}, "groups_equal"}.
+The last line is one JSON object: {"device", "shapes": {shape: {"dots/keys[+groups]": us}}, "best":
+{shape: "dots/keys"}, "max_diff": {"dots/keys": float}, "groups_equal"}.
 """
 from __future__ import annotations
 
@@ -99,6 +101,7 @@ def timed(fn, calls: int, reps: int, cuda: bool) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keys", default="16,32,64,128")
+    ap.add_argument("--dots", default="tensor,ieee", help="attention's dots (backend.DOTS) to measure")
     ap.add_argument("--rows", default="1,8,64,512")
     ap.add_argument("--contexts", default="256,1024,4096")
     ap.add_argument("--calls", type=int, default=20)
@@ -108,20 +111,21 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     keys = [int(x) for x in a.keys.split(",")]
+    dots_list = a.dots.split(",")
     shapes = [(r, c, 1) for r in map(int, a.rows.split(",")) for c in map(int, a.contexts.split(","))
               if r * c <= 512 * 1024] + [(64, 512, 7)]
     if a.quick:
         keys, shapes, a.calls, a.reps = keys[:2], [(1, 40, 1), (3, 40, 7)], 1, 1
     out: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreted: timings meaningless)",
-                 "shapes": {}, "best": {}, "max_diff": {k: 0.0 for k in keys}}
+                 "shapes": {}, "best": {}, "max_diff": {f"{d}/{k}": 0.0 for d in dots_list for k in keys}}
     for rows, context, chain in shapes:
         name = f"{rows}x{chain}@{context}"
         qkv, rope, k, v, meta = step(rows, context, chain, device)
         first = None
         res = {}
         metas = {"": meta} if chain == 1 else {"": meta, "+groups": dataclasses.replace(meta, multi=True)}
-        for kk in keys:
-            backend.KEYS = kk
+        for dots, kk in ((dots, kk) for dots in dots_list for kk in keys):
+            backend.DOTS, backend.KEYS = dots, kk
             outs = {}
             for tag, mt in metas.items():
                 kc, vc = k.clone(), v.clone()
@@ -129,12 +133,13 @@ def main() -> None:
                 first = got if first is None else first
                 if tag:                 # the same keys with and without groups: the same bits
                     out["groups_equal"] = out.get("groups_equal", True) and torch.equal(got, outs[""])
-                out["max_diff"][kk] = max(out["max_diff"][kk], (got.float() - first.float()).abs().max().item())
-                res[f"{kk}{tag}"] = round(timed(lambda: TRITON.rope_attend(qkv, rope, kc, vc, mt, H), a.calls, a.reps,
-                                                cuda), 2)
+                out["max_diff"][f"{dots}/{kk}"] = max(out["max_diff"][f"{dots}/{kk}"],
+                                                      (got.float() - first.float()).abs().max().item())
+                res[f"{dots}/{kk}{tag}"] = round(timed(lambda: TRITON.rope_attend(qkv, rope, kc, vc, mt, H),
+                                                       a.calls, a.reps, cuda), 2)
         out["shapes"][name] = res
         out["best"][name] = min(res, key=res.get)
-        print(f"{name}: " + ", ".join(f"keys {kk} {us:.1f} us" for kk, us in res.items()), flush=True)
+        print(f"{name}: " + ", ".join(f"{kk} {us:.1f} us" for kk, us in res.items()), flush=True)
     print(json.dumps(out))
 
 

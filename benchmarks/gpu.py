@@ -27,17 +27,21 @@ checkpoint directory). Then, on ``--device``:
    batch, tokens and log-probabilities (``alone_equals_batch``). Then variants of speculation against plain:
    ``policy="fixed"`` (every request drafts 6 tokens at every step; also 3 and 12:
    ``best_fixed``, ``default_over_best_fixed``: #34 asks the default within 10%), the
-   default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs) and
+   default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs),
    the default with every step one at a time (``ahead_above=0``: no plain steps launched ahead
-   in the bulk). Each engine takes
+   in the bulk) or the bulk's plain steps launched ahead above 16 or 256 rows (``ahead_16``,
+   ``ahead_256``; the default 64), and plain and the default with attention's float32 FMA dots instead of tensor
+   cores (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
+   first engine's rollout is also timed before any other engine is made
+   (``plain_before_others_s``), and a new plain engine's after them (``plain_fresh_s``;
+   ``default_over_fresh_plain``: the default against it). Each engine takes
    ``--gpu-memory-utilization``. Before each engine and each timed round the garbage of the
    parts before is collected and the device's cached memory released (``settle_heap``), so that
    no dropped engine's collection lands in a timed round; each timed round reports the caching
    allocator's device allocations and retries; where steps launched ahead lose to waiting
    steps, one more round of the plain engine counts the operations that made the host wait
-   for the device, by source line (``plain_sync_sites``), and a new engine stepping ahead is
-   timed too (``plain_fresh_s``); if that one is much faster, the first engine again with its
-   graphs captured anew (``plain_recaptured_s``).
+   for the device, by source line (``plain_sync_sites``); if the new engine is much faster,
+   the first engine again with its graphs captured anew (``plain_recaptured_s``).
 4. The no-tail bound T* = max(total tokens / saturated tokens/s, longest response x batch-1
    step time): saturated throughput from the plain engine on ``--bound-rows`` rows of
    ``--bound-tokens`` tokens each, EOS ignored; each makespan's ratio to T*.
@@ -404,6 +408,29 @@ def main() -> None:
         return llm, m["timing_s/gen"] / a.decode_tokens
 
     plain, step_s = attempt("decode", decode) or (None, None)
+    roll: dict = {}
+    out["rollout"] = roll
+
+    def timed(llm: LLM) -> tuple[list, float, dict]:
+        """The timed round of ``llm`` (its history round before it): outputs, seconds, and its
+        step figures with the allocator's device allocations and retries during it."""
+        rollout(llm, prompts, a, HISTORY_SEED)
+        settle_heap(a.device)
+        before = allocator() if cuda else {}
+        got, secs = rollout(llm, prompts, a, TIMED_SEED)
+        after = allocator() if cuda else {}
+        return got, secs, {**step_figures(llm.last_metrics), **{k: after[k] - before[k] for k in after}}
+
+    def plain_first() -> None:
+        """The first engine's rollout before any other engine is made: the H200 run of stop 46
+        timed it 2.1x slower after three other engines had come and gone than an engine made
+        later, and its batch-1 graph launches 263 us at the end against 0.23 ms steps at the
+        start (made before them, or slowed by them?)"""
+        _, secs, figures = timed(plain)
+        roll.update(plain_before_others_s=round(secs, 3), plain_before_others_step_ms=figures.get("step_ms"))
+        print(f"rollout: plain, the first engine before any other {secs:.2f} s", flush=True)
+    if plain is not None:
+        attempt("rollout_plain_first", plain_first)
     eager_s = (attempt("decode_eager", lambda: decode("_eager", cuda_graphs=False)) or (None, None))[1]
     # without steps launched ahead (engine/ahead.py): each step waits for the one before it
     sync_s = (attempt("decode_sync", lambda: decode("_sync", async_scheduling=False)) or (None, None))[1]
@@ -446,19 +473,6 @@ def main() -> None:
                   + table.table(sort_by=key, row_limit=25, max_name_column_width=60), flush=True)
 
     # 3. the rollout
-    roll: dict = {}
-    out["rollout"] = roll
-
-    def timed(llm: LLM) -> tuple[list, float, dict]:
-        """The timed round of ``llm`` (its history round before it): outputs, seconds, and its
-        step figures with the allocator's device allocations and retries during it."""
-        rollout(llm, prompts, a, HISTORY_SEED)
-        settle_heap(a.device)
-        before = allocator() if cuda else {}
-        got, secs = rollout(llm, prompts, a, TIMED_SEED)
-        after = allocator() if cuda else {}
-        return got, secs, {**step_figures(llm.last_metrics), **{k: after[k] - before[k] for k in after}}
-
     def engine(**kw) -> LLM:
         settle_heap(a.device)
         return LLM(mdir, device=a.device, seed=0, **mem, **kw)
@@ -480,14 +494,14 @@ def main() -> None:
                         plain_sync_identical=got == plain_out)
             print(f"rollout: plain without steps ahead {secs:.2f} s ({secs / plain_s:.2f}x the plain time); "
                   f"identical {got == plain_out}", flush=True)
+            # a new engine stepping ahead, made after the others: the first engine's history, or not?
+            _, fresh_s, steps["plain_fresh"] = timed(engine())
+            roll["plain_fresh_s"] = round(fresh_s, 3)
+            print(f"rollout: plain, a new engine stepping ahead {fresh_s:.2f} s", flush=True)
             if cuda and secs < plain_s:     # steps launched ahead lost: where did the host wait for the GPU?
                 roll["plain_sync_sites"] = sync_sites(plain, prompts, a)
                 print(f"synchronising operations of the plain rollout: {json.dumps(roll['plain_sync_sites'])}",
                       flush=True)
-                # and a new engine stepping ahead, made after the others: the first engine's history, or not?
-                _, fresh_s, steps["plain_fresh"] = timed(engine())
-                roll["plain_fresh_s"] = round(fresh_s, 3)
-                print(f"rollout: plain, a new engine stepping ahead {fresh_s:.2f} s", flush=True)
                 if fresh_s < 0.8 * plain_s:     # the first engine is slow: its graphs, or the rest of it?
                     e = plain.engine
                     e.runner.graphs.pool.clear()
@@ -500,6 +514,8 @@ def main() -> None:
         spec = engine(speculative=SpeculativeConfig())
         spec_out, spec_s, steps["default"] = timed(spec)
         pairs = [(x, y) for xs, ys in zip(plain_out, spec_out) for x, y in zip(xs, ys)]
+        if "plain_fresh_s" in roll:      # against an engine made as recently as this one
+            roll["default_over_fresh_plain"] = round(roll["plain_fresh_s"] / spec_s, 3)
         roll.update(default_s=round(spec_s, 3), default_speedup=round(plain_s / spec_s, 3),
                     identical_share=sum(x == y for x, y in pairs) / len(pairs),
                     identical_token_share=sum(x[0] == y[0] for x, y in pairs) / len(pairs),
@@ -513,14 +529,28 @@ def main() -> None:
                     "fixed_3": (SpeculativeConfig(policy="fixed", max_draft_tokens=3), {}),
                     "fixed_12": (SpeculativeConfig(policy="fixed", max_draft_tokens=12), {}),
                     "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0}),
-                    "one_at_a_time": (SpeculativeConfig(ahead_above=0), {})}
+                    "one_at_a_time": (SpeculativeConfig(ahead_above=0), {}),
+                    # the bulk's plain steps launched ahead above 16 or 256 rows (the default: 64)
+                    "ahead_16": (SpeculativeConfig(ahead_above=16), {}),
+                    "ahead_256": (SpeculativeConfig(ahead_above=256), {}),
+                    # attention's float32 FMA dots instead of tensor cores (other bits: the share
+                    # identical to plain compares the two kernels, not speculation)
+                    "ieee_plain": (None, {"dots": "ieee"}),
+                    "ieee_default": (SpeculativeConfig(), {"dots": "ieee"})}
         roll["variants"] = {}
         for name, (cfg, kw) in variants.items():
             if name not in a.variants.split(","):
                 continue
             def variant() -> None:
-                llm = engine(speculative=cfg, **kw)
-                got, secs, figures = timed(llm)
+                from tailrl.kernels.gpu import backend as gpu_backend
+                opts = dict(kw)
+                dots, before = opts.pop("dots", gpu_backend.DOTS), gpu_backend.DOTS
+                gpu_backend.DOTS = dots         # read at every launch: set for the engine's whole life
+                try:
+                    llm = engine(speculative=cfg, **opts)
+                    got, secs, figures = timed(llm)
+                finally:
+                    gpu_backend.DOTS = before
                 same = [x == y for xs, ys in zip(plain_out, got) for x, y in zip(xs, ys)]
                 roll["variants"][name] = {
                     "seconds": round(secs, 3), "speedup": round(plain_s / secs, 3),

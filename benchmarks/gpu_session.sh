@@ -75,16 +75,18 @@ engine() {
         fi
     fi
     # keys per lane step (46 s; measured at stop 45: 32 keys, groups of 4 best)
-    [ "$DEVICE" = cuda ] && [ -n "${MEASURE_ATTENTION:-}" ] && step attention ${ATTENTION_LIMIT:-60} $PY benchmarks/attention.py
+    # (ATTENTION_ARGS: e.g. --keys 32,64; both dots by default)
+    [ "$DEVICE" = cuda ] && [ -n "${MEASURE_ATTENTION:-}" ] && step attention ${ATTENTION_LIMIT:-60} $PY benchmarks/attention.py \
+        ${ATTENTION_ARGS:-}
     step gpu ${GPU_LIMIT:-280} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
-        --partial-json "$OUT/gpu_partial.json"
-    # the tests whose code changed since the last GPU run first (stop 45 ran test_triton.py,
-    # test_triton_sampler.py and test_stock.py whole there: compiling them takes most of the limit)
+        ${GPU_VARIANTS:+--variants $GPU_VARIANTS} --partial-json "$OUT/gpu_partial.json"
+    # the tests whose code changed since the last GPU run first: the attention's tensor-core dots
+    # (stop 46) in test_triton.py, then the engine's and the trainer's bits on the device
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
+            tests/kernels/test_triton.py tests/engine/test_engine_device.py tests/rl/test_device.py \
             tests/engine/test_ahead.py tests/kernels/test_launches.py tests/drafter/test_drafter_graphs.py \
-            tests/drafter/test_drafter_ahead.py tests/rl/test_device.py tests/engine/test_engine_device.py \
-            tests/kernels/test_stock.py tests/kernels/test_triton_sampler.py tests/kernels/test_triton.py
+            tests/drafter/test_drafter_ahead.py tests/kernels/test_stock.py tests/kernels/test_triton_sampler.py
     else
         echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"
     fi

@@ -121,14 +121,17 @@ def test_a_rows_queries_walk_its_kv_together_with_the_bits_each_has_alone(monkey
     """Query groups (``AttentionMeta.multi``: chains of drafts and prefill runs of one row walk
     its K/V together, up to ``GROUP`` queries, each masked to its own prefix): every query's
     bits equal those of the launch without groups, in both modes, at groups of 4 and 8, in
-    float32 (where no rounding hides a bit) and bfloat16. Rows: chains, trees, and a prefill
-    run of 21 positions across group boundaries."""
+    float32 (where no rounding hides a bit) and bfloat16 (its dots on tensor cores, groups of at
+    most 32 query rows: here up to 4 queries of 2 heads, padded to 16; and as float32 FMA dots).
+    Rows: chains, trees, and a prefill run of 21 positions across group boundaries."""
     from tailrl.kernels.gpu import backend
     rows = random_rows(random.Random(8), 6, cap=300) + [[(p, []) for p in range(50, 71)]]
     qkv, positions, k, v, meta = step(rows, n_blocks=7 * 30 + 3, seed=9)
     grouped = dataclasses.replace(meta, multi=True)
     want, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta)
-    for dtype, cases in ((torch.float32, [(4, 0), (4, 1 << 30), (8, 1 << 30)]), (torch.bfloat16, [(4, 1 << 30)])):
+    for dtype, dots, cases in ((torch.float32, "tensor", [(4, 0), (4, 1 << 30), (8, 1 << 30)]),
+                               (torch.bfloat16, "tensor", [(4, 1 << 30)]), (torch.bfloat16, "ieee", [(4, 1 << 30)])):
+        monkeypatch.setattr(backend, "DOTS", dots)
         monkeypatch.setattr(backend, "WHOLE_PROGRAMS", 0)
         alone, _, _ = run(TRITON, dtype, qkv, positions, k, v, meta)
         for group, whole_programs in cases:
@@ -172,8 +175,27 @@ def test_the_projection_bias_added_in_ropes_pass_gives_the_separate_adds_bits(dt
         assert torch.equal(got, want) and calls == ([None] if use else [])
 
 
-@pytest.mark.parametrize("multi", [False, True])
-def test_a_query_alone_equals_the_query_in_a_batch(multi):
+def test_tensor_core_tiles_stay_below_wgmmas_64_rows(monkeypatch):
+    """Tensor cores' bits are the same at any tile of query rows only while Triton picks
+    mma.sync (below 64 rows): groups shrink to fit 32 rows, and heads wider than that take the
+    float32 dots; float32 pools and DOTS=ieee always do."""
+    from tailrl.kernels.gpu import backend
+    monkeypatch.setattr(backend, "GROUP", 4)
+    bf16 = torch.bfloat16
+    assert backend.attention_tiles(14, 2, bf16, True) == (True, 7, 16, 4, 32)     # Qwen2.5-0.5B's chains
+    assert backend.attention_tiles(14, 2, bf16, False) == (True, 7, 16, 1, 16)
+    assert backend.attention_tiles(32, 2, torch.float16, True) == (True, 16, 16, 2, 32)
+    assert backend.attention_tiles(64, 2, bf16, True) == (True, 32, 32, 1, 32)
+    assert backend.attention_tiles(128, 2, bf16, False)[0] is False
+    assert backend.attention_tiles(14, 2, torch.float32, True) == (False, 7, 16, 4, 32)
+    monkeypatch.setattr(backend, "DOTS", "ieee")
+    assert backend.attention_tiles(14, 2, bf16, True) == (False, 7, 16, 4, 32)
+
+
+@pytest.mark.parametrize("multi,dots", [(False, "tensor"), (True, "tensor"), (True, "ieee")])
+def test_a_query_alone_equals_the_query_in_a_batch(multi, dots, monkeypatch):
+    from tailrl.kernels.gpu import backend
+    monkeypatch.setattr(backend, "DOTS", dots)
     rows = [[(90, [])], [(40, []), (41, []), (42, [])], [(70, [100, 101, 104])]]
     qkv, positions, k, v, meta = step(rows, n_blocks=20, seed=3)
     batch, k, v = run(TRITON, torch.bfloat16, qkv, positions, k, v,             # alone: the same K/V in the pool

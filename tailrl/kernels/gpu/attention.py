@@ -62,7 +62,7 @@ def rope_write_kernel(qkv_ptr, qkv_s0, b_ptr, cos_ptr, sin_ptr, pos_ptr, slot_pt
         s = tl.load(sin_ptr + p * D + d)
         y = x * c + tl.where(d < half, -partner, partner) * s
         if h < H:
-            tl.store(q_ptr + (t * H + h) * D + d, y)
+            tl.store(q_ptr + (t * H + h) * D + d, y.to(q_ptr.dtype.element_ty))
         else:
             slot = tl.load(slot_ptr + t)
             blk = slot // BLOCK
@@ -80,18 +80,36 @@ def rope_write_kernel(qkv_ptr, qkv_s0, b_ptr, cos_ptr, sin_ptr, pos_ptr, slot_pt
 
 
 @triton.jit
+def _dot16(a, b, WIDEN: tl.constexpr):
+    """a @ b of 16-bit floats on tensor cores, float32 sums. ``WIDEN``: as float32 FMA dots
+    instead (the same products, exact in float32), for Triton's interpreter, whose dot of
+    bfloat16 multiplies the values' bits as integers (triton 3.9.0)."""
+    if WIDEN:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, k_s0, k_s1, v_s0, v_s1, t_s0,
-          LANES: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr):
+          scale, LANES: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr,
+          TC: tl.constexpr, WIDEN: tl.constexpr):
     """Online softmax of the query rows q [MP, D] over the walk's chunks lane, lane + LANES,
     lane + 2 LANES, ... (KEYS visible indices each, of ``total``: the positions [0, pre), then
     extra[es:]), in order: (max [MP], sum [MP], weighted values [MP, D]). Row r sees the indices
     below rtot[r]; in a chunk where it sees none its state is kept as it was, so its bits are
     those of a walk that stopped at its own end. Every operation is either per element, an
-    exact max, or a dot, whose every element is its own sum over K in order (the FMA dot of
-    float32 at "ieee" precision): a row's bits do not depend on the other rows or on MP."""
+    exact max, or a dot, whose every element is its own sum over K in order: the FMA dot of
+    float32 at "ieee" precision, or (``TC``: q, K and V in the pool's 16-bit dtype, the
+    weights rounded to it) tensor cores' mma.sync m16n8k16 with float32 sums, the same
+    instructions in the same order at any MP below 64 (wgmma, Hopper's other form, needs
+    tiles of 64 rows: the backend keeps MP at 32 or fewer). A row's bits do not depend on the
+    other rows or on MP."""
     d = tl.arange(0, D)
     j = tl.arange(0, KEYS)
-    ones = tl.full([KEYS, 16], 1.0, tl.float32)
+    if TC:
+        ones = tl.full([KEYS, 16], 1.0, k_ptr.dtype.element_ty)
+    else:
+        ones = tl.full([KEYS, 16], 1.0, tl.float32)
     m = tl.full([MP], float("-inf"), tl.float32)
     l = tl.zeros([MP], tl.float32)
     acc = tl.zeros([MP, D], tl.float32)
@@ -104,8 +122,11 @@ def _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, 
         lane_pos = pos % BLOCK
         koff = (blk[:, None] * k_s0 + kh * k_s1 + (d[None, :] // 2) * (2 * BLOCK) + lane_pos[:, None] * 2
                 + d[None, :] % 2)
-        k = tl.load(k_ptr + koff, mask=ok[:, None], other=0.0).to(tl.float32)           # [KEYS, D]
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")                               # [MP, KEYS]
+        k = tl.load(k_ptr + koff, mask=ok[:, None], other=0.0)                           # [KEYS, D]
+        if TC:
+            s = _dot16(q, tl.trans(k), WIDEN) * scale                                    # [MP, KEYS]
+        else:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")            # q holds the scale
         see = ok[None, :] & (vis[None, :] < rtot[:, None])
         s = tl.where(see, s, float("-inf"))
         live = b0 < rtot                                        # rows that see some of this chunk
@@ -115,10 +136,17 @@ def _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, 
         p = tl.where(see, tl.exp(s - mref[:, None]), 0.0)
         # the row sums as a dot (each its own sum in order), not tl.sum: a reduction's order follows
         # the tile's layout, which changes with MP
-        l = tl.where(live, l * c + tl.max(tl.dot(p, ones, input_precision="ieee"), 1), l)
         voff = blk[:, None] * v_s0 + kh * v_s1 + lane_pos[:, None] * D + d[None, :]
-        v = tl.load(v_ptr + voff, mask=ok[:, None], other=0.0).to(tl.float32)            # [KEYS, D]
-        acc = tl.where(live[:, None], acc * c[:, None] + tl.dot(p, v, input_precision="ieee"), acc)
+        v = tl.load(v_ptr + voff, mask=ok[:, None], other=0.0)                           # [KEYS, D]
+        if TC:                          # the weights as the values' dtype: sums and values from the same
+            p = p.to(v.dtype)
+            pv = _dot16(p, v, WIDEN)
+            ps = _dot16(p, ones, WIDEN)
+        else:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            ps = tl.dot(p, ones, input_precision="ieee")
+        l = tl.where(live, l * c + tl.max(ps, 1), l)
+        acc = tl.where(live[:, None], acc * c[:, None] + pv, acc)
         m = mnew
     return m, l, acc
 
@@ -193,7 +221,7 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
                   ecount_ptr, extra_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
                   H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr, D: tl.constexpr,
                   BLOCK: tl.constexpr, KEYS: tl.constexpr, LANES: tl.constexpr, QT: tl.constexpr,
-                  WHOLE: tl.constexpr):
+                  WHOLE: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr):
     """Program (t, kh[, lane]): token t's group (``_group``: t alone where QT is 1, or t and
     the tokens of its row's chain or prefill that follow it, up to QT; nothing where t is not
     the first of its group), the G query heads of KV head kh of each of its tokens as rows
@@ -215,7 +243,9 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
         valid = (i < count) & (r < QT * G)
         d = tl.arange(0, D)
         q = tl.load(q_ptr + ((t + i[:, None]) * H + kh * G + g[:, None]) * D + d[None, :], mask=valid[:, None],
-                    other=0.0) * scale
+                    other=0.0)
+        if not TC:                                              # float32 q: the scale applied once, here
+            q = q * scale
         # a row sees its token's prefix, then its extras (a token with extras is alone)
         rtot = tl.where(valid, tl.load(prefix_ptr + t + i, mask=valid, other=0) + ec, 0)
         total = tl.max(rtot, 0)
@@ -226,13 +256,13 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
             acc = tl.zeros([MP, D], tl.float32)
             for lane in range(0, LANES):
                 m2, l2, acc2 = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
-                                     k_s0, k_s1, v_s0, v_s1, t_s0, LANES, MP, D, BLOCK, KEYS)
+                                     k_s0, k_s1, v_s0, v_s1, t_s0, scale, LANES, MP, D, BLOCK, KEYS, TC, WIDEN)
                 m, l, acc = _merge(m, l, acc, m2, l2, acc2)
             _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)
         else:
             lane = tl.program_id(2)
             m, l, acc = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
-                              k_s0, k_s1, v_s0, v_s1, t_s0, LANES, MP, D, BLOCK, KEYS)
+                              k_s0, k_s1, v_s0, v_s1, t_s0, scale, LANES, MP, D, BLOCK, KEYS, TC, WIDEN)
             kv = tl.num_programs(1)
             state = part_ptr + (((t + i) * kv + kh) * LANES) * GP * (D + 2) + g * (D + 2)   # lane 0's
             mine = state + lane * GP * (D + 2)

@@ -54,6 +54,17 @@ WHOLE_PROGRAMS = 132                   # from this many (token, KV head) program
 GROUP = int(os.environ.get("TAILRL_ATTENTION_GROUP", "4"))
 if GROUP < 1 or GROUP & (GROUP - 1):
     raise ValueError(f"TAILRL_ATTENTION_GROUP must be a power of two >= 1, got {GROUP}")
+# attention's dots (attention.py): "tensor", tensor cores on the pool's 16-bit dtype (q, K, V and
+# the softmax weights in it, float32 sums: what flash attention computes), or "ieee", float32 FMA
+# loops over the same operands widened (float32 pools always take these). One value per process,
+# as the tiles (the two give other bits). Both are row-invariant: each output element is a chain of
+# the same instructions in the same order at any number of rows; tensor cores' mma.sync, the same
+# at any tile below 64 rows (Triton picks wgmma at 64, hence tiles of at most 32 query rows here)
+DOTS = os.environ.get("TAILRL_ATTENTION_DOTS", "tensor")
+if DOTS not in ("tensor", "ieee"):
+    raise ValueError(f"TAILRL_ATTENTION_DOTS must be 'tensor' or 'ieee', got {DOTS!r}")
+TC_ROWS = 32                           # a tensor-core tile's query rows at most (mma.sync, not wgmma)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"     # 16-bit dots widened there (attention._dot16)
 # the MLP's activation computed inside the down projection's matmul (``silu_mul_linear``) in steps
 # of at most this many rows (at most one tile of rows, ``matmul.TILES.bm``: above, each column tile
 # would compute it again): a launch fewer a layer, the same bits (the same wgmma m64n64k16
@@ -75,6 +86,20 @@ EXACT = {"enable_fp_fusion": False}
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def attention_tiles(heads: int, kv_heads: int, dtype: torch.dtype, multi: bool) -> tuple[bool, int, int, int, int]:
+    """Attention's tiles for a step: (tensor-core dots, query heads per K/V head G, G padded,
+    a row's queries walking its K/V together QT, query rows of a program's tile MP). Tensor
+    cores where DOTS says so and the pool holds 16-bit floats, in tiles of at most TC_ROWS rows
+    (fewer queries a group where G is wide; none where G alone is wider)."""
+    g = heads // kv_heads
+    gp = max(16, _pow2(g))
+    tc = DOTS == "tensor" and dtype in (torch.bfloat16, torch.float16) and _pow2(g) <= TC_ROWS
+    qt = GROUP if multi else 1                 # queries of a row walking its K/V together
+    if tc:
+        qt = min(qt, TC_ROWS // _pow2(g))
+    return tc, g, gp, qt, max(16, _pow2(qt * g))
 
 
 class TritonBackend(Backend):
@@ -111,15 +136,12 @@ class TritonBackend(Backend):
         out = torch.empty(n, heads * d, dtype=qkv.dtype, device=qkv.device)
         if n == 0:
             return out
-        q = torch.empty(n, heads, d, dtype=torch.float32, device=qkv.device)
+        tc, g, gp, qt, mp = attention_tiles(heads, kv_heads, k_cache.dtype, meta.multi)
+        q = torch.empty(n, heads, d, dtype=k_cache.dtype if tc else torch.float32, device=qkv.device)
         rope_write_kernel[(n, heads + 2 * kv_heads)](
             qkv, qkv.stride(0), bias if bias is not None else qkv, rope.cos, rope.sin, rope.positions,
             meta.write_slot, q, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
             v_cache.stride(1), H=heads, KV=kv_heads, D=d, BLOCK=BLOCK, HAS_BIAS=bias is not None)
-        g = heads // kv_heads
-        gp = max(16, _pow2(g))
-        qt = GROUP if meta.multi else 1                 # queries of a row walking its K/V together
-        mp = max(16, _pow2(qt * g))
         whole = n * kv_heads >= WHOLE_PROGRAMS
         part = out if whole else torch.empty(n, kv_heads, LANES, gp, d + 2, dtype=torch.float32, device=qkv.device)
         count = part if whole else counters(qkv.device, n * kv_heads)
@@ -127,7 +149,7 @@ class TritonBackend(Backend):
             q, k_cache, v_cache, out, part, count, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
             meta.extra, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0),
             meta.block_table.stride(0), n, d ** -0.5, H=heads, G=g, GP=gp, MP=mp, D=d, BLOCK=BLOCK, KEYS=KEYS,
-            LANES=LANES, QT=qt, WHOLE=whole, num_warps=4 if KEYS <= 32 else 8, **EXACT)
+            LANES=LANES, QT=qt, WHOLE=whole, TC=tc, WIDEN=INTERPRETED, num_warps=4 if KEYS <= 32 else 8, **EXACT)
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
