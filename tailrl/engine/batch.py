@@ -209,17 +209,24 @@ def _place(longs: list, ints: list, extra: list, u: np.ndarray, sampling: tuple,
 
 def to_device(longs: list, ints: list, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Integer lists / arrays -> int64 and int32 tensors on ``device``, with one host-to-device
-    copy (pinned and non-blocking on a GPU: the step's inputs are built on the host)."""
+    copy (pinned and non-blocking on a GPU: the step's inputs are built on the host). Each
+    tensor starts 16 bytes into the copy's buffer times some whole number: Triton compiles a
+    kernel once per pattern of its pointers' 16-byte alignment, so tensors at the offsets of
+    the step's sizes made it compile in the rollout (seconds a kernel on the H200 machine's
+    host), whenever an eager step brought a pattern not seen before."""
     arrays = ([np.asarray(a, dtype=np.int64).ravel() for a in longs]
               + [np.asarray(a, dtype=np.int32).ravel() for a in ints])
     sizes = [len(a) for a in arrays]
-    n_long = sum(sizes[:len(longs)])
-    host = torch.from_numpy(np.concatenate([np.concatenate(arrays[:len(longs)]).view(np.int32),
-                                            np.concatenate(arrays[len(longs):])]))
+    words = [2 * n for n in sizes[:len(longs)]] + sizes[len(longs):]      # int32 words each
+    starts = np.concatenate([[0], np.cumsum([-(-w // 4) * 4 for w in words])])   # 16-byte steps
+    flat = np.zeros(int(starts[-1]), dtype=np.int32)
+    for a, at, w in zip(arrays, starts, words):
+        flat[at:at + w] = a.view(np.int32)
+    host = torch.from_numpy(flat)
     if torch.device(device).type != "cpu":
         host = host.pin_memory().to(device, non_blocking=True)
-    lo, hi = host[:2 * n_long].view(torch.int64), host[2 * n_long:]
-    return list(lo.split(sizes[:len(longs)])), list(hi.split(sizes[len(longs):]))
+    out = [host[at:at + w] for at, w in zip(starts, words)]
+    return [t.view(torch.int64) for t in out[:len(longs)]], out[len(longs):]
 
 
 def _draft_visibility(base: int, parents: list[int], chain: bool, prefix: list[int], estart: list[int],

@@ -24,6 +24,7 @@ they address the K/V pool, so a reallocated K/V pool (after ``free_cache``) drop
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -54,6 +55,10 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _up4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
 @dataclass
 class _Bucket:
     n: int                          # tokens (padded)
@@ -74,8 +79,19 @@ class _Bucket:
     views: dict = field(default_factory=dict)    # real tokens -> the device views of them ``place`` returns
 
     @property
+    def stride(self) -> int:
+        """Words (int32) between the staged inputs' rows: the tokens rounded up to 4, so that
+        every input starts 16 bytes apart (Triton compiles a kernel per pattern of its
+        pointers' alignment: bucket sizes must not each make one)."""
+        return _up4(self.n)
+
+    @property
+    def extra_offset(self) -> int:
+        return (2 * LONGS + INTS + FLOATS) * self.stride
+
+    @property
     def table_offset(self) -> int:
-        return (2 * LONGS + INTS + FLOATS) * self.n + self.e
+        return self.extra_offset + _up4(self.e)
 
 
 class StepGraphs:
@@ -133,10 +149,10 @@ class StepGraphs:
             it[:, n:pad] = self._pad_ints
         b.pad_from[b.turn] = n
         if b.mode == "sample":              # rounded to float32 here as the device rounds them
-            uoff = (2 * LONGS + INTS) * b.n
+            uoff = (2 * LONGS + INTS) * b.stride
             h[uoff:uoff + n] = np.asarray(u, dtype=np.float64).astype(np.float32).view(np.int32)
-        t0 = b.table_offset
-        h[t0 - b.e:t0 - b.e + len(extra)] = extra
+        t0, x0 = b.table_offset, b.extra_offset
+        h[x0:x0 + len(extra)] = extra
         end = t0 + rows * self.kv.table.shape[1]
         h[t0:end] = self.kv._table[:rows].ravel()
         b.dev[:end].copy_(host[:end], non_blocking=True)
@@ -154,23 +170,25 @@ class StepGraphs:
         n, e, mode = key
         kv = self.kv
         rows, width = kv.max_rows + 1, kv.table.shape[1]
-        t0 = (2 * LONGS + INTS + FLOATS) * n + e         # the table's offset (``_Bucket.table_offset``)
+        s = _up4(n)                                     # ``_Bucket.stride``, ``extra_offset``, ``table_offset``
+        x0 = (2 * LONGS + INTS + FLOATS) * s
+        t0 = x0 + _up4(e)
         host = torch.zeros(t0 + rows * width, dtype=torch.int32, device="cpu")   # staging: pinned on a GPU
         if torch.device(kv.device).type == "cuda":
             host = host.pin_memory()
         host[-width:] = kv.num_blocks                   # the scratch row: every entry the scratch block
         dev = host.to(kv.device, copy=True)
         host = [host, host.clone().pin_memory() if host.is_pinned() else host.clone()]
-        lo = dev[:2 * LONGS * n].view(torch.int64).view(LONGS, n)
-        it = dev[2 * LONGS * n:2 * LONGS * n + INTS * n].view(INTS, n)
-        meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[t0 - e:t0], dev[t0:].view(rows, width),
+        lo = dev[:2 * LONGS * s].view(torch.int64).view(LONGS, s)[:, :n]
+        it = dev[2 * LONGS * s:(2 * LONGS + INTS) * s].view(INTS, s)[:, :n]
+        meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[x0:x0 + e], dev[t0:].view(rows, width),
                              width * BLOCK, 0, 0, self.grouped)
-        u = dev[(2 * LONGS + INTS) * n:(2 * LONGS + INTS + FLOATS) * n].view(torch.float32)
+        u = dev[(2 * LONGS + INTS) * s:(2 * LONGS + INTS) * s + n].view(torch.float32)
         b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], u, mode, host[0].is_pinned(), pad_from=[n, n])
         for t in host:
             h = t.numpy()
-            b.staged.append((h, h[:2 * LONGS * n].view(np.int64).reshape(LONGS, n),
-                             h[2 * LONGS * n:2 * LONGS * n + INTS * n].reshape(INTS, n)))
+            b.staged.append((h, h[:2 * LONGS * s].view(np.int64).reshape(LONGS, s)[:, :n],
+                             h[2 * LONGS * s:(2 * LONGS + INTS) * s].reshape(INTS, s)[:, :n]))
         self._static[key] = b
         return b
 
@@ -202,16 +220,26 @@ class StepGraphs:
         ``max_tokens`` tokens in each sampler ``mode`` (chains and plain rows: one visibility
         entry), from steps of padding tokens alone (inert: the scratch row and slot), each
         bucket's step run eagerly first, all of them before any capture (so that no kernel is
-        first compiled or loaded between captures: the H100 run's first engine, whose captures
-        were the process's first, ran its rollout 2.3x slower than an engine made later, its
-        graph launches 4.4 ms instead of 0.5, cause not yet known). Returns the number of graphs
-        captured."""
+        first compiled or loaded between captures), and once more with attention's other form
+        (query groups or none: an eager prefill's form where the graphs have the other), so
+        that the kernels a rollout's eager steps launch are compiled here, not in it (the H200
+        runs of stop 46: the first engine, whose start-up compiled for 15 s, ran its rollout
+        2.1-2.6x slower than an engine made after the compiles, its host held in the step's
+        forward: most likely Triton compiling for the eager steps, not yet confirmed). Returns
+        the number of graphs captured."""
         t0, before = time.perf_counter(), self.pool.captures
         keys = {self.key(n, 0, mode) for n in self.buckets if n <= max_tokens for mode in modes}
         keys = sorted(keys, key=lambda k: (-k[0], str(k[2])))
         for key in keys:                # every kernel compiled and loaded before the first capture
             self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
-            self._forward(self._static[key])
+            b = self._static[key]
+            self._forward(b)
+            meta = b.meta
+            b.meta = dataclasses.replace(meta, multi=not meta.multi)
+            try:
+                self._forward(b)
+            finally:
+                b.meta = meta
         for key in keys:
             self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
             self.run(key)

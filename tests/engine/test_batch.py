@@ -81,3 +81,20 @@ def test_commit_of_a_chain_equals_the_general_rule():
             out = commit(plan, tokens, [float(t) for t in tokens], None, (0,))
             got.append((out, plan.last, plan.rows, req.output_token_ids, req.output_logprobs, req.num_computed_tokens))
         assert got[0] == got[1], (nodes, targets, stop, max_tokens)
+
+
+def test_a_steps_inputs_start_16_bytes_apart_whatever_their_sizes():
+    """One buffer, one copy, every tensor 16-byte aligned within it (Triton compiles a kernel
+    per pattern of its pointers' alignment: a step's sizes must not make new patterns), the
+    values unchanged, empty ones included."""
+    from tailrl.engine.batch import to_device
+    rng = np.random.default_rng(0)
+    for sizes in ([1, 3, 0, 5], [2, 2, 7, 1], [0, 0, 0, 0], [5, 1, 9, 13]):
+        longs = [rng.integers(-2**40, 2**40, n) for n in sizes[:2]]
+        ints = [rng.integers(-2**30, 2**30, n, dtype=np.int32) for n in sizes[2:]] + [np.arange(6).reshape(2, 3)]
+        lo, it = to_device(longs, ints, "cpu")
+        base = lo[0].data_ptr()
+        for t, want in zip(lo + it, longs + ints):
+            assert (t.data_ptr() - base) % 16 == 0
+            assert t.tolist() == np.asarray(want).ravel().tolist()
+        assert [t.dtype for t in lo] == [torch.int64] * 2 and [t.dtype for t in it] == [torch.int32] * 3

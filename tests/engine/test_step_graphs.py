@@ -162,10 +162,18 @@ def test_graphs_captured_at_start_up_serve_every_step_with_its_bits(model, spec)
     want = run(LLM(model, dtype="bfloat16"))
     llm = LLM(model, dtype="bfloat16", speculative=spec, max_num_seqs=16)
     graphs = with_graphs(llm)
+    forms, forward = [], graphs.model.forward           # attention's forms the warm-up's forwards take
+    graphs.model.forward = lambda ids, pos, layers, meta: forms.append((len(ids), meta.multi)) or forward(
+        ids, pos, layers, meta)
     llm.engine._warm_up(graphs, drafts=spec is not None)
+    del graphs.model.forward
     top = 64 if spec is not None else 16
     keys = {graphs.key(n, 0, m) for n in graphs.buckets if n <= top for m in ("sample", None)}
     assert graphs.pool.captures == len(keys) == graphs.warmup_captures and graphs.warmup_s > 0
+    # each bucket's step eagerly in both forms (an eager prefill's kernels compiled at start-up),
+    # then its capture in the graphs' form
+    assert {(n, multi) for n, multi in forms} == {(k[0], multi) for k in keys for multi in (False, True)}
+    assert sum(multi == graphs.grouped for _, multi in forms) == 2 * len(keys)
     for _ in range(2):                                   # the second call drafts from the first's history
         assert run(llm) == want
         m = llm.last_metrics
@@ -245,3 +253,20 @@ def test_every_token_past_a_step_s_own_is_padding_whatever_came_before(model):
         assert b.meta.q_row[n:].tolist() == [g.kv.max_rows] * (size - n)
         assert b.meta.prefix[n:].tolist() == [1] * (size - n)
         assert meta.write_slot.tolist() == [5] * n and meta.prefix.tolist() == [2] * n
+
+
+def test_every_buckets_inputs_start_16_bytes_apart(model):
+    """Triton compiles a kernel per pattern of its pointers' 16-byte alignment: every static
+    input of every bucket (tokens of any count, visibility lists of any length) starts a whole
+    number of 16 bytes into the bucket's buffer, so that bucket sizes make no patterns."""
+    llm = LLM(model, dtype="bfloat16")
+    graphs = with_graphs(llm)
+    for n, e in ((1, 1), (2, 2), (10, 1), (14, 8), (64, 4)):
+        key = graphs.key(n, e)
+        graphs.place(key, [[]] * 4, [[]] * 4, [], [], 0, 0, 0, 0)
+        b = graphs._static[key]
+        views = [b.ids, b.pos, b.sample, b.u, *(getattr(b.meta, f) for f in ("write_slot", "q_row", "prefix",
+                                                                               "estart", "ecount", "extra",
+                                                                               "block_table"))]
+        assert all((t.data_ptr() - b.dev.data_ptr()) % 16 == 0 for t in views), (n, e)
+        assert [len(t) for t in views[:8]] == [key[0]] * 8 and len(b.meta.extra) == key[1]

@@ -216,7 +216,9 @@ def _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT: tl.constexpr):
     return count
 
 
-@triton.jit
+# n (the step's tokens) is never specialised: one binary whatever a step's size (Triton would
+# compile variants for n == 1 and n % 16 == 0; an eager step of a new kind compiled in the rollout)
+@triton.jit(do_not_specialize=["n"])
 def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, qrow_ptr, prefix_ptr, estart_ptr,
                   ecount_ptr, extra_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
                   H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr, D: tl.constexpr,
