@@ -74,7 +74,8 @@ engine() {
             echo "TAILRL_MATMUL_TILES=$TAILRL_MATMUL_TILES" | tee -a "$OUT/summary.txt"
         fi
     fi
-    # keys per lane step (46 s; measured at stop 45: 32 keys, groups of 4 best)
+    # dots and keys per lane step (43 s for 2 x 2; stop 45: 32 keys, groups of 4 best; stop 46 on an
+    # H200: tensor cores 1.3-3.8x faster, 32 keys still best from 64 rows)
     # (ATTENTION_ARGS: e.g. --keys 32,64; both dots by default)
     [ "$DEVICE" = cuda ] && [ -n "${MEASURE_ATTENTION:-}" ] && step attention ${ATTENTION_LIMIT:-60} $PY benchmarks/attention.py \
         ${ATTENTION_ARGS:-}

@@ -81,7 +81,8 @@ SPEC_SOURCES = ("history", "group", "self")
 SPEC_POLICIES = ("priced", "adaptive", "bandit", "fixed")
 # SpeculativeConfig.ahead_above's default: above this many requests a speculative engine that can
 # launch steps ahead does (at 64 rows a verify step of a few tokens a row is still on the flat
-# part of an H100's step-time curve, which #34 measured flat to a few hundred tokens)
+# part of an H100's step-time curve, which #34 measured flat to a few hundred tokens; on an H200
+# no threshold made speculation beat plain steps launched ahead: docs/speculation.md)
 AHEAD_ABOVE = 64
 
 
