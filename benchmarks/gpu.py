@@ -38,7 +38,8 @@ checkpoint directory). Then, on ``--device``:
    ``--gpu-memory-utilization``. Before each engine and each timed round the garbage of the
    parts before is collected and the device's cached memory released (``settle_heap``), so that
    no dropped engine's collection lands in a timed round; each timed round reports the caching
-   allocator's device allocations and retries; where steps launched ahead lose to waiting
+   allocator's device allocations and retries, and the kernels Triton compiled in it
+   (``compiles``: new specialisations of tailrl's kernels); where steps launched ahead lose to waiting
    steps, one more round of the plain engine counts the operations that made the host wait
    for the device, by source line (``plain_sync_sites``); if the new engine is much faster,
    the first engine again with its graphs captured anew (``plain_recaptured_s``).
@@ -131,6 +132,25 @@ def allocator() -> dict:
     s = torch.cuda.memory_stats()
     return {"device_allocs": s.get("num_device_alloc", 0), "alloc_retries": s.get("num_alloc_retries", 0),
             "device_frees": s.get("num_device_free", 0)}
+
+
+def compiled_kernels() -> int:
+    """Binaries Triton holds for tailrl's GPU kernels so far, every specialisation of each (a
+    round that adds some compiled inside it: the H200 runs of stop 46 found rollouts slowed after
+    an engine's kernels compiled). Counts ``JITFunction.device_caches``' kernel caches."""
+    import importlib
+    import pkgutil
+
+    import triton
+
+    import tailrl.kernels.gpu as gpu_kernels
+    total = 0
+    for info in pkgutil.iter_modules(gpu_kernels.__path__):
+        module = importlib.import_module(f"tailrl.kernels.gpu.{info.name}")
+        for fn in vars(module).values():
+            if isinstance(fn, triton.runtime.JITFunction):
+                total += sum(len(entry[0]) for entry in getattr(fn, "device_caches", {}).values())
+    return total
 
 
 def sync_sites(llm: LLM, prompts, a) -> dict:
@@ -416,9 +436,9 @@ def main() -> None:
         step figures with the allocator's device allocations and retries during it."""
         rollout(llm, prompts, a, HISTORY_SEED)
         settle_heap(a.device)
-        before = allocator() if cuda else {}
+        before = {**allocator(), "compiles": compiled_kernels()} if cuda else {}
         got, secs = rollout(llm, prompts, a, TIMED_SEED)
-        after = allocator() if cuda else {}
+        after = {**allocator(), "compiles": compiled_kernels()} if cuda else {}
         return got, secs, {**step_figures(llm.last_metrics), **{k: after[k] - before[k] for k in after}}
 
     def plain_first() -> None:
