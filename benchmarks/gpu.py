@@ -30,7 +30,9 @@ checkpoint directory). Then, on ``--device``:
    default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs),
    the default with every step one at a time (``ahead_above=0``: no plain steps launched ahead
    in the bulk) or the bulk's plain steps launched ahead above 16 or 256 rows (``ahead_16``,
-   ``ahead_256``; the default 64), and plain and the default with attention's float32 FMA dots instead of tensor
+   ``ahead_256``; the default 64), the tail always speculating (``tail_speculate``: the default
+   measures which way its steps are faster, engine/tail_choice.py; ``tail_steps``: how many
+   went each way), and plain and the default with attention's float32 FMA dots instead of tensor
    cores (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
    first engine's rollout is also timed before any other engine is made
    (``plain_before_others_s``), and a new plain engine's after them (``plain_fresh_s``;
@@ -340,6 +342,8 @@ def step_figures(m: dict) -> dict:
            "gc_ms": round(m.get("timing_s/gc", 0.0) * 1e3, 1), "gc_full": int(m.get("rollout/gc_full_collections", 0)),
            "stage_ms": {k: round(m[f"timing_s/{k}"] / steps * 1e3, 3)
                         for k in ("schedule", "build", "forward", "sample", "postprocess") if f"timing_s/{k}" in m}}
+    if "rollout/tail_plain_steps" in m:         # the measured tail's ways (engine/tail_choice.py)
+        out["tail_steps"] = {w: int(m[f"rollout/tail_{w}_steps"]) for w in ("speculate", "plain")}
     if "graphs/replayed_steps" in m:
         out.update(graph_share=round(m["graphs/replayed_steps"] / steps, 3), graph_captures=m["graphs/captures"],
                    graph_mb=round(m["graphs/peak_bytes"] / 2**20, 1),
@@ -367,7 +371,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25,
                     help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
-    ap.add_argument("--variants", default="fixed,fixed_3,fixed_12,graphs_2048,one_at_a_time",
+    ap.add_argument("--variants", default="fixed_12,one_at_a_time,tail_speculate,ahead_16,ieee_plain",
                     help="speculation's variants to run (comma-separated; '' for none)")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--matmul-reps", type=int, default=20)
@@ -550,6 +554,8 @@ def main() -> None:
                     "fixed_12": (SpeculativeConfig(policy="fixed", max_draft_tokens=12), {}),
                     "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0}),
                     "one_at_a_time": (SpeculativeConfig(ahead_above=0), {}),
+                    # the tail always speculating (its steps not chosen by measurement: engine/tail_choice.py)
+                    "tail_speculate": (SpeculativeConfig(tail="speculate"), {}),
                     # the bulk's plain steps launched ahead above 16 or 256 rows (the default: 64)
                     "ahead_16": (SpeculativeConfig(ahead_above=16), {}),
                     "ahead_256": (SpeculativeConfig(ahead_above=256), {}),

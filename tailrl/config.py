@@ -79,6 +79,7 @@ class SamplingParams:
 SPEC_METHODS = ("suffix", "drafter", "hybrid")
 SPEC_SOURCES = ("history", "group", "self")
 SPEC_POLICIES = ("priced", "adaptive", "bandit", "fixed")
+SPEC_TAILS = ("measured", "speculate")
 # SpeculativeConfig.ahead_above's default: above this many requests a speculative engine that can
 # launch steps ahead does (at 64 rows a verify step of a few tokens a row is still on the flat
 # part of an H100's step-time curve, which #34 measured flat to a few hundred tokens; on an H200
@@ -124,6 +125,10 @@ class SpeculativeConfig:
     # H100 a speculative step waited for the one before it (its drafts need the tokens): the
     # default speculation took 2.04 s where plain steps launched ahead took 1.63 s
     ahead_above: int | None = None
+    # the tail's steps where plain steps can be launched ahead: "measured", each step the way the
+    # rollout measures faster, speculating one step at a time or plain and launched ahead (the
+    # rows that gain least, tokens a second: engine/tail_choice.py); "speculate": always the first
+    tail: str = "measured"
     # the learned drafter's acceptance is measured by shadow drafts (never verified, within 1% of
     # the steps' time) only where a drafter call could pay; true: throughout, to follow an online
     # drafter's acceptance (rollout/spec_drafter_shadow_accept_length) even where it cannot pay
@@ -165,6 +170,7 @@ class SpeculativeConfig:
                self.drafter_tracking)
         _check(self.ahead_above is None or (isinstance(self.ahead_above, int) and self.ahead_above >= 0),
                "ahead_above", "must be an integer >= 0 or None", self.ahead_above)
+        _check(self.tail in SPEC_TAILS, "tail", f"must be one of {SPEC_TAILS}", self.tail)
 
     @classmethod
     def coerce(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":

@@ -48,6 +48,7 @@ class Launched:
     sampled: Fetched
     stages: list[float]             # seconds of its schedule, draft, build, forward and sampling launches
     start: float                    # perf_counter() when its call began
+    tail: bool = False              # a speculative engine's tail step (engine.tail: its time is measured)
 
     def live(self) -> bool:
         return any(not p.req.status.finished for p in self.batch.plans)

@@ -22,6 +22,7 @@ from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
+from tailrl.engine.tail_choice import DRAFTER_METHODS, TailChoice
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
 from tailrl.kernels import select
@@ -68,6 +69,11 @@ class LLMEngine:
         # a speculative engine's plain steps launched ahead while more than this many requests
         # run or wait (SpeculativeConfig.ahead_above; 0: every step one at a time; None: see _above)
         self.ahead_above = speculator.config.ahead_above if ahead and speculator is not None else 0
+        # in the tail, plain steps launched ahead wherever they measure faster (tail_choice.py);
+        # not with a learned drafter, whose past needs every tail step's hidden states
+        cfg = getattr(speculator, "config", None)
+        measured = getattr(cfg, "tail", None) == "measured" and getattr(cfg, "method", None) not in DRAFTER_METHODS
+        self.tail = TailChoice() if ahead and measured else None
         self._launched: Launched | None = None
         self._settled_at = 0.0
         if speculator is not None and hasattr(speculator, "captures"):
@@ -156,6 +162,8 @@ class LLMEngine:
         self.kv.reset_peaks()
         if self.speculator is not None:
             self.speculator.reset_metrics()
+        if self.tail is not None:
+            self.tail.reset_counts()
         self._graphs_start = self._graph_stats()
 
     def rollout_counters(self) -> EngineMetrics:
@@ -166,7 +174,9 @@ class LLMEngine:
         return out
 
     def spec_metrics(self) -> dict[str, float]:
-        return self.speculator.metrics() if self.speculator is not None else {}
+        if self.speculator is None:
+            return {}
+        return {**self.speculator.metrics(), **(self.tail.metrics() if self._tail() else {})}
 
     def _graph_stats(self) -> dict[str, float]:
         if self.runner.graphs is None:
@@ -195,6 +205,8 @@ class LLMEngine:
             self.threads.tick()
         if self.ahead or self._bulk():
             return self._step_ahead()
+        if self._tail() and self.tail.plain():
+            return self._step_ahead(tail=True)
         if self._launched is not None:            # a speculative engine's tail: the bulk's last step settles first
             step, self._launched = self._launched, None
             return self._settle(step)
@@ -247,6 +259,8 @@ class LLMEngine:
                                          batch.meta.work, prefill=not typical, reads=batch.meta.reads)
             spec += time.perf_counter() - clock[-1]             # what it learned from the step: observe_s too
         stages.append(spec)
+        if self._tail():
+            self.tail.record("speculate", clock[-1] - clock[0], [len(toks) for toks, _ in emitted if toks])
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), stages, verify_rows, accepted)
@@ -258,9 +272,10 @@ class LLMEngine:
         return finished
 
     # ---- steps launched ahead (ahead.py) ------------------------------------------------------
-    def _step_ahead(self) -> list[Request]:
+    def _step_ahead(self, tail: bool = False) -> list[Request]:
         """Launch the next plain step, then settle the one launched before it. Returns the
-        requests that finished (in the settled step)."""
+        requests that finished (in the settled step). ``tail``: a speculative engine's tail step
+        (its time goes to ``self.tail``)."""
         start = time.perf_counter()
         prev, self._launched = self._launched, None
         if prev is not None:
@@ -284,7 +299,7 @@ class LLMEngine:
         sampled = self.runner.sample(batch, logits)
         self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
                                          [scheduled - start, 0.0, built - scheduled, launched - built,
-                                          time.perf_counter() - launched], start)
+                                          time.perf_counter() - launched], start, tail)
         if prev is None:
             return []
         finished = self._settle(prev)
@@ -300,6 +315,11 @@ class LLMEngine:
             return False
         above = self._above()
         return above > 0 and len(self.scheduler.running) + len(self.scheduler.waiting) > above
+
+    def _tail(self) -> bool:
+        """Whether this engine measures its tail's two ways (``tail_choice.py``): a speculative
+        engine that launches its bulk's steps ahead."""
+        return self.tail is not None and self._above() > 0
 
     def _above(self) -> int:
         """The requests above which this speculative engine's steps are plain, launched ahead:
@@ -328,9 +348,12 @@ class LLMEngine:
         b, s = step.batch, step.stages
         self.metrics.record_step(step.rows, len(b.input_ids), 0, step.preempted,
                                  s[:4] + [s[4] + t1 - t0, t2 - t1 - spec, spec])
-        if self.step_log is not None:                 # a step's period: since the step settled before it
+        period = t2 - max(step.start, self._settled_at)     # a step's period: since the step settled before it
+        if step.tail and self.tail is not None:
+            self.tail.record("plain", period, [1] * sum(1 for p in b.plans if p.last >= 0))
+        if self.step_log is not None:
             self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
-                                  "seconds": t2 - max(step.start, self._settled_at)})
+                                  "seconds": period})
         self._settled_at = t2
         return finished
 

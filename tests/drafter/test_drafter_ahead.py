@@ -22,12 +22,13 @@ def test_a_drafter_drafts_in_the_tail_after_steps_launched_ahead(model, drafter_
     spec = LLM(model, async_scheduling=True, speculative=SpeculativeConfig(
         policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, ahead_above=8), **kw)
     spec.engine.speculator.choice.always = True
+    assert spec.engine.tail is None                   # a drafter's tail always speculates (its past)
     launched = [0]
     step_ahead = engine_mod.LLMEngine._step_ahead
 
-    def counting(self):
+    def counting(self, *args, **kwargs):
         launched[0] += 1
-        return step_ahead(self)
+        return step_ahead(self, *args, **kwargs)
     monkeypatch.setattr(engine_mod.LLMEngine, "_step_ahead", counting)
     for _ in range(2):
         want = [(list(c.token_ids), c.finish_reason) for o in plain.generate(PROMPTS, PARAMS) for c in o.outputs]

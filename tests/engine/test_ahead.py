@@ -74,22 +74,54 @@ def test_steps_launched_ahead_give_plain_decodings_outputs(model, dtype, graphs,
 @pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
 def test_a_speculative_engine_steps_ahead_in_the_bulk_and_verifies_drafts_in_the_tail(model, dtype, fed):
     """``ahead_above``: while more requests run or wait, plain steps launched ahead; from that
-    many down, drafts verified one step at a time, the step in flight settled first. Every
+    many down (``tail="speculate"``), drafts verified one step at a time, the step in flight
+    settled first. Every
     token and log-probability is plain decoding's, in both rounds (the second drafts from the
     first's responses and from the tokens of steps launched ahead, which its sources indexed)."""
     want = outputs(LLM(model, dtype=dtype, max_num_seqs=256, async_scheduling=False))
     llm = LLM(model, dtype=dtype, max_num_seqs=256, async_scheduling=True,
-              speculative=SpeculativeConfig(policy="fixed", ahead_above=4))
+              speculative=SpeculativeConfig(policy="fixed", ahead_above=4, tail="speculate"))
     e = llm.engine
     e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64,
                                                       grouped=True))
-    assert not e.ahead and e.ahead_above == 4
+    assert not e.ahead and e.ahead_above == 4 and e.tail is None
     verified = []
     for _ in range(2):
         assert outputs(llm) == want
         assert e._launched is None
         verified.append(llm.last_metrics["rollout/spec_verify_steps"])
     assert fed[0] > 10 and min(verified) > 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_a_measured_tail_switches_its_two_ways_mid_request_with_plain_decodings_outputs(model, dtype, fed,
+                                                                                       monkeypatch):
+    """``tail="measured"`` (the default): the tail steps whichever way its measurements say,
+    speculating one step at a time or plain and launched ahead; here each way twice in turn (a
+    speculative step's first call settles the step in flight; a plain one is launched right
+    after a verification), every token and log-probability still plain decoding's, both ways
+    counted and measured."""
+    want = outputs(LLM(model, dtype=dtype, max_num_seqs=256, async_scheduling=False))
+    llm = LLM(model, dtype=dtype, max_num_seqs=256, async_scheduling=True,
+              speculative=SpeculativeConfig(policy="fixed", ahead_above=8))
+    e = llm.engine
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64,
+                                                      grouped=True))
+    assert e.tail is not None and e._tail()
+    calls = [0]
+
+    def alternate() -> bool:
+        calls[0] += 1
+        return calls[0] % 4 < 2
+    monkeypatch.setattr(e.tail, "plain", alternate)
+    for _ in range(2):
+        fed[0] = 0
+        assert outputs(llm) == want
+        assert e._launched is None
+        m = llm.last_metrics
+        assert m["rollout/tail_plain_steps"] >= 2 and m["rollout/tail_speculate_steps"] >= 2
+    assert m["rollout/spec_verify_steps"] > 0 and fed[0] > 0
+    assert e.tail.rate["plain"] > 0 and e.tail.rate["speculate"] > 0
 
 
 def test_by_default_a_speculative_engine_steps_ahead_above_64_requests_unless_it_collects(model, fed):
@@ -200,6 +232,9 @@ def test_abort_and_weights_settle_the_step_in_flight(model):
 def test_async_scheduling_is_checked():
     with pytest.raises(ValueError, match="async_scheduling"):
         EngineConfig(model="m", async_scheduling="yes")
+    for field, bad in (("ahead_above", -1), ("tail", "plain")):
+        with pytest.raises(ValueError, match=field):
+            SpeculativeConfig(**{field: bad})
 
 
 def test_an_engine_with_a_speculator_or_on_a_cpu_by_default_does_not_step_ahead(model):
@@ -252,7 +287,7 @@ def test_on_a_gpu_a_speculative_engines_bulk_steps_ahead_and_its_tail_verifies(m
     log-probabilities equal plain stepping's, with steps fed on the device and drafts verified."""
     kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=64, gpu_memory_utilization=0.2)
     want = outputs(LLM(model, **kw))
-    llm = LLM(model, speculative=SpeculativeConfig(policy="fixed", ahead_above=4), **kw)
+    llm = LLM(model, speculative=SpeculativeConfig(policy="fixed", ahead_above=4, tail="speculate"), **kw)
     assert not llm.engine.ahead and llm.engine.runner.graphs is not None
     for _ in range(2):
         assert outputs(llm) == want

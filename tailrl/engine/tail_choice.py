@@ -1,0 +1,97 @@
+"""How a speculative engine steps its tail where plain steps can be launched ahead (a GPU's
+engine): verifying drafts one step at a time, or plain and launched ahead, whichever the
+rollout itself measures faster (``SpeculativeConfig.tail="measured"``).
+
+A speculative step waits for the device and runs the host's drafting, building and settling
+in series with it; a plain step launched ahead overlaps them with the device. Which way
+finishes the tail sooner depends on the model's step cost, the host's speed and the drafts:
+on an H200 (stop 46) every speculative setting lost to plain steps launched ahead (the 0.5b
+stand-in's rollout: 1.11-1.80 s against 1.03 s; a speculative step 3.4-4.1 ms, a plain one
+1.7), where on a CPU no step is launched ahead at all.
+
+A way's rate is the new tokens a row gains per second, for the rows that gain least (the
+lower quartile of a step's rows: the rollout ends with its slowest rows), an average over
+that way's recent steps (``ALPHA``). The tail starts speculating. After ``TRY`` steps of one
+way the rates decide, once the other way has ``TRY`` steps measured too (until then it is
+tried); the faster way steps on, and after ``probe`` steps of it the other way steps ``TRY``
+times more, so that its rate follows the tail as the tail changes; each probe that leaves the
+choice as it was doubles ``probe`` (``PROBE`` up to ``MAX_PROBE``), one that changes it
+resets it. The choice never changes a token: both ways give plain decoding's outputs. Not
+with a learned drafter (``DRAFTER_METHODS``): its past of hidden states would have gaps.
+"""
+from __future__ import annotations
+
+ALPHA = 0.25                # weight of a way's newest step in its rate
+TRY = 4                     # steps of a way measured before its rate counts, and a probe's length
+PROBE = 32                  # steps of the faster way before the slower is measured again
+MAX_PROBE = 512
+WAYS = ("speculate", "plain")
+# methods whose learned drafter keeps a past of the target's hidden states, which plain steps
+# launched ahead hand out none of: their tails always speculate
+DRAFTER_METHODS = ("drafter", "hybrid")
+
+
+class TailChoice:
+    def __init__(self) -> None:
+        self.way = "speculate"
+        self.rate: dict[str, float | None] = {w: None for w in WAYS}    # tokens a slow row gains a second
+        self.measured = {w: 0 for w in WAYS}                            # steps recorded, ever
+        self.steps = {w: 0 for w in WAYS}                               # steps recorded since ``reset_counts``
+        self.run = 0                    # steps of ``way`` since it was chosen
+        self.probe = PROBE
+        self.probing = False            # ``way`` is the slower one, stepped TRY times to measure it
+
+    def plain(self) -> bool:
+        """Whether the tail's next step is plain, launched ahead."""
+        return self.way == "plain"
+
+    def record(self, way: str, seconds: float, row_tokens: list[int]) -> None:
+        """One tail step's outcome: ``way`` it stepped, its ``seconds`` (a speculative step: from
+        its scheduling to its last commit; a plain step launched ahead: since the step settled
+        before it) and the new tokens of each row that sampled."""
+        if way not in WAYS:
+            raise ValueError(f"tail: way must be one of {WAYS}, got {way!r}")
+        if seconds <= 0 or not row_tokens:
+            return
+        slow = sorted(row_tokens)[len(row_tokens) // 4] / seconds
+        old = self.rate[way]
+        self.rate[way] = slow if old is None else old + ALPHA * (slow - old)
+        self.measured[way] += 1
+        self.steps[way] += 1
+        if way == self.way:
+            self.run += 1
+            self._decide()
+
+    def _decide(self) -> None:
+        if self.run < TRY:
+            return
+        other = WAYS[1 - WAYS.index(self.way)]
+        if self.measured[other] < TRY:                  # not measured yet: try it
+            self._switch(other)
+            return
+        faster = self.way if self.rate[self.way] >= self.rate[other] else other
+        if self.probing:                                # a probe's end: back, or stay where it was faster
+            self.probing = False
+            self.probe = min(2 * self.probe, MAX_PROBE) if faster == other else PROBE
+            self._switch(faster)
+        elif faster == other:
+            self.probe = PROBE
+            self._switch(other)
+        elif self.run >= self.probe:                    # the slower way measured again, TRY steps
+            self._switch(other)
+            self.probing = True
+
+    def _switch(self, way: str) -> None:
+        if way != self.way:
+            self.way, self.run = way, 0
+
+    def reset_counts(self) -> None:
+        """Start counting a rollout's tail steps (the rates and the choice carry on)."""
+        self.steps = {w: 0 for w in WAYS}
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"rollout/tail_{w}_steps": float(self.steps[w]) for w in WAYS}
+        for w in WAYS:
+            if self.rate[w] is not None:
+                out[f"rollout/tail_{w}_rate"] = self.rate[w]
+        return out
