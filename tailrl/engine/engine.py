@@ -163,7 +163,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.reset_metrics()
         if self.tail is not None:
-            self.tail.reset_counts()
+            self.tail.new_rollout()
         self._graphs_start = self._graph_stats()
 
     def rollout_counters(self) -> EngineMetrics:

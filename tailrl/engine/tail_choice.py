@@ -16,8 +16,9 @@ way the rates decide, once the other way has ``TRY`` steps measured too (until t
 tried); the faster way steps on, and after ``probe`` steps of it the other way steps ``TRY``
 times more, so that its rate follows the tail as the tail changes; each probe that leaves the
 choice as it was doubles ``probe`` (``PROBE`` up to ``MAX_PROBE``), one that changes it
-resets it. The choice never changes a token: both ways give plain decoding's outputs. Not
-with a learned drafter (``DRAFTER_METHODS``): its past of hidden states would have gaps.
+resets it. Each rollout measures speculation afresh (``new_rollout``). The choice never
+changes a token: both ways give plain decoding's outputs. Not with a learned drafter
+(``DRAFTER_METHODS``): its past of hidden states would have gaps.
 """
 from __future__ import annotations
 
@@ -85,9 +86,14 @@ class TailChoice:
         if way != self.way:
             self.way, self.run = way, 0
 
-    def reset_counts(self) -> None:
-        """Start counting a rollout's tail steps (the rates and the choice carry on)."""
+    def new_rollout(self) -> None:
+        """A rollout starts: its tail steps counted from zero, and speculation measured afresh
+        from its first tail steps (its drafts come from a history the last rollout did not have:
+        an RL run's first round has none); plain steps' rate, the host's and the device's, carries
+        on."""
         self.steps = {w: 0 for w in WAYS}
+        self.rate["speculate"], self.measured["speculate"] = None, 0
+        self.way, self.run, self.probe, self.probing = "speculate", 0, PROBE, False
 
     def metrics(self) -> dict[str, float]:
         out = {f"rollout/tail_{w}_steps": float(self.steps[w]) for w in WAYS}

@@ -64,5 +64,19 @@ def test_the_rate_is_the_lower_quartile_of_rows_a_second_averaged():
     m = tc.metrics()
     assert m["rollout/tail_speculate_steps"] == 2 and m["rollout/tail_plain_steps"] == 0
     assert "rollout/tail_plain_rate" not in m
-    tc.reset_counts()
-    assert tc.metrics()["rollout/tail_speculate_steps"] == 0 and tc.rate["speculate"] > 0
+    tc.new_rollout()
+    assert tc.metrics()["rollout/tail_speculate_steps"] == 0 and tc.rate["speculate"] is None
+
+
+def test_each_rollout_measures_speculation_afresh_and_keeps_plains_rate():
+    """An RL run's first round has no history to draft from: its tail goes plain, and the
+    next round (with history) must try speculation again from its first tail steps."""
+    tc = TailChoice()
+    no_history = {"speculate": (0.004, [1] * 4), "plain": (0.002, [1] * 4)}
+    follow(tc, 4 + MAX_PROBE * 3, no_history)
+    assert tc.probe == MAX_PROBE
+    plain_rate = tc.rate["plain"]
+    tc.new_rollout()
+    assert tc.way == "speculate" and tc.rate["plain"] == plain_rate and tc.probe == PROBE
+    history = {"speculate": (0.004, [6] * 4), "plain": (0.002, [1] * 4)}
+    assert follow(tc, 40, history) == [("speculate", PROBE), ("plain", TRY), ("speculate", 40 - PROBE - TRY)]
