@@ -294,6 +294,27 @@ def test_on_a_gpu_a_speculative_engines_bulk_steps_ahead_and_its_tail_verifies(m
     assert fed[0] > 10 and llm.last_metrics["rollout/spec_verify_steps"] > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, streams and copies not waited for")
+def test_on_a_gpu_a_measured_tail_switching_both_ways_gives_plain_steppings_outputs(model, fed, monkeypatch):
+    """The measured tail through real graphs, copies and streams, each way twice in turn: a plain
+    step launched right after a verification, a verification right after a plain step settles."""
+    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=64, gpu_memory_utilization=0.2)
+    want = outputs(LLM(model, **kw))
+    llm = LLM(model, speculative=SpeculativeConfig(policy="fixed", ahead_above=8), **kw)
+    e = llm.engine
+    assert e._tail() and e.runner.graphs is not None
+    calls = [0]
+
+    def alternate() -> bool:
+        calls[0] += 1
+        return calls[0] % 4 < 2
+    monkeypatch.setattr(e.tail, "plain", alternate)
+    for _ in range(2):
+        assert outputs(llm) == want
+    m = llm.last_metrics
+    assert m["rollout/tail_plain_steps"] >= 2 and m["rollout/tail_speculate_steps"] >= 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: whether its steps can be captured")
 def test_on_a_gpu_float64_steps_run_eagerly_and_one_at_a_time(model):
     """float64 has no Triton kernels: the reference's attention reads its visibility on the host,
