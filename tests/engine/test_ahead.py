@@ -93,6 +93,17 @@ def test_a_speculative_engine_steps_ahead_in_the_bulk_and_verifies_drafts_in_the
     assert fed[0] > 10 and min(verified) > 0
 
 
+def each_way_twice(engine, monkeypatch) -> None:
+    """The engine's measured tail made to go each way twice in turn (a speculative step's first
+    call settles the step in flight), whatever it measures."""
+    calls = [0]
+
+    def alternate() -> bool:
+        calls[0] += 1
+        return calls[0] % 4 < 2
+    monkeypatch.setattr(engine.tail, "plain", alternate)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
 def test_a_measured_tail_switches_its_two_ways_mid_request_with_plain_decodings_outputs(model, dtype, fed,
                                                                                        monkeypatch):
@@ -108,12 +119,7 @@ def test_a_measured_tail_switches_its_two_ways_mid_request_with_plain_decodings_
     e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64,
                                                       grouped=True))
     assert e.tail is not None and e._tail()
-    calls = [0]
-
-    def alternate() -> bool:
-        calls[0] += 1
-        return calls[0] % 4 < 2
-    monkeypatch.setattr(e.tail, "plain", alternate)
+    each_way_twice(e, monkeypatch)
     for _ in range(2):
         fed[0] = 0
         assert outputs(llm) == want
@@ -303,12 +309,7 @@ def test_on_a_gpu_a_measured_tail_switching_both_ways_gives_plain_steppings_outp
     llm = LLM(model, speculative=SpeculativeConfig(policy="fixed", ahead_above=8), **kw)
     e = llm.engine
     assert e._tail() and e.runner.graphs is not None
-    calls = [0]
-
-    def alternate() -> bool:
-        calls[0] += 1
-        return calls[0] % 4 < 2
-    monkeypatch.setattr(e.tail, "plain", alternate)
+    each_way_twice(e, monkeypatch)
     for _ in range(2):
         assert outputs(llm) == want
     m = llm.last_metrics
