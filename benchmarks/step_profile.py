@@ -37,7 +37,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu import HISTORY_SEED, TIMED_SEED, allocator, rollout, rollout_args, step_figures, sync_sites  # noqa: E402
+from gpu_round import HISTORY_SEED, TIMED_SEED, allocator, rollout, rollout_args, step_figures, sync_sites  # noqa: E402
 from regime import model_dir  # noqa: E402
 
 from tailrl import LLM, SpeculativeConfig  # noqa: E402
