@@ -311,8 +311,6 @@ class LLMEngine:
     def _bulk(self) -> bool:
         """Whether this speculative engine's step is plain and launched ahead: more requests run
         or wait than ``_above``."""
-        if self.ahead_above == 0:
-            return False
         above = self._above()
         return above > 0 and len(self.scheduler.running) + len(self.scheduler.waiting) > above
 
@@ -349,7 +347,7 @@ class LLMEngine:
         self.metrics.record_step(step.rows, len(b.input_ids), 0, step.preempted,
                                  s[:4] + [s[4] + t1 - t0, t2 - t1 - spec, spec])
         period = t2 - max(step.start, self._settled_at)     # a step's period: since the step settled before it
-        if step.tail and self.tail is not None:
+        if step.tail:
             self.tail.record("plain", period, [1] * sum(1 for p in b.plans if p.last >= 0))
         if self.step_log is not None:
             self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
