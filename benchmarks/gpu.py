@@ -32,8 +32,10 @@ checkpoint directory). Then, on ``--device``:
    in the bulk) or the bulk's plain steps launched ahead above 16 or 256 rows (``ahead_16``,
    ``ahead_256``; the default 64), the tail always speculating (``tail_speculate``: the default
    measures which way its steps are faster, engine/tail_choice.py; ``tail_steps``: how many
-   went each way), and plain and the default with attention's float32 FMA dots instead of tensor
-   cores (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
+   went each way), 16 or 64 rows drafting inside steps launched ahead (``drafts_ahead_16``,
+   with the default split; ``drafts_ahead_16_all``, ``drafts_ahead_64_all``: every step
+   launched ahead; engine/ahead_drafts.py), and plain and the default with attention's
+   float32 FMA dots instead of tensor cores (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
    first engine's rollout is also timed before any other engine is made
    (``plain_before_others_s``), and a new plain engine's after them (``plain_fresh_s``;
    ``default_over_fresh_plain``: the default against it). Each engine takes
@@ -278,7 +280,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25,
                     help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
-    ap.add_argument("--variants", default="fixed_12,one_at_a_time,tail_speculate,ahead_16,ieee_plain",
+    ap.add_argument("--variants", default="drafts_ahead_16_all,drafts_ahead_64_all,drafts_ahead_16,tail_speculate,"
+                                          "fixed_12",
                     help="speculation's variants to run (comma-separated; '' for none)")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--matmul-reps", type=int, default=20)
@@ -466,6 +469,11 @@ def main() -> None:
                     # the bulk's plain steps launched ahead above 16 or 256 rows (the default: 64)
                     "ahead_16": (SpeculativeConfig(ahead_above=16), {}),
                     "ahead_256": (SpeculativeConfig(ahead_above=256), {}),
+                    # 16 or 64 rows drafting inside steps launched ahead (engine/ahead_drafts.py),
+                    # with the default split, or with every step launched ahead (ahead_above=1)
+                    "drafts_ahead_16": (SpeculativeConfig(ahead_drafts=16), {}),
+                    "drafts_ahead_16_all": (SpeculativeConfig(ahead_drafts=16, ahead_above=1), {}),
+                    "drafts_ahead_64_all": (SpeculativeConfig(ahead_drafts=64, ahead_above=1), {}),
                     # attention's float32 FMA dots instead of tensor cores (other bits: the share
                     # identical to plain compares the two kernels, not speculation)
                     "ieee_plain": (None, {"dots": "ieee"}),

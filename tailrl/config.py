@@ -129,6 +129,11 @@ class SpeculativeConfig:
     # rollout measures faster, speculating one step at a time or plain and launched ahead (the
     # rows that gain least, tokens a second: engine/tail_choice.py); "speculate": always the first
     tail: str = "measured"
+    # where steps are launched ahead: this many rows, those expected to run longest, draft inside
+    # them anyway, each verifying a chain every other step (it sits out the step after a
+    # verification, whose emitted tokens the next step can not know: engine/ahead_drafts.py);
+    # 0 = none. Not with a learned drafter. Off by default until measured on a GPU
+    ahead_drafts: int = 0
     # the learned drafter's acceptance is measured by shadow drafts (never verified, within 1% of
     # the steps' time) only where a drafter call could pay; true: throughout, to follow an online
     # drafter's acceptance (rollout/spec_drafter_shadow_accept_length) even where it cannot pay
@@ -171,6 +176,8 @@ class SpeculativeConfig:
         _check(self.ahead_above is None or (isinstance(self.ahead_above, int) and self.ahead_above >= 0),
                "ahead_above", "must be an integer >= 0 or None", self.ahead_above)
         _check(self.tail in SPEC_TAILS, "tail", f"must be one of {SPEC_TAILS}", self.tail)
+        _check(isinstance(self.ahead_drafts, int) and not isinstance(self.ahead_drafts, bool)
+               and self.ahead_drafts >= 0, "ahead_drafts", "must be an integer >= 0", self.ahead_drafts)
 
     @classmethod
     def coerce(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":

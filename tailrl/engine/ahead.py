@@ -18,10 +18,11 @@ step n+1 whose results are dropped (its K/V write lands in its own blocks, relea
 the device runs the steps in order). A request that reaches its length limit at step n
 leaves its row before step n+1 is scheduled. Every token is the one plain decoding samples:
 the same inputs, the same row-invariant kernels, the same noise (tests/engine/test_ahead.py).
-Drafts need the tokens on the host, so an engine with a speculator steps ahead only where it
-does not draft: its bulk, above ``SpeculativeConfig.ahead_above`` requests (the engine settles
-the step in flight before its first speculative step, and hands each settled token to the
-speculator's sources).
+Drafts need the tokens on the host, so an engine with a speculator steps ahead where its
+rows do not draft (its bulk, above ``SpeculativeConfig.ahead_above`` requests: the engine
+settles the step in flight before its first speculative step, and hands each settled token
+to the speculator's sources), or where only a few chosen rows do, each verifying every other
+step (``SpeculativeConfig.ahead_drafts``: engine/ahead_drafts.py).
 """
 from __future__ import annotations
 
@@ -55,12 +56,14 @@ class Launched:
 
 
 def placeholders(step: Launched, scheduler: Scheduler) -> None:
-    """A placeholder token for each unfinished request ``step`` samples, so that the scheduler
-    and the batch see it one token on; a request the token takes to its length limit leaves
-    its row now (nothing to compute for it next)."""
+    """A placeholder token for each unfinished request ``step`` samples plainly, so that the
+    scheduler and the batch see it one token on; a request the token takes to its length limit
+    leaves its row now (nothing to compute for it next). A row verifying a draft gets none: how
+    many tokens it emits is known when it settles, so it sits out the next step (its tokens
+    are all computed: the scheduler gives it nothing to compute; engine/ahead_drafts.py)."""
     for plan in step.batch.plans:
         req = plan.req
-        if req.status is not RequestStatus.RUNNING:
+        if req.status is not RequestStatus.RUNNING or plan.draft_tokens:
             continue
         req.output_token_ids.append(PENDING)
         req.output_logprobs.append(0.0)
@@ -86,13 +89,15 @@ def feed(batch: Batch, step: Launched) -> None:
     batch.input_ids.index_copy_(0, index[0], tokens.index_select(0, index[1]))
 
 
-def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]) -> list[Request]:
+def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]) -> tuple[list[Request], list[tuple]]:
     """Wait for ``step``'s tokens and commit each unfinished request's own (``verify.commit``)
     in place of its placeholder (or after its tokens, if it has none: a step settled without
-    one launched after it). Returns the requests that stopped; requests that had already
-    stopped are skipped."""
+    one launched after it, or a row that verified a draft). Returns the requests that stopped
+    and (plan, accepted nodes) for each draft verified; requests that had already stopped are
+    skipped. A row preempted while its draft was in flight keeps its tokens and is recomputed
+    from them (its admission sets its computed tokens anew)."""
     tokens, logprobs = step.sampled.lists()
-    finished = []
+    finished, verified = [], []
     for plan in step.batch.plans:
         req = plan.req
         if req.status.finished:
@@ -109,8 +114,10 @@ def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]) -> list[
             if out and out[-1] == PENDING:
                 out.pop()
                 req.output_logprobs.pop()
-            status = commit(plan, tokens, logprobs, kv, eos_token_ids)[2]
+            _, accepted, status = commit(plan, tokens, logprobs, kv, eos_token_ids)
+            if plan.draft_tokens:
+                verified.append((plan, accepted))
         if status is not None:
             req.status = status
             finished.append(req)
-    return finished
+    return finished, verified

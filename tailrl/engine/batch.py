@@ -123,7 +123,10 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             d, flat0, t0, p = len(draft.tokens), len(ids), len(out), req.params
             plans.append(RowPlan(req, 1, list(draft.parents), list(draft.tokens), len(sample_idx), draft))
             sample_idx += range(flat0, flat0 + d + 1)
-            ids.append(out[-1] if out else req.prompt_token_ids[-1])
+            tok = out[-1] if out else req.prompt_token_ids[-1]
+            if tok < 0:                     # its root: a step still on the device samples it (ahead_drafts.py)
+                ahead.append((flat0, req))
+            ids.append(tok)
             ids += draft.tokens
             pos += range(start, start + d + 1)
             wrow += [r] * (d + 1)

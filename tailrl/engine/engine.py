@@ -15,6 +15,7 @@ import torch
 
 from tailrl.config import AHEAD_ABOVE, EngineConfig, SpeculativeConfig, device_scope, require_device
 from tailrl.engine.ahead import Launched, feed, placeholders, settle
+from tailrl.engine.ahead_drafts import AheadDrafts
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
 from tailrl.engine.graphs import StepGraphs
@@ -74,6 +75,10 @@ class LLMEngine:
         cfg = getattr(speculator, "config", None)
         measured = getattr(cfg, "tail", None) == "measured" and getattr(cfg, "method", None) not in DRAFTER_METHODS
         self.tail = TailChoice() if ahead and measured else None
+        # the rows expected to run longest draft inside steps launched ahead (ahead_drafts.py)
+        rows = getattr(cfg, "ahead_drafts", 0)
+        drafts_ahead = ahead and rows > 0 and getattr(cfg, "method", None) not in DRAFTER_METHODS
+        self.ahead_drafts = AheadDrafts(speculator, rows) if drafts_ahead else None
         self._launched: Launched | None = None
         self._settled_at = 0.0
         if speculator is not None and hasattr(speculator, "captures"):
@@ -288,7 +293,9 @@ class LLMEngine:
             if self.scheduler.has_work():
                 raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
             return []
-        batch = self.runner.build(sched.rows, {})
+        drafts = self._drafts_ahead(sched)
+        drafted = time.perf_counter()
+        batch = self.runner.build(sched.rows, drafts)
         if prev is not None:
             feed(batch, prev)                         # its tokens, on the device, as this step's inputs
         built = time.perf_counter()
@@ -298,8 +305,8 @@ class LLMEngine:
         launched = time.perf_counter()
         sampled = self.runner.sample(batch, logits)
         self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
-                                         [scheduled - start, 0.0, built - scheduled, launched - built,
-                                          time.perf_counter() - launched], start, tail)
+                                         [scheduled - start, drafted - scheduled, built - drafted,
+                                          launched - built, time.perf_counter() - launched], start, tail)
         if prev is None:
             return []
         finished = self._settle(prev)
@@ -307,6 +314,16 @@ class LLMEngine:
             self._launched = None
             self._settle(step)
         return finished
+
+    def _drafts_ahead(self, sched: SchedulerOutput) -> dict:
+        """The chosen rows' drafts for a step launched ahead (ahead_drafts.py), with their blocks."""
+        if self.ahead_drafts is None or sched.token_budget_left <= 0:
+            return {}
+        drafts = self.ahead_drafts.propose(sched.rows, self.scheduler.running, sched.token_budget_left)
+        if drafts and not self.kv.grow_rows([(self.requests[rid].row, self.requests[rid].num_tokens + len(d))
+                                             for rid, d in drafts.items()]):
+            return {}                                   # drafts never cost a preemption
+        return drafts
 
     def _bulk(self) -> bool:
         """Whether this speculative engine's step is plain and launched ahead: more requests run
@@ -333,22 +350,30 @@ class LLMEngine:
         t0 = time.perf_counter()
         tokens = step.sampled.lists()[0]
         t1 = time.perf_counter()
-        finished = settle(step, self.kv, self.args.eos_token_ids)
+        finished, verified = settle(step, self.kv, self.args.eos_token_ids)
         observed = time.perf_counter()
-        if self.speculator is not None:           # its sources index every token (plan.last: settled now)
+        accepted = sum(a for _, a in verified)
+        if self.speculator is not None:           # its sources index every token (plan.rows: settled now)
+            for plan, a in verified:
+                req = plan.req
+                self.speculator.record_verification(req, plan.draft, a)
+                self.ahead_drafts.record(req, a)
+                req.spec_draft_tokens += len(plan.draft_tokens)
+                req.spec_accepted_tokens += a
+                req.spec_verify_steps += 1
             for plan in step.batch.plans:
-                if plan.last >= 0:
-                    self.speculator.observe(plan.req, [tokens[plan.last]])
+                if plan.rows:
+                    self.speculator.observe(plan.req, [tokens[i] for i in plan.rows])
         spec = time.perf_counter() - observed
         for req in finished:
             self._finish(req, req.status)
         t2 = time.perf_counter()
         b, s = step.batch, step.stages
-        self.metrics.record_step(step.rows, len(b.input_ids), 0, step.preempted,
-                                 s[:4] + [s[4] + t1 - t0, t2 - t1 - spec, spec])
+        self.metrics.record_step(step.rows, len(b.input_ids), b.num_draft_tokens, step.preempted,
+                                 s[:4] + [s[4] + t1 - t0, t2 - t1 - spec, spec], len(verified), accepted)
         period = t2 - max(step.start, self._settled_at)     # a step's period: since the step settled before it
         if step.tail:
-            self.tail.record("plain", period, [1] * sum(1 for p in b.plans if p.last >= 0))
+            self.tail.record("plain", period, [len(p.rows) for p in b.plans if p.rows])
         if self.step_log is not None:
             self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
                                   "seconds": period})
@@ -452,6 +477,8 @@ class LLMEngine:
         req.finish_time = time.perf_counter()
         if self.speculator is not None:
             self.speculator.finish(req)
+        if self.ahead_drafts is not None:
+            self.ahead_drafts.finish(req)
 
     # ---- moving requests between instances ------------------------------------------------
     def export_request(self, request_id: str) -> RequestState:

@@ -242,6 +242,26 @@ class Speculator:
             best = best.truncate(limit)
         return best
 
+    def chain_from(self, req: Any, skip: int, room: int) -> tuple[Draft | None, float]:
+        """A chain continuing ``req``'s context (its tokens as they are now) with its first
+        ``skip`` nodes dropped (they guess tokens the caller does not know yet: if a guess is
+        wrong, the rest is rejected as any wrong draft is), at most ``room`` nodes; and the
+        expected accepted nodes of what is left (their path probabilities, the dropped nodes'
+        included). (None, 0) where no source has one that long. Counted as drafting; no carry
+        is kept for it (``record_verification`` finds no untruncated chain)."""
+        t0 = time.perf_counter()
+        d = self.best_draft(req, 1)
+        self._full.pop(req.request_id, None)
+        self.counts.asked += 1
+        out, expected = None, 0.0
+        if d is not None and d.is_chain and len(d) > skip and room > 0:
+            k = min(len(d) - skip, room)
+            out = d.rest(skip).truncate(k) if skip else d.truncate(k)
+            expected = float(sum(d.path_probs[skip:skip + k]))
+            self.counts.found += 1
+        self.counts.draft_s += time.perf_counter() - t0
+        return out, expected
+
     @staticmethod
     def _carry_applies(req: Any, carry: Draft | None, max_paths: int) -> bool:
         out = req.output_token_ids

@@ -66,6 +66,23 @@ def test_group_source_feeds_siblings_not_self():
     assert d.tokens == [9] and d.match_len == 3  # longest sibling match, own "1 2 3" excluded
 
 
+def test_group_source_leaves_out_a_siblings_token_still_on_the_device():
+    """A step launched ahead leaves a placeholder as a row's last token until it settles
+    (engine/ahead.py): a sibling's draft never contains it, and the token settled takes its place."""
+    src = GroupSource(FULL)
+    a = FakeRequest("a", PROMPT, group_id="g")
+    b = FakeRequest("b", PROMPT, group_id="g")
+    src.start(a)
+    src.start(b)
+    a.emit([src], [1, 2, 3])
+    a.output_token_ids.append(-1)               # ahead.PENDING
+    b.emit([src], [7, 1, 2])
+    assert src.propose(b, 8, 1).tokens == [3]
+    a.output_token_ids[-1] = 4
+    b.emit([src], [3, 8, 1, 2])
+    assert src.propose(b, 8, 1).tokens == [3, 4]
+
+
 def test_group_source_drafts_sibling_openings_from_the_prompt_tail():
     src = GroupSource(FULL)
     reqs = [FakeRequest(str(i), PROMPT, group_id="g") for i in range(4)]

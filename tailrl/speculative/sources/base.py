@@ -75,6 +75,13 @@ def propose_from(index: SuffixIndex, req: Any, params: MatchParams, max_tokens: 
                          source=source, exclude=exclude)
 
 
+def settled(out: list[int]) -> int:
+    """How many of the output tokens ``out`` are known: a step launched ahead leaves a
+    placeholder (negative) as the last token of a row whose token is still on the device
+    (engine/ahead.py); a sibling's index must not take it in."""
+    return len(out) - 1 if out and out[-1] < 0 else len(out)
+
+
 def context_tail(req: Any, n: int) -> list[int]:
     """The last ``n`` tokens of prompt + output (the prompt's tail fills in for a short output)."""
     out = req.output_token_ids

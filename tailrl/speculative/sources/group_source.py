@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailrl.speculative.draft import Draft
-from tailrl.speculative.sources.base import MatchParams, propose_from
+from tailrl.speculative.sources.base import MatchParams, propose_from, settled
 from tailrl.speculative.sources.suffix_index import SuffixIndex
 
 
@@ -75,10 +75,10 @@ class GroupSource:
     @staticmethod
     def _sync(g: _Group, m: _Member) -> None:
         out = m.req.output_token_ids
-        if len(out) > m.inserted:
-            new = out[m.inserted:]
-            g.index.extend(m.seq_id, new)
-            m.inserted = len(out)
+        n = settled(out)
+        if n > m.inserted:
+            g.index.extend(m.seq_id, out[m.inserted:n])
+            m.inserted = n
 
     def _member(self, req: Any) -> tuple[_Group, _Member] | None:
         g = self._groups.get(req.group_id) if req.group_id else None

@@ -1,0 +1,125 @@
+"""Drafts inside steps launched ahead (``SpeculativeConfig.ahead_drafts``): the rows expected to
+run longest verify drafts every other step while the rest of the batch decodes plainly,
+launched ahead (engine/ahead.py).
+
+Why. A speculative step waits for the device and runs the host's drafting, building and
+settling in series with it; a plain step launched ahead overlaps them with the device. On an
+H200 (stop 46) the serial steps cost 3.4-4.1 ms where plain steps launched ahead took 1.7 ms,
+and every speculative setting lost to plain. Yet a rollout's makespan is its longest
+responses', and on the benchmark rollout those (search loops: "46+8=54 vs 40 no") accept
+drafts well: each of the 12 responses at the 512-token cap took 1.5-2.4x fewer steps with
+drafts (this CPU, the default speculation). Here they draft without stopping the pipeline.
+
+How. A step launched ahead is built before the step in flight settles. A plain row emits one
+token, so its next step is built with a placeholder fed on the device. A row that verifies a
+draft emits 1 + accepted tokens, known only when its step settles: it sits out the next step
+(no placeholder: its tokens are all computed, so the scheduler gives it nothing to compute)
+and is settled, its tokens on the host, when the step after is built. Each chosen row drafts:
+
+- settled (it sat out the step in flight): a chain continuing its tokens;
+- waiting on a plain step's token (a placeholder): the chain continuing its settled tokens,
+  less its first node, which guesses the token on the device (``Speculator.chain_from``). If
+  the guess is wrong the nodes are rejected, as any wrong draft is.
+
+So a drafting row verifies at most every other step: 1 + accepted tokens per two steps,
+against plain's two. It drafts where the chain's path probabilities expect at least
+``MIN_EXPECTED`` accepted nodes, and where its own verifications here accepted fewer than that
+on average (``AVERAGE``-weighted, from ``TRIES`` of them) it stops drafting for ``BACKOFF``
+steps, doubling while it stays so (up to ``MAX_BACKOFF``).
+
+Which rows: the ``rows`` with the most expected tokens still to generate (critical.py's
+estimate where requests have length priors, else the tokens they have generated: a long-tailed
+length's survivor runs about as long again), chosen every ``REFRESH`` steps. Chains only (a
+tree's accepted path would move K/V while the next step may read the row's blocks); not with a
+learned drafter (its past of hidden states needs every step's).
+
+Outputs never depend on drafts: every token and log-probability is plain decoding's
+(tests/engine/test_ahead_drafts.py).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from tailrl.engine.ahead import PENDING
+from tailrl.engine.request import Request
+from tailrl.speculative.critical import expected_remaining, known_lengths
+from tailrl.speculative.draft import Draft
+
+MIN_EXPECTED = 1.0          # expected accepted nodes a draft needs: a verify costs the row a step
+REFRESH = 8                 # steps between choices of the rows that draft
+AVERAGE = 0.5               # weight of a row's newest verification in its average
+TRIES = 2                   # verifications before a row's average can stop it
+BACKOFF, MAX_BACKOFF = 8, 128
+
+
+def expected_left(req: Request) -> float:
+    """Tokens ``req`` is expected still to generate (see the module docstring)."""
+    g, cap = len(req.output_token_ids), req.params.max_tokens
+    lengths = known_lengths(req)
+    return expected_remaining(lengths, g, cap) if lengths else float(min(g, cap - g))
+
+
+class AheadDrafts:
+    def __init__(self, speculator: Any, rows: int) -> None:
+        self.speculator, self.rows = speculator, rows
+        self._chosen: set[str] = set()
+        self._age = REFRESH
+        self._avg: dict[str, tuple[float, int]] = {}      # request id -> (average accepted, verifications)
+        self._off: dict[str, int] = {}                    # request id -> steps left without drafting
+        self._wait: dict[str, int] = {}                   # request id -> its next back-off
+
+    def propose(self, rows: list[tuple[Request, int]], running: list[Request], budget: int) -> dict[str, Draft]:
+        """Drafts for this step's chosen decode rows, at most ``budget`` nodes in all."""
+        self._age += 1
+        if self._age >= REFRESH:
+            self._age = 0
+            best = heapq.nlargest(self.rows, running, key=expected_left)
+            self._chosen = {r.request_id for r in best}
+        out: dict[str, Draft] = {}
+        for req, n in rows:
+            rid = req.request_id
+            if n != 1 or rid not in self._chosen or budget <= 0:
+                continue
+            off = self._off.get(rid, 0)
+            if off > 0:
+                self._off[rid] = off - 1
+                continue
+            room = min(req.remaining_tokens - 1, budget)
+            if room <= 0:
+                continue
+            draft, expected = self._chain(req, room)
+            if draft is not None and expected >= MIN_EXPECTED:
+                out[rid] = draft
+                budget -= len(draft)
+        return out
+
+    def _chain(self, req: Request, room: int) -> tuple[Draft | None, float]:
+        out = req.output_token_ids
+        if not out or out[-1] != PENDING:
+            return self.speculator.chain_from(req, 0, room)
+        out.pop()                                   # the sources read the settled tokens
+        try:
+            return self.speculator.chain_from(req, 1, room)
+        finally:
+            out.append(PENDING)
+
+    def record(self, req: Request, accepted: int) -> None:
+        """One of ``req``'s drafts verified here accepted ``accepted`` nodes."""
+        rid = req.request_id
+        avg, n = self._avg.get(rid, (float(accepted), 0))
+        avg, n = avg + AVERAGE * (accepted - avg), n + 1
+        if n >= TRIES and avg < MIN_EXPECTED:
+            wait = self._wait.get(rid, BACKOFF)
+            self._off[rid], self._wait[rid] = wait, min(2 * wait, MAX_BACKOFF)
+            self._avg.pop(rid, None)
+            return
+        if n >= TRIES:
+            self._wait.pop(rid, None)
+        self._avg[rid] = (avg, n)
+
+    def finish(self, req: Request) -> None:
+        rid = req.request_id
+        for d in (self._avg, self._off, self._wait):
+            d.pop(rid, None)
+        self._chosen.discard(rid)

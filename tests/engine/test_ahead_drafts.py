@@ -1,0 +1,205 @@
+"""Drafts inside steps launched ahead (engine/ahead_drafts.py, ``ahead_drafts``), on the CPU:
+every token and log-probability plain decoding gives, with rows verifying every other step,
+drafts whose first node guesses a token still on the device, stop tokens and length limits,
+rows waiting for room and preemptions, through the graphs' static inputs; the row choice and
+the back-off."""
+import pytest
+import torch
+from mixed_requests import outputs
+
+from tailrl import LLM, SamplingParams, SpeculativeConfig
+from tailrl.engine import ahead_drafts as ad
+from tailrl.engine.ahead import PENDING
+from tailrl.engine.batch import ModelRunner
+from tailrl.engine.graph_pool import GraphPool, eager_capture
+from tailrl.engine.graphs import StepGraphs
+from tailrl.engine.request import Request
+from tailrl.speculative.draft import Draft
+from tailrl.speculative.speculator import Speculator
+
+
+def engine(model, dtype="bfloat16", graphs=False, rows=8, **kw) -> LLM:
+    """Every step launched ahead (the tail's way forced plain), ``rows`` rows drafting in them."""
+    llm = LLM(model, dtype=dtype, async_scheduling=True,
+              speculative=SpeculativeConfig(policy="fixed", ahead_above=1, ahead_drafts=rows), **kw)
+    e = llm.engine
+    if graphs:
+        e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64,
+                                                          grouped=True))
+    e.tail.plain = lambda: True
+    return llm
+
+
+@pytest.fixture
+def guessed(monkeypatch):
+    """Counts the drafts made for rows whose last token was still on the device."""
+    count = [0]
+    chain_from = Speculator.chain_from
+
+    def counting(self, req, skip, room):
+        d, expected = chain_from(self, req, skip, room)
+        count[0] += skip == 1 and d is not None and expected >= ad.MIN_EXPECTED
+        return d, expected
+    monkeypatch.setattr(Speculator, "chain_from", counting)
+    return count
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_rows_drafting_inside_steps_launched_ahead_give_plain_decodings_outputs(model, dtype, graphs, guessed):
+    """Three rounds (the later ones draft from the earlier's responses): tokens, log-probabilities
+    and finish reasons equal plain stepping's, with drafts verified and accepted inside steps
+    launched ahead, some of them after a guessed first token; no step left in flight."""
+    want = outputs(LLM(model, dtype=dtype, max_num_seqs=256, async_scheduling=False))
+    llm = engine(model, dtype, graphs, max_num_seqs=256)
+    e = llm.engine
+    assert e.ahead_drafts is not None and not e.ahead
+    steps = []
+    for _ in range(3):
+        assert outputs(llm) == want
+        assert e._launched is None
+        m = llm.last_metrics
+        steps.append(m["rollout/num_forward"])
+    assert m["rollout/spec_verify_steps"] > 10 and m["rollout/spec_accepted_tokens"] > 20
+    assert guessed[0] > 0
+    assert steps[-1] < steps[0]                 # the drafts shortened the rollout's steps
+    if graphs:
+        assert m["graphs/replayed_steps"] > 5
+
+
+def test_with_rows_waiting_and_preemptions(model):
+    kw = dict(dtype="bfloat16", max_model_len=128, kv_cache_tokens=256, max_num_seqs=6)
+    want = outputs(LLM(model, async_scheduling=False, **kw))
+    llm = engine(model, rows=3, **kw)
+    verified = preempted = 0
+    for _ in range(3):
+        assert outputs(llm) == want
+        verified += llm.last_metrics["rollout/spec_verify_steps"]
+        preempted += llm.last_metrics["rollout/preemptions"]
+    assert verified > 0 and preempted > 0
+
+
+def test_every_token_reaches_the_speculators_sources_once_in_order(model, monkeypatch):
+    seen: dict = {}
+    llm = engine(model, max_num_seqs=256)
+    spec = llm.engine.speculator
+    observe = spec.observe
+
+    def recording(req, new_tokens):
+        assert PENDING not in new_tokens
+        seen.setdefault(req.request_id, []).extend(new_tokens)
+        return observe(req, new_tokens)
+    monkeypatch.setattr(spec, "observe", recording)
+    llm.generate(PROMPTS_ONCE, PARAMS_ONCE)                  # a history to draft from
+    seen.clear()
+    outs = llm.generate(PROMPTS_ONCE, PARAMS_ONCE)
+    responses = sorted(list(c.token_ids) for o in outs for c in o.outputs)
+    assert sorted(seen.values()) == responses
+    assert llm.last_metrics["rollout/spec_verify_steps"] > 0
+
+
+PROMPTS_ONCE = [[1, 2, 3], [9, 8, 7, 6, 5]]
+PARAMS_ONCE = SamplingParams(n=3, temperature=1.0, max_tokens=30, seed=2)
+
+
+def test_ahead_drafts_is_checked():
+    for bad in (-1, 1.5, True, "4"):
+        with pytest.raises(ValueError, match="ahead_drafts"):
+            SpeculativeConfig(ahead_drafts=bad)
+
+
+def test_not_with_a_learned_drafter_nor_where_steps_are_not_launched_ahead(model):
+    llm = LLM(model, speculative=SpeculativeConfig(ahead_drafts=4))      # a CPU: one step at a time
+    assert llm.engine.ahead_drafts is None
+
+
+# ---- the row choice and the back-off, with a speculator that drafts what it is told -----------------
+
+class Told:
+    """``chain_from`` as the speculator's, from a fixed chain per request."""
+    def __init__(self, chains: dict):
+        self.chains, self.asked = chains, []
+
+    def chain_from(self, req, skip, room):
+        self.asked.append((req.request_id, skip, list(req.output_token_ids)))
+        d = self.chains.get(req.request_id)
+        if d is None or len(d) <= skip:
+            return None, 0.0
+        k = min(len(d) - skip, room)
+        return (d.rest(skip) if skip else d).truncate(k), float(sum(d.path_probs[skip:skip + k]))
+
+
+def request(rid: str, out: list[int], max_tokens: int = 100, prior: tuple = ()) -> Request:
+    r = Request(rid, [1, 2], SamplingParams(max_tokens=max_tokens), seed_key=0)
+    r.output_token_ids = list(out)
+    r.length_prior = prior
+    return r
+
+
+def chain(tokens, p=0.9) -> Draft:
+    return Draft(list(tokens), list(range(-1, len(tokens) - 1)), [p] * len(tokens), "history")
+
+
+def test_the_rows_expected_to_run_longest_draft_within_the_budget():
+    reqs = [request("a", [5] * 3), request("b", [5] * 40), request("c", [5] * 20),
+            request("d", [5] * 2, prior=(300,))]         # a prior says d runs long
+    told = Told({r.request_id: chain([7, 8, 9, 10]) for r in reqs})
+    a = ad.AheadDrafts(told, rows=2)
+    got = a.propose([(r, 1) for r in reqs], reqs, budget=100)
+    assert set(got) == {"b", "d"}
+    assert ad.expected_left(reqs[0]) == 3 and ad.expected_left(reqs[3]) == 98   # capped by max_tokens
+    a._age = ad.REFRESH
+    got = a.propose([(r, 1) for r in reqs], reqs, budget=6)   # the first fits, the second gets the rest
+    assert [len(d) for d in got.values()] == [4, 2]
+    got = a.propose([(reqs[1], 0), (reqs[3], 1)], reqs, budget=100)   # a row sitting out a step drafts not
+    assert set(got) == {"d"}
+
+
+def test_a_row_waiting_on_the_device_drafts_the_chain_less_its_guess():
+    r = request("a", [5, 6, PENDING])
+    told = Told({"a": chain([7, 8, 9])})
+    got = ad.AheadDrafts(told, rows=1).propose([(r, 1)], [r], budget=100)
+    assert got["a"].tokens == [8, 9]
+    assert told.asked == [("a", 1, [5, 6])]                  # the sources saw the settled tokens
+    assert r.output_token_ids == [5, 6, PENDING]             # the placeholder is back
+
+
+def test_drafts_expected_to_accept_too_little_are_not_verified():
+    r = request("a", [5, 6])
+    assert ad.AheadDrafts(Told({"a": chain([7, 8], p=0.4)}), rows=1).propose([(r, 1)], [r], 100) == {}
+    assert set(ad.AheadDrafts(Told({"a": chain([7, 8], p=0.7)}), rows=1).propose([(r, 1)], [r], 100)) == {"a"}
+
+
+def test_a_row_whose_verifications_accept_little_backs_off_doubling():
+    r = request("a", [5, 6])
+    a = ad.AheadDrafts(Told({"a": chain([7, 8, 9])}), rows=1)
+    rows = [(r, 1)]
+
+    def drafting_steps(n):
+        return sum(bool(a.propose(rows, [r], 100)) for _ in range(n))
+    assert drafting_steps(1) == 1
+    a.record(r, 0)
+    a.record(r, 0)                                  # TRIES verifications, under MIN_EXPECTED
+    assert drafting_steps(ad.BACKOFF) == 0
+    assert drafting_steps(1) == 1
+    a.record(r, 1)
+    a.record(r, 0)
+    assert drafting_steps(2 * ad.BACKOFF) == 0      # the back-off doubled
+    assert drafting_steps(1) == 1
+    a.record(r, 3)
+    a.record(r, 3)                                  # accepted again: the back-off starts over
+    assert a._wait.get("a") is None
+    a.finish(r)
+    assert not a._avg and not a._off and "a" not in a._chosen
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, streams and copies not waited for")
+def test_on_a_gpu_rows_drafting_inside_steps_launched_ahead_give_plain_steppings_outputs(model, guessed):
+    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=64, gpu_memory_utilization=0.2)
+    want = outputs(LLM(model, **kw))
+    llm = LLM(model, speculative=SpeculativeConfig(policy="fixed", ahead_above=1, ahead_drafts=8), **kw)
+    llm.engine.tail.plain = lambda: True
+    for _ in range(3):
+        assert outputs(llm) == want
+    assert llm.last_metrics["rollout/spec_verify_steps"] > 0 and guessed[0] > 0
+    assert llm.last_metrics["graphs/replayed_steps"] > 5
