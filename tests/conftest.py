@@ -10,6 +10,26 @@ if not torch.cuda.is_available():                      # the Triton kernels run 
     # time (test_attention_lanes_... checks the default's 16)
     os.environ.setdefault("TAILRL_ATTENTION_LANES", "2")
 
+
+def _dots_alike_for_every_row() -> None:
+    """Triton's interpreter computes ``tl.dot`` with numpy's matmul, whose BLAS may round a
+    row by its place in the tile (OpenBLAS on an AMD EPYC: rows 6-15 of a 64 x 128 x 64 float32
+    tile otherwise than row 0), where a GPU's dot instructions treat a tile's rows alike: the
+    row-invariance tests would test numpy. Under the interpreter a dot here is its products
+    summed along K in numpy's fixed order, the same for every row."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        dt = d.data.dtype
+        products = a.data.astype(dt)[..., :, :, None] * b.data.astype(dt)[..., None, :, :]
+        return interpreter.TensorHandle(products.sum(axis=-2, dtype=dt) + d.data, d.dtype.scalar)
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _dots_alike_for_every_row()
+
 sys.path.insert(0, os.path.dirname(__file__))          # tests/checkpoints.py
 from checkpoints import make_checkpoint  # noqa: E402
 

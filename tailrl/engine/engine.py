@@ -361,9 +361,7 @@ class LLMEngine:
                 req.spec_draft_tokens += len(plan.draft_tokens)
                 req.spec_accepted_tokens += a
                 req.spec_verify_steps += 1
-            for plan in step.batch.plans:
-                if plan.rows:
-                    self.speculator.observe(plan.req, [tokens[i] for i in plan.rows])
+            self.speculator.observe_many([(p.req, [tokens[i] for i in p.rows]) for p in step.batch.plans if p.rows])
         spec = time.perf_counter() - observed
         for req in finished:
             self._finish(req, req.status)
@@ -448,7 +446,7 @@ class LLMEngine:
                 self.speculator.record_verification(plan.req, plan.draft, accepted)
             if hidden is not None:                     # positions num_tokens - len(emitted) - 1 on
                 emitted_rows.append((plan.req, plan.req.num_tokens - len(toks) - 1, plan.rows))
-            self.speculator.observe(plan.req, toks)
+        self.speculator.observe_many([(plan.req, toks) for plan, (toks, _) in zip(batch.plans, emitted)])
         if emitted_rows:
             self._hand_out(hidden, emitted_rows)
 

@@ -75,6 +75,8 @@ class Speculator:
         self.policy = policy if policy is not None else make_spec_policy(self.config, self.cost_model,
                                                                     history_store, seed)
         self.max_draft_tokens = self.config.max_draft_tokens
+        # sources whose observe does something (the others index lazily, or need nothing)
+        self._observers = [s for s in self.sources if getattr(s, "observes", True)]
         # sources that read the target's hidden states (the drafter's past); called every step
         self._hidden_takers = [s.observe_hidden for s in self.sources if hasattr(s, "observe_hidden")]
         # a source drafts from hidden states (the drafter): read once, not per engine step
@@ -170,11 +172,20 @@ class Speculator:
             self._carry[req.request_id] = state["carry"]
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
+        self.observe_many([(req, new_tokens)])
+
+    def observe_many(self, items: list[tuple[Any, list[int]]]) -> None:
+        """``observe`` for each (request, its new tokens) of a step, in one pass: each source
+        whose ``observe`` does something (not marked ``observes = False``) sees every item in
+        order (a step launched ahead settles hundreds of rows, each with one token)."""
         t0 = time.perf_counter()
-        for s in self.sources:
-            s.observe(req, new_tokens)
-        if self._shadow and req.request_id in self._shadow:
-            self._score_shadow(req)
+        for s in self._observers:
+            for req, new_tokens in items:
+                s.observe(req, new_tokens)
+        if self._shadow:
+            for req, _ in items:
+                if req.request_id in self._shadow:
+                    self._score_shadow(req)
         self.counts.index_s += time.perf_counter() - t0
 
     def _score_shadow(self, req: Any) -> None:

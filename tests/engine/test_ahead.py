@@ -153,12 +153,13 @@ def test_every_token_reaches_the_speculators_sources_once_in_order(model, monkey
     llm = LLM(model, dtype="bfloat16", max_num_seqs=256, async_scheduling=True,
               speculative=SpeculativeConfig(policy="fixed", ahead_above=ahead_above))
     spec = llm.engine.speculator
-    observe = spec.observe
+    observe_many = spec.observe_many
 
-    def recording(req, new_tokens):
-        seen.setdefault(req.request_id, []).extend(new_tokens)
-        return observe(req, new_tokens)
-    monkeypatch.setattr(spec, "observe", recording)
+    def recording(items):
+        for req, new_tokens in items:
+            seen.setdefault(req.request_id, []).extend(new_tokens)
+        return observe_many(items)
+    monkeypatch.setattr(spec, "observe_many", recording)
     outs = llm.generate(PROMPTS, PARAMS)
     responses = sorted(list(c.token_ids) for o in outs for c in o.outputs)
     assert sorted(seen.values()) == responses and len(responses) == 12

@@ -83,13 +83,14 @@ def test_every_token_reaches_the_speculators_sources_once_in_order(model, monkey
     seen: dict = {}
     llm = engine(model, max_num_seqs=256)
     spec = llm.engine.speculator
-    observe = spec.observe
+    observe_many = spec.observe_many
 
-    def recording(req, new_tokens):
-        assert PENDING not in new_tokens
-        seen.setdefault(req.request_id, []).extend(new_tokens)
-        return observe(req, new_tokens)
-    monkeypatch.setattr(spec, "observe", recording)
+    def recording(items):
+        for req, new_tokens in items:
+            assert PENDING not in new_tokens
+            seen.setdefault(req.request_id, []).extend(new_tokens)
+        return observe_many(items)
+    monkeypatch.setattr(spec, "observe_many", recording)
     llm.generate(PROMPTS_ONCE, PARAMS_ONCE)                  # a history to draft from
     seen.clear()
     outs = llm.generate(PROMPTS_ONCE, PARAMS_ONCE)

@@ -11,6 +11,9 @@ A source keeps whatever index it needs, fed by the engine through four calls:
   source has no useful match (the engine then decodes plainly unless another source has).
 - ``finish(req)``: finished, aborted or handed back to the buffer (it may ``start`` again).
 
+A source whose ``observe`` does nothing says so with ``observes = False``: the speculator
+then skips it for every row of every step.
+
 Sources rely only on ``req.request_id``, ``req.group_id``, ``req.prompt_id``,
 ``req.prompt_token_ids`` and ``req.output_token_ids``.
 """

@@ -103,6 +103,7 @@ class PrecisionChoice:
 
 class DrafterSource:
     name = "drafter"
+    observes = False            # its observe does nothing (the speculator need not call it)
     needs_hidden = True
 
     def __init__(self, drafter: Drafter, min_path_prob: float = 0.0, fast_dtype: torch.dtype | None = None):

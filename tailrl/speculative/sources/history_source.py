@@ -35,6 +35,7 @@ class _PromptIndex:
 
 class HistorySource:
     name = "history"
+    observes = False            # its observe does nothing (the speculator need not call it)
 
     def __init__(self, store: HistoryStore, params: MatchParams | None = None) -> None:
         self.store = store

@@ -27,6 +27,7 @@ class _Entry:
 
 class SelfSource:
     name = "self"
+    observes = False            # its observe does nothing (the speculator need not call it)
 
     def __init__(self, params: MatchParams | None = None) -> None:
         self.params = params or MatchParams()
