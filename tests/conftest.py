@@ -17,7 +17,6 @@ def _dots_alike_for_every_row() -> None:
     tile otherwise than row 0), where a GPU's dot instructions treat a tile's rows alike: the
     row-invariance tests would test numpy. Under the interpreter a dot here is its products
     summed along K in numpy's fixed order, the same for every row."""
-    import numpy as np
     from triton.runtime import interpreter
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
