@@ -27,9 +27,10 @@ against plain's two. It drafts where the chain's path probabilities expect at le
 on average (``AVERAGE``-weighted, from ``TRIES`` of them) it stops drafting for ``BACKOFF``
 steps, doubling while it stays so (up to ``MAX_BACKOFF``).
 
-Which rows: the ``rows`` with the most expected tokens still to generate (critical.py's
-estimate where requests have length priors, else the tokens they have generated: a long-tailed
-length's survivor runs about as long again), chosen every ``REFRESH`` steps. Chains only (a
+Which rows: the ``rows`` with the most expected tokens still to generate, chosen every
+``REFRESH`` steps: critical.py's estimate from a request's length priors, else from the lengths
+of its prompt's responses in the history store (the previous round's), else the tokens it has
+generated (a long-tailed length's survivor runs about as long again). Chains only (a
 tree's accepted path would move K/V while the next step may read the row's blocks); not with a
 learned drafter (its past of hidden states needs every step's).
 
@@ -45,6 +46,7 @@ from tailrl.engine.ahead import PENDING
 from tailrl.engine.request import Request
 from tailrl.speculative.critical import expected_remaining, known_lengths
 from tailrl.speculative.draft import Draft
+from tailrl.speculative.history import HistoryStore
 
 MIN_EXPECTED = 1.0          # expected accepted nodes a draft needs: a verify costs the row a step
 REFRESH = 8                 # steps between choices of the rows that draft
@@ -53,16 +55,10 @@ TRIES = 2                   # verifications before a row's average can stop it
 BACKOFF, MAX_BACKOFF = 8, 128
 
 
-def expected_left(req: Request) -> float:
-    """Tokens ``req`` is expected still to generate (see the module docstring)."""
-    g, cap = len(req.output_token_ids), req.params.max_tokens
-    lengths = known_lengths(req)
-    return expected_remaining(lengths, g, cap) if lengths else float(min(g, cap - g))
-
-
 class AheadDrafts:
-    def __init__(self, speculator: Any, rows: int) -> None:
-        self.speculator, self.rows = speculator, rows
+    def __init__(self, speculator: Any, rows: int, history: HistoryStore | None = None) -> None:
+        self.speculator, self.rows, self.history = speculator, rows, history
+        self._lengths: dict[str, list[int]] = {}         # prompt id -> its history's lengths, sorted
         self._chosen: set[str] = set()
         self._age = REFRESH
         self._avg: dict[str, tuple[float, int]] = {}      # request id -> (average accepted, verifications)
@@ -73,8 +69,8 @@ class AheadDrafts:
         """Drafts for this step's chosen decode rows, at most ``budget`` nodes in all."""
         self._age += 1
         if self._age >= REFRESH:
-            self._age = 0
-            best = heapq.nlargest(self.rows, running, key=expected_left)
+            self._age, self._lengths = 0, {}
+            best = heapq.nlargest(self.rows, running, key=self.expected_left)
             self._chosen = {r.request_id for r in best}
         out: dict[str, Draft] = {}
         for req, n in rows:
@@ -93,6 +89,20 @@ class AheadDrafts:
                 out[rid] = draft
                 budget -= len(draft)
         return out
+
+    def expected_left(self, req: Request) -> float:
+        """Tokens ``req`` is expected still to generate (see the module docstring)."""
+        g, cap = len(req.output_token_ids), req.params.max_tokens
+        lengths = known_lengths(req) or self._history_lengths(req.prompt_id)
+        return expected_remaining(lengths, g, cap) if lengths else float(min(g, cap - g))
+
+    def _history_lengths(self, prompt_id: str) -> list[int]:
+        if self.history is None or not prompt_id:
+            return []
+        got = self._lengths.get(prompt_id)
+        if got is None:
+            got = self._lengths[prompt_id] = sorted(self.history.lengths(prompt_id))
+        return got
 
     def _chain(self, req: Request, room: int) -> tuple[Draft | None, float]:
         out = req.output_token_ids

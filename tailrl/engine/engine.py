@@ -78,7 +78,7 @@ class LLMEngine:
         # the rows expected to run longest draft inside steps launched ahead (ahead_drafts.py)
         rows = getattr(cfg, "ahead_drafts", 0)
         drafts_ahead = ahead and rows > 0 and getattr(cfg, "method", None) not in DRAFTER_METHODS
-        self.ahead_drafts = AheadDrafts(speculator, rows) if drafts_ahead else None
+        self.ahead_drafts = AheadDrafts(speculator, rows, history) if drafts_ahead else None
         self._launched: Launched | None = None
         self._settled_at = 0.0
         if speculator is not None and hasattr(speculator, "captures"):

@@ -15,6 +15,7 @@ from tailrl.engine.graph_pool import GraphPool, eager_capture
 from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.request import Request
 from tailrl.speculative.draft import Draft
+from tailrl.speculative.history import HistoryStore
 from tailrl.speculative.speculator import Speculator
 
 
@@ -148,12 +149,28 @@ def test_the_rows_expected_to_run_longest_draft_within_the_budget():
     a = ad.AheadDrafts(told, rows=2)
     got = a.propose([(r, 1) for r in reqs], reqs, budget=100)
     assert set(got) == {"b", "d"}
-    assert ad.expected_left(reqs[0]) == 3 and ad.expected_left(reqs[3]) == 98   # capped by max_tokens
+    assert a.expected_left(reqs[0]) == 3 and a.expected_left(reqs[3]) == 98   # capped by max_tokens
     a._age = ad.REFRESH
     got = a.propose([(r, 1) for r in reqs], reqs, budget=6)   # the first fits, the second gets the rest
     assert [len(d) for d in got.values()] == [4, 2]
     got = a.propose([(reqs[1], 0), (reqs[3], 1)], reqs, budget=100)   # a row sitting out a step drafts not
     assert set(got) == {"d"}
+
+
+def test_without_priors_a_prompts_history_says_which_rows_run_long():
+    """The lengths of a prompt's responses in the history store (the previous round's) are its
+    requests' priors: a request of a prompt whose responses ran 400 tokens outranks one that has
+    generated more so far, and outranks its sibling once the sibling has outlived them."""
+    store = HistoryStore()
+    store.record("long", [[1] * 400, [1] * 40])
+    store.record("short", [[1] * 20])
+    reqs = [request(rid, [5] * g, max_tokens=1000) for rid, g in (("a", 30), ("b", 10), ("c", 50))]
+    reqs[0].prompt_id, reqs[1].prompt_id, reqs[2].prompt_id = "short", "long", "long"
+    a = ad.AheadDrafts(Told({}), rows=1, history=store)
+    assert [a.expected_left(r) for r in reqs] == [30, 210, 350]
+    a.propose([(r, 1) for r in reqs], reqs, budget=100)
+    assert a._chosen == {"c"}
+    assert ad.AheadDrafts(Told({}), rows=1).expected_left(reqs[1]) == 10
 
 
 def test_a_row_waiting_on_the_device_drafts_the_chain_less_its_guess():
