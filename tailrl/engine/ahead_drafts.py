@@ -30,9 +30,8 @@ steps, doubling while it stays so (up to ``MAX_BACKOFF``).
 Which rows: the ``rows`` with the most expected tokens still to generate, chosen every
 ``REFRESH`` steps: critical.py's estimate from a request's length priors, else from the lengths
 of its prompt's responses in the history store (the previous round's), else the tokens it has
-generated (a long-tailed length's survivor runs about as long again). Chains only (a
-tree's accepted path would move K/V while the next step may read the row's blocks); not with a
-learned drafter (its past of hidden states needs every step's).
+generated (a long-tailed length's survivor runs about as long again). Chains only (trees are
+not built here); not with a learned drafter (its past of hidden states needs every step's).
 
 Outputs never depend on drafts: every token and log-probability is plain decoding's
 (tests/engine/test_ahead_drafts.py).

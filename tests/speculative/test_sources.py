@@ -83,6 +83,17 @@ def test_group_source_leaves_out_a_siblings_token_still_on_the_device():
     assert src.propose(b, 8, 1).tokens == [3, 4]
 
 
+def test_self_source_indexes_settled_tokens_only():
+    src = SelfSource(FULL)
+    r = FakeRequest("a", PROMPT)
+    r.emit([src], [1, 2, 3, 1, 2])
+    r.output_token_ids.append(-1)               # ahead.PENDING
+    assert src.propose(r, 8, 1) is None         # "... 2 -1": no match, and -1 is not indexed
+    r.output_token_ids[-1] = 3
+    r.emit([src], [1, 2])
+    assert src.propose(r, 8, 1).tokens[:2] == [3, 1]
+
+
 def test_group_source_drafts_sibling_openings_from_the_prompt_tail():
     src = GroupSource(FULL)
     reqs = [FakeRequest(str(i), PROMPT, group_id="g") for i in range(4)]

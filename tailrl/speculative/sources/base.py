@@ -81,7 +81,7 @@ def propose_from(index: SuffixIndex, req: Any, params: MatchParams, max_tokens: 
 def settled(out: list[int]) -> int:
     """How many of the output tokens ``out`` are known: a step launched ahead leaves a
     placeholder (negative) as the last token of a row whose token is still on the device
-    (engine/ahead.py); a sibling's index must not take it in."""
+    (engine/ahead.py); no index may take it in."""
     return len(out) - 1 if out and out[-1] < 0 else len(out)
 
 

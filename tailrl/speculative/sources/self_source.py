@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailrl.speculative.draft import Draft
-from tailrl.speculative.sources.base import MatchParams, propose_from
+from tailrl.speculative.sources.base import MatchParams, propose_from, settled
 from tailrl.speculative.sources.suffix_index import SuffixIndex
 
 
@@ -41,8 +41,9 @@ class SelfSource:
 
     def _build(self, req: Any) -> None:
         index = self.params.index()
-        index.add(list(req.prompt_token_ids) + list(req.output_token_ids))
-        self._entries[req.request_id] = _Entry(index, len(req.output_token_ids))
+        n = settled(req.output_token_ids)
+        index.add(list(req.prompt_token_ids) + list(req.output_token_ids[:n]))
+        self._entries[req.request_id] = _Entry(index, n)
 
     def _sync(self, req: Any) -> _Entry:
         e = self._entries.get(req.request_id)
@@ -50,9 +51,10 @@ class SelfSource:
             self._build(req)
             return self._entries[req.request_id]
         out = req.output_token_ids
-        if len(out) > e.inserted:
-            e.index.extend(0, out[e.inserted:])
-            e.inserted = len(out)
+        n = settled(out)
+        if n > e.inserted:
+            e.index.extend(0, out[e.inserted:n])
+            e.inserted = n
         return e
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
