@@ -72,6 +72,10 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     """``rows``: (request, committed tokens to compute) in row order (request ``rows[r]`` holds
     row r of ``kv``'s block table); ``drafts``: request id -> Draft to verify. With ``graphs``,
     a step without prefill goes to the static inputs of its graph's bucket (``Batch.graph``)."""
+    if not drafts and len(rows) > FEW_TOKENS:
+        batch = _decode_batch(rows, kv, graphs)
+        if batch is not None:
+            return batch
     ids: list[int] = []
     pos: list[int] = []
     wpos: list[int] = []
@@ -181,6 +185,36 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, (temps, topk, topp), len(rows),
                                                  kv_len, reads, work, kv, graphs)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead)
+
+
+def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGraphs | None) -> Batch | None:
+    """``build_batch`` of a step whose every row is a plain decode row (most steps of a rollout's
+    bulk, hundreds of rows): one pass over the rows for what is their own, the rest in arrays;
+    the same batch as the general path (tests/engine/test_batch.py). None where a row is not
+    one (a prefill chunk, a row waiting for room or sitting out)."""
+    own = []
+    for req, n in rows:
+        out = req.output_token_ids
+        start = req.num_computed_tokens
+        if n != 1 or start + 1 != len(req.prompt_token_ids) + len(out):
+            return None
+        own.append((out[-1] if out else req.prompt_token_ids[-1], start, len(out), req.seed_key, req.params))
+    ids, starts, upos, keys, params = zip(*own)
+    m = len(own)
+    plans = [RowPlan(req, 1, [], [], i, None) for i, (req, _) in enumerate(rows)]
+    ahead = [(i, rows[i][0]) for i, tok in enumerate(ids) if tok < 0]   # sampled by a step still on the device
+    pos = np.array(starts, dtype=np.int64)
+    index = np.arange(m, dtype=np.int64)
+    prefix = pos + 1
+    zeros = np.zeros(m, dtype=np.int64)
+    reads = int(prefix.sum())
+    slots = kv.slots(index, pos)
+    temps, topk, topp = [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params]
+    u = uniforms(list(keys), list(upos))
+    key, (ids_t, pos_t, sample_t, meta) = _place([list(ids), pos, index, slots], [index, prefix, zeros, zeros], [0],
+                                                 u, (temps, topk, topp), m, int(pos.max()) + 1, reads, reads, kv,
+                                                 graphs)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, 0, [], key, ahead)
 
 
 def _slots(kv: KVCache, rows: list[int], positions: list[int]) -> tuple[list[int] | np.ndarray, int]:

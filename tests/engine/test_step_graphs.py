@@ -270,3 +270,17 @@ def test_every_buckets_inputs_start_16_bytes_apart(model):
                                                                                "block_table"))]
         assert all((t.data_ptr() - b.dev.data_ptr()) % 16 == 0 for t in views), (n, e)
         assert [len(t) for t in views[:8]] == [key[0]] * 8 and len(b.meta.extra) == key[1]
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["waiting", "ahead"])
+def test_steps_of_many_decode_rows_through_the_static_inputs_give_eager_decodings_outputs(model, ahead):
+    """More than 16 decode rows: ``build_batch``'s all-decode form (``_decode_batch``) staged
+    into a bucket's static inputs, with and without steps launched ahead (rows fed on the device)."""
+    prompts = [[(3 * i + j) % 89 + 1 for j in range(2 + i % 4)] for i in range(12)]
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=20, ignore_eos=True, seed=6)
+    run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, params)]  # noqa: E731
+    want = run(LLM(model, dtype="bfloat16", max_num_seqs=64))
+    llm = LLM(model, dtype="bfloat16", max_num_seqs=64, async_scheduling=ahead)
+    with_graphs(llm)
+    assert run(llm) == want
+    assert llm.last_metrics["graphs/replayed_steps"] > 10
