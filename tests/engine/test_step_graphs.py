@@ -273,13 +273,18 @@ def test_every_buckets_inputs_start_16_bytes_apart(model):
 
 
 @pytest.mark.parametrize("ahead", [False, True], ids=["waiting", "ahead"])
-def test_steps_of_many_decode_rows_through_the_static_inputs_give_eager_decodings_outputs(model, ahead):
+def test_steps_of_many_decode_rows_through_the_static_inputs_give_eager_decodings_outputs(model, ahead,
+                                                                                           monkeypatch):
     """More than 16 decode rows: ``build_batch``'s all-decode form (``_decode_batch``) staged
-    into a bucket's static inputs, with and without steps launched ahead (rows fed on the device)."""
+    into a bucket's static inputs, with and without steps launched ahead (rows fed on the
+    device), against eager steps built by the general path."""
+    from tailrl.engine import batch as batch_mod
     prompts = [[(3 * i + j) % 89 + 1 for j in range(2 + i % 4)] for i in range(12)]
     params = SamplingParams(n=3, temperature=1.0, max_tokens=20, ignore_eos=True, seed=6)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, params)]  # noqa: E731
-    want = run(LLM(model, dtype="bfloat16", max_num_seqs=64))
+    with monkeypatch.context() as m:
+        m.setattr(batch_mod, "FEW_TOKENS", 1 << 30)              # every step through the general path
+        want = run(LLM(model, dtype="bfloat16", max_num_seqs=64))
     llm = LLM(model, dtype="bfloat16", max_num_seqs=64, async_scheduling=ahead)
     with_graphs(llm)
     assert run(llm) == want
