@@ -101,6 +101,13 @@ class Scheduler:
         # Request.is_decoding, read once per request (hundreds of rows per step)
         decoding = [r.num_computed_tokens + 1 == len(r.prompt_token_ids) + len(r.output_token_ids)
                     for r in self.running]
+        running = self.running
+        if (budget >= len(running) and all(decoding)
+                and (not self.waiting or len(running) >= self.max_num_seqs or budget == len(running))
+                and self.kv.grow_rows([(r.row, r.num_computed_tokens + 1) for r in running])):
+            # every row decodes one token, all fit, and nobody is admitted (most steps of a
+            # rollout's bulk): what the passes below give, in one
+            return SchedulerOutput([(req, 1) for req in running], len(running), budget - len(running))
         for req, dec in zip(self.running, decoding):     # decodes first: one token each
             if dec and budget > 0:
                 chunk[id(req)] = 1
