@@ -82,11 +82,13 @@ engine() {
     step gpu ${GPU_LIMIT:-280} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
         ${GPU_VARIANTS:+--variants $GPU_VARIANTS} --partial-json "$OUT/gpu_partial.json"
     # the tests whose code changed since the last GPU run first: the measured tail's (stop 46) in
-    # test_ahead.py, the trainer's bits with tensor-core attention, then test_triton.py (its first
-    # 19, every attention test, passed with tensor cores at stop 46)
+    # test_ahead.py, rows drafting inside steps launched ahead (stop 47), the trainer's bits with
+    # tensor-core attention, then test_triton.py (its first 19, every attention test, passed with
+    # tensor cores at stop 46)
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
-            tests/engine/test_ahead.py tests/rl/test_device.py tests/kernels/test_triton.py \
+            tests/engine/test_ahead.py tests/engine/test_ahead_drafts.py tests/rl/test_device.py \
+            tests/kernels/test_triton.py \
             tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py tests/kernels/test_launches.py \
             tests/kernels/test_stock.py tests/kernels/test_triton_sampler.py tests/engine/test_engine_device.py
     else
