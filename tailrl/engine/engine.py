@@ -320,10 +320,7 @@ class LLMEngine:
         if self.ahead_drafts is None or sched.token_budget_left <= 0:
             return {}
         drafts = self.ahead_drafts.propose(sched.rows, self.scheduler.running, sched.token_budget_left)
-        if drafts and not self.kv.grow_rows([(self.requests[rid].row, self.requests[rid].num_tokens + len(d))
-                                             for rid, d in drafts.items()]):
-            return {}                                   # drafts never cost a preemption
-        return drafts
+        return drafts if not drafts or self._room_for(drafts) else {}
 
     def _bulk(self) -> bool:
         """Whether this speculative engine's step is plain and launched ahead: more requests run
@@ -399,10 +396,13 @@ class LLMEngine:
             if len(d.tokens) > room:
                 drafts[rid] = d.truncate(room)
         drafts = {rid: d for rid, d in drafts.items() if len(d.tokens) > 0}
+        return drafts if self._room_for(drafts) else {}
+
+    def _room_for(self, drafts: dict) -> bool:
+        """Blocks for the drafts' nodes where the pool has them free (drafts never cost a
+        preemption: without them, no drafts)."""
         reqs = self.requests
-        if not self.kv.grow_rows([(reqs[rid].row, reqs[rid].num_tokens + len(d.tokens)) for rid, d in drafts.items()]):
-            return {}                                   # drafts never cost a preemption
-        return drafts
+        return self.kv.grow_rows([(reqs[rid].row, reqs[rid].num_tokens + len(d.tokens)) for rid, d in drafts.items()])
 
     def _hand_out_prefill(self, batch: Batch, computed: torch.Tensor) -> None:
         """The states [N, H] of this step's committed positions whose next token is known

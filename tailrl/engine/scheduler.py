@@ -102,8 +102,7 @@ class Scheduler:
         decoding = [r.num_computed_tokens + 1 == len(r.prompt_token_ids) + len(r.output_token_ids)
                     for r in self.running]
         running = self.running
-        if (budget >= len(running) and all(decoding)
-                and (not self.waiting or len(running) >= self.max_num_seqs or budget == len(running))
+        if (budget >= len(running) and all(decoding) and not self._may_admit(budget - len(running))
                 and self.kv.grow_rows([(r.row, r.num_computed_tokens + 1) for r in running])):
             # every row decodes one token, all fit, and nobody is admitted (most steps of a
             # rollout's bulk): what the passes below give, in one
@@ -127,8 +126,12 @@ class Scheduler:
         rows = [(req, chunk.get(id(req), 0)) for req in self.running]
         return SchedulerOutput(rows, self.max_num_batched_tokens - budget, budget, preempted)
 
+    def _may_admit(self, budget: int) -> bool:
+        """Whether a request waits and rows and ``budget`` tokens are left for it."""
+        return bool(self.waiting) and len(self.running) < self.max_num_seqs and budget > 0
+
     def _admit(self, chunk: dict[int, int], budget: int, preempted: list[Request]) -> int:
-        if not self.waiting or len(self.running) >= self.max_num_seqs or budget <= 0:
+        if not self._may_admit(budget):
             return budget                               # nothing to admit (most steps)
         # a running sibling with the prompt (minus its last token) in cache can lend its K/V
         lenders: dict[str, Request] = {}
