@@ -34,7 +34,9 @@ checkpoint directory). Then, on ``--device``:
    measures which way its steps are faster, engine/tail_choice.py; ``tail_steps``: how many
    went each way), 16 or 64 rows drafting inside steps launched ahead (``drafts_ahead_16``,
    with the default split; ``drafts_ahead_16_all``, ``drafts_ahead_64_all``: every step
-   launched ahead; engine/ahead_drafts.py), and plain and the default with attention's
+   launched ahead; engine/ahead_drafts.py; the rows draft where the rollout measures it faster,
+   engine/drafts_gate.py, ``gate_steps``: how many steps went each way; ``..._always``: they
+   always draft; these run first), and plain and the default with attention's
    float32 FMA dots instead of tensor cores (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
    first engine's rollout is also timed before any other engine is made
    (``plain_before_others_s``), and a new plain engine's after them (``plain_fresh_s``;
@@ -280,8 +282,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25,
                     help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
-    ap.add_argument("--variants", default="drafts_ahead_16_all,drafts_ahead_64_all,drafts_ahead_16,tail_speculate,"
-                                          "fixed_12",
+    ap.add_argument("--variants", default="drafts_ahead_16,drafts_ahead_16_all,drafts_ahead_16_all_always,"
+                                          "drafts_ahead_64_all,tail_speculate,fixed_12",
                     help="speculation's variants to run (comma-separated; '' for none)")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--matmul-reps", type=int, default=20)
@@ -459,7 +461,17 @@ def main() -> None:
         del spec
         # against the default: every request drafting a fixed depth at every step; graphs up to
         # 2048 tokens (verify steps of a full batch replayed instead of launched from Python)
-        variants = {"fixed": (SpeculativeConfig(policy="fixed"), {}),
+        variants = {
+                    # 16 or 64 rows drafting inside steps launched ahead (engine/ahead_drafts.py),
+                    # with the default split, or with every step launched ahead (ahead_above=1);
+                    # where the rollout measures drafting faster (engine/drafts_gate.py), or always
+                    # (first: the question the next GPU run answers, before a time limit can stop it)
+                    "drafts_ahead_16": (SpeculativeConfig(ahead_drafts=16), {}),
+                    "drafts_ahead_16_all": (SpeculativeConfig(ahead_drafts=16, ahead_above=1), {}),
+                    "drafts_ahead_16_all_always": (SpeculativeConfig(ahead_drafts=16, ahead_above=1,
+                                                                     ahead_drafts_gate="always"), {}),
+                    "drafts_ahead_64_all": (SpeculativeConfig(ahead_drafts=64, ahead_above=1), {}),
+                    "fixed": (SpeculativeConfig(policy="fixed"), {}),
                     "fixed_3": (SpeculativeConfig(policy="fixed", max_draft_tokens=3), {}),
                     "fixed_12": (SpeculativeConfig(policy="fixed", max_draft_tokens=12), {}),
                     "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0}),
@@ -469,11 +481,6 @@ def main() -> None:
                     # the bulk's plain steps launched ahead above 16 or 256 rows (the default: 64)
                     "ahead_16": (SpeculativeConfig(ahead_above=16), {}),
                     "ahead_256": (SpeculativeConfig(ahead_above=256), {}),
-                    # 16 or 64 rows drafting inside steps launched ahead (engine/ahead_drafts.py),
-                    # with the default split, or with every step launched ahead (ahead_above=1)
-                    "drafts_ahead_16": (SpeculativeConfig(ahead_drafts=16), {}),
-                    "drafts_ahead_16_all": (SpeculativeConfig(ahead_drafts=16, ahead_above=1), {}),
-                    "drafts_ahead_64_all": (SpeculativeConfig(ahead_drafts=64, ahead_above=1), {}),
                     # attention's float32 FMA dots instead of tensor cores (other bits: the share
                     # identical to plain compares the two kernels, not speculation)
                     "ieee_plain": (None, {"dots": "ieee"}),
@@ -497,6 +504,8 @@ def main() -> None:
                     "seconds": round(secs, 3), "speedup": round(plain_s / secs, 3),
                     "identical_share": sum(same) / len(same),
                     "accept_length": round(llm.last_metrics.get("rollout/spec_accept_length", 0.0), 2),
+                    "gate_steps": {w: int(llm.last_metrics[f"rollout/ahead_{w}_steps"]) for w in ("draft", "plain")
+                                   if f"rollout/ahead_{w}_steps" in llm.last_metrics},
                     "steps": figures}
                 print(f"rollout: {name} {secs:.2f} s ({plain_s / secs:.2f}x plain): {roll['variants'][name]}",
                       flush=True)

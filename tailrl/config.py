@@ -80,6 +80,7 @@ SPEC_METHODS = ("suffix", "drafter", "hybrid")
 SPEC_SOURCES = ("history", "group", "self")
 SPEC_POLICIES = ("priced", "adaptive", "bandit", "fixed")
 SPEC_TAILS = ("measured", "speculate")
+AHEAD_DRAFTS_GATES = ("measured", "always")
 # SpeculativeConfig.ahead_above's default: above this many requests a speculative engine that can
 # launch steps ahead does (at 64 rows a verify step of a few tokens a row is still on the flat
 # part of an H100's step-time curve, which #34 measured flat to a few hundred tokens; on an H200
@@ -134,6 +135,9 @@ class SpeculativeConfig:
     # verification, whose emitted tokens the next step can not know: engine/ahead_drafts.py);
     # 0 = none. Not with a learned drafter. Off by default until measured on a GPU
     ahead_drafts: int = 0
+    # whether those rows draft: "measured", where the rollout measures the rows that set its
+    # makespan faster with their drafts than without (engine/drafts_gate.py); "always"
+    ahead_drafts_gate: str = "measured"
     # the learned drafter's acceptance is measured by shadow drafts (never verified, within 1% of
     # the steps' time) only where a drafter call could pay; true: throughout, to follow an online
     # drafter's acceptance (rollout/spec_drafter_shadow_accept_length) even where it cannot pay
@@ -178,6 +182,8 @@ class SpeculativeConfig:
         _check(self.tail in SPEC_TAILS, "tail", f"must be one of {SPEC_TAILS}", self.tail)
         _check(isinstance(self.ahead_drafts, int) and not isinstance(self.ahead_drafts, bool)
                and self.ahead_drafts >= 0, "ahead_drafts", "must be an integer >= 0", self.ahead_drafts)
+        _check(self.ahead_drafts_gate in AHEAD_DRAFTS_GATES, "ahead_drafts_gate",
+               f"must be one of {AHEAD_DRAFTS_GATES}", self.ahead_drafts_gate)
 
     @classmethod
     def coerce(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":

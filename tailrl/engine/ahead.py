@@ -50,6 +50,7 @@ class Launched:
     stages: list[float]             # seconds of its schedule, draft, build, forward and sampling launches
     start: float                    # perf_counter() when its call began
     tail: bool = False              # a speculative engine's tail step (engine.tail: its time is measured)
+    drafting: bool = False          # its chosen rows could draft (engine/drafts_gate.py's way)
 
     def live(self) -> bool:
         return any(not p.req.status.finished for p in self.batch.plans)

@@ -33,6 +33,9 @@ of its prompt's responses in the history store (the previous round's), else the 
 generated (a long-tailed length's survivor runs about as long again). Chains only (trees are
 not built here); not with a learned drafter (its past of hidden states needs every step's).
 
+Whether the chosen rows draft at all is measured (engine/drafts_gate.py): drafting makes every
+step longer, which pays only where the chosen rows' gain outweighs it.
+
 Outputs never depend on drafts: every token and log-probability is plain decoding's
 (tests/engine/test_ahead_drafts.py).
 """
@@ -42,6 +45,7 @@ import heapq
 from typing import Any
 
 from tailrl.engine.ahead import PENDING
+from tailrl.engine.drafts_gate import DraftsGate
 from tailrl.engine.request import Request
 from tailrl.speculative.critical import expected_remaining, known_lengths
 from tailrl.speculative.draft import Draft
@@ -55,8 +59,11 @@ BACKOFF, MAX_BACKOFF = 8, 128
 
 
 class AheadDrafts:
-    def __init__(self, speculator: Any, rows: int, history: HistoryStore | None = None) -> None:
+    def __init__(self, speculator: Any, rows: int, history: HistoryStore | None = None,
+                 measured: bool = True) -> None:
         self.speculator, self.rows, self.history = speculator, rows, history
+        self.gate = DraftsGate() if measured else None    # None: the chosen rows always draft
+        self.spread = 1.0           # the longest row's expected tokens left over the (rows + 1)-th's
         self._lengths: dict[str, list[int]] = {}         # prompt id -> its history's lengths, sorted
         self._chosen: set[str] = set()
         self._age = REFRESH
@@ -65,12 +72,16 @@ class AheadDrafts:
         self._wait: dict[str, int] = {}                   # request id -> its next back-off
 
     def propose(self, rows: list[tuple[Request, int]], running: list[Request], budget: int) -> dict[str, Draft]:
-        """Drafts for this step's chosen decode rows, at most ``budget`` nodes in all."""
+        """Drafts for this step's chosen decode rows, at most ``budget`` nodes in all (none
+        where the gate measures plain steps faster)."""
         self._age += 1
         if self._age >= REFRESH:
             self._age, self._lengths = 0, {}
-            best = heapq.nlargest(self.rows, running, key=self.expected_left)
-            self._chosen = {r.request_id for r in best}
+            best = heapq.nlargest(self.rows + 1, ((self.expected_left(r), r) for r in running), key=lambda x: x[0])
+            self._chosen = {r.request_id for _, r in best[:self.rows]}
+            self.spread = _spread(best[0][0] if best else 0.0, best[-1][0] if len(best) > self.rows else None)
+        if not self.drafting():
+            return {}
         out: dict[str, Draft] = {}
         for req, n in rows:
             rid = req.request_id
@@ -88,6 +99,32 @@ class AheadDrafts:
                 out[rid] = draft
                 budget -= len(draft)
         return out
+
+    def drafting(self) -> bool:
+        """Whether the chosen rows draft in the next step (the gate's way)."""
+        return self.gate is None or self.gate.drafting()
+
+    def gain(self, plans: list) -> float | None:
+        """The chosen rows' new tokens a row in a settled step (``plans``: its rows; a chosen
+        row that sat it out gained none); None where no chosen row runs."""
+        if not self._chosen:
+            return None
+        chosen = self._chosen
+        return sum(len(p.rows) for p in plans if p.req.request_id in chosen) / len(chosen)
+
+    def settled(self, drafting: bool, seconds: float, gain: float | None) -> None:
+        """A step launched ahead settled: whether its chosen rows drafted, its period, ``gain``."""
+        if self.gate is not None:
+            self.gate.record("draft" if drafting else "plain", seconds, gain, self.spread)
+
+    def new_rollout(self) -> None:
+        """A rollout starts: its rows ranked at its first step, the gate measuring afresh."""
+        self._age = REFRESH
+        if self.gate is not None:
+            self.gate.new_rollout()
+
+    def metrics(self) -> dict[str, float]:
+        return self.gate.metrics() if self.gate is not None else {}
 
     def expected_left(self, req: Request) -> float:
         """Tokens ``req`` is expected still to generate (see the module docstring)."""
@@ -132,3 +169,14 @@ class AheadDrafts:
         for d in (self._avg, self._off, self._wait):
             d.pop(rid, None)
         self._chosen.discard(rid)
+
+
+def _spread(longest: float, next_after: float | None) -> float:
+    """The longest row's expected tokens left over those of the first row not chosen
+    (``next_after``; None: every row is chosen, nothing bounds the gain); 1 where nothing is
+    known (no expected tokens at all)."""
+    if next_after is None:
+        return float("inf")
+    if next_after <= 0:
+        return 1.0 if longest <= 0 else float("inf")
+    return longest / next_after

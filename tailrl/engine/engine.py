@@ -78,7 +78,8 @@ class LLMEngine:
         # the rows expected to run longest draft inside steps launched ahead (ahead_drafts.py)
         rows = getattr(cfg, "ahead_drafts", 0)
         drafts_ahead = ahead and rows > 0 and getattr(cfg, "method", None) not in DRAFTER_METHODS
-        self.ahead_drafts = AheadDrafts(speculator, rows, history) if drafts_ahead else None
+        gate = getattr(cfg, "ahead_drafts_gate", "") == "measured"
+        self.ahead_drafts = AheadDrafts(speculator, rows, history, gate) if drafts_ahead else None
         self._launched: Launched | None = None
         self._settled_at = 0.0
         if speculator is not None and hasattr(speculator, "captures"):
@@ -169,6 +170,8 @@ class LLMEngine:
             self.speculator.reset_metrics()
         if self.tail is not None:
             self.tail.new_rollout()
+        if self.ahead_drafts is not None:
+            self.ahead_drafts.new_rollout()
         self._graphs_start = self._graph_stats()
 
     def rollout_counters(self) -> EngineMetrics:
@@ -181,7 +184,8 @@ class LLMEngine:
     def spec_metrics(self) -> dict[str, float]:
         if self.speculator is None:
             return {}
-        return {**self.speculator.metrics(), **(self.tail.metrics() if self._tail() else {})}
+        return {**self.speculator.metrics(), **(self.tail.metrics() if self._tail() else {}),
+                **(self.ahead_drafts.metrics() if self.ahead_drafts is not None else {})}
 
     def _graph_stats(self) -> dict[str, float]:
         if self.runner.graphs is None:
@@ -306,7 +310,8 @@ class LLMEngine:
         sampled = self.runner.sample(batch, logits)
         self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
                                          [scheduled - start, drafted - scheduled, built - drafted,
-                                          launched - built, time.perf_counter() - launched], start, tail)
+                                          launched - built, time.perf_counter() - launched], start, tail,
+                                         self.ahead_drafts is not None and self.ahead_drafts.drafting())
         if prev is None:
             return []
         finished = self._settle(prev)
@@ -350,6 +355,7 @@ class LLMEngine:
         finished, verified = settle(step, self.kv, self.args.eos_token_ids)
         observed = time.perf_counter()
         accepted = sum(a for _, a in verified)
+        gain = self.ahead_drafts.gain(step.batch.plans) if self.ahead_drafts is not None else None
         if self.speculator is not None:           # its sources index every token (plan.rows: settled now)
             for plan, a in verified:
                 req = plan.req
@@ -369,6 +375,8 @@ class LLMEngine:
         period = t2 - max(step.start, self._settled_at)     # a step's period: since the step settled before it
         if step.tail:
             self.tail.record("plain", period, [len(p.rows) for p in b.plans if p.rows])
+        if self.ahead_drafts is not None:
+            self.ahead_drafts.settled(step.drafting, period, gain)
         if self.step_log is not None:
             self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
                                   "seconds": period})

@@ -32,45 +32,35 @@ WAYS = ("speculate", "plain")
 DRAFTER_METHODS = ("drafter", "hybrid")
 
 
-class TailChoice:
-    def __init__(self) -> None:
-        self.way = "speculate"
-        self.rate: dict[str, float | None] = {w: None for w in WAYS}    # tokens a slow row gains a second
-        self.measured = {w: 0 for w in WAYS}                            # steps recorded, ever
-        self.steps = {w: 0 for w in WAYS}                               # steps recorded since ``reset_counts``
-        self.run = 0                    # steps of ``way`` since it was chosen
-        self.probe = PROBE
-        self.probing = False            # ``way`` is the slower one, stepped TRY times to measure it
+class Alternation:
+    """The schedule by which two ways take turns: ``way`` steps until ``TRY`` of its steps are
+    measured; a way never measured ``TRY`` times is tried next; then the faster way steps on,
+    and after ``probe`` of its steps the slower one steps ``TRY`` times more; a probe that
+    leaves the choice as it was doubles ``probe`` (up to ``MAX_PROBE``), one that changes it
+    resets it. The rates are the caller's (``stepped``)."""
 
-    def plain(self) -> bool:
-        """Whether the tail's next step is plain, launched ahead."""
-        return self.way == "plain"
+    def __init__(self, ways: tuple[str, str], first: str) -> None:
+        self.ways = ways
+        self.measured = {w: 0 for w in ways}         # steps recorded, ever
+        self.restart(first)
 
-    def record(self, way: str, seconds: float, row_tokens: list[int]) -> None:
-        """One tail step's outcome: ``way`` it stepped, its ``seconds`` (a speculative step: from
-        its scheduling to its last commit; a plain step launched ahead: since the step settled
-        before it) and the new tokens of each row that sampled."""
-        if way not in WAYS:
-            raise ValueError(f"tail: way must be one of {WAYS}, got {way!r}")
-        if seconds <= 0 or not row_tokens:
-            return
-        slow = sorted(row_tokens)[len(row_tokens) // 4] / seconds
-        old = self.rate[way]
-        self.rate[way] = slow if old is None else old + ALPHA * (slow - old)
+    def restart(self, way: str) -> None:
+        """Step ``way`` next, the probes' interval reset."""
+        self.way, self.run, self.probe, self.probing = way, 0, PROBE, False
+
+    def stepped(self, way: str, rates: dict[str, float | None]) -> None:
+        """A step of ``way`` was measured; ``rates``: each way's rate now (higher: faster)."""
         self.measured[way] += 1
-        self.steps[way] += 1
-        if way == self.way:
-            self.run += 1
-            self._decide()
-
-    def _decide(self) -> None:
+        if way != self.way:
+            return
+        self.run += 1
         if self.run < TRY:
             return
-        other = WAYS[1 - WAYS.index(self.way)]
+        other = self.ways[1 - self.ways.index(way)]
         if self.measured[other] < TRY:                  # not measured yet: try it
             self._switch(other)
             return
-        faster = self.way if self.rate[self.way] >= self.rate[other] else other
+        faster = way if rates[way] >= rates[other] else other
         if self.probing:                                # a probe's end: back, or stay where it was faster
             self.probing = False
             self.probe = min(2 * self.probe, MAX_PROBE) if faster == other else PROBE
@@ -86,14 +76,43 @@ class TailChoice:
         if way != self.way:
             self.way, self.run = way, 0
 
+
+class TailChoice:
+    def __init__(self) -> None:
+        self.turns = Alternation(WAYS, "speculate")
+        self.rate: dict[str, float | None] = {w: None for w in WAYS}    # tokens a slow row gains a second
+        self.steps = {w: 0 for w in WAYS}                               # steps recorded since ``new_rollout``
+
+    @property
+    def way(self) -> str:
+        return self.turns.way
+
+    def plain(self) -> bool:
+        """Whether the tail's next step is plain, launched ahead."""
+        return self.turns.way == "plain"
+
+    def record(self, way: str, seconds: float, row_tokens: list[int]) -> None:
+        """One tail step's outcome: ``way`` it stepped, its ``seconds`` (a speculative step: from
+        its scheduling to its last commit; a plain step launched ahead: since the step settled
+        before it) and the new tokens of each row that sampled."""
+        if way not in WAYS:
+            raise ValueError(f"tail: way must be one of {WAYS}, got {way!r}")
+        if seconds <= 0 or not row_tokens:
+            return
+        slow = sorted(row_tokens)[len(row_tokens) // 4] / seconds
+        old = self.rate[way]
+        self.rate[way] = slow if old is None else old + ALPHA * (slow - old)
+        self.steps[way] += 1
+        self.turns.stepped(way, self.rate)
+
     def new_rollout(self) -> None:
         """A rollout starts: its tail steps counted from zero, and speculation measured afresh
         from its first tail steps (its drafts come from a history the last rollout did not have:
         an RL run's first round has none); plain steps' rate, the host's and the device's, carries
         on."""
         self.steps = {w: 0 for w in WAYS}
-        self.rate["speculate"], self.measured["speculate"] = None, 0
-        self.way, self.run, self.probe, self.probing = "speculate", 0, PROBE, False
+        self.rate["speculate"], self.turns.measured["speculate"] = None, 0
+        self.turns.restart("speculate")
 
     def metrics(self) -> dict[str, float]:
         out = {f"rollout/tail_{w}_steps": float(self.steps[w]) for w in WAYS}

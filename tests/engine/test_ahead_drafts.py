@@ -14,15 +14,16 @@ from tailrl.engine.batch import ModelRunner
 from tailrl.engine.graph_pool import GraphPool, eager_capture
 from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.request import Request
+from tailrl.engine.tail_choice import TRY
 from tailrl.speculative.draft import Draft
 from tailrl.speculative.history import HistoryStore
 from tailrl.speculative.speculator import Speculator
 
 
-def engine(model, dtype="bfloat16", graphs=False, rows=8, **kw) -> LLM:
+def engine(model, dtype="bfloat16", graphs=False, rows=8, gate="always", **kw) -> LLM:
     """Every step launched ahead (the tail's way forced plain), ``rows`` rows drafting in them."""
-    llm = LLM(model, dtype=dtype, async_scheduling=True,
-              speculative=SpeculativeConfig(policy="fixed", ahead_above=1, ahead_drafts=rows), **kw)
+    llm = LLM(model, dtype=dtype, async_scheduling=True, **kw,
+              speculative=SpeculativeConfig(policy="fixed", ahead_above=1, ahead_drafts=rows, ahead_drafts_gate=gate))
     e = llm.engine
     if graphs:
         e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64,
@@ -66,6 +67,26 @@ def test_rows_drafting_inside_steps_launched_ahead_give_plain_decodings_outputs(
     assert steps[-1] < steps[0]                 # the drafts shortened the rollout's steps
     if graphs:
         assert m["graphs/replayed_steps"] > 5
+
+
+def test_the_gate_opening_and_closing_mid_rollout_changes_no_output(model):
+    """The measured gate (both ways stepped each rollout), and a gate flipped every few steps
+    (rows caught mid-verification when drafts stop, and drafting again after plain steps):
+    plain stepping's outputs."""
+    want = outputs(LLM(model, dtype="bfloat16", max_num_seqs=256, async_scheduling=False))
+    llm = engine(model, gate="measured", max_num_seqs=256)
+    for _ in range(2):
+        assert outputs(llm) == want
+        m = llm.last_metrics
+        assert m["rollout/ahead_draft_steps"] >= TRY and m["rollout/ahead_plain_steps"] >= TRY
+    gate = llm.engine.ahead_drafts.gate
+    flips = iter(int(i % 7 < 3) for i in range(10**6))
+    gate.drafting = lambda: bool(next(flips))
+    for _ in range(2):
+        assert outputs(llm) == want
+    assert llm.last_metrics["rollout/spec_verify_steps"] > 0
+    with pytest.raises(ValueError, match="ahead_drafts_gate"):
+        SpeculativeConfig(ahead_drafts_gate="sometimes")
 
 
 def test_with_rows_waiting_and_preemptions(model):
@@ -215,7 +236,8 @@ def test_a_row_whose_verifications_accept_little_backs_off_doubling():
 def test_on_a_gpu_rows_drafting_inside_steps_launched_ahead_give_plain_steppings_outputs(model, guessed):
     kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=64, gpu_memory_utilization=0.2)
     want = outputs(LLM(model, **kw))
-    llm = LLM(model, speculative=SpeculativeConfig(policy="fixed", ahead_above=1, ahead_drafts=8), **kw)
+    spec = SpeculativeConfig(policy="fixed", ahead_above=1, ahead_drafts=8, ahead_drafts_gate="always")
+    llm = LLM(model, speculative=spec, **kw)
     llm.engine.tail.plain = lambda: True
     for _ in range(3):
         assert outputs(llm) == want

@@ -58,7 +58,7 @@ def test_the_rate_is_the_lower_quartile_of_rows_a_second_averaged():
     assert tc.rate["speculate"] == pytest.approx(1.0 + 0.25 * 4)
     tc.record("speculate", 0.0, [5])                              # nothing to learn from: ignored
     tc.record("speculate", 1.0, [])
-    assert tc.measured["speculate"] == 2
+    assert tc.turns.measured["speculate"] == 2
     with pytest.raises(ValueError, match="way"):
         tc.record("drafting", 1.0, [1])
     m = tc.metrics()
@@ -74,9 +74,9 @@ def test_each_rollout_measures_speculation_afresh_and_keeps_plains_rate():
     tc = TailChoice()
     no_history = {"speculate": (0.004, [1] * 4), "plain": (0.002, [1] * 4)}
     follow(tc, 4 + MAX_PROBE * 3, no_history)
-    assert tc.probe == MAX_PROBE
+    assert tc.turns.probe == MAX_PROBE
     plain_rate = tc.rate["plain"]
     tc.new_rollout()
-    assert tc.way == "speculate" and tc.rate["plain"] == plain_rate and tc.probe == PROBE
+    assert tc.way == "speculate" and tc.rate["plain"] == plain_rate and tc.turns.probe == PROBE
     history = {"speculate": (0.004, [6] * 4), "plain": (0.002, [1] * 4)}
     assert follow(tc, 40, history) == [("speculate", PROBE), ("plain", TRY), ("speculate", 40 - PROBE - TRY)]
