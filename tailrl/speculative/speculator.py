@@ -77,6 +77,7 @@ class Speculator:
         self.max_draft_tokens = self.config.max_draft_tokens
         # sources whose observe does something (the others index lazily, or need nothing)
         self._observers = [s for s in self.sources if getattr(s, "observes", True)]
+        self._step_observers = [s for s in self.sources if hasattr(s, "observe_step")]
         # sources that read the target's hidden states (the drafter's past); called every step
         self._hidden_takers = [s.observe_hidden for s in self.sources if hasattr(s, "observe_hidden")]
         # a source drafts from hidden states (the drafter): read once, not per engine step
@@ -174,11 +175,21 @@ class Speculator:
     def observe(self, req: Any, new_tokens: list[int]) -> None:
         self.observe_many([(req, new_tokens)])
 
+    @property
+    def tokens_wanted(self) -> bool:
+        """Whether ``observe_many`` reads a step's (request, new tokens): some source observes
+        rows, or a shadow draft waits for its tokens. Where not, the engine passes none."""
+        return bool(self._observers or self._shadow)
+
     def observe_many(self, items: list[tuple[Any, list[int]]]) -> None:
-        """``observe`` for each (request, its new tokens) of a step, in one pass: each source
-        whose ``observe`` does something (not marked ``observes = False``) sees every item in
-        order (a step launched ahead settles hundreds of rows, each with one token)."""
+        """A step's tokens are settled: ``observe_step`` for each source that has it, then
+        ``observe`` for each (request, its new tokens), in one pass: each source whose
+        ``observe`` does something (not marked ``observes = False``) sees every item in order
+        (a step launched ahead settles hundreds of rows, each with one token). ``items`` may be
+        empty where ``tokens_wanted`` is false."""
         t0 = time.perf_counter()
+        for s in self._step_observers:
+            s.observe_step()
         for s in self._observers:
             for req, new_tokens in items:
                 s.observe(req, new_tokens)

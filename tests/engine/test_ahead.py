@@ -17,6 +17,7 @@ from tailrl.engine.ahead import PENDING
 from tailrl.engine.batch import ModelRunner
 from tailrl.engine.graph_pool import GraphPool, eager_capture
 from tailrl.engine.graphs import StepGraphs
+from tailrl.speculative.speculator import Speculator
 
 
 @pytest.fixture
@@ -154,6 +155,8 @@ def test_every_token_reaches_the_speculators_sources_once_in_order(model, monkey
               speculative=SpeculativeConfig(policy="fixed", ahead_above=ahead_above))
     spec = llm.engine.speculator
     observe_many = spec.observe_many
+    # the rows' tokens as a source that reads them gets them (the default sources read none)
+    monkeypatch.setattr(Speculator, "tokens_wanted", property(lambda self: True))
 
     def recording(items):
         for req, new_tokens in items:

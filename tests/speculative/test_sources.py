@@ -167,3 +167,21 @@ def test_history_source_rebuilds_when_history_is_replaced():
     assert src.propose(r, 8, 1).tokens == [7] and src.builds == 2
     src.finish(r)
     assert len(src) == 0
+
+
+def test_group_source_catches_up_once_a_step_and_only_when_asked():
+    """The speculator calls ``observe_step`` once a step, for all its rows: a group's next
+    ``propose`` reads its members' new tokens then, and not again within the step."""
+    src = GroupSource(FULL)
+    a = FakeRequest("a", PROMPT, group_id="g")
+    b = FakeRequest("b", PROMPT, group_id="g")
+    src.start(a)
+    src.start(b)
+    a.output_token_ids += [1, 2, 3]
+    b.output_token_ids += [1, 2]
+    assert src.propose(b, 8, 1).tokens == [3]              # a start: the group catches up
+    a.output_token_ids += [4]
+    assert src.propose(b, 8, 1).tokens == [3]              # same step: a's new token not read
+    src.observe_step()
+    assert src.propose(b, 8, 1).tokens == [3, 4]
+    assert not getattr(GroupSource, "observes", True)      # no row's observe needed

@@ -12,7 +12,8 @@ A source keeps whatever index it needs, fed by the engine through four calls:
 - ``finish(req)``: finished, aborted or handed back to the buffer (it may ``start`` again).
 
 A source whose ``observe`` does nothing says so with ``observes = False``: the speculator
-then skips it for every row of every step.
+then skips it for every row of every step. A source may also have ``observe_step()``: called
+once for each step's tokens, whichever rows they are (the group source's lazy indexing).
 
 Sources rely only on ``req.request_id``, ``req.group_id``, ``req.prompt_id``,
 ``req.prompt_token_ids`` and ``req.output_token_ids``.

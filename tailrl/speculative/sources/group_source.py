@@ -10,10 +10,11 @@ Members that finish stay in the group index (finished siblings are the best refe
 a member that ``start``s again (a resumed chunk) continues its old sequence. The group is
 dropped when no member is live; ``propose`` starts unknown ones.
 
-Indexing is lazy: each member keeps a reference to its request; ``observe`` only marks its
-group stale, and the first ``propose`` of a step in a stale group catches the index up with
-every member's output tokens (live or finished): one pass per group and step, not one per
-member, and groups that finish before speculation turns on are never indexed.
+Indexing is lazy: each member keeps a reference to its request, and the first ``propose`` in
+a group after a step's tokens (``observe_step``, once a step; or any ``observe``) catches the
+index up with every member's output tokens (live or finished): one pass per group asked and
+step, nothing per row that is not asked (a step launched ahead settles hundreds of rows, of
+which a few draft), and groups that finish before speculation turns on are never indexed.
 """
 from __future__ import annotations
 
@@ -35,21 +36,23 @@ class _Member:
 
 
 class _Group:
-    __slots__ = ("index", "members", "live", "stale")
+    __slots__ = ("index", "members", "live", "synced")
 
     def __init__(self, index: SuffixIndex) -> None:
         self.index = index
         self.members: dict[str, _Member] = {}
         self.live = 0
-        self.stale = True            # some member has tokens the index has not seen
+        self.synced = -1             # the source's step when the index last caught up (-1: since a start)
 
 
 class GroupSource:
     name = "group"
+    observes = False            # its observe needs no row: the speculator calls observe_step once a step
 
     def __init__(self, params: MatchParams | None = None) -> None:
         self.params = params or MatchParams()
         self._groups: dict[str, _Group] = {}
+        self._step = 0               # steps (or observed tokens) so far: a group synced before is stale
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -70,7 +73,7 @@ class GroupSource:
         m.req = req
         m.live = True
         g.live += 1
-        g.stale = True
+        g.synced = -1
 
     @staticmethod
     def _sync(g: _Group, m: _Member) -> None:
@@ -92,10 +95,12 @@ class GroupSource:
         return g, m
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
-        """Mark the group stale: ``propose`` reads the members' tokens when a draft is asked for."""
-        g = self._groups.get(req.group_id) if req.group_id else None
-        if g is not None:
-            g.stale = True
+        """Some request has new tokens: every group's next ``propose`` reads its members' tokens."""
+        self._step += 1
+
+    def observe_step(self) -> None:
+        """A step's tokens are settled (the speculator's call, once a step, for all its rows)."""
+        self._step += 1
 
     def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
         gm = self._member(req)
@@ -104,10 +109,10 @@ class GroupSource:
         g, m = gm
         if len(g.members) < 2:
             return None
-        if g.stale:
+        if g.synced != self._step:
             for member in g.members.values():
                 self._sync(g, member)
-            g.stale = False
+            g.synced = self._step
         return propose_from(g.index, req, self.params, max_tokens, max_paths, self.name, exclude=m.seq_id)
 
     def finish(self, req: Any) -> None:
