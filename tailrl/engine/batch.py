@@ -188,32 +188,46 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
 
 
 def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGraphs | None) -> Batch | None:
-    """``build_batch`` of a step whose every row is a plain decode row (most steps of a rollout's
-    bulk, hundreds of rows): one pass over the rows for what is their own, the rest in arrays;
-    the same batch as the general path (tests/engine/test_batch.py). None where a row is not
-    one (a prefill chunk, a row waiting for room or sitting out)."""
+    """``build_batch`` of a step whose every row is a plain decode row or has nothing to compute
+    (waiting for room, or sitting out a step after a verification: engine/ahead_drafts.py):
+    most steps of a rollout's bulk, hundreds of rows. One pass over the rows for what is their
+    own, the rest in arrays; the same batch as the general path (tests/engine/test_batch.py).
+    None where a row is neither (a prefill chunk, a draft)."""
     own = []
+    idle = 0
     for req, n in rows:
+        if n != 1:
+            if n == 0:
+                idle += 1
+                continue
+            return None
         out = req.output_token_ids
         start = req.num_computed_tokens
-        if n != 1 or start + 1 != len(req.prompt_token_ids) + len(out):
+        if start + 1 != len(req.prompt_token_ids) + len(out):
             return None
         own.append((out[-1] if out else req.prompt_token_ids[-1], start, len(out), req.seed_key, req.params))
+    if not own:
+        return None
     ids, starts, upos, keys, params = zip(*own)
     m = len(own)
-    plans = [RowPlan(req, 1, [], [], i, None) for i, (req, _) in enumerate(rows)]
-    ahead = [(i, rows[i][0]) for i, tok in enumerate(ids) if tok < 0]   # sampled by a step still on the device
-    pos = np.array(starts, dtype=np.int64)
     index = np.arange(m, dtype=np.int64)
+    if idle:                                            # each live row keeps its row of the block table
+        rix, reqs = zip(*[(r, req) for r, (req, n) in enumerate(rows) if n])
+        wrow = np.array(rix, dtype=np.int64)
+    else:
+        reqs, wrow = [req for req, _ in rows], index
+    plans = [RowPlan(req, 1, [], [], i, None) for i, req in enumerate(reqs)]
+    ahead = [(i, reqs[i]) for i, tok in enumerate(ids) if tok < 0]   # sampled by a step still on the device
+    pos = np.array(starts, dtype=np.int64)
     prefix = pos + 1
     zeros = np.zeros(m, dtype=np.int64)
     reads = int(prefix.sum())
-    slots = kv.slots(index, pos)
+    slots = kv.slots(wrow, pos)
     temps, topk, topp = [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params]
     u = uniforms(list(keys), list(upos))
-    key, (ids_t, pos_t, sample_t, meta) = _place([list(ids), pos, index, slots], [index, prefix, zeros, zeros], [0],
-                                                 u, (temps, topk, topp), m, int(pos.max()) + 1, reads, reads, kv,
-                                                 graphs)
+    key, (ids_t, pos_t, sample_t, meta) = _place([list(ids), pos, index, slots], [wrow, prefix, zeros, zeros], [0],
+                                                 u, (temps, topk, topp), len(rows), int(pos.max()) + 1, reads, reads,
+                                                 kv, graphs)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, 0, [], key, ahead)
 
 

@@ -102,11 +102,20 @@ class Scheduler:
         decoding = [r.num_computed_tokens + 1 == len(r.prompt_token_ids) + len(r.output_token_ids)
                     for r in self.running]
         running = self.running
-        if (budget >= len(running) and all(decoding) and not self._may_admit(budget - len(running))
-                and self.kv.grow_rows([(r.row, r.num_computed_tokens + 1) for r in running])):
-            # every row decodes one token, all fit, and nobody is admitted (most steps of a
-            # rollout's bulk): what the passes below give, in one
-            return SchedulerOutput([(req, 1) for req in running], len(running), budget - len(running))
+        if all(decoding):
+            if (budget >= len(running) and not self._may_admit(budget - len(running))
+                    and self.kv.grow_rows([(r.row, r.num_computed_tokens + 1) for r in running])):
+                # every row decodes one token, all fit, and nobody is admitted (most steps of a
+                # rollout's bulk): what the passes below give, in one
+                return SchedulerOutput([(req, 1) for req in running], len(running), budget - len(running))
+        elif all(d or r.num_computed_tokens == len(r.prompt_token_ids) + len(r.output_token_ids)
+                 for r, d in zip(running, decoding)):
+            # the same where some rows have nothing to compute (each sits out a step after its
+            # verification in the step still in flight: engine/ahead_drafts.py)
+            n = sum(decoding)
+            if (budget >= n and not self._may_admit(budget - n)
+                    and self.kv.grow_rows([(r.row, r.num_computed_tokens + d) for r, d in zip(running, decoding)])):
+                return SchedulerOutput([(req, int(d)) for req, d in zip(running, decoding)], n, budget - n)
         for req, dec in zip(self.running, decoding):     # decodes first: one token each
             if dec and budget > 0:
                 chunk[id(req)] = 1
