@@ -63,7 +63,6 @@ class AheadDrafts:
                  measured: bool = True) -> None:
         self.speculator, self.rows, self.history = speculator, rows, history
         self.gate = DraftsGate() if measured else None    # None: the chosen rows always draft
-        self.spread = 1.0           # the longest row's expected tokens left over the (rows + 1)-th's
         self._lengths: dict[str, list[int]] = {}         # prompt id -> its history's lengths, sorted
         self._chosen: set[str] = set()
         self._age = REFRESH
@@ -77,9 +76,8 @@ class AheadDrafts:
         self._age += 1
         if self._age >= REFRESH:
             self._age, self._lengths = 0, {}
-            best = heapq.nlargest(self.rows + 1, ((self.expected_left(r), r) for r in running), key=lambda x: x[0])
-            self._chosen = {r.request_id for _, r in best[:self.rows]}
-            self.spread = _spread(best[0][0] if best else 0.0, best[-1][0] if len(best) > self.rows else None)
+            best = heapq.nlargest(self.rows, running, key=self.expected_left)
+            self._chosen = {r.request_id for r in best}
         if not self.drafting():
             return {}
         out: dict[str, Draft] = {}
@@ -104,18 +102,23 @@ class AheadDrafts:
         """Whether the chosen rows draft in the next step (the gate's way)."""
         return self.gate is None or self.gate.drafting()
 
-    def gain(self, plans: list) -> float | None:
-        """The chosen rows' new tokens a row in a settled step (``plans``: its rows; a chosen
-        row that sat it out gained none); None where no chosen row runs."""
-        if not self._chosen:
-            return None
-        chosen = self._chosen
-        return sum(len(p.rows) for p in plans if p.req.request_id in chosen) / len(chosen)
+    def tokens(self, plans: list) -> dict[str, int]:
+        """Each chosen row's new tokens in a settled step (``plans``: its rows; 0 for one that
+        sat it out), read before the step's finished requests leave; none without a gate."""
+        if self.gate is None:
+            return {}
+        out = dict.fromkeys(self._chosen, 0)
+        for p in plans:
+            rid = p.req.request_id
+            if rid in out:
+                out[rid] = len(p.rows)
+        return out
 
-    def settled(self, drafting: bool, seconds: float, gain: float | None) -> None:
-        """A step launched ahead settled: whether its chosen rows drafted, its period, ``gain``."""
+    def settled(self, drafting: bool, seconds: float, running: int, chosen: dict[str, int]) -> None:
+        """A step launched ahead settled: whether its chosen rows drafted, its period, the rows
+        running, ``tokens``."""
         if self.gate is not None:
-            self.gate.record("draft" if drafting else "plain", seconds, gain, self.spread)
+            self.gate.record("draft" if drafting else "plain", seconds, running, chosen)
 
     def new_rollout(self) -> None:
         """A rollout starts: its rows ranked at its first step, the gate measuring afresh."""
@@ -170,13 +173,3 @@ class AheadDrafts:
             d.pop(rid, None)
         self._chosen.discard(rid)
 
-
-def _spread(longest: float, next_after: float | None) -> float:
-    """The longest row's expected tokens left over those of the first row not chosen
-    (``next_after``; None: every row is chosen, nothing bounds the gain); 1 where nothing is
-    known (no expected tokens at all)."""
-    if next_after is None:
-        return float("inf")
-    if next_after <= 0:
-        return 1.0 if longest <= 0 else float("inf")
-    return longest / next_after

@@ -355,7 +355,8 @@ class LLMEngine:
         finished, verified = settle(step, self.kv, self.args.eos_token_ids)
         observed = time.perf_counter()
         accepted = sum(a for _, a in verified)
-        gain = self.ahead_drafts.gain(step.batch.plans) if self.ahead_drafts is not None else None
+        if self.ahead_drafts is not None:         # the gate's count, before finished requests leave
+            running, chosen = len(self.scheduler.running), self.ahead_drafts.tokens(step.batch.plans)
         if self.speculator is not None:           # its sources index every token (plan.rows: settled now)
             for plan, a in verified:
                 req = plan.req
@@ -378,7 +379,7 @@ class LLMEngine:
         if step.tail:
             self.tail.record("plain", period, [len(p.rows) for p in b.plans if p.rows])
         if self.ahead_drafts is not None:
-            self.ahead_drafts.settled(step.drafting, period, gain)
+            self.ahead_drafts.settled(step.drafting, period, running, chosen)
         if self.step_log is not None:
             self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
                                   "seconds": period})

@@ -1,115 +1,122 @@
 """The gate of rows drafting inside steps launched ahead (engine/drafts_gate.py): the chosen
-rows draft where the rows that set the makespan progress faster with drafts, measured."""
-import math
-
+rows draft where the rows that gain least (the running rows' lower quartile) gain more tokens
+a second with the drafts than without, measured over a window of steps."""
 import pytest
 
 from tailrl.engine import ahead_drafts as ad
-from tailrl.engine.drafts_gate import DraftsGate
+from tailrl.engine.drafts_gate import WINDOW, DraftsGate, _rate
 from tailrl.engine.tail_choice import MAX_PROBE, PROBE, TRY
 
 
-def run(gate: DraftsGate, n: int, cost: dict, spread: float = math.inf) -> list[tuple[str, int]]:
-    """n steps, each the way the gate asks for: ``cost[way]`` = (period, gain); the runs of ways."""
+def step(period: float, running: int, chosen_tokens: list[int]) -> tuple:
+    return period, running, {f"c{i}": n for i, n in enumerate(chosen_tokens)}
+
+
+def run(gate: DraftsGate, n: int, cost: dict) -> list[tuple[str, int]]:
+    """n steps, each the way the gate asks for: ``cost[way](i)`` = (period, running, chosen
+    tokens) of that way's i-th step; the runs of ways."""
     runs: list[tuple[str, int]] = []
+    count = {"draft": 0, "plain": 0}
     for _ in range(n):
         way = "draft" if gate.drafting() else "plain"
-        seconds, gain = cost[way]
-        gate.record(way, seconds, gain if way == "draft" else None, spread)
+        gate.record(way, *step(*cost[way](count[way])))
+        count[way] += 1
         runs = runs[:-1] + [(way, runs[-1][1] + 1)] if runs and runs[-1][0] == way else runs + [(way, 1)]
     return runs
 
 
-def test_drafts_that_cost_no_step_time_stay_on_and_plain_is_probed_less_and_less_often():
+def alternating(gain: int, rows: int):
+    """Chosen rows verifying every other step (half of them each step), ``gain`` tokens a verify."""
+    return lambda i: [gain if (j + i) % 2 else 0 for j in range(rows)]
+
+
+def test_in_the_bulk_drafts_pay_only_where_they_do_not_make_steps_longer():
+    """16 of 256 rows draft: the quartile row is a plain row, so the steps' pace decides (rows
+    sitting out a step compute nothing: a drafting step may be the shorter)."""
+    free = {"draft": lambda i: (0.98e-3, 256, alternating(8, 16)(i)), "plain": lambda i: (1.0e-3, 256, [1] * 16)}
     gate = DraftsGate()
-    runs = run(gate, 300, {"draft": (1.0e-3, 2.5), "plain": (1.0e-3, None)})
-    assert runs[:5] == [("draft", TRY), ("plain", TRY), ("draft", PROBE), ("plain", TRY),
-                        ("draft", 2 * PROBE)]      # the probe left the choice as it was: its interval doubled
-    assert gate.steps["draft"] > 250
-
-
-def test_drafts_whose_steps_cost_more_than_they_gain_stop_after_their_trial():
+    assert run(gate, 100, free)[:4] == [("draft", TRY), ("plain", TRY), ("draft", PROBE), ("plain", TRY)]
+    dearer = {"draft": lambda i: (1.05e-3, 256, alternating(8, 16)(i)), "plain": free["plain"]}
     gate = DraftsGate()
-    runs = run(gate, 200, {"draft": (2.0e-3, 1.5), "plain": (1.0e-3, None)})
-    assert runs[:4] == [("draft", TRY), ("plain", PROBE), ("draft", TRY), ("plain", 2 * PROBE)]
+    assert run(gate, 200, dearer)[:4] == [("draft", TRY), ("plain", PROBE), ("draft", TRY), ("plain", 2 * PROBE)]
 
 
-def test_the_spread_of_expected_lengths_bounds_what_drafts_gain():
-    """With 4 tokens a step for the chosen rows but steps 1.3x longer: drafting wins only if the
-    first row not chosen is expected to end well before the longest (spread > 1.3)."""
-    cost = {"draft": (1.3e-3, 4.0), "plain": (1.0e-3, None)}
-    for spread, wins in ((1.2, "plain"), (1.5, "draft"), (math.inf, "draft")):
-        gate = DraftsGate()
-        runs = run(gate, 2 * TRY + 1, cost, spread)
-        assert runs[-1][0] == wins, spread
-    gate = DraftsGate()                             # no lengths known: drafts pay only where they are free
-    assert run(gate, 2 * TRY + 1, cost, spread=1.0)[-1][0] == "plain"
+def test_in_the_tail_the_drafting_rows_gain_counts():
+    """8 rows running, all chosen: drafting steps 1.5x longer, each row 4.5 tokens a step on
+    average (every other step 9): drafting; at 1.2 tokens a step: plain."""
+    tail = {"draft": lambda i: (1.5e-3, 8, alternating(9, 8)(i)), "plain": lambda i: (1.0e-3, 8, [1] * 8)}
+    gate = DraftsGate()
+    runs = run(gate, 300, tail)
+    assert runs[:5] == [("draft", TRY), ("plain", TRY), ("draft", PROBE), ("plain", TRY), ("draft", 2 * PROBE)]
+    assert gate.rate["draft"] == pytest.approx(4.5 / 1.5e-3)
+    poor = {"draft": lambda i: (1.5e-3, 8, alternating(2, 8)(i)), "plain": tail["plain"]}
+    gate = DraftsGate()
+    assert run(gate, 200, poor)[:2] == [("draft", TRY), ("plain", PROBE)]
+
+
+def test_the_quartile_row_and_the_window():
+    from collections import deque
+    w = deque([step(1e-3, 4, [3, 0, 8, 1])])
+    assert _rate(w) == pytest.approx(1 / 1e-3)            # rows 0, 1, 3, 8: the second of four
+    w.append(step(1e-3, 4, [1, 5, 0, 1]))
+    assert _rate(w) == pytest.approx(2 * 2 / 2e-3)        # over 2 steps 2, 2.5, 4, 1 a step: 2
+    w = deque([step(1e-3, 8, [0, 0, 0, 5, 5, 5, 5, 5])])
+    assert _rate(w) == 0.0                                # three rows of eight sat out
+    w = deque([step(1e-3, 12, [4, 4, 4])])                 # 9 plain rows at 1: the quartile row is one of them
+    assert _rate(w) == pytest.approx(1e3)
+    w = deque([step(1e-3, 12, [0, 0, 0, 0])])              # 4 chosen rows sat out, 8 plain: the third row
+    assert _rate(w) == 0.0
+    w = deque([(1e-3, 4, {"c0": 0, "c1": 3}), (1e-3, 4, {"c0": 6, "new": 5})], maxlen=WINDOW)
+    assert _rate(w) == pytest.approx(2 / 2e-3)            # c0 3 a step, "new" 5 (its one step), 2 plain rows at 1
 
 
 def test_a_way_measured_again_is_measured_anew():
-    """A rollout's batch shrinks: the plain steps of its first window (a large batch) say nothing
-    about plain steps later; a probe's first step replaces them."""
     gate = DraftsGate()
-    run(gate, 2 * TRY, {"draft": (1.0e-3, 1.2), "plain": (5.0e-3, None)})
-    assert gate.drafting() and gate.period["plain"] == pytest.approx(5.0e-3)
-    run(gate, PROBE, {"draft": (1.0e-3, 1.2), "plain": (0.5e-3, None)})
-    assert not gate.drafting()                      # the probe now
-    gate.record("plain", 0.5e-3, None, math.inf)
-    assert gate.period["plain"] == pytest.approx(0.5e-3)
+    for _ in range(TRY):
+        gate.record("draft", 1e-3, 4, {"a": 2})
+    for _ in range(TRY):
+        gate.record("plain", 5e-3, 4, {"a": 1})
+    assert gate.rate["plain"] == pytest.approx(1 / 5e-3) and gate.drafting()
+    for _ in range(PROBE):
+        gate.record("draft", 1e-3, 4, {"a": 2})
+    assert not gate.drafting()                            # the probe
+    gate.record("plain", 0.5e-3, 4, {"a": 1})
+    assert gate.rate["plain"] == pytest.approx(1 / 0.5e-3)   # its window started afresh
 
 
 def test_each_rollout_measures_both_ways_afresh_starting_with_drafts():
     gate = DraftsGate()
-    run(gate, 40, {"draft": (2.0e-3, 1.0), "plain": (1.0e-3, None)})
+    run(gate, 40, {"draft": lambda i: (2e-3, 100, [1] * 4), "plain": lambda i: (1e-3, 100, [1] * 4)})
     assert not gate.drafting()
     gate.new_rollout()
-    assert gate.drafting() and gate.period == {"draft": None, "plain": None} and gate.gain is None
+    assert gate.drafting() and gate.rate == {"draft": None, "plain": None}
     assert gate.metrics() == {"rollout/ahead_draft_steps": 0.0, "rollout/ahead_plain_steps": 0.0}
     with pytest.raises(ValueError, match="way"):
-        gate.record("speculate", 1e-3, None, 1.0)
+        gate.record("speculate", 1e-3, 1, {})
 
 
 def test_the_probe_interval_grows_to_its_cap():
     gate = DraftsGate()
-    run(gate, 20_000, {"draft": (1.0e-3, 3.0), "plain": (1.0e-3, None)})
+    run(gate, 20_000, {"draft": lambda i: (1e-3, 4, [3] * 4), "plain": lambda i: (1e-3, 4, [1] * 4)})
     assert gate.turns.probe == MAX_PROBE
 
 
-# ---- what AheadDrafts hands the gate ------------------------------------------------------------
-
-def test_the_spread_is_the_longest_rows_expected_tokens_over_the_first_not_chosen():
-    assert ad._spread(400.0, 100.0) == 4.0
-    assert ad._spread(400.0, None) == math.inf      # every row chosen
-    assert ad._spread(0.0, 0.0) == 1.0              # nothing known
-    assert ad._spread(50.0, 0.0) == math.inf
-
-
 class Plan:
-    def __init__(self, req, rows):
-        self.req, self.rows = req, rows
+    def __init__(self, rid, rows):
+        self.req, self.rows = type("R", (), {"request_id": rid})(), rows
 
 
-class Req:
-    def __init__(self, rid):
-        self.request_id = rid
-
-
-def test_the_gain_counts_the_chosen_rows_tokens_and_a_row_sitting_out_gains_none():
-    a = ad.AheadDrafts(None, rows=3)
-    assert a.gain([]) is None
-    a._chosen = {"a", "b", "c"}                     # c sits this step out
-    plans = [Plan(Req("a"), [0, 1, 2, 3, 4]), Plan(Req("b"), [5]), Plan(Req("z"), [6])]
-    assert a.gain(plans) == 2.0
-
-
-def test_the_gate_closed_means_no_drafts_and_the_rows_still_ranked():
+def test_the_chosen_rows_tokens_and_a_closed_gate_means_no_drafts():
     from test_ahead_drafts import Told, chain, request
     reqs = [request("a", [5] * 40), request("b", [5] * 10), request("c", [5] * 3)]
     a = ad.AheadDrafts(Told({r.request_id: chain([7, 8, 9]) for r in reqs}), rows=2)
     assert set(a.propose([(r, 1) for r in reqs], reqs, 100)) == {"a", "b"}
-    assert a.spread == pytest.approx(40 / 3)
+    assert a.tokens([Plan("a", [0, 1, 2, 3]), Plan("c", [4])]) == {"a": 4, "b": 0}    # b sat the step out
+    a.settled(True, 1e-3, 3, {"a": 4, "b": 0})
+    assert a.gate.rate["draft"] == 0.0
     a.gate.turns.restart("plain")
     assert a.propose([(r, 1) for r in reqs], reqs, 100) == {}
     a.new_rollout()
     assert a.drafting() and a._age == ad.REFRESH
-    assert ad.AheadDrafts(None, rows=2, measured=False).drafting()
+    always = ad.AheadDrafts(None, rows=2, measured=False)
+    assert always.drafting() and always.tokens([Plan("a", [0])]) == {}
