@@ -35,7 +35,8 @@ checkpoint directory). Then, on ``--device``:
    went each way), 16 or 64 rows drafting inside steps launched ahead (``drafts_ahead_16``,
    with the default split; ``drafts_ahead_16_all``, ``drafts_ahead_64_all``: every step
    launched ahead; engine/ahead_drafts.py; the rows draft where the rollout measures it faster,
-   engine/drafts_gate.py, ``gate_steps``: how many steps went each way; ``..._always``: they
+   engine/drafts_gate.py, ``gate_steps``: how many steps went each way, ``gate_rates``: each
+   way's last rate, tokens a second of the rows that gain least; ``..._always``: they
    always draft; these run first), and plain and the default with attention's
    float32 FMA dots instead of tensor cores (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
    first engine's rollout is also timed before any other engine is made
@@ -506,6 +507,8 @@ def main() -> None:
                     "accept_length": round(llm.last_metrics.get("rollout/spec_accept_length", 0.0), 2),
                     "gate_steps": {w: int(llm.last_metrics[f"rollout/ahead_{w}_steps"]) for w in ("draft", "plain")
                                    if f"rollout/ahead_{w}_steps" in llm.last_metrics},
+                    "gate_rates": {w: round(llm.last_metrics[f"rollout/ahead_{w}_rate"], 1) for w in ("draft", "plain")
+                                   if f"rollout/ahead_{w}_rate" in llm.last_metrics},
                     "steps": figures}
                 print(f"rollout: {name} {secs:.2f} s ({plain_s / secs:.2f}x plain): {roll['variants'][name]}",
                       flush=True)

@@ -135,8 +135,9 @@ class SpeculativeConfig:
     # verification, whose emitted tokens the next step can not know: engine/ahead_drafts.py);
     # 0 = none. Not with a learned drafter. Off by default until measured on a GPU
     ahead_drafts: int = 0
-    # whether those rows draft: "measured", where the rollout measures the rows that set its
-    # makespan faster with their drafts than without (engine/drafts_gate.py); "always"
+    # whether those rows draft: "measured", where the rollout measures that the rows gaining least
+    # (the running rows' lower quartile) gain more tokens a second with them (engine/drafts_gate.py);
+    # "always"
     ahead_drafts_gate: str = "measured"
     # the learned drafter's acceptance is measured by shadow drafts (never verified, within 1% of
     # the steps' time) only where a drafter call could pay; true: throughout, to follow an online

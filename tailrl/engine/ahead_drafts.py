@@ -33,8 +33,8 @@ of its prompt's responses in the history store (the previous round's), else the 
 generated (a long-tailed length's survivor runs about as long again). Chains only (trees are
 not built here); not with a learned drafter (its past of hidden states needs every step's).
 
-Whether the chosen rows draft at all is measured (engine/drafts_gate.py): drafting makes every
-step longer, which pays only where the chosen rows' gain outweighs it.
+Whether the chosen rows draft at all is measured (engine/drafts_gate.py): drafting makes steps
+longer, which pays only where the rows that gain least still gain more tokens a second.
 
 Outputs never depend on drafts: every token and log-probability is plain decoding's
 (tests/engine/test_ahead_drafts.py).
@@ -172,4 +172,3 @@ class AheadDrafts:
         for d in (self._avg, self._off, self._wait):
             d.pop(rid, None)
         self._chosen.discard(rid)
-

@@ -365,9 +365,9 @@ class LLMEngine:
                 req.spec_draft_tokens += len(plan.draft_tokens)
                 req.spec_accepted_tokens += a
                 req.spec_verify_steps += 1
-            spec = self.speculator               # the rows' tokens only where some source reads them
-            spec.observe_many([(p.req, [tokens[i] for i in p.rows]) for p in step.batch.plans if p.rows]
-                              if spec.tokens_wanted else [])
+            sp = self.speculator                 # the rows' tokens only where some source reads them
+            sp.observe_many([(p.req, [tokens[i] for i in p.rows]) for p in step.batch.plans if p.rows]
+                            if sp.tokens_wanted else [])
         spec = time.perf_counter() - observed
         for req in finished:
             self._finish(req, req.status)
@@ -457,9 +457,9 @@ class LLMEngine:
                 self.speculator.record_verification(plan.req, plan.draft, accepted)
             if hidden is not None:                     # positions num_tokens - len(emitted) - 1 on
                 emitted_rows.append((plan.req, plan.req.num_tokens - len(toks) - 1, plan.rows))
-        spec = self.speculator
-        spec.observe_many([(plan.req, toks) for plan, (toks, _) in zip(batch.plans, emitted)]
-                          if spec.tokens_wanted else [])
+        sp = self.speculator
+        sp.observe_many([(plan.req, toks) for plan, (toks, _) in zip(batch.plans, emitted)]
+                        if sp.tokens_wanted else [])
         if emitted_rows:
             self._hand_out(hidden, emitted_rows)
 
