@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from tailrl.engine.tail_choice import Alternation
+from tailrl.engine.tail_choice import Alternation, way_metrics
 
 WAYS = ("draft", "plain")
 WINDOW = 8                  # steps of a way its rate is measured over
@@ -73,11 +73,7 @@ class DraftsGate:
         self.turns.restart("draft")
 
     def metrics(self) -> dict[str, float]:
-        out = {f"rollout/ahead_{w}_steps": float(self.steps[w]) for w in WAYS}
-        for w in WAYS:
-            if self.rate[w] is not None:
-                out[f"rollout/ahead_{w}_rate"] = self.rate[w]
-        return out
+        return way_metrics("ahead", self.steps, self.rate)
 
 
 def _rate(window: deque) -> float:

@@ -115,8 +115,11 @@ class TailChoice:
         self.turns.restart("speculate")
 
     def metrics(self) -> dict[str, float]:
-        out = {f"rollout/tail_{w}_steps": float(self.steps[w]) for w in WAYS}
-        for w in WAYS:
-            if self.rate[w] is not None:
-                out[f"rollout/tail_{w}_rate"] = self.rate[w]
-        return out
+        return way_metrics("tail", self.steps, self.rate)
+
+
+def way_metrics(prefix: str, steps: dict[str, int], rate: dict[str, float | None]) -> dict[str, float]:
+    """``rollout/<prefix>_<way>_steps`` of each way, and ``_rate`` of each way measured."""
+    out = {f"rollout/{prefix}_{w}_steps": float(n) for w, n in steps.items()}
+    out.update({f"rollout/{prefix}_{w}_rate": r for w, r in rate.items() if r is not None})
+    return out
