@@ -72,14 +72,16 @@ class AheadDrafts:
 
     def propose(self, rows: list[tuple[Request, int]], running: list[Request], budget: int) -> dict[str, Draft]:
         """Drafts for this step's chosen decode rows, at most ``budget`` nodes in all (none
-        where the gate measures plain steps faster)."""
+        where the gate measures plain steps faster: then the rows are not ranked either, and
+        are ranked anew at the first step that drafts)."""
+        if not self.drafting():
+            self._age = REFRESH
+            return {}
         self._age += 1
         if self._age >= REFRESH:
             self._age, self._lengths = 0, {}
             best = heapq.nlargest(self.rows, running, key=self.expected_left)
             self._chosen = {r.request_id for r in best}
-        if not self.drafting():
-            return {}
         out: dict[str, Draft] = {}
         for req, n in rows:
             rid = req.request_id
@@ -102,10 +104,11 @@ class AheadDrafts:
         """Whether the chosen rows draft in the next step (the gate's way)."""
         return self.gate is None or self.gate.drafting()
 
-    def tokens(self, plans: list) -> dict[str, int]:
+    def tokens(self, plans: list, drafting: bool) -> dict[str, int]:
         """Each chosen row's new tokens in a settled step (``plans``: its rows; 0 for one that
-        sat it out), read before the step's finished requests leave; none without a gate."""
-        if self.gate is None:
+        sat it out), read before the step's finished requests leave; none without a gate, nor
+        for a step whose rows did not draft (each gains what a plain row gains)."""
+        if self.gate is None or not drafting:
             return {}
         out = dict.fromkeys(self._chosen, 0)
         for p in plans:

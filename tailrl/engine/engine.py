@@ -356,7 +356,7 @@ class LLMEngine:
         observed = time.perf_counter()
         accepted = sum(a for _, a in verified)
         if self.ahead_drafts is not None:         # the gate's count, before finished requests leave
-            running, chosen = len(self.scheduler.running), self.ahead_drafts.tokens(step.batch.plans)
+            running, chosen = len(self.scheduler.running), self.ahead_drafts.tokens(step.batch.plans, step.drafting)
         if self.speculator is not None:           # its sources index every token (plan.rows: settled now)
             for plan, a in verified:
                 req = plan.req

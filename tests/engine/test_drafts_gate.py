@@ -111,12 +111,16 @@ def test_the_chosen_rows_tokens_and_a_closed_gate_means_no_drafts():
     reqs = [request("a", [5] * 40), request("b", [5] * 10), request("c", [5] * 3)]
     a = ad.AheadDrafts(Told({r.request_id: chain([7, 8, 9]) for r in reqs}), rows=2)
     assert set(a.propose([(r, 1) for r in reqs], reqs, 100)) == {"a", "b"}
-    assert a.tokens([Plan("a", [0, 1, 2, 3]), Plan("c", [4])]) == {"a": 4, "b": 0}    # b sat the step out
+    assert a.tokens([Plan("a", [0, 1, 2, 3]), Plan("c", [4])], True) == {"a": 4, "b": 0}    # b sat the step out
+    assert a.tokens([Plan("a", [0])], False) == {}          # a plain step: every row gains 1
     a.settled(True, 1e-3, 3, {"a": 4, "b": 0})
     assert a.gate.rate["draft"] == 0.0
     a.gate.turns.restart("plain")
-    assert a.propose([(r, 1) for r in reqs], reqs, 100) == {}
+    a._chosen = set()
+    assert a.propose([(r, 1) for r in reqs], reqs, 100) == {} and a._chosen == set()   # not ranked either
+    a.gate.turns.restart("draft")
+    assert set(a.propose([(r, 1) for r in reqs], reqs, 100)) == {"a", "b"}             # ranked at once
     a.new_rollout()
     assert a.drafting() and a._age == ad.REFRESH
     always = ad.AheadDrafts(None, rows=2, measured=False)
-    assert always.drafting() and always.tokens([Plan("a", [0])]) == {}
+    assert always.drafting() and always.tokens([Plan("a", [0])], True) == {}
