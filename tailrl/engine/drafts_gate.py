@@ -60,20 +60,18 @@ class DraftsGate:
         self._last = way
         self._window[way].append((seconds, running, chosen))
         self.rate[way] = _rate(self._window[way])
-        self.steps[way] += 1
         self.turns.stepped(way, self.rate)
 
     def new_rollout(self) -> None:
         """A rollout starts: both ways measured afresh, drafts first (their history is new)."""
         self.rate: dict[str, float | None] = {w: None for w in WAYS}    # tokens a second of the quartile row
-        self.steps = {w: 0 for w in WAYS}
         self._window: dict[str, deque] = {w: deque(maxlen=WINDOW) for w in WAYS}
         self._last: str | None = None
-        self.turns.measured = {w: 0 for w in WAYS}
+        self.turns.measured = {w: 0 for w in WAYS}       # the steps of each way in this rollout
         self.turns.restart("draft")
 
     def metrics(self) -> dict[str, float]:
-        return way_metrics("ahead", self.steps, self.rate)
+        return way_metrics("ahead", self.turns.measured, self.rate)
 
 
 def _rate(window: deque) -> float:

@@ -111,7 +111,9 @@ class Scheduler:
         elif all(d or r.num_computed_tokens == len(r.prompt_token_ids) + len(r.output_token_ids)
                  for r, d in zip(running, decoding)):
             # the same where some rows have nothing to compute (each sits out a step after its
-            # verification in the step still in flight: engine/ahead_drafts.py)
+            # verification in the step still in flight: engine/ahead_drafts.py); kept apart from
+            # the form above, which it would cover, since that one is the hot path (512 rows:
+            # 65 us a step, 84 us through this one)
             n = sum(decoding)
             if (budget >= n and not self._may_admit(budget - n)
                     and self.kv.grow_rows([(r.row, r.num_computed_tokens + d) for r, d in zip(running, decoding)])):

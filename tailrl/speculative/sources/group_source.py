@@ -96,7 +96,7 @@ class GroupSource:
 
     def observe(self, req: Any, new_tokens: list[int]) -> None:
         """Some request has new tokens: every group's next ``propose`` reads its members' tokens."""
-        self._step += 1
+        self.observe_step()
 
     def observe_step(self) -> None:
         """A step's tokens are settled (the speculator's call, once a step, for all its rows)."""
