@@ -25,7 +25,9 @@ So a drafting row verifies at most every other step: 1 + accepted tokens per two
 against plain's two. It drafts where the chain's path probabilities expect at least
 ``MIN_EXPECTED`` accepted nodes, and where its own verifications here accepted fewer than that
 on average (``AVERAGE``-weighted, from ``TRIES`` of them) it stops drafting for ``BACKOFF``
-steps, doubling while it stays so (up to ``MAX_BACKOFF``).
+steps, doubling while it stays so (up to ``MAX_BACKOFF``). Assuming its draft accepted whole
+instead of sitting out (its next step void where it was not) took more steps on the benchmark
+rollout (docs/speculation.md).
 
 Which rows: the ``rows`` with the most expected tokens still to generate, chosen every
 ``REFRESH`` steps: critical.py's estimate from a request's length priors, else from the lengths

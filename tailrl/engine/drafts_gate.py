@@ -58,14 +58,14 @@ class DraftsGate:
         if way != self._last:
             self._window[way].clear()
         self._last = way
-        self._window[way].append((seconds, running, chosen))
-        self.rate[way] = _rate(self._window[way])
+        self._window[way].append(seconds, running, chosen)
+        self.rate[way] = self._window[way].rate()
         self.turns.stepped(way, self.rate)
 
     def new_rollout(self) -> None:
         """A rollout starts: both ways measured afresh, drafts first (their history is new)."""
         self.rate: dict[str, float | None] = {w: None for w in WAYS}    # tokens a second of the quartile row
-        self._window: dict[str, deque] = {w: deque(maxlen=WINDOW) for w in WAYS}
+        self._window = {w: Window() for w in WAYS}
         self._last: str | None = None
         self.turns.measured = {w: 0 for w in WAYS}       # the steps of each way in this rollout
         self.turns.restart("draft")
@@ -74,21 +74,53 @@ class DraftsGate:
         return way_metrics("ahead", self.turns.measured, self.rate)
 
 
-def _rate(window: deque) -> float:
-    """The lower quartile of the running rows' new tokens a step over ``window``, times its
-    steps a second: the chosen rows running now at their counts (over the steps each was
-    chosen in), the others at 1."""
-    seconds = sum(s for s, _, _ in window)
-    running, now = window[-1][1], window[-1][2]
-    got = {rid: [0, 0] for rid in now}
-    for _, _, chosen in window:
+class Window:
+    """A way's last ``WINDOW`` steps, and each chosen row's new tokens and steps over them, kept
+    as running sums (a step adds its rows and drops the oldest step's: no pass over the whole
+    window each step)."""
+
+    def __init__(self) -> None:
+        self.steps: deque = deque()
+        self.seconds = 0.0
+        self._sums: dict[str, list[int]] = {}           # request id -> [tokens, steps chosen]
+
+    def append(self, seconds: float, running: int, chosen: dict[str, int]) -> None:
+        if len(self.steps) == WINDOW:
+            old_seconds, _, old = self.steps.popleft()
+            self.seconds -= old_seconds
+            sums = self._sums
+            for rid, n in old.items():
+                got = sums[rid]
+                if got[1] == 1:
+                    del sums[rid]
+                else:
+                    got[0] -= n
+                    got[1] -= 1
+        self.steps.append((seconds, running, chosen))
+        self.seconds += seconds
+        sums = self._sums
         for rid, n in chosen.items():
-            if rid in got:
-                got[rid][0] += n
-                got[rid][1] += 1
-    gains = sorted(t / k for t, k in got.values())
-    plain = max(0, running - len(gains))           # rows at 1 token a step
-    k = (len(gains) + plain) // 4
-    below = bisect.bisect_left(gains, 1.0)         # chosen rows gaining less than a plain row
-    q = gains[k] if k < below else 1.0 if k < below + plain else gains[k - plain]
-    return q * len(window) / seconds
+            got = sums.get(rid)
+            if got is None:
+                sums[rid] = [n, 1]
+            else:
+                got[0] += n
+                got[1] += 1
+
+    def clear(self) -> None:
+        self.steps.clear()
+        self.seconds = 0.0
+        self._sums.clear()
+
+    def rate(self) -> float:
+        """The lower quartile of the running rows' new tokens a step over the window, times its
+        steps a second: the chosen rows running now at their counts (over the steps each was
+        chosen in), the others at 1."""
+        _, running, now = self.steps[-1]
+        sums = self._sums
+        gains = sorted(t / k for t, k in (sums[rid] for rid in now))
+        plain = max(0, running - len(gains))           # rows at 1 token a step
+        k = (len(gains) + plain) // 4
+        below = bisect.bisect_left(gains, 1.0)         # chosen rows gaining less than a plain row
+        q = gains[k] if k < below else 1.0 if k < below + plain else gains[k - plain]
+        return q * len(self.steps) / self.seconds

@@ -4,7 +4,7 @@ a second with the drafts than without, measured over a window of steps."""
 import pytest
 
 from tailrl.engine import ahead_drafts as ad
-from tailrl.engine.drafts_gate import WINDOW, DraftsGate, _rate
+from tailrl.engine.drafts_gate import WINDOW, DraftsGate, Window
 from tailrl.engine.tail_choice import MAX_PROBE, PROBE, TRY
 
 
@@ -54,20 +54,42 @@ def test_in_the_tail_the_drafting_rows_gain_counts():
     assert run(gate, 200, poor)[:2] == [("draft", TRY), ("plain", PROBE)]
 
 
+def window(*steps) -> Window:
+    w = Window()
+    for x in steps:
+        w.append(*x)
+    return w
+
+
 def test_the_quartile_row_and_the_window():
-    from collections import deque
-    w = deque([step(1e-3, 4, [3, 0, 8, 1])])
-    assert _rate(w) == pytest.approx(1 / 1e-3)            # rows 0, 1, 3, 8: the second of four
-    w.append(step(1e-3, 4, [1, 5, 0, 1]))
-    assert _rate(w) == pytest.approx(2 * 2 / 2e-3)        # over 2 steps 2, 2.5, 4, 1 a step: 2
-    w = deque([step(1e-3, 8, [0, 0, 0, 5, 5, 5, 5, 5])])
-    assert _rate(w) == 0.0                                # three rows of eight sat out
-    w = deque([step(1e-3, 12, [4, 4, 4])])                 # 9 plain rows at 1: the quartile row is one of them
-    assert _rate(w) == pytest.approx(1e3)
-    w = deque([step(1e-3, 12, [0, 0, 0, 0])])              # 4 chosen rows sat out, 8 plain: the third row
-    assert _rate(w) == 0.0
-    w = deque([(1e-3, 4, {"c0": 0, "c1": 3}), (1e-3, 4, {"c0": 6, "new": 5})], maxlen=WINDOW)
-    assert _rate(w) == pytest.approx(2 / 2e-3)            # c0 3 a step, "new" 5 (its one step), 2 plain rows at 1
+    w = window(step(1e-3, 4, [3, 0, 8, 1]))
+    assert w.rate() == pytest.approx(1 / 1e-3)            # rows 0, 1, 3, 8: the second of four
+    w.append(*step(1e-3, 4, [1, 5, 0, 1]))
+    assert w.rate() == pytest.approx(2 * 2 / 2e-3)        # over 2 steps 2, 2.5, 4, 1 a step: 2
+    assert window(step(1e-3, 8, [0, 0, 0, 5, 5, 5, 5, 5])).rate() == 0.0      # three rows of eight sat out
+    assert window(step(1e-3, 12, [4, 4, 4])).rate() == pytest.approx(1e3)   # 9 plain rows at 1: the quartile row
+    assert window(step(1e-3, 12, [0, 0, 0, 0])).rate() == 0.0   # 4 chosen rows sat out, 8 plain: the third row
+    w = window((1e-3, 4, {"c0": 0, "c1": 3}), (1e-3, 4, {"c0": 6, "new": 5}))
+    assert w.rate() == pytest.approx(2 / 2e-3)            # c0 3 a step, "new" 5 (its one step), 2 plain rows at 1
+
+
+def test_the_windows_running_sums_are_its_last_steps():
+    """Steps leave the window oldest first, their rows' tokens with them: the rate equals one
+    computed afresh from the last ``WINDOW`` steps, whatever rows come and go."""
+    import random
+    rng = random.Random(3)
+    w, steps = Window(), []
+    for i in range(200):
+        chosen = {f"r{j}": rng.randint(0, 9) for j in rng.sample(range(12), rng.randint(0, 8))}
+        x = (rng.uniform(1e-3, 2e-3), rng.randint(len(chosen) or 1, 20), chosen)
+        w.append(*x)
+        steps.append(x)
+        assert w.rate() == pytest.approx(window(*steps[-WINDOW:]).rate())
+        assert len(w.steps) == min(len(steps), WINDOW)
+        assert w.seconds == pytest.approx(sum(s for s, _, _ in steps[-WINDOW:]))
+        if i % 37 == 36:
+            w.clear()
+            steps = []
 
 
 def test_a_way_measured_again_is_measured_anew():
