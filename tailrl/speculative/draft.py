@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul
 
 
 @dataclass
@@ -90,10 +92,13 @@ class Draft:
     def path_probs(self) -> list[float]:
         """Probability that each node is accepted (product of ``probs`` along its path)."""
         if self._path is None:
-            out: list[float] = []
-            for p, q in zip(self.parents, self.probs):
-                out.append(q if p < 0 else out[p] * q)
-            self._path = out
+            if self._chain:                 # known to be a chain: the running product, at C speed
+                self._path = list(accumulate(self.probs, mul))
+            else:
+                out: list[float] = []
+                for p, q in zip(self.parents, self.probs):
+                    out.append(q if p < 0 else out[p] * q)
+                self._path = out
         return self._path
 
     @property

@@ -67,3 +67,14 @@ def test_accepted_by_follows_the_emitted_tokens_down_a_chain_or_a_tree():
     t = Draft([5, 9, 6, 6, 8, 5], [-1, -1, 0, 1, 2, -1], [0.5] * 6, "drafter")
     assert not t.is_chain
     assert [t.accepted_by(e) for e in ([5, 6, 8, 0], [9, 6, 8], [9, 7], [4], [5, 6, 7])] == [3, 2, 1, 0, 2]
+
+
+def test_a_known_chains_path_probabilities_are_the_general_walks_bit_for_bit():
+    rng = random.Random(5)
+    for _ in range(200):
+        k = rng.randint(1, 16)
+        probs = [rng.random() for _ in range(k)]
+        known = Draft.unchecked(list(range(k)), list(range(-1, k - 1)), probs, "x", chain=True)
+        walked = Draft.unchecked(list(range(k)), list(range(-1, k - 1)), probs, "x")   # chain unknown: the walk
+        assert known.path_probs == walked.path_probs and known.score == walked.score
+        assert walked.is_chain
