@@ -239,11 +239,12 @@ class Speculator:
         self.policy.finish(req)
 
     # ---- per step ---------------------------------------------------------------------
-    def best_draft(self, req: Any, max_paths: int, sources: list[DraftSource] | None = None) -> Draft | None:
-        """The draft the policy sees for ``req``: at most its ``draft_limit`` nodes (a longer
-        chain's untruncated form is kept in ``_full`` for the carry). ``sources`` (default:
-        all) are asked unless the carry applies."""
-        limit = min(self.max_draft_tokens, self.policy.draft_limit(req))
+    def best_draft(self, req: Any, max_paths: int, sources: list[DraftSource] | None = None,
+                   limit: int | None = None) -> Draft | None:
+        """The draft the policy sees for ``req``: at most its ``draft_limit`` nodes, or ``limit``
+        (a longer chain's untruncated form is kept in ``_full`` for the carry). ``sources``
+        (default: all) are asked unless the carry applies."""
+        limit = min(self.max_draft_tokens, self.policy.draft_limit(req) if limit is None else limit)
         if limit <= 0:
             return None
         carry = self._carry.pop(req.request_id, None)
@@ -270,9 +271,12 @@ class Speculator:
         wrong, the rest is rejected as any wrong draft is), at most ``room`` nodes; and the
         expected accepted nodes of what is left (their path probabilities, the dropped nodes'
         included). (None, 0) where no source has one that long. Counted as drafting; no carry
-        is kept for it (``record_verification`` finds no untruncated chain)."""
+        is kept for it (``record_verification`` finds no untruncated chain). Up to
+        ``max_draft_tokens`` deep whatever the policy's ``draft_limit``: that prices the
+        speculator's own steps (a priced policy cuts drafts to ``CRITICAL_DEPTH`` where its
+        last step drafted nothing), not the caller's."""
         t0 = time.perf_counter()
-        d = self.best_draft(req, 1)
+        d = self.best_draft(req, 1, limit=self.max_draft_tokens)
         self._full.pop(req.request_id, None)
         self.counts.asked += 1
         out, expected = None, 0.0

@@ -253,3 +253,20 @@ def test_above_max_spec_batch_only_the_critical_path_drafts():
     assert off.propose(rs, 5) == {}
     with pytest.raises(ValueError, match="critical_rows"):
         SpeculativeConfig(critical_rows=-1)
+
+
+def test_chains_from_are_as_deep_as_the_sources_go_whatever_the_policys_last_step_priced():
+    """``chain_from`` (drafts inside steps launched ahead) is not cut by the priced policy's
+    ``draft_limit``, which prices the speculator's own steps: where its last step drafted
+    nothing (a wide batch), that limit is the critical rows' depth."""
+    from tailrl.speculative.policies.priced import CRITICAL_DEPTH
+    spec, store = make(policy="priced")
+    store.record("p", [list(range(1, 30))] * 3)
+    (a,) = group(spec, 1)
+    emit(spec, a, list(range(1, 11)))
+    assert spec.policy.max_paths(10_000) == 0 and spec.policy.draft_limit(a) == CRITICAL_DEPTH   # closed
+    assert spec.best_draft(a, 1).tokens == list(range(11, 11 + CRITICAL_DEPTH))   # the speculator's own steps
+    d, expected = spec.chain_from(a, 0, 100)
+    assert d.tokens == list(range(11, 19)) and expected > CRITICAL_DEPTH - 1      # max_draft_tokens: 8
+    d, _ = spec.chain_from(a, 1, 3)
+    assert d.tokens == [12, 13, 14]
