@@ -23,11 +23,11 @@ and is settled, its tokens on the host, when the step after is built. Each chose
 
 So a drafting row verifies at most every other step: 1 + accepted tokens per two steps,
 against plain's two. It drafts where the chain's path probabilities expect at least
-``MIN_EXPECTED`` accepted nodes, and where its own verifications here accepted fewer than that
-on average (``AVERAGE``-weighted, from ``TRIES`` of them) it stops drafting for ``BACKOFF``
-steps, doubling while it stays so (up to ``MAX_BACKOFF``). Assuming its draft accepted whole
-instead of sitting out (its next step void where it was not) took more steps on the benchmark
-rollout (docs/speculation.md).
+``MIN_EXPECTED`` accepted nodes, however its last verifications went: a rollout's long
+responses accept in bursts (loops), and a row stopped for poor verifications missed them (a
+back-off of 8 steps after two, doubling up to 128, took 6-13% more steps on the benchmark
+rollout: docs/speculation.md). Assuming its draft accepted whole instead of sitting out (its
+next step void where it was not) took more steps too.
 
 Which rows: the ``rows`` with the most expected tokens still to generate, chosen every
 ``REFRESH`` steps: critical.py's estimate from a request's length priors, else from the lengths
@@ -55,9 +55,6 @@ from tailrl.speculative.history import HistoryStore
 
 MIN_EXPECTED = 1.0          # expected accepted nodes a draft needs: a verify costs the row a step
 REFRESH = 8                 # steps between choices of the rows that draft
-AVERAGE = 0.5               # weight of a row's newest verification in its average
-TRIES = 2                   # verifications before a row's average can stop it
-BACKOFF, MAX_BACKOFF = 8, 128
 
 
 class AheadDrafts:
@@ -68,9 +65,6 @@ class AheadDrafts:
         self._lengths: dict[str, list[int]] = {}         # prompt id -> its history's lengths, sorted
         self._chosen: set[str] = set()
         self._age = REFRESH
-        self._avg: dict[str, tuple[float, int]] = {}      # request id -> (average accepted, verifications)
-        self._off: dict[str, int] = {}                    # request id -> steps left without drafting
-        self._wait: dict[str, int] = {}                   # request id -> its next back-off
 
     def propose(self, rows: list[tuple[Request, int]], running: list[Request], budget: int) -> dict[str, Draft]:
         """Drafts for this step's chosen decode rows, at most ``budget`` nodes in all (none
@@ -88,10 +82,6 @@ class AheadDrafts:
         for req, n in rows:
             rid = req.request_id
             if n != 1 or rid not in self._chosen or budget <= 0:
-                continue
-            off = self._off.get(rid, 0)
-            if off > 0:
-                self._off[rid] = off - 1
                 continue
             room = min(req.remaining_tokens - 1, budget)
             if room <= 0:
@@ -158,22 +148,5 @@ class AheadDrafts:
         finally:
             out.append(PENDING)
 
-    def record(self, req: Request, accepted: int) -> None:
-        """One of ``req``'s drafts verified here accepted ``accepted`` nodes."""
-        rid = req.request_id
-        avg, n = self._avg.get(rid, (float(accepted), 0))
-        avg, n = avg + AVERAGE * (accepted - avg), n + 1
-        if n >= TRIES and avg < MIN_EXPECTED:
-            wait = self._wait.get(rid, BACKOFF)
-            self._off[rid], self._wait[rid] = wait, min(2 * wait, MAX_BACKOFF)
-            self._avg.pop(rid, None)
-            return
-        if n >= TRIES:
-            self._wait.pop(rid, None)
-        self._avg[rid] = (avg, n)
-
     def finish(self, req: Request) -> None:
-        rid = req.request_id
-        for d in (self._avg, self._off, self._wait):
-            d.pop(rid, None)
-        self._chosen.discard(rid)
+        self._chosen.discard(req.request_id)

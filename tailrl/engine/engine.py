@@ -361,7 +361,6 @@ class LLMEngine:
             for plan, a in verified:
                 req = plan.req
                 self.speculator.record_verification(req, plan.draft, a)
-                self.ahead_drafts.record(req, a)
                 req.spec_draft_tokens += len(plan.draft_tokens)
                 req.spec_accepted_tokens += a
                 req.spec_verify_steps += 1

@@ -1,8 +1,7 @@
 """Drafts inside steps launched ahead (engine/ahead_drafts.py, ``ahead_drafts``), on the CPU:
 every token and log-probability plain decoding gives, with rows verifying every other step,
 drafts whose first node guesses a token still on the device, stop tokens and length limits,
-rows waiting for room and preemptions, through the graphs' static inputs; the row choice and
-the back-off."""
+rows waiting for room and preemptions, through the graphs' static inputs; the row choice."""
 import pytest
 import torch
 from mixed_requests import outputs
@@ -138,7 +137,7 @@ def test_not_with_a_learned_drafter_nor_where_steps_are_not_launched_ahead(model
     assert llm.engine.ahead_drafts is None
 
 
-# ---- the row choice and the back-off, with a speculator that drafts what it is told -----------------
+# ---- the row choice, with a speculator that drafts what it is told -----------------
 
 class Told:
     """``chain_from`` as the speculator's, from a fixed chain per request."""
@@ -209,29 +208,6 @@ def test_drafts_expected_to_accept_too_little_are_not_verified():
     r = request("a", [5, 6])
     assert ad.AheadDrafts(Told({"a": chain([7, 8], p=0.4)}), rows=1).propose([(r, 1)], [r], 100) == {}
     assert set(ad.AheadDrafts(Told({"a": chain([7, 8], p=0.7)}), rows=1).propose([(r, 1)], [r], 100)) == {"a"}
-
-
-def test_a_row_whose_verifications_accept_little_backs_off_doubling():
-    r = request("a", [5, 6])
-    a = ad.AheadDrafts(Told({"a": chain([7, 8, 9])}), rows=1)
-    rows = [(r, 1)]
-
-    def drafting_steps(n):
-        return sum(bool(a.propose(rows, [r], 100)) for _ in range(n))
-    assert drafting_steps(1) == 1
-    a.record(r, 0)
-    a.record(r, 0)                                  # TRIES verifications, under MIN_EXPECTED
-    assert drafting_steps(ad.BACKOFF) == 0
-    assert drafting_steps(1) == 1
-    a.record(r, 1)
-    a.record(r, 0)
-    assert drafting_steps(2 * ad.BACKOFF) == 0      # the back-off doubled
-    assert drafting_steps(1) == 1
-    a.record(r, 3)
-    a.record(r, 3)                                  # accepted again: the back-off starts over
-    assert a._wait.get("a") is None
-    a.finish(r)
-    assert not a._avg and not a._off and "a" not in a._chosen
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, streams and copies not waited for")
