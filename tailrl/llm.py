@@ -7,6 +7,7 @@ import time
 from tqdm.auto import tqdm
 
 from tailrl.config import EngineConfig, PoolConfig, SamplingParams, SpeculativeConfig
+from tailrl.engine.admission import by_history
 from tailrl.engine.engine import LLMEngine
 from tailrl.engine.heap import held_collections
 from tailrl.engine.inputs import InputProcessor, load_tokenizer
@@ -85,7 +86,7 @@ class LLM:
         return outputs
 
     def _run(self, reqs: list[Request], use_tqdm: bool | None) -> None:
-        for r in reqs:
+        for r in by_history(reqs, self.history):     # longest expected first (engine/admission.py)
             self.engine.add_request(r)
         bar = tqdm(total=len(reqs), desc="generate", unit="req", disable=True if use_tqdm is False else None,
                    leave=False)

@@ -8,10 +8,11 @@ has not finished, from what is known about its length:
   pool from its scheduler: the prompt's previous-epoch lengths for ``history``, the group's
   finished lengths for ``context``, the true length for ``oracle``); else
 - ``Request.priority`` > 0: the scheduler's one expected length; else nothing: never critical.
-  (A plain engine could read its history store's lengths here; measured on the workload of
-  `benchmarks/critical_path.py`, FIFO admission with critical rows from history was 2-12%
-  slower in four rounds of four: the long responses often wait for a slot, and drafting for
-  the running ones taxes the full batch.)
+  One engine under ``LLM.generate`` sets both from its history store, and admits the longest
+  expected first (engine/admission.py). Under arrival-order admission, critical rows from
+  history were 2-12% slower on the workload of `benchmarks/critical_path.py` (four rounds of
+  four): the long responses often waited for a slot, and drafting for the running ones taxed
+  the full batch.
 
 The estimate is conditioned on survival: E[L - g | L > g] over the known lengths, so siblings
 that share a prompt-level estimate part as they generate. A group whose previous lengths were
