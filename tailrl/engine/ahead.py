@@ -56,20 +56,36 @@ class Launched:
         return any(not p.req.status.finished for p in self.batch.plans)
 
 
-def placeholders(step: Launched, scheduler: Scheduler) -> None:
+def placeholders(step: Launched, scheduler: Scheduler, kv: KVCache) -> None:
     """A placeholder token for each unfinished request ``step`` samples plainly, so that the
     scheduler and the batch see it one token on; a request the token takes to its length limit
     leaves its row now (nothing to compute for it next). A row verifying a draft gets none: how
-    many tokens it emits is known when it settles, so it sits out the next step (its tokens
-    are all computed: the scheduler gives it nothing to compute; engine/ahead_drafts.py)."""
+    many tokens it emits is known when it settles, so it has nothing to compute in the next step
+    (engine/ahead_drafts.py) but its follow-ups (``batch.FollowUps``). A row whose follow-ups
+    in ``step`` include the accept length its draft got (settled by now) takes that one's token
+    as its placeholder, and that one's K/V is moved into place (on a GPU, queued after ``step``);
+    one whose follow-ups missed it takes none and computes its last token next."""
+    moves: list[tuple[Request, int, int]] = []      # (request, from, to): one copy, after the loop
     for plan in step.batch.plans:
         req = plan.req
         if req.status is not RequestStatus.RUNNING or plan.draft_tokens:
             continue
+        f = plan.follow
+        if f is not None:
+            got = len(req.output_token_ids) - f.outputs - 1          # the accept length its draft got
+            if got not in f.lengths or req.num_computed_tokens + 1 != req.num_tokens:
+                continue
+            i = f.lengths.index(got)
+            moves.append((req, f.scratch + i, req.num_computed_tokens))
+            req.num_computed_tokens += 1
+            plan.entry += i
         req.output_token_ids.append(PENDING)
         req.output_logprobs.append(0.0)
         if at_limit(req):
             scheduler.remove(req)
+    moves = [m for m in moves if m[0].row >= 0]     # rows as they are now (a removal moves the last row)
+    if moves:
+        kv.move_positions([r.row for r, _, _ in moves], [a for _, a, _ in moves], [b for _, _, b in moves])
 
 
 def feed(batch: Batch, step: Launched) -> None:
@@ -78,8 +94,8 @@ def feed(batch: Batch, step: Launched) -> None:
     if not batch.ahead:
         return
     entry = {id(p.req): p.entry for p in step.batch.plans}
-    dst = [i for i, _ in batch.ahead]
-    src = [entry[id(req)] for _, req in batch.ahead]
+    dst = [i for i, _, _ in batch.ahead]
+    src = [entry[id(req)] + k for _, req, k in batch.ahead]
     tokens = step.sampled.tensors[0]
     if dst == src == list(range(len(dst))):             # the same rows in the same order (most steps)
         batch.input_ids[:len(dst)].copy_(tokens[:len(dst)])
@@ -104,6 +120,8 @@ def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]) -> tuple
         if req.status.finished:
             continue
         out = req.output_token_ids
+        if plan.follow is not None and not (out and out[-1] == PENDING):
+            continue                        # its follow-ups missed its draft's accept length: dropped
         if out and out[-1] == PENDING and not plan.draft_tokens:
             e = plan.entry                  # commit's plain row, its token written over the placeholder
             out[-1] = tokens[e]

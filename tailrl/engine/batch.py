@@ -45,6 +45,22 @@ class RowPlan:
     draft: object = None            # the Draft it verifies (None = plain decode)
     last: int = -1                  # sampled index of the last token commit appended (set by commit)
     rows: list[int] = field(default_factory=list)   # sampled index of every token commit appended
+    follow: "FollowUps | None" = None   # a row's follow-ups of its draft in the step before (below)
+
+
+@dataclass(slots=True)
+class FollowUps:
+    """A row that verifies a draft in a step still on the device follows it up in the next step,
+    launched ahead, for a few of the accept lengths the draft may get (engine/ahead_drafts.py):
+    for each length ``a``, the token the target emits after ``a`` accepted nodes (sampled by the
+    step before: a placeholder here, fed on the device) at its position, seeing the row's cache
+    up to it, its own K/V written at a scratch position past the draft. When the draft's step
+    settles, the follow-up of its accept length, if any, is the row's next token (engine/ahead.py:
+    its K/V moved into place); the others are dropped."""
+    lengths: list[int]              # the accept lengths followed up, one query each, in this order
+    depth: int                      # nodes of the draft they follow
+    outputs: int = 0                # the request's output tokens when built (the draft's root sampled that index)
+    scratch: int = 0                # cache position of the first query's K/V (the others follow it)
 
 
 @dataclass
@@ -63,16 +79,19 @@ class Batch:
     # committed tokens computed this step (their hidden states, for a drafter's past)
     spans: list[tuple[Request, int, int, int]] = field(default_factory=list)
     graph: Key | None = None        # the bucket whose static inputs hold this step (engine/graphs.py)
-    # (flat index, request) of decode rows whose input token a step still on the device
-    # samples (a placeholder here; engine/ahead.py fills it in on the device)
-    ahead: list[tuple[int, Request]] = field(default_factory=list)
+    # (flat index, request, offset) of the queries whose input token a step still on the device
+    # samples: the request's root there plus offset (a placeholder here; engine/ahead.py fills
+    # it in on the device)
+    ahead: list[tuple[int, Request, int]] = field(default_factory=list)
 
 
-def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: StepGraphs | None = None) -> Batch:
+def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: StepGraphs | None = None,
+                follow: dict | None = None) -> Batch:
     """``rows``: (request, committed tokens to compute) in row order (request ``rows[r]`` holds
-    row r of ``kv``'s block table); ``drafts``: request id -> Draft to verify. With ``graphs``,
-    a step without prefill goes to the static inputs of its graph's bucket (``Batch.graph``)."""
-    if not drafts and len(rows) > FEW_TOKENS:
+    row r of ``kv``'s block table); ``drafts``: request id -> Draft to verify; ``follow``:
+    request id -> ``FollowUps`` of a row with nothing to compute. With ``graphs``, a step
+    without prefill goes to the static inputs of its graph's bucket (``Batch.graph``)."""
+    if not drafts and not follow and len(rows) > FEW_TOKENS:
         batch = _decode_batch(rows, kv, graphs)
         if batch is not None:
             return batch
@@ -90,10 +109,37 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     keys, upos = [], []                 # noise of each sampled position: (seed key, output position)
     num_draft = reads = work = 0
     spans: list[tuple[Request, int, int, int]] = []
-    ahead: list[tuple[int, Request]] = []
+    ahead: list[tuple[int, Request, int]] = []
     for r, (req, n) in enumerate(rows):
         start = req.num_computed_tokens
         out = req.output_token_ids
+        if n == 0:
+            f = follow.get(req.request_id) if follow else None
+            if f is not None:
+                # query i: the token after lengths[i] accepted nodes, at position start + a,
+                # seeing [0, start + a) and its own K/V at the scratch position start + depth + i
+                f.outputs, f.scratch = len(out), start + f.depth
+                plans.append(RowPlan(req, 0, [], [], len(sample_idx), None, follow=f))
+                p, h = req.params, len(f.lengths)
+                for i, a in enumerate(f.lengths):
+                    ahead.append((len(ids), req, a))
+                    sample_idx.append(len(ids))
+                    ids.append(-1)
+                    pos.append(start + a)
+                    prefix.append(start + a)
+                    estart.append(len(extra))
+                    ecount.append(1)
+                    extra.append(f.scratch + i)
+                    reads += start + a + 1
+                    work += start + a + 1
+                wrow += [r] * h
+                wpos += range(f.scratch, f.scratch + h)
+                temps += [p.temperature] * h
+                topk += [p.top_k] * h
+                topp += [p.top_p] * h
+                keys += [req.seed_key] * h
+                upos += [len(out) + a + 1 for a in f.lengths]
+            continue
         samples = n > 0 and start + n == len(req.prompt_token_ids) + len(out)
         draft = drafts.get(req.request_id) if samples and drafts else None
         if n == 1 and samples and draft is None:
@@ -104,7 +150,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             sample_idx.append(len(ids))
             tok = out[-1] if out else req.prompt_token_ids[-1]
             if tok < 0:                     # sampled by a step still on the device (engine/ahead.py)
-                ahead.append((len(ids), req))
+                ahead.append((len(ids), req, 0))
             ids.append(tok)
             pos.append(start)
             wrow.append(r)
@@ -129,7 +175,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
             sample_idx += range(flat0, flat0 + d + 1)
             tok = out[-1] if out else req.prompt_token_ids[-1]
             if tok < 0:                     # its root: a step still on the device samples it (ahead_drafts.py)
-                ahead.append((flat0, req))
+                ahead.append((flat0, req, 0))
             ids.append(tok)
             ids += draft.tokens
             pos += range(start, start + d + 1)
@@ -217,7 +263,7 @@ def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGrap
     else:
         reqs, wrow = [req for req, _ in rows], index
     plans = [RowPlan(req, 1, [], [], i, None) for i, req in enumerate(reqs)]
-    ahead = [(i, reqs[i]) for i, tok in enumerate(ids) if tok < 0]   # sampled by a step still on the device
+    ahead = [(i, reqs[i], 0) for i, tok in enumerate(ids) if tok < 0]   # sampled by a step still on the device
     pos = np.array(starts, dtype=np.int64)
     prefix = pos + 1
     zeros = np.zeros(m, dtype=np.int64)
@@ -309,8 +355,8 @@ class ModelRunner:
         self.kv = kv
         self.graphs = graphs
 
-    def build(self, rows: list[tuple[Request, int]], drafts: dict) -> Batch:
-        return build_batch(rows, drafts, self.kv, self.graphs)
+    def build(self, rows: list[tuple[Request, int]], drafts: dict, follow: dict | None = None) -> Batch:
+        return build_batch(rows, drafts, self.kv, self.graphs, follow)
 
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions (float32 where the model is bfloat16),

@@ -288,18 +288,19 @@ class LLMEngine:
         start = time.perf_counter()
         prev, self._launched = self._launched, None
         if prev is not None:
-            placeholders(prev, self.scheduler)
+            placeholders(prev, self.scheduler, self.kv)
         sched = self.scheduler.schedule()
+        follow = self._follow_ups(prev, sched)
         scheduled = time.perf_counter()
-        if sched.num_tokens == 0:
+        if sched.num_tokens == 0 and not follow:
             if prev is not None:
                 return self._settle(prev)
             if self.scheduler.has_work():
                 raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
             return []
-        drafts = self._drafts_ahead(sched)
+        drafts = self._drafts_ahead(sched, sched.token_budget_left - sum(len(f.lengths) for f in follow.values()))
         drafted = time.perf_counter()
-        batch = self.runner.build(sched.rows, drafts)
+        batch = self.runner.build(sched.rows, drafts, follow)
         if prev is not None:
             feed(batch, prev)                         # its tokens, on the device, as this step's inputs
         built = time.perf_counter()
@@ -320,12 +321,24 @@ class LLMEngine:
             self._settle(step)
         return finished
 
-    def _drafts_ahead(self, sched: SchedulerOutput) -> dict:
+    def _drafts_ahead(self, sched: SchedulerOutput, budget: int) -> dict:
         """The chosen rows' drafts for a step launched ahead (ahead_drafts.py), with their blocks."""
-        if self.ahead_drafts is None or sched.token_budget_left <= 0:
+        if self.ahead_drafts is None or budget <= 0:
             return {}
-        drafts = self.ahead_drafts.propose(sched.rows, self.scheduler.running, sched.token_budget_left)
+        drafts = self.ahead_drafts.propose(sched.rows, self.scheduler.running, budget)
         return drafts if not drafts or self._room_for(drafts) else {}
+
+    def _follow_ups(self, prev: Launched | None, sched: SchedulerOutput) -> dict:
+        """Follow-ups (batch.FollowUps) of the drafts ``prev`` verifies, for a step launched
+        after it, with the blocks of their scratch positions (none where the pool lacks them or
+        they would pass the cache's length)."""
+        if self.ahead_drafts is None or prev is None or sched.token_budget_left <= 0:
+            return {}
+        follow = self.ahead_drafts.follow(prev.batch.plans, sched.rows, sched.token_budget_left)
+        reqs, kv = self.requests, self.kv
+        need = {rid: (reqs[rid].row, reqs[rid].num_tokens + f.depth + len(f.lengths)) for rid, f in follow.items()}
+        follow = {rid: f for rid, f in follow.items() if need[rid][1] <= kv.max_len}
+        return follow if follow and kv.grow_rows([need[rid] for rid in follow]) else {}
 
     def _bulk(self) -> bool:
         """Whether this speculative engine's step is plain and launched ahead: more requests run
@@ -357,6 +370,7 @@ class LLMEngine:
         accepted = sum(a for _, a in verified)
         if self.ahead_drafts is not None:         # the gate's count, before finished requests leave
             running, chosen = len(self.scheduler.running), self.ahead_drafts.tokens(step.batch.plans, step.drafting)
+            self.ahead_drafts.followed(step.batch.plans)
         if self.speculator is not None:           # its sources index every token (plan.rows: settled now)
             for plan, a in verified:
                 req = plan.req

@@ -9,7 +9,8 @@ from mixed_requests import outputs
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.engine import ahead_drafts as ad
 from tailrl.engine.ahead import PENDING
-from tailrl.engine.batch import ModelRunner
+from tailrl.engine.ahead_drafts import AheadDrafts
+from tailrl.engine.batch import ModelRunner, RowPlan
 from tailrl.engine.graph_pool import GraphPool, eager_capture
 from tailrl.engine.graphs import StepGraphs
 from tailrl.engine.request import Request
@@ -63,6 +64,8 @@ def test_rows_drafting_inside_steps_launched_ahead_give_plain_decodings_outputs(
         steps.append(m["rollout/num_forward"])
     assert m["rollout/spec_verify_steps"] > 10 and m["rollout/spec_accepted_tokens"] > 20
     assert guessed[0] > 0
+    # verifying rows followed up in the next step: some had their accept length, some not
+    assert 0 < m["rollout/ahead_follow_hits"] < m["rollout/ahead_follow_ups"]
     assert steps[-1] < steps[0]                 # the drafts shortened the rollout's steps
     if graphs:
         assert m["graphs/replayed_steps"] > 5
@@ -92,12 +95,50 @@ def test_with_rows_waiting_and_preemptions(model):
     kw = dict(dtype="bfloat16", max_model_len=128, kv_cache_tokens=256, max_num_seqs=6)
     want = outputs(LLM(model, async_scheduling=False, **kw))
     llm = engine(model, rows=3, **kw)
-    verified = preempted = 0
+    verified = preempted = hits = 0
     for _ in range(3):
         assert outputs(llm) == want
         verified += llm.last_metrics["rollout/spec_verify_steps"]
         preempted += llm.last_metrics["rollout/preemptions"]
-    assert verified > 0 and preempted > 0
+        hits += llm.last_metrics["rollout/ahead_follow_hits"]
+    assert verified > 0 and preempted > 0 and hits > 0
+
+
+def test_follow_ups_take_a_step_from_each_verification_they_hit(model, monkeypatch):
+    """Rows that verify a draft follow it up in the next step (the likeliest accept lengths):
+    the same outputs as without follow-ups, in fewer engine steps (calls: where every row sits a
+    step out, the engine has nothing to launch and waits for the step in flight instead)."""
+    prompts, params = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]], SamplingParams(n=4, temperature=1.0, max_tokens=120, seed=4)
+    runs = {}
+    for k in (0, ad.FOLLOW_UPS):
+        monkeypatch.setattr(ad, "FOLLOW_UPS", k)
+        llm = engine(model, max_num_seqs=256)
+        e, count = llm.engine, [0]
+        step = e.step
+
+        def counted():
+            count[0] += 1
+            return step()
+        e.step = counted
+        llm.generate(prompts, params)                                  # the history the next round drafts from
+        count[0] = 0
+        got = [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, params)]
+        runs[k] = got, count[0], llm.last_metrics["rollout/ahead_follow_hits"]
+    assert runs[0][0] == runs[ad.FOLLOW_UPS][0]
+    assert runs[0][2] == 0 < runs[ad.FOLLOW_UPS][2]
+    assert runs[ad.FOLLOW_UPS][1] < runs[0][1], (runs[0][1:], runs[ad.FOLLOW_UPS][1:])
+
+
+def test_the_follow_ups_are_the_likeliest_accept_lengths():
+    gets = AheadDrafts(None, 1)
+    req = Request("a", [1, 2], SamplingParams(max_tokens=50), 0)
+    gets._reach["a"] = [1.0, 0.9, 0.81, 0.405, 0.0405]      # P(accepted >= k): chain probs .9 .9 .5 .1
+    plan = RowPlan(req, 1, [-1, 0, 1, 2], [5, 6, 7, 8], 0)
+    got = gets.follow([plan], [(req, 0)], budget=100)
+    assert got["a"].lengths == [2, 3, 0] and got["a"].depth == 4     # P(a = k): .1 .09 .405 .3645 .0405
+    gets._reach["a"] = [1.0, 0.9, 0.81, 0.405, 0.0405]
+    assert gets.follow([plan], [(req, 0)], budget=2)["a"].lengths == [2, 3]
+    assert gets.follow([plan], [(req, 1)], budget=100) == {}        # a row with a token to compute: none
 
 
 def test_every_token_reaches_the_speculators_sources_once_in_order(model, monkeypatch):
@@ -221,3 +262,4 @@ def test_on_a_gpu_rows_drafting_inside_steps_launched_ahead_give_plain_steppings
         assert outputs(llm) == want
     assert llm.last_metrics["rollout/spec_verify_steps"] > 0 and guessed[0] > 0
     assert llm.last_metrics["graphs/replayed_steps"] > 5
+    assert llm.last_metrics["rollout/ahead_follow_hits"] > 0     # K/V moved on the device, not waited for

@@ -189,16 +189,22 @@ class KVCache:
         t = self._table
         return [int(t[r, p // BLOCK]) * BLOCK + p % BLOCK for r, p in zip(rows, positions)]
 
-    def _blocks_lanes(self, row: int, positions) -> tuple[torch.Tensor, torch.Tensor]:
-        p = np.asarray(positions, dtype=np.int64)
-        s = torch.from_numpy(self.slots(np.full_like(p, row), p)).to(self.device)
-        return s // BLOCK, s % BLOCK
+    def _blocks_lanes(self, rows: np.ndarray, src: list[int], dst: list[int]) -> tuple[torch.Tensor, ...]:
+        s = np.concatenate([self.slots(rows, np.asarray(src, dtype=np.int64)),
+                            self.slots(rows, np.asarray(dst, dtype=np.int64))])
+        t = torch.from_numpy(s)
+        if t.device != torch.device(self.device):          # pinned and not waited for: a step may be in flight
+            t = t.pin_memory().to(self.device, non_blocking=True)
+        n = len(src)
+        return t[:n] // BLOCK, t[:n] % BLOCK, t[n:] // BLOCK, t[n:] % BLOCK
 
-    def move_positions(self, row: int, src: list[int], dst: list[int]) -> None:
-        """Copy K/V of positions src -> dst inside one row (accepted tree-draft nodes)."""
+    def move_positions(self, row: int | list[int], src: list[int], dst: list[int]) -> None:
+        """Copy K/V of positions src -> dst inside one row, or each inside its own (``row`` a
+        list: one per position): accepted tree-draft nodes, follow-ups (engine/ahead.py). On a
+        GPU, queued on the device after what is queued there already, the host not waiting."""
         d = self.data
-        sb, sl = self._blocks_lanes(row, src)
-        db, dl = self._blocks_lanes(row, dst)
+        rows = np.full(len(src), row, dtype=np.int64) if isinstance(row, int) else np.asarray(row, dtype=np.int64)
+        sb, sl, db, dl = self._blocks_lanes(rows, src, dst)
         dim = self.args.head_dim
         k = d[:, 0]                                                  # [L, blocks, KV, BLOCK * D]
         k[:, db[:, None], :, key_index(dl, dim)] = k[:, sb[:, None], :, key_index(sl, dim)]
