@@ -37,7 +37,8 @@ checkpoint directory). Then, on ``--device``:
    launched ahead; engine/ahead_drafts.py; the rows draft where the rollout measures it faster,
    engine/drafts_gate.py, ``gate_steps``: how many steps went each way, ``gate_rates``: each
    way's last rate, tokens a second of the rows that gain least; ``..._always``: they
-   always draft; these run first), and plain and the default with attention's
+   always draft; ``follow_ups``: queries following up verifications, and hits; these run
+   first, 64 rows always drafting first of all: on a CPU the fewest steps, 254 to plain's 513), and plain and the default with attention's
    float32 FMA dots instead of tensor cores (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
    first engine's rollout is also timed before any other engine is made
    (``plain_before_others_s``), and a new plain engine's after them (``plain_fresh_s``;
@@ -283,8 +284,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25,
                     help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
-    ap.add_argument("--variants", default="drafts_ahead_16,drafts_ahead_16_all,drafts_ahead_16_all_always,"
-                                          "drafts_ahead_64_all,tail_speculate,fixed_12",
+    ap.add_argument("--variants", default="drafts_ahead_64_all_always,drafts_ahead_64_all,drafts_ahead_16,"
+                                          "drafts_ahead_16_all,drafts_ahead_16_all_always,tail_speculate,fixed_12",
                     help="speculation's variants to run (comma-separated; '' for none)")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
     ap.add_argument("--matmul-reps", type=int, default=20)
@@ -472,6 +473,8 @@ def main() -> None:
                     "drafts_ahead_16_all_always": (SpeculativeConfig(ahead_drafts=16, ahead_above=1,
                                                                      ahead_drafts_gate="always"), {}),
                     "drafts_ahead_64_all": (SpeculativeConfig(ahead_drafts=64, ahead_above=1), {}),
+                    "drafts_ahead_64_all_always": (SpeculativeConfig(ahead_drafts=64, ahead_above=1,
+                                                                     ahead_drafts_gate="always"), {}),
                     "fixed": (SpeculativeConfig(policy="fixed"), {}),
                     "fixed_3": (SpeculativeConfig(policy="fixed", max_draft_tokens=3), {}),
                     "fixed_12": (SpeculativeConfig(policy="fixed", max_draft_tokens=12), {}),
@@ -509,6 +512,7 @@ def main() -> None:
                                    if f"rollout/ahead_{w}_steps" in llm.last_metrics},
                     "gate_rates": {w: round(llm.last_metrics[f"rollout/ahead_{w}_rate"], 1) for w in ("draft", "plain")
                                    if f"rollout/ahead_{w}_rate" in llm.last_metrics},
+                    "follow_ups": {k: int(llm.last_metrics.get(f"rollout/ahead_follow_{k}", 0)) for k in ("ups", "hits")},
                     "steps": figures}
                 print(f"rollout: {name} {secs:.2f} s ({plain_s / secs:.2f}x plain): {roll['variants'][name]}",
                       flush=True)

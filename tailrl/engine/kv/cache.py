@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tailrl.kernels import BLOCK, blocks, key_index
+from tailrl.kernels import BLOCK, blocks
 from tailrl.model.args import ModelArgs
 
 
@@ -189,27 +189,43 @@ class KVCache:
         t = self._table
         return [int(t[r, p // BLOCK]) * BLOCK + p % BLOCK for r, p in zip(rows, positions)]
 
-    def _blocks_lanes(self, rows: np.ndarray, src: list[int], dst: list[int]) -> tuple[torch.Tensor, ...]:
-        s = np.concatenate([self.slots(rows, np.asarray(src, dtype=np.int64)),
-                            self.slots(rows, np.asarray(dst, dtype=np.int64))])
-        t = torch.from_numpy(s)
-        if t.device != torch.device(self.device):          # pinned and not waited for: a step may be in flight
-            t = t.pin_memory().to(self.device, non_blocking=True)
-        n = len(src)
-        return t[:n] // BLOCK, t[:n] % BLOCK, t[n:] // BLOCK, t[n:] % BLOCK
-
     def move_positions(self, row: int | list[int], src: list[int], dst: list[int]) -> None:
         """Copy K/V of positions src -> dst inside one row, or each inside its own (``row`` a
-        list: one per position): accepted tree-draft nodes, follow-ups (engine/ahead.py). On a
-        GPU, queued on the device after what is queued there already, the host not waiting."""
-        d = self.data
+        list: one per position): accepted tree-draft nodes, follow-ups (engine/ahead.py). One
+        gather and one scatter over the pool's flat storage (every layer, keys and values, KV
+        head and dimension of each position); on a GPU queued after what is queued there
+        already, the host not waiting."""
         rows = np.full(len(src), row, dtype=np.int64) if isinstance(row, int) else np.asarray(row, dtype=np.int64)
-        sb, sl, db, dl = self._blocks_lanes(rows, src, dst)
-        dim = self.args.head_dim
-        k = d[:, 0]                                                  # [L, blocks, KV, BLOCK * D]
-        k[:, db[:, None], :, key_index(dl, dim)] = k[:, sb[:, None], :, key_index(sl, dim)]
-        v = d[:, 1].view(*k.shape[:3], BLOCK, dim)                   # [L, blocks, KV, BLOCK, D]
-        v[:, db, :, dl] = v[:, sb, :, sl]
+        slots = torch.from_numpy(np.stack([self.slots(rows, np.asarray(src, dtype=np.int64)),
+                                           self.slots(rows, np.asarray(dst, dtype=np.int64))]))
+        d = self.data
+        if slots.device != d.device:            # pinned and not waited for: a step may be in flight
+            slots = slots.pin_memory().to(d.device, non_blocking=True)
+        base, lane, dims = self._offsets()
+        stride = d.stride(2)                    # one block of every KV head
+        at = (slots // BLOCK * stride)[:, None, None, :, None, None] + base \
+            + (slots % BLOCK)[:, None, None, :, None, None] * lane + dims     # [2, L, 2, n, KV, D]
+        flat = d.view(-1)
+        flat[at[1].reshape(-1)] = flat[at[0].reshape(-1)]
+
+    def _offsets(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Flat offsets in the pool of a position's K/V, in parts: per (layer, keys or values,
+        KV head) at block 0 [L, 2, 1, KV, 1], per lane [1, 2, 1, 1, 1] (a key's dimensions are
+        pairs, lane-interleaved: ``key_index``; a value's are contiguous) and per dimension
+        [1, 2, 1, 1, D]."""
+        got = getattr(self, "_offset_parts", None)
+        d = self.data
+        if got is None or got[0].device != d.device:
+            a, dev = self.args, d.device
+            dim = a.head_dim
+            layer = torch.arange(a.num_layers, device=dev)[:, None, None, None, None] * d.stride(0)
+            kind = torch.arange(2, device=dev)[None, :, None, None, None] * d.stride(1)
+            head = torch.arange(a.num_kv_heads, device=dev)[None, None, None, :, None] * d.stride(3)
+            lane = torch.tensor([2, dim], device=dev)[None, :, None, None, None]
+            j = torch.arange(dim, device=dev)
+            dims = torch.stack([j // 2 * (2 * BLOCK) + j % 2, j])[None, :, None, None, :]
+            got = self._offset_parts = (layer + kind + head, lane, dims)
+        return got
 
     def _row_blocks(self, row: int, length: int) -> torch.Tensor:
         return torch.from_numpy(self._table[row, :num_blocks(length)].astype(np.int64)).to(self.device)
