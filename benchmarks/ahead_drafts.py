@@ -8,8 +8,9 @@ steps launched ahead, then for each of ``--rows`` an engine whose steps are all 
 ``--gates`` value (``always``: they draft whenever their drafts are expected to pay;
 ``measured``: where the rollout measures drafting faster, engine/drafts_gate.py). Per engine:
 its steps, its makespan, the host's milliseconds per step by stage (``timing_s/...``), verify
-steps and tokens accepted per verify, and whether every response (tokens and
-log-probabilities) equals plain decoding's. On a CPU no step overlaps the host's work (the
+steps and tokens accepted per verify, the follow-ups' queries and hits (rows that verified
+and had the accept length they got followed up: engine/ahead_drafts.py), and whether every
+response (tokens and log-probabilities) equals plain decoding's. On a CPU no step overlaps the host's work (the
 host computes the forward), so there the makespan is not what a GPU sees: the steps are, a
 GPU's step launched ahead costing about the same from 1 to a few hundred tokens (#33), and
 each stage is host time a GPU's step must cover. ``--device cuda`` runs it on a GPU, where
@@ -91,6 +92,7 @@ def main() -> None:
                    "accept_length": round(m.get("rollout/spec_accept_length", 0.0), 2),
                    "gate_steps": {w: int(m[f"rollout/ahead_{w}_steps"]) for w in ("draft", "plain")
                                   if f"rollout/ahead_{w}_steps" in m},
+                   "follow_ups": {k: int(m.get(f"rollout/ahead_follow_{k}", 0)) for k in ("ups", "hits")},
                    "host_ms_per_step": {k.split("/")[1]: round(v / steps * 1e3, 3) for k, v in m.items()
                                         if k.startswith("timing_s/") and k not in ("timing_s/gen", "timing_s/forward")}}
             runs[name].append(res)
