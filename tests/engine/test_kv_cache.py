@@ -58,6 +58,11 @@ def test_layout_operations_match_a_plain_cache():
     want = b.clone()
     want[:, :, :, [33, 34, 35]] = b[:, :, :, [140, 141, 149]]
     assert torch.equal(plain(kv, 2, 150), want)
+    kv.move_positions([4, 2, 4], [69, 100, 31], [3, 36, 64])              # several rows at once (follow-ups)
+    want[:, :, :, 36] = want[:, :, :, 100]
+    mine = b[:, :, :, :70].clone()
+    mine[:, :, :, [3, 64]] = mine[:, :, :, [69, 31]]
+    assert torch.equal(plain(kv, 2, 150), want) and torch.equal(plain(kv, 4, 70), mine)
     with pytest.raises(ValueError, match="holds"):
         kv.import_row(5, b[:, :, :, :40])                                 # row 5 holds no blocks
 

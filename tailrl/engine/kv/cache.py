@@ -54,6 +54,7 @@ class KVCache:
         self.allocations = 0                                       # times the pool was allocated
         self.peak_used = self.peak_shared = 0
         self.scratch_slot = self.num_blocks * BLOCK                 # lane 0 of the block past the budget
+        self._offset_parts: tuple[torch.Tensor, ...] | None = None   # move_positions' (_offsets)
         self._data: torch.Tensor | None = self._allocate()
 
     # ---- the pool ---------------------------------------------------------------------------
@@ -213,8 +214,7 @@ class KVCache:
         KV head) at block 0 [L, 2, 1, KV, 1], per lane [1, 2, 1, 1, 1] (a key's dimensions are
         pairs, lane-interleaved: ``key_index``; a value's are contiguous) and per dimension
         [1, 2, 1, 1, D]."""
-        got = getattr(self, "_offset_parts", None)
-        d = self.data
+        got, d = self._offset_parts, self.data
         if got is None or got[0].device != d.device:
             a, dev = self.args, d.device
             dim = a.head_dim
