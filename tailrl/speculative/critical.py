@@ -8,11 +8,12 @@ has not finished, from what is known about its length:
   pool from its scheduler: the prompt's previous-epoch lengths for ``history``, the group's
   finished lengths for ``context``, the true length for ``oracle``); else
 - ``Request.priority`` > 0: the scheduler's one expected length; else nothing: never critical.
-  One engine under ``LLM.generate`` sets both from its history store, and admits the longest
-  expected first (engine/admission.py). Under arrival-order admission, critical rows from
-  history were 2-12% slower on the workload of `benchmarks/critical_path.py` (four rounds of
-  four): the long responses often waited for a slot, and drafting for the running ones taxed
-  the full batch.
+  One engine under ``LLM.generate`` admits the longest expected first from its history store
+  but sets neither (engine/admission.py): critical rows from history were 2-12% slower under
+  arrival-order admission on the workload of `benchmarks/critical_path.py` (four rounds of
+  four: the long responses often waited for a slot, and drafting for the running ones taxed
+  the full batch), and 5-9% slower under longest-first admission on the benchmark rollout
+  (this CPU, three rounds), which computes every drafted token of a full batch.
 
 The estimate is conditioned on survival: E[L - g | L > g] over the known lengths, so siblings
 that share a prompt-level estimate part as they generate. A group whose previous lengths were
