@@ -1,8 +1,8 @@
 """Admission order for one engine: longest expected first (engine/admission.py) against arrival
 order, on the benchmark rollout.
 
-``small`` (or ``--model``), ``--prompts`` held-out task prompts x ``--n``, T=1, max
-``--max-tokens``, ``max_num_seqs`` 256 (half the requests wait at first), round 2 timed with
+``small`` (or ``--model``), 64 held-out task prompts x 8, T=1, max 512 (the benchmark
+rollout, as benchmarks/pool.py loads it), ``max_num_seqs`` 256 (half the requests wait at first), round 2 timed with
 round 1 (other seeds) as the history the estimates come from; plain decoding and the default
 speculation, each with the history's order and with arrival order (``LLM.generate``'s
 estimates switched off in this process: the engine as it was before them). Per engine: its
@@ -21,30 +21,22 @@ import json
 import time
 from pathlib import Path
 
+from pool import load_prompts, params
+
+import tailrl.llm as llm_module
+from tailrl import LLM, SpeculativeConfig
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=str(REPO / "models" / "small"))
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    from transformers import AutoTokenizer
-
-    import tailrl.llm as llm_module
-    from tailrl import LLM, SamplingParams, SpeculativeConfig
-    from tailrl.tasks import mixture
-    tok = AutoTokenizer.from_pretrained(a.model)
-    prompts = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(a.prompts)]
+    prompts = load_prompts(a.model, 64)
     pids = [f"p{i}" for i in range(len(prompts))]
     history_order = llm_module.by_history
-
-    def params(seed: int) -> list:
-        return [SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, seed=seed + i)
-                for i in range(len(prompts))]
 
     engines = [(f"{spec}_{order}", spec, order) for spec in ("plain", "default") for order in ("history", "arrival")]
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in engines}
@@ -53,9 +45,9 @@ def main() -> None:
         for name, spec, order in (engines if rnd % 2 == 0 else engines[::-1]):
             llm_module.by_history = history_order if order == "history" else (lambda reqs, history: reqs)
             llm = LLM(a.model, speculative=SpeculativeConfig() if spec == "default" else None)
-            llm.generate(prompts, params(10_000), prompt_ids=pids)             # round 1: the history
+            llm.generate(prompts, params(8, len(prompts), 10_000, 512), prompt_ids=pids)   # round 1: the history
             t = time.perf_counter()
-            got = llm.generate(prompts, params(20_000), prompt_ids=pids)
+            got = llm.generate(prompts, params(8, len(prompts), 20_000, 512), prompt_ids=pids)
             wall = time.perf_counter() - t
             responses = [(c.token_ids, c.logprobs) for o in got for c in o.outputs]
             want = responses if want is None and name == "plain_history" else want
