@@ -38,8 +38,9 @@ checkpoint directory). Then, on ``--device``:
    engine/drafts_gate.py, ``gate_steps``: how many steps went each way, ``gate_rates``: each
    way's last rate, tokens a second of the rows that gain least; ``..._always``: they
    always draft; ``follow_ups``: queries following up verifications, and hits; these run
-   first, 64 rows always drafting first of all: on a CPU the fewest steps, 254 to plain's 513), and plain and the default with attention's
-   float32 FMA dots instead of tensor cores (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
+   first, 64 rows always drafting first of all: on a CPU the fewest steps, 268 to plain's
+   513), and plain and the default with attention's float32 FMA dots instead of tensor cores
+   (``ieee_plain``, ``ieee_default``: ``TAILRL_ATTENTION_DOTS=ieee``, other bits). The
    first engine's rollout is also timed before any other engine is made
    (``plain_before_others_s``), and a new plain engine's after them (``plain_fresh_s``;
    ``default_over_fresh_plain``: the default against it). Each engine takes
@@ -512,7 +513,8 @@ def main() -> None:
                                    if f"rollout/ahead_{w}_steps" in llm.last_metrics},
                     "gate_rates": {w: round(llm.last_metrics[f"rollout/ahead_{w}_rate"], 1) for w in ("draft", "plain")
                                    if f"rollout/ahead_{w}_rate" in llm.last_metrics},
-                    "follow_ups": {k: int(llm.last_metrics.get(f"rollout/ahead_follow_{k}", 0)) for k in ("ups", "hits")},
+                    "follow_ups": {k: int(llm.last_metrics.get(f"rollout/ahead_follow_{k}", 0))
+                                   for k in ("ups", "hits")},
                     "steps": figures}
                 print(f"rollout: {name} {secs:.2f} s ({plain_s / secs:.2f}x plain): {roll['variants'][name]}",
                       flush=True)

@@ -20,10 +20,11 @@ its position, its K/V at a scratch position past the draft. When the draft's ste
 the follow-up of the length it got, if there is one, is the row's next token (its K/V moved
 into place), sampled while the host did not know it yet; the others are dropped. A row whose
 follow-ups missed (or that has none) computes its last token in the step after. On the
-benchmark rollout (this CPU, 64 rows drafting) the follow-ups took 316 steps down to 254: a
-verification gains 2 + accepted tokens in two steps, not 1 + accepted (an offline replay of
-the 40 longest responses: all accept lengths followed up 245 steps for the longest, the top
-three 249, two 257, one 277, none 289). Each chosen row drafts:
+benchmark rollout (this CPU, 64 rows drafting) the follow-ups took 316 steps down to 254
+(docs/speculation.md; 268 with today's admission): a verification gains 2 + accepted tokens
+in two steps, not 1 + accepted (an offline replay of the 40 longest responses: all accept
+lengths followed up 245 steps for the longest, the top three 249, two 257, one 277, none
+289). Each chosen row drafts:
 
 - settled (its draft's follow-ups missed, or it decoded plainly two steps ago): a chain
   continuing its tokens;
