@@ -32,7 +32,7 @@ from tailrl.speculative.history import HistoryStore
 
 def by_history(reqs: list[Request], history: HistoryStore) -> list[Request]:
     """``reqs`` in admission order: longest expected first, stable (as they are without history)."""
-    lengths = {r.prompt_id: history.lengths(r.prompt_id) for r in reqs if r.prompt_id}
+    lengths = {pid: history.lengths(pid) for pid in {r.prompt_id for r in reqs if r.prompt_id}}
     if not any(lengths.values()):
         return reqs
 

@@ -56,7 +56,7 @@ class Launched:
         return any(not p.req.status.finished for p in self.batch.plans)
 
 
-def placeholders(step: Launched, scheduler: Scheduler, kv: KVCache) -> None:
+def placeholders(step: Launched, scheduler: Scheduler, kv: KVCache) -> int:
     """A placeholder token for each unfinished request ``step`` samples plainly, so that the
     scheduler and the batch see it one token on; a request the token takes to its length limit
     leaves its row now (nothing to compute for it next). A row verifying a draft gets none: how
@@ -64,7 +64,8 @@ def placeholders(step: Launched, scheduler: Scheduler, kv: KVCache) -> None:
     (engine/ahead_drafts.py) but its follow-ups (``batch.FollowUps``). A row whose follow-ups
     in ``step`` include the accept length its draft got (settled by now) takes that one's token
     as its placeholder, and that one's K/V is moved into place (on a GPU, queued after ``step``);
-    one whose follow-ups missed it takes none and computes its last token next."""
+    one whose follow-ups missed it takes none and computes its last token next. Returns how
+    many rows' follow-ups had their accept length."""
     moves: list[tuple[Request, int, int]] = []      # (request, from, to): one copy, after the loop
     for plan in step.batch.plans:
         req = plan.req
@@ -83,9 +84,11 @@ def placeholders(step: Launched, scheduler: Scheduler, kv: KVCache) -> None:
         req.output_logprobs.append(0.0)
         if at_limit(req):
             scheduler.remove(req)
+    hits = len(moves)
     moves = [m for m in moves if m[0].row >= 0]     # rows as they are now (a removal moves the last row)
     if moves:
         kv.move_positions([r.row for r, _, _ in moves], [a for _, a, _ in moves], [b for _, _, b in moves])
+    return hits
 
 
 def feed(batch: Batch, step: Launched) -> None:

@@ -81,7 +81,7 @@ class AheadDrafts:
         self._chosen: set[str] = set()
         self._age = REFRESH
         self._reach: dict[str, list[float]] = {}         # request id -> P(accepted >= k), k = 0 .. nodes
-        self.follow_ups = self.follow_hits = 0           # queries built; of them, the accept length got
+        self.follow_ups = self.follow_hits = 0           # queries launched; rows whose accept length they had
 
     def propose(self, rows: list[tuple[Request, int]], running: list[Request], budget: int) -> dict[str, Draft]:
         """Drafts for this step's chosen decode rows, at most ``budget`` nodes in all (none
@@ -130,13 +130,6 @@ class AheadDrafts:
             out[req.request_id] = FollowUps(lengths, depth)
             budget -= len(lengths)
         return out
-
-    def followed(self, plans: list[RowPlan]) -> None:
-        """Count a settled step's follow-ups: queries, and rows whose accept length they had."""
-        for p in plans:
-            if p.follow is not None:
-                self.follow_ups += len(p.follow.lengths)
-                self.follow_hits += bool(p.rows)
 
     def drafting(self) -> bool:
         """Whether the chosen rows draft in the next step (the gate's way)."""

@@ -120,18 +120,17 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
                 # seeing [0, start + a) and its own K/V at the scratch position start + depth + i
                 f.outputs, f.scratch = len(out), start + f.depth
                 plans.append(RowPlan(req, 0, [], [], len(sample_idx), None, follow=f))
-                p, h = req.params, len(f.lengths)
-                for i, a in enumerate(f.lengths):
-                    ahead.append((len(ids), req, a))
-                    sample_idx.append(len(ids))
-                    ids.append(-1)
-                    pos.append(start + a)
-                    prefix.append(start + a)
-                    estart.append(len(extra))
-                    ecount.append(1)
-                    extra.append(f.scratch + i)
-                    reads += start + a + 1
-                    work += start + a + 1
+                p, h, flat0, at = req.params, len(f.lengths), len(ids), [start + a for a in f.lengths]
+                ahead += [(flat0 + i, req, a) for i, a in enumerate(f.lengths)]
+                sample_idx += range(flat0, flat0 + h)
+                ids += [-1] * h
+                pos += at
+                prefix += at
+                estart += range(len(extra), len(extra) + h)
+                ecount += [1] * h
+                extra += range(f.scratch, f.scratch + h)
+                reads += sum(at) + h
+                work += sum(at) + h
                 wrow += [r] * h
                 wpos += range(f.scratch, f.scratch + h)
                 temps += [p.temperature] * h

@@ -288,7 +288,9 @@ class LLMEngine:
         start = time.perf_counter()
         prev, self._launched = self._launched, None
         if prev is not None:
-            placeholders(prev, self.scheduler, self.kv)
+            hits = placeholders(prev, self.scheduler, self.kv)
+            if self.ahead_drafts is not None:
+                self.ahead_drafts.follow_hits += hits
         sched = self.scheduler.schedule()
         follow = self._follow_ups(prev, sched)
         scheduled = time.perf_counter()
@@ -332,13 +334,16 @@ class LLMEngine:
         """Follow-ups (batch.FollowUps) of the drafts ``prev`` verifies, for a step launched
         after it, with the blocks of their scratch positions (none where the pool lacks them or
         they would pass the cache's length)."""
-        if self.ahead_drafts is None or prev is None or sched.token_budget_left <= 0:
+        if self.ahead_drafts is None or prev is None or not prev.batch.num_draft_tokens or sched.token_budget_left <= 0:
             return {}
         follow = self.ahead_drafts.follow(prev.batch.plans, sched.rows, sched.token_budget_left)
         reqs, kv = self.requests, self.kv
         need = {rid: (reqs[rid].row, reqs[rid].num_tokens + f.depth + len(f.lengths)) for rid, f in follow.items()}
         follow = {rid: f for rid, f in follow.items() if need[rid][1] <= kv.max_len}
-        return follow if follow and kv.grow_rows([need[rid] for rid in follow]) else {}
+        if not follow or not kv.grow_rows([need[rid] for rid in follow]):
+            return {}
+        self.ahead_drafts.follow_ups += sum(len(f.lengths) for f in follow.values())
+        return follow
 
     def _bulk(self) -> bool:
         """Whether this speculative engine's step is plain and launched ahead: more requests run
@@ -370,7 +375,6 @@ class LLMEngine:
         accepted = sum(a for _, a in verified)
         if self.ahead_drafts is not None:         # the gate's count, before finished requests leave
             running, chosen = len(self.scheduler.running), self.ahead_drafts.tokens(step.batch.plans, step.drafting)
-            self.ahead_drafts.followed(step.batch.plans)
         if self.speculator is not None:           # its sources index every token (plan.rows: settled now)
             for plan, a in verified:
                 req = plan.req

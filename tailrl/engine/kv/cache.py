@@ -215,7 +215,7 @@ class KVCache:
         pairs, lane-interleaved: ``key_index``; a value's are contiguous) and per dimension
         [1, 2, 1, 1, D]."""
         got, d = self._offset_parts, self.data
-        if got is None or got[0].device != d.device:
+        if got is None:                         # the pool's shape and device never change
             a, dev = self.args, d.device
             dim = a.head_dim
             layer = torch.arange(a.num_layers, device=dev)[:, None, None, None, None] * d.stride(0)
