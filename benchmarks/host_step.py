@@ -14,7 +14,11 @@ own host work, the step's wait in ``sample``). ``--speculative fixed`` verifies 
 the history of the same rollout at every step (every row drafts good chains, up to
 ``max_draft_tokens``: the verify path's host work at its heaviest); ``--speculative default``
 lets the priced policy decide (on this tiny model at hundreds of rows it does not draft, so
-that measures the host cost of deciding not to).
+that measures the host cost of deciding not to). ``--speculative ahead_drafts --ahead``: every
+row drafts inside steps launched ahead (``SpeculativeConfig(ahead_drafts=rows, ahead_above=1,
+ahead_drafts_gate="always")``, engine/ahead_drafts.py), its chains right (the history is this
+rollout's), each verification followed up in the next step: a GPU's tail, where every row left
+drafts and the host's work per drafting row is what the device waits on.
 
 Per tree (this checkout; with ``--baseline-ref REF`` also a worktree of REF), each
 measurement in its own process, trees alternating per round, the order reversed every other
@@ -54,12 +58,13 @@ def worker(a: argparse.Namespace) -> None:
     path = make_checkpoint(tempfile.mkdtemp(prefix="tailrl-host-"), "qwen2", init_std=3.0, max_pos=1024)
     rows = a.prompts * a.n
     # "fixed" drafts at every batch size (max_spec_batch=0); the priced default decides itself
-    spec = None if a.speculative == "none" else (SpeculativeConfig(policy="fixed", max_spec_batch=0)
-                                                 if a.speculative == "fixed" else SpeculativeConfig())
+    spec = {"none": None, "fixed": SpeculativeConfig(policy="fixed", max_spec_batch=0), "default": SpeculativeConfig(),
+            "ahead_drafts": SpeculativeConfig(ahead_drafts=rows, ahead_above=1, ahead_drafts_gate="always")}[a.speculative]
     llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 8 * rows), speculative=spec,
               async_scheduling=a.ahead or None)
     e = llm.engine
-    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), rows))
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture),
+                                                          rows if spec is None else 17 * rows, grouped=spec is not None))
     sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, ignore_eos=True, seed=1)
     prompts = [[1, 2, 3 + i] for i in range(a.prompts)]
     pids = [f"p{i}" for i in range(a.prompts)]
@@ -85,7 +90,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeat", type=int, default=2, help="rollouts per process (each figure: the fastest)")
-    ap.add_argument("--speculative", choices=("none", "fixed", "default"), default="none")
+    ap.add_argument("--speculative", choices=("none", "fixed", "default", "ahead_drafts"), default="none")
     ap.add_argument("--ahead", action="store_true", help="plain steps launched ahead (a GPU's plain path)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--timeout", type=int, default=900)

@@ -54,7 +54,6 @@ class KVCache:
         self.allocations = 0                                       # times the pool was allocated
         self.peak_used = self.peak_shared = 0
         self.scratch_slot = self.num_blocks * BLOCK                 # lane 0 of the block past the budget
-        self._offset_parts: tuple[torch.Tensor, ...] | None = None   # move_positions' (_offsets)
         self._data: torch.Tensor | None = self._allocate()
 
     # ---- the pool ---------------------------------------------------------------------------
@@ -193,39 +192,23 @@ class KVCache:
     def move_positions(self, row: int | list[int], src: list[int], dst: list[int]) -> None:
         """Copy K/V of positions src -> dst inside one row, or each inside its own (``row`` a
         list: one per position): accepted tree-draft nodes, follow-ups (engine/ahead.py). One
-        gather and one scatter over the pool's flat storage (every layer, keys and values, KV
-        head and dimension of each position); on a GPU queued after what is queued there
-        already, the host not waiting."""
+        gather and one scatter for the keys and one each for the values (every layer, KV head
+        and dimension of each position), the blocks and lanes indexed in one tensor: on a GPU
+        one pinned copy not waited for and four kernels, queued after what is queued there
+        already (a step may be in flight)."""
         rows = np.full(len(src), row, dtype=np.int64) if isinstance(row, int) else np.asarray(row, dtype=np.int64)
-        slots = torch.from_numpy(np.stack([self.slots(rows, np.asarray(src, dtype=np.int64)),
-                                           self.slots(rows, np.asarray(dst, dtype=np.int64))]))
+        slots = np.stack([self.slots(rows, np.asarray(src, dtype=np.int64)),
+                          self.slots(rows, np.asarray(dst, dtype=np.int64))])
+        at = torch.from_numpy(np.concatenate([slots // BLOCK, slots % BLOCK]))    # from, to blocks; from, to lanes
         d = self.data
-        if slots.device != d.device:            # pinned and not waited for: a step may be in flight
-            slots = slots.pin_memory().to(d.device, non_blocking=True)
-        base, lane, dims = self._offsets()
-        stride = d.stride(2)                    # one block of every KV head
-        at = (slots // BLOCK * stride)[:, None, None, :, None, None] + base \
-            + (slots % BLOCK)[:, None, None, :, None, None] * lane + dims     # [2, L, 2, n, KV, D]
-        flat = d.view(-1)
-        flat[at[1].reshape(-1)] = flat[at[0].reshape(-1)]
-
-    def _offsets(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Flat offsets in the pool of a position's K/V, in parts: per (layer, keys or values,
-        KV head) at block 0 [L, 2, 1, KV, 1], per lane [1, 2, 1, 1, 1] (a key's dimensions are
-        pairs, lane-interleaved: ``key_index``; a value's are contiguous) and per dimension
-        [1, 2, 1, 1, D]."""
-        got, d = self._offset_parts, self.data
-        if got is None:                         # the pool's shape and device never change
-            a, dev = self.args, d.device
-            dim = a.head_dim
-            layer = torch.arange(a.num_layers, device=dev)[:, None, None, None, None] * d.stride(0)
-            kind = torch.arange(2, device=dev)[None, :, None, None, None] * d.stride(1)
-            head = torch.arange(a.num_kv_heads, device=dev)[None, None, None, :, None] * d.stride(3)
-            lane = torch.tensor([2, dim], device=dev)[None, :, None, None, None]
-            j = torch.arange(dim, device=dev)
-            dims = torch.stack([j // 2 * (2 * BLOCK) + j % 2, j])[None, :, None, None, :]
-            got = self._offset_parts = (layer + kind + head, lane, dims)
-        return got
+        if at.device != d.device:
+            at = at.pin_memory().to(d.device, non_blocking=True)
+        layers, _, nb, kvh, flat = d.shape
+        dim = flat // BLOCK
+        keys = d[:, 0].view(layers, nb, kvh, dim // 2, BLOCK, 2)     # a block's keys: [D/2][BLOCK][2]
+        values = d[:, 1].view(layers, nb, kvh, BLOCK, dim)
+        keys[:, at[1], :, :, at[3]] = keys[:, at[0], :, :, at[2]]
+        values[:, at[1], :, at[3]] = values[:, at[0], :, at[2]]
 
     def _row_blocks(self, row: int, length: int) -> torch.Tensor:
         return torch.from_numpy(self._table[row, :num_blocks(length)].astype(np.int64)).to(self.device)
