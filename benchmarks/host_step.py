@@ -58,13 +58,16 @@ def worker(a: argparse.Namespace) -> None:
     path = make_checkpoint(tempfile.mkdtemp(prefix="tailrl-host-"), "qwen2", init_std=3.0, max_pos=1024)
     rows = a.prompts * a.n
     # "fixed" drafts at every batch size (max_spec_batch=0); the priced default decides itself
-    spec = {"none": None, "fixed": SpeculativeConfig(policy="fixed", max_spec_batch=0), "default": SpeculativeConfig(),
-            "ahead_drafts": SpeculativeConfig(ahead_drafts=rows, ahead_above=1, ahead_drafts_gate="always")}[a.speculative]
+    spec = {"none": None, "fixed": SpeculativeConfig(policy="fixed", max_spec_batch=0),
+            "default": SpeculativeConfig(),
+            "ahead_drafts": SpeculativeConfig(ahead_drafts=rows, ahead_above=1, ahead_drafts_gate="always"),
+            }[a.speculative]
     llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 8 * rows), speculative=spec,
               async_scheduling=a.ahead or None)
     e = llm.engine
-    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture),
-                                                          rows if spec is None else 17 * rows, grouped=spec is not None))
+    tokens = rows if spec is None else 17 * rows                # a step's tokens at most: every row and its drafts
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), tokens,
+                                                     grouped=spec is not None))
     sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, ignore_eos=True, seed=1)
     prompts = [[1, 2, 3 + i] for i in range(a.prompts)]
     pids = [f"p{i}" for i in range(a.prompts)]

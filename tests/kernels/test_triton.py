@@ -257,7 +257,8 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch)
     assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0
 
 
-@pytest.mark.parametrize("arch,kw", [("qwen3", {}), ("llama", {}), ("qwen2", dict(tie=True, num_heads=8, num_kv_heads=2))])
+@pytest.mark.parametrize("arch,kw", [("qwen3", {}), ("llama", {}),
+                                     ("qwen2", dict(tie=True, num_heads=8, num_kv_heads=2))])
 def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arch, kw):
     """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases)
     and a tied Qwen2 with 4 queries per K/V head: float32 sampled tokens through the Triton
