@@ -273,6 +273,33 @@ def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arc
     assert [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, sp)] == want
 
 
+def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(ckpt_dir, monkeypatch):
+    """Rows drafting inside steps launched ahead (engine/ahead_drafts.py) through the Triton
+    kernels and the graphs' static inputs: the follow-up queries (their own K/V at scratch
+    positions read through ``extra``, moved into place where they hit) and the chains give
+    plain decoding's bfloat16 tokens and log-probabilities bit for bit."""
+    from tailrl import LLM, SamplingParams, SpeculativeConfig
+    from tailrl.engine.batch import ModelRunner
+    from tailrl.engine.graph_pool import GraphPool, cuda_capture, eager_capture
+    from tailrl.engine.graphs import StepGraphs
+    monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    path = ckpt_dir("qwen2", init_std=3.0)
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, ignore_eos=True, seed=4)
+    run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
+    want = run(LLM(path, device=DEVICE, async_scheduling=False, **SMALL_POOL))
+    spec = SpeculativeConfig(policy="fixed", ahead_above=1, ahead_drafts=4, ahead_drafts_gate="always")
+    llm = LLM(path, speculative=spec, device=DEVICE, async_scheduling=True, **SMALL_POOL)
+    e = llm.engine
+    capture = cuda_capture if DEVICE == "cuda" else eager_capture
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, capture), 64, grouped=True))
+    e.tail.plain = lambda: True                     # every step launched ahead
+    for _ in range(2):                              # the second call drafts from the first's responses
+        assert run(llm) == want
+    m = llm.last_metrics
+    assert m["rollout/spec_accepted_tokens"] > 0 and m["rollout/ahead_follow_hits"] > 0
+
+
 def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkeypatch):
     """bfloat16 through the Triton kernels (the batch-invariant matmul included): speculation
     gives plain decoding's tokens and logprobs bit for bit, and a rollout whose decode and
