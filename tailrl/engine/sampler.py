@@ -61,7 +61,8 @@ def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
 def _retry(u: np.ndarray, attempt: int) -> np.ndarray:
     """A fresh uniform per row for a top-p row's ``attempt``-th redraw: a hash of u's 53 bits."""
     bits = (np.asarray(u, dtype=np.float64) * (1 << 53)).astype(np.uint64)
-    return (splitmix64_np(bits ^ np.uint64(splitmix64(attempt))) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    mixed = splitmix64_np(bits ^ np.uint64(splitmix64(attempt))) >> np.uint64(11)
+    return mixed.astype(np.float64) * (1.0 / (1 << 53))
 
 
 def _probabilities(x: torch.Tensor, mx: torch.Tensor) -> torch.Tensor:
