@@ -134,7 +134,7 @@ profile)
     ;;
 host)
     [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 60 $PY setup.py build_ext --inplace
-    step spec_host 500 $PY benchmarks/spec_host.py --rounds 2
+    step spec_host 500 $PY benchmarks/spec_host.py --rounds 2 --measured
     ;;
 *)
     echo "usage: bash benchmarks/gpu_session.sh all|engine|drafter|grpo|profile|host" >&2

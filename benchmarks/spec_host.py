@@ -19,7 +19,8 @@ truncating; trees before it was the engine's stage report the speculator's own s
 postprocess); steps; and the default's speedup over plain with poor and with good drafts,
 per tree.
 
-Usage: python benchmarks/spec_host.py [--baseline-ref REF] [--rounds 2] [--prompts 64 --n 8]
+Usage: python benchmarks/spec_host.py [--baseline-ref REF | --measured] [--rounds 2] [--prompts 64 --n 8]
+       [--model DIR]
 #34's check on a 16-core host (the GPU machine's): the default >= 0.97x plain with poor drafts
 and >= 1.3x with good ones. The last line is one JSON object.
 """
@@ -55,7 +56,10 @@ def worker(a: argparse.Namespace) -> None:
                 for i in range(len(prompts))]
 
     out: dict = {"tailrl": str(Path(tailrl.__file__).resolve().parent), "settings": {}}
-    for name, spec in (("plain", None), ("default", SpeculativeConfig())):
+    engines = [("plain", None), ("default", SpeculativeConfig())]
+    if a.measured:                  # the default with each step's way measured (SpeculativeConfig.one_at_a_time)
+        engines.append(("measured", SpeculativeConfig(one_at_a_time="measured")))
+    for name, spec in engines:
         llm = LLM(model, speculative=spec)
         llm.generate(prompts, params(HISTORY_SEED), prompt_ids=pids)        # the history: other seeds
         res = {}
@@ -77,7 +81,8 @@ def worker(a: argparse.Namespace) -> None:
 
 def run_worker(tree: Path, a: argparse.Namespace) -> dict:
     return run_in_tree(tree, HERE / "spec_host.py", ["--model", a.model, "--prompts", str(a.prompts), "--n",
-                       str(a.n), "--max-tokens", str(a.max_tokens)], a.timeout)["settings"]
+                       str(a.n), "--max-tokens", str(a.max_tokens)] + (["--measured"] if a.measured else []),
+                       a.timeout)["settings"]
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -90,9 +95,10 @@ def summarise(runs: list[dict]) -> dict:
             out[setting][drafts] = {"makespan_s": med("makespan_s"), "steps": med("steps"), "draft_ms": med("draft_ms"),
                                     "observe_ms": med("observe_ms"), "postprocess_ms": med("postprocess_ms"),
                                     "accept_length": med("accept_length")}
-    for drafts in ("poor", "good"):
-        out[f"default_speedup_{drafts}"] = round(out["plain"][drafts]["makespan_s"]
-                                                 / out["default"][drafts]["makespan_s"], 3)
+    for name in ("default", "measured") if "measured" in out else ("default",):
+        for drafts in ("poor", "good"):
+            out[f"{name}_speedup_{drafts}"] = round(out["plain"][drafts]["makespan_s"]
+                                                    / out[name][drafts]["makespan_s"], 3)
     return out
 
 
@@ -105,8 +111,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per worker")
+    ap.add_argument("--measured", action="store_true",
+                    help="also the default with one_at_a_time='measured' (a third engine; not with --baseline-ref)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.measured and a.baseline_ref:
+        ap.error("--measured runs a setting a baseline tree may not have: not with --baseline-ref")
     if a.worker:
         return worker(a)
     trees = compared_trees(a.baseline_ref)
@@ -123,6 +133,9 @@ def main() -> None:
         print(f"{t}: default over plain {res['default_speedup_poor']}x with poor drafts, "
               f"{res['default_speedup_good']}x with good ones; draft ms/step "
               f"{res['default']['poor']['draft_ms']} (poor), {res['default']['good']['draft_ms']} (good)", flush=True)
+        if "measured_speedup_poor" in res:
+            print(f"{t}: measured over plain {res['measured_speedup_poor']}x with poor drafts, "
+                  f"{res['measured_speedup_good']}x with good ones", flush=True)
     print(json.dumps(report))
 
 

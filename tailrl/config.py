@@ -130,6 +130,13 @@ class SpeculativeConfig:
     # rollout measures faster, speculating one step at a time or plain and launched ahead (the
     # rows that gain least, tokens a second: engine/tail_choice.py); "speculate": always the first
     tail: str = "measured"
+    # where no step is launched ahead (a CPU's engine: every step one at a time): "measured", each
+    # step speculating or plain, the way the rollout measures faster (the rows that gain least,
+    # tokens a second: engine/tail_choice.py), for where the model's step is cheap next to the
+    # speculator's host work; "speculate": always the first. Off by default: on this 2-core CPU it
+    # gained 3-8% on a model 2.6x cheaper a step than `small` (`mini`) and lost 1.5-3% on `small`
+    # (docs/speculation.md)
+    one_at_a_time: str = "speculate"
     # where steps are launched ahead: this many rows, those expected to run longest, draft inside
     # them anyway, each verifying a chain every other step (it sits out the step after a
     # verification, whose emitted tokens the next step can not know: engine/ahead_drafts.py);
@@ -181,6 +188,7 @@ class SpeculativeConfig:
         _check(self.ahead_above is None or (isinstance(self.ahead_above, int) and self.ahead_above >= 0),
                "ahead_above", "must be an integer >= 0 or None", self.ahead_above)
         _check(self.tail in SPEC_TAILS, "tail", f"must be one of {SPEC_TAILS}", self.tail)
+        _check(self.one_at_a_time in SPEC_TAILS, "one_at_a_time", f"must be one of {SPEC_TAILS}", self.one_at_a_time)
         _check(isinstance(self.ahead_drafts, int) and not isinstance(self.ahead_drafts, bool)
                and self.ahead_drafts >= 0, "ahead_drafts", "must be an integer >= 0", self.ahead_drafts)
         _check(self.ahead_drafts_gate in AHEAD_DRAFTS_GATES, "ahead_drafts_gate",

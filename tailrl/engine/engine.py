@@ -75,6 +75,10 @@ class LLMEngine:
         cfg = getattr(speculator, "config", None)
         measured = getattr(cfg, "tail", None) == "measured" and getattr(cfg, "method", None) not in DRAFTER_METHODS
         self.tail = TailChoice() if ahead and measured else None
+        # an engine stepping one at a time (no step launched ahead): each step speculating or
+        # plain, the way measured faster (tail_choice.py); not with a learned drafter (as above)
+        one = getattr(cfg, "one_at_a_time", None) == "measured" and getattr(cfg, "method", None) not in DRAFTER_METHODS
+        self.choice = TailChoice("steps") if speculator is not None and not ahead and one else None
         # the rows expected to run longest draft inside steps launched ahead (ahead_drafts.py)
         rows = getattr(cfg, "ahead_drafts", 0)
         drafts_ahead = ahead and rows > 0 and getattr(cfg, "method", None) not in DRAFTER_METHODS
@@ -168,8 +172,9 @@ class LLMEngine:
         self.kv.reset_peaks()
         if self.speculator is not None:
             self.speculator.reset_metrics()
-        if self.tail is not None:
-            self.tail.new_rollout()
+        for choice in (self.tail, self.choice):
+            if choice is not None:
+                choice.new_rollout()
         if self.ahead_drafts is not None:
             self.ahead_drafts.new_rollout()
         self._graphs_start = self._graph_stats()
@@ -185,6 +190,7 @@ class LLMEngine:
         if self.speculator is None:
             return {}
         return {**self.speculator.metrics(), **(self.tail.metrics() if self._tail() else {}),
+                **(self.choice.metrics() if self.choice is not None else {}),
                 **(self.ahead_drafts.metrics() if self.ahead_drafts is not None else {})}
 
     def _graph_stats(self) -> dict[str, float]:
@@ -231,7 +237,8 @@ class LLMEngine:
                 raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
             return []
         clock.append(time.perf_counter())
-        drafts = self._propose(sched)                                      # 2. propose drafts
+        plain = self.choice is not None and self.choice.plain()           # the way measured faster
+        drafts = {} if plain else self._propose(sched)                     # 2. propose drafts
         clock.append(time.perf_counter())
         batch = self.runner.build(sched.rows, drafts)                      # 3. one batched forward
         clock.append(time.perf_counter())
@@ -270,6 +277,9 @@ class LLMEngine:
         stages.append(spec)
         if self._tail():
             self.tail.record("speculate", clock[-1] - clock[0], [len(toks) for toks, _ in emitted if toks])
+        elif self.choice is not None:
+            self.choice.record("plain" if plain else "speculate", clock[-1] - clock[0],
+                               [len(toks) for toks, _ in emitted if toks])
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), stages, verify_rows, accepted)

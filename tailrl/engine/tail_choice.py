@@ -78,7 +78,13 @@ class Alternation:
 
 
 class TailChoice:
-    def __init__(self) -> None:
+    """``prefix``: its metrics' (``rollout/<prefix>_<way>_steps``, ``_rate``). An engine that
+    launches no step ahead (a CPU's) measures every step's two ways with one (``"steps"``):
+    there a plain step waits as a speculative one does, and speculating loses where the model's
+    step is cheap next to the speculator's own host work."""
+
+    def __init__(self, prefix: str = "tail") -> None:
+        self.prefix = prefix
         self.turns = Alternation(WAYS, "speculate")
         self.rate: dict[str, float | None] = {w: None for w in WAYS}    # tokens a slow row gains a second
         self.steps = {w: 0 for w in WAYS}                               # steps recorded since ``new_rollout``
@@ -88,7 +94,7 @@ class TailChoice:
         return self.turns.way
 
     def plain(self) -> bool:
-        """Whether the tail's next step is plain, launched ahead."""
+        """Whether the next step is plain (launched ahead, where the engine can)."""
         return self.turns.way == "plain"
 
     def record(self, way: str, seconds: float, row_tokens: list[int]) -> None:
@@ -115,7 +121,7 @@ class TailChoice:
         self.turns.restart("speculate")
 
     def metrics(self) -> dict[str, float]:
-        return way_metrics("tail", self.steps, self.rate)
+        return way_metrics(self.prefix, self.steps, self.rate)
 
 
 def way_metrics(prefix: str, steps: dict[str, int], rate: dict[str, float | None]) -> dict[str, float]:

@@ -80,3 +80,41 @@ def test_each_rollout_measures_speculation_afresh_and_keeps_plains_rate():
     assert tc.way == "speculate" and tc.rate["plain"] == plain_rate and tc.turns.probe == PROBE
     history = {"speculate": (0.004, [6] * 4), "plain": (0.002, [1] * 4)}
     assert follow(tc, 40, history) == [("speculate", PROBE), ("plain", TRY), ("speculate", 40 - PROBE - TRY)]
+
+
+def test_an_engine_stepping_one_at_a_time_measures_both_ways_without_changing_an_output(model, monkeypatch):
+    """``SpeculativeConfig(one_at_a_time="measured")`` on an engine that launches no step ahead:
+    each step speculates or is plain, the way measured faster; bfloat16 outputs equal plain
+    decoding's; a speculator made slow (drafting sleeps) is measured slower and mostly not
+    asked; off, every step asks it."""
+    import time
+
+    from tailrl import LLM, SamplingParams, SpeculativeConfig
+    from tailrl.speculative.speculator import Speculator
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4], [5, 6, 7, 8]]
+    sp = SamplingParams(n=4, temperature=1.0, max_tokens=48, ignore_eos=True, seed=3)
+    run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]  # noqa: E731
+    want = run(LLM(model, async_scheduling=False))
+    with pytest.raises(ValueError, match="one_at_a_time"):
+        SpeculativeConfig(one_at_a_time="sometimes")
+    llm = LLM(model, async_scheduling=False, speculative=SpeculativeConfig(policy="fixed", one_at_a_time="measured"))
+    assert llm.engine.choice is not None
+    assert run(llm) == want                             # no history yet: both ways measured
+    m = llm.last_metrics
+    assert m["rollout/steps_speculate_steps"] >= TRY and m["rollout/steps_plain_steps"] >= TRY
+    assert run(llm) == want                             # drafts from the first call's responses: right
+    m = llm.last_metrics
+    assert m["rollout/spec_accepted_tokens"] > 0 and m["rollout/steps_speculate_rate"] > m["rollout/steps_plain_rate"]
+    propose, asked = Speculator.propose, [0]
+
+    def slow(self, *a, **kw):
+        asked[0] += 1
+        time.sleep(0.02)
+        return propose(self, *a, **kw)
+    monkeypatch.setattr(Speculator, "propose", slow)
+    assert run(llm) == want
+    m = llm.last_metrics
+    assert m["rollout/steps_plain_steps"] > 2 * m["rollout/steps_speculate_steps"]
+    assert asked[0] < m["rollout/num_forward"] / 2
+    off = LLM(model, async_scheduling=False, speculative=SpeculativeConfig())
+    assert off.engine.choice is None and "rollout/steps_plain_steps" not in (run(off) and off.last_metrics)
