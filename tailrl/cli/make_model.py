@@ -1,5 +1,4 @@
-"""`tailrl make-model --preset {test,mini,small} | --standin {50m,0.5b} --out DIR`: train a workload model,
-or widen one.
+"""`tailrl make-model --preset NAME | --standin NAME --out DIR`: train a workload model, or widen one.
 
 ``--preset`` builds the tokenizer and a Qwen2 model from scratch on the mixed task solutions
 and saves a Hugging Face checkpoint (tailrl/tasks/make_model.py).
