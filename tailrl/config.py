@@ -133,9 +133,9 @@ class SpeculativeConfig:
     # where no step is launched ahead (a CPU's engine: every step one at a time): "measured", each
     # step speculating or plain, the way the rollout measures faster (the rows that gain least,
     # tokens a second: engine/tail_choice.py), for where the model's step is cheap next to the
-    # speculator's host work; "speculate": always the first. Off by default: on this 2-core CPU it
-    # gained 3-8% on a model 2.6x cheaper a step than `small` (`mini`) and lost 1.5-3% on `small`
-    # (docs/speculation.md)
+    # speculator's host work; "speculate": always the first. Off by default, its results mixed on
+    # this 2-core CPU: with poor drafts a little better than the default on a model 2.6x cheaper a
+    # step than `small` (`mini`), worse on `small`; good drafts varying (docs/speculation.md)
     one_at_a_time: str = "speculate"
     # where steps are launched ahead: this many rows, those expected to run longest, draft inside
     # them anyway, each verifying a chain every other step (it sits out the step after a

@@ -80,8 +80,8 @@ class Alternation:
 class TailChoice:
     """``prefix``: its metrics' (``rollout/<prefix>_<way>_steps``, ``_rate``). An engine that
     launches no step ahead (a CPU's) measures every step's two ways with one (``"steps"``):
-    there a plain step waits as a speculative one does, and speculating loses where the model's
-    step is cheap next to the speculator's own host work."""
+    there a plain step waits as a speculative one does, and speculating can lose where the
+    model's step is cheap next to the speculator's own host work."""
 
     def __init__(self, prefix: str = "tail") -> None:
         self.prefix = prefix
