@@ -71,17 +71,16 @@ class LLMEngine:
         # run or wait (SpeculativeConfig.ahead_above; 0: every step one at a time; None: see _above)
         self.ahead_above = speculator.config.ahead_above if ahead and speculator is not None else 0
         # in the tail, plain steps launched ahead wherever they measure faster (tail_choice.py);
-        # not with a learned drafter, whose past needs every tail step's hidden states
+        # where no step is launched ahead, each step speculating or plain, the way measured
+        # faster (one_at_a_time); neither with a learned drafter, whose past needs every step's
+        # hidden states, nor its rows drafting inside steps launched ahead (ahead_drafts.py)
         cfg = getattr(speculator, "config", None)
-        measured = getattr(cfg, "tail", None) == "measured" and getattr(cfg, "method", None) not in DRAFTER_METHODS
-        self.tail = TailChoice() if ahead and measured else None
-        # an engine stepping one at a time (no step launched ahead): each step speculating or
-        # plain, the way measured faster (tail_choice.py); not with a learned drafter (as above)
-        one = getattr(cfg, "one_at_a_time", None) == "measured" and getattr(cfg, "method", None) not in DRAFTER_METHODS
-        self.choice = TailChoice("steps") if speculator is not None and not ahead and one else None
-        # the rows expected to run longest draft inside steps launched ahead (ahead_drafts.py)
+        suffix = cfg is not None and getattr(cfg, "method", None) not in DRAFTER_METHODS
+        self.tail = TailChoice() if ahead and suffix and getattr(cfg, "tail", None) == "measured" else None
+        one = getattr(cfg, "one_at_a_time", None) == "measured"
+        self.choice = TailChoice("steps") if not ahead and suffix and one else None
         rows = getattr(cfg, "ahead_drafts", 0)
-        drafts_ahead = ahead and rows > 0 and getattr(cfg, "method", None) not in DRAFTER_METHODS
+        drafts_ahead = ahead and rows > 0 and suffix
         gate = getattr(cfg, "ahead_drafts_gate", "") == "measured"
         self.ahead_drafts = AheadDrafts(speculator, rows, history, gate) if drafts_ahead else None
         self._launched: Launched | None = None
@@ -275,11 +274,9 @@ class LLMEngine:
                                          batch.meta.work, prefill=not typical, reads=batch.meta.reads)
             spec += time.perf_counter() - clock[-1]             # what it learned from the step: observe_s too
         stages.append(spec)
-        if self._tail():
-            self.tail.record("speculate", clock[-1] - clock[0], [len(toks) for toks, _ in emitted if toks])
-        elif self.choice is not None:
-            self.choice.record("plain" if plain else "speculate", clock[-1] - clock[0],
-                               [len(toks) for toks, _ in emitted if toks])
+        ways = self.tail if self._tail() else self.choice      # what the step's way measured (tail_choice.py)
+        if ways is not None:
+            ways.record("plain" if plain else "speculate", clock[-1] - clock[0], [len(t) for t, _ in emitted if t])
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), stages, verify_rows, accepted)

@@ -82,8 +82,8 @@ class KVCache:
         """Per layer (keys [blocks, KV, BLOCK * D], values [blocks, KV, BLOCK, D]): what the model
         writes and reads."""
         d = self.data
-        ls, _, nb, kv, flat = d.shape
-        values = d[:, 1].view(ls, nb, kv, BLOCK, flat // BLOCK)
+        layers, _, nb, kv, flat = d.shape
+        values = d[:, 1].view(layers, nb, kv, BLOCK, flat // BLOCK)
         return list(zip(d[:, 0].unbind(0), values.unbind(0)))
 
     @property
@@ -218,10 +218,11 @@ class KVCache:
         a = self.args
         nb, dim = num_blocks(length), a.head_dim
         parts = self.data[:, :, self._row_blocks(row, length)]       # [L, 2, nb, KV, BLOCK * D]
-        ls, kv = a.num_layers, a.num_kv_heads
+        layers, kv = a.num_layers, a.num_kv_heads
         # a block's keys are [D/2][BLOCK][2]; values [BLOCK][D]
-        k = parts[:, 0].view(ls, nb, kv, dim // 2, BLOCK, 2).permute(0, 2, 1, 4, 3, 5).reshape(ls, kv, nb * BLOCK, dim)
-        v = parts[:, 1].view(ls, nb, kv, BLOCK, dim).transpose(1, 2).reshape(ls, kv, nb * BLOCK, dim)
+        k = parts[:, 0].view(layers, nb, kv, dim // 2, BLOCK, 2).permute(0, 2, 1, 4, 3, 5)
+        k = k.reshape(layers, kv, nb * BLOCK, dim)
+        v = parts[:, 1].view(layers, nb, kv, BLOCK, dim).transpose(1, 2).reshape(layers, kv, nb * BLOCK, dim)
         return torch.stack([k[:, :, :length], v[:, :, :length]], dim=1).to("cpu", copy=True)
 
     def check_shape(self, kv: torch.Tensor) -> None:
@@ -233,13 +234,14 @@ class KVCache:
     def import_row(self, row: int, kv: torch.Tensor) -> None:
         """Write ``kv`` [L, 2, KV, n, D] as the row's first n positions (the row holds their blocks)."""
         self.check_shape(kv)
-        ls, _, kvh, n, dim = kv.shape
+        layers, _, kvh, n, dim = kv.shape
         nb = num_blocks(n)
         if self.held[row] < nb:
             raise ValueError(f"import_row: row {row} holds {self.held[row]} blocks, {nb} needed")
         x = torch.nn.functional.pad(kv.to(device=self.device, dtype=self.dtype), (0, 0, 0, nb * BLOCK - n))
-        k = x[:, 0].reshape(ls, kvh, nb, BLOCK, dim // 2, 2).permute(0, 2, 1, 4, 3, 5).reshape(ls, nb, kvh, BLOCK * dim)
-        v = x[:, 1].reshape(ls, kvh, nb, BLOCK, dim).transpose(1, 2).reshape(ls, nb, kvh, BLOCK * dim)
+        k = x[:, 0].reshape(layers, kvh, nb, BLOCK, dim // 2, 2).permute(0, 2, 1, 4, 3, 5)
+        k = k.reshape(layers, nb, kvh, BLOCK * dim)
+        v = x[:, 1].reshape(layers, kvh, nb, BLOCK, dim).transpose(1, 2).reshape(layers, nb, kvh, BLOCK * dim)
         ids = self._row_blocks(row, n)
         self.data[:, 0, ids] = k
         self.data[:, 1, ids] = v
