@@ -16,7 +16,9 @@
 #                                            # drafter's graph depths = its eager steps)
 #   bash benchmarks/gpu_session.sh drafter   # a drafter warm-started on the GPU, then
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
-#                                            # hybrid, suffix default vs plain, identical shares)
+#                                            # hybrid, suffix default vs plain, identical shares);
+#                                            # benchmarks/drafter_vocab.py (a depth's cost with a
+#                                            # draft vocabulary)
 #   bash benchmarks/gpu_session.sh grpo      # after `all` on the same machine (or it makes the
 #                                            # stand-in and drafter again): #35's 20-step GRPO run
 #                                            # (benchmarks/drafter_online.py: plain, suffix, frozen
@@ -103,6 +105,8 @@ drafter() {
 '--out', '$D', '--device', '$DEVICE', $TRAIN_ARGS])"
     step drafter ${DRAFTER_LIMIT:-120} $PY benchmarks/drafter.py --device "$DEVICE" --model "$M" --drafter "$D" \
         --rounds 1 $ROLLOUT_ARGS
+    # a drafter depth of Qwen2.5-0.5B's real shape (151,936-token head) from its graph, whole vs draft vocabulary
+    step drafter_vocab ${VOCAB_LIMIT:-60} $PY benchmarks/drafter_vocab.py --device "$DEVICE" ${QUICK:+--rounds 1 --sizes 8192}
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$OUT/summary.txt" 2>&1

@@ -11,6 +11,7 @@ import torch
 
 from tailrl.drafter.network import Drafter
 from tailrl.drafter.train import teacher_forced, train
+from tailrl.drafter.vocab import DRAFT_VOCAB, frequent_tokens, response_tokens
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +28,11 @@ def sample_responses(model_dir: str, prompts: list[list[int]], n: int, max_token
 def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 4, max_tokens: int = 512,
                steps: int = 1000, batch: int = 1024, lr: float = 1e-3, unroll: int = 3,
                seed: int = 0, size: int | None = None, device: str = "cpu",
-               max_seconds: float | None = None) -> dict[str, float]:
+               max_seconds: float | None = None, draft_vocab: int = DRAFT_VOCAB) -> dict[str, float]:
     """Sample, teacher-force, train and save a drafter for ``model_dir`` into ``out_dir``, all
     on ``device`` (the target in float32 for its states and the drafter's frozen head);
-    ``max_seconds``: the training's time budget besides its ``steps`` (``train``)."""
+    ``max_seconds``: the training's time budget besides its ``steps`` (``train``);
+    ``draft_vocab``: its head covers the responses' that many most frequent tokens (0: all)."""
     import transformers
 
     from tailrl.config import check_device, require_device
@@ -46,11 +48,15 @@ def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 
     del hf
     if data.windows(1) == 0:
         raise ValueError("train-drafter: no response is long enough to train on (raise --max-tokens)")
-    drafter = Drafter.for_target(load_model(model_dir, "float32", device), size)
+    target = load_model(model_dir, "float32", device)
+    vocab = frequent_tokens(response_tokens(data), target.args.vocab_size, draft_vocab)
+    drafter = Drafter.for_target(target, size, vocab)
+    del target
     t2 = time.perf_counter()
     figures = train(drafter, data, steps, batch, lr, unroll, seed, max_seconds)
     drafter.save(out_dir)
     figures.update(sequences=float(len(seqs)), windows=float(data.windows(unroll)), sample_s=t1 - t0,
+                   draft_vocab=float(len(drafter.head)),
                    train_s=time.perf_counter() - t2)
     return figures
 
@@ -80,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unroll", type=int, default=3, help="drafter steps trained on its own features")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", type=int, default=None, help="the drafter's MLP width (default: the model's)")
+    ap.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB,
+                    help="the drafter's head covers the sampled responses' that many most frequent tokens "
+                         "(0: the whole vocabulary)")
     ap.add_argument("--device", default="cpu", help="where to sample and train: cpu, cuda or cuda:N")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="the training's time budget (after sampling): it ends with the first of this and --steps")
@@ -93,11 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         require_device(a.device, "--device")
     except ValueError as e:
         ap.error(str(e))
+    if a.draft_vocab < 0:
+        ap.error("--draft-vocab must be >= 0")
     if a.max_seconds is not None and not a.max_seconds > 0:
         ap.error("--max-seconds must be > 0")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     figures = warm_start(a.model, a.out, task_prompts(a.model, a.prompts), a.n, a.max_tokens, a.steps,
-                         a.batch, a.lr, a.unroll, a.seed, a.size, a.device, a.max_seconds)
+                         a.batch, a.lr, a.unroll, a.seed, a.size, a.device, a.max_seconds, a.draft_vocab)
     log.info("drafter saved to %s", a.out)
     print(json.dumps({"out": a.out, **figures}))
     return 0

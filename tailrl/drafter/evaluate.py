@@ -22,8 +22,16 @@ import os
 import time
 
 import torch
+from safetensors.torch import load_file
 
-from tailrl.drafter.network import CONFIG_FILE, Drafter, DrafterConfig, DrafterData, read_config
+from tailrl.drafter.network import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    Drafter,
+    DrafterConfig,
+    DrafterData,
+    read_config,
+)
 from tailrl.drafter.train import teacher_forced
 
 
@@ -49,7 +57,7 @@ def accepted_per_root(drafter: Drafter, hidden: torch.Tensor, tokens: torch.Tens
         at = (roots + k).clamp(max=t - 1)    # step k of root r is computed at position r + k
         target = roots + k + 2               # and predicts the token at r + k + 2
         ok = target[None] < lengths[:, None]                                     # [B, T]
-        guess = logits.argmax(-1).gather(1, at.expand(b, t))                     # [B, T]
+        guess = drafter.token_ids(logits.argmax(-1)).gather(1, at.expand(b, t))  # [B, T]
         truth = tokens.gather(1, target.clamp(max=t - 1).expand(b, t))
         alive &= ok & (guess == truth)
         accepted += alive.long()
@@ -91,13 +99,15 @@ def chain_acceptance(drafter: Drafter, data: DrafterData, depth: int, chunk: int
     return (tokens_total / steps if steps else 0.0), steps
 
 
-def on_policy(cfg: DrafterConfig, weights: dict[str, torch.Tensor], policy: torch.nn.Module) -> Drafter:
+def on_policy(cfg: DrafterConfig, weights: dict[str, torch.Tensor], policy: torch.nn.Module,
+              vocab: torch.Tensor | None = None) -> Drafter:
     """A drafter with trainable ``weights`` (``SpotTrainer.weights``) over a Hugging Face
-    ``policy``'s embedding and LM head, as the engine's drafter shares its target's."""
+    ``policy``'s embedding and LM head, as the engine's drafter shares its target's (its head
+    over ``vocab``, the drafter's draft vocabulary, if it has one)."""
     embed = policy.get_input_embeddings().weight.detach().float()
     out = policy.get_output_embeddings()
     head = out.weight.detach().float() if out is not None else embed
-    drafter = Drafter(cfg, embed.clone(), head.clone())
+    drafter = Drafter(cfg, embed.clone(), head.clone(), vocab=vocab)
     drafter.load_state_dict(weights)
     return drafter.eval()
 
@@ -123,6 +133,9 @@ class StepEvaluator:
 
     def __init__(self, drafter_dir: str, depth: int) -> None:
         self.cfg = read_config(os.path.join(drafter_dir, CONFIG_FILE))
+        # the draft vocabulary is fixed for a drafter's life (a buffer: never trained)
+        weights = os.path.join(drafter_dir, WEIGHTS_FILE)
+        self.vocab = load_file(weights).get("vocab") if self.cfg.draft_vocab else None
         self.depth = depth
 
     def measure(self, weights: dict[str, torch.Tensor], policy: torch.nn.Module, prompts: list[list[int]],
@@ -130,6 +143,7 @@ class StepEvaluator:
         """``drafter/eval_accept_length`` (tokens per verify step, bonus included),
         ``drafter/eval_verify_steps`` (how many it rests on), ``timing_s/drafter_eval``."""
         t0 = time.perf_counter()
-        accept, steps = step_acceptance(on_policy(self.cfg, weights, policy), policy, prompts, groups, self.depth)
+        drafter = on_policy(self.cfg, weights, policy, self.vocab)
+        accept, steps = step_acceptance(drafter, policy, prompts, groups, self.depth)
         return {"drafter/eval_accept_length": accept, "drafter/eval_verify_steps": float(steps),
                 "timing_s/drafter_eval": time.perf_counter() - t0}

@@ -18,12 +18,13 @@ call's width are masked with -inf, so a real row's result does not read them.
 The graphs live in the engine's graph pool, within its budget (``cuda_graph_gib``): each
 key's static inputs go with its graph (``GraphPool.replay``'s ``keep``) and count in the
 budget, so an evicted graph frees its buffers. Each graph also holds its step's
-vocabulary-sized logits and probabilities (rows x V x ~10 bytes: 12 MB at 8 rows of a
-151,936-token vocabulary), so graphs serve up to ``max_rows`` (64) rows: the tail, where a
-launch per kernel would dominate; a wider call, or a key whose static inputs alone would
-exceed ``max_static_bytes``, runs eagerly (the bulk, where launches weigh least against the
-target's step). Trees run eagerly (their rows change per depth). Drafts are verified:
-nothing here can change an output, only which drafts are made.
+vocabulary-sized logits and probabilities (rows x V x ~10 bytes, V the head's tokens: 12 MB
+at 8 rows of a 151,936-token vocabulary, 2.6 MB with a 32,768-token draft vocabulary), so
+graphs serve up to ``max_rows`` (64) rows: the tail, where a launch per kernel would
+dominate; a wider call, or a key whose static inputs alone would exceed ``max_static_bytes``,
+runs eagerly (the bulk, where launches weigh least against the target's step). Trees run
+eagerly (their rows change per depth). Drafts are verified: nothing here can change an
+output, only which drafts are made.
 """
 from __future__ import annotations
 
@@ -71,10 +72,10 @@ class _Static:
         self.nbytes = static_bytes(d, rows, width, depth)
 
     def forward(self) -> tuple[torch.Tensor, ...]:
-        """(next feature, probability of the most likely token, that token, k, v) per row."""
+        """(next feature, probability of the most likely token, that token (the target's id), k, v) per row."""
         out, logits, k, v = self.drafter.step(self.feats, self.toks, self.pos, self.past, None, self.path, self.end)
         q, t = torch.softmax(logits.float(), -1).max(-1)
-        return out, q, t, k, v
+        return out, q, self.drafter.token_ids(t), k, v
 
 
 class DrafterGraphs:

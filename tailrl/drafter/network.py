@@ -64,16 +64,18 @@ class DrafterConfig:
     head_dim: int
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    draft_vocab: int = 0        # tokens the head covers (``Drafter.vocab``); 0: the target's whole vocabulary
 
     @classmethod
-    def from_target(cls, a: ModelArgs, intermediate_size: int | None = None) -> "DrafterConfig":
+    def from_target(cls, a: ModelArgs, intermediate_size: int | None = None, draft_vocab: int = 0) -> "DrafterConfig":
         """Sized from the target: its hidden width (features are its hidden states), its MLP
         width (one of its layers' worth of compute) unless ``intermediate_size`` is given,
-        its vocabulary (shared head), ``num_kv_heads`` heads of its ``head_dim``, its RoPE theta."""
+        its vocabulary (shared head; ``draft_vocab`` of its tokens if given), ``num_kv_heads``
+        heads of its ``head_dim``, its RoPE theta."""
         if intermediate_size is not None and intermediate_size < 1:
             raise ValueError(f"drafter: intermediate_size must be >= 1, got {intermediate_size!r}")
         return cls(a.hidden_size, intermediate_size or a.intermediate_size, a.vocab_size, a.num_kv_heads,
-                   a.head_dim, a.rope_theta, a.rms_norm_eps)
+                   a.head_dim, a.rope_theta, a.rms_norm_eps, draft_vocab)
 
 
 @dataclass
@@ -126,14 +128,23 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class Drafter(nn.Module):
     """``embed`` [V, H] and ``head`` [V, H] are the target's weights; they are kept as frozen
     buffers in the drafter's dtype (not parameters: the optimiser never sees them). The drafter
-    lives on their device (the target's): every tensor it makes follows its weights."""
+    lives on their device (the target's): every tensor it makes follows its weights.
 
-    def __init__(self, cfg: DrafterConfig, embed: torch.Tensor, head: torch.Tensor):
+    Draft vocabulary (EAGLE-3's): with ``cfg.draft_vocab`` K > 0 the head keeps only the rows
+    of the K target tokens in ``vocab`` (ascending ids, saved with the weights; see
+    ``tailrl.drafter.vocab``), so its logits are [..., K] and ``token_ids`` maps their indices
+    to the target's ids. The head is most of a drafter step's weights on a real checkpoint
+    (Qwen2.5-0.5B: 136M of ~150M parameters a depth), so a step reads a fraction of them; a
+    token outside ``vocab`` is never drafted (drafts are verified: outputs do not change)."""
+
+    def __init__(self, cfg: DrafterConfig, embed: torch.Tensor, head: torch.Tensor,
+                 vocab: torch.Tensor | None = None):
         super().__init__()
         h, v = cfg.hidden_size, cfg.vocab_size
         if tuple(embed.shape) != (v, h) or tuple(head.shape) != (v, h):
             raise ValueError(f"drafter: target embedding {tuple(embed.shape)} / head {tuple(head.shape)} "
                              f"do not match the drafter's vocab_size={v}, hidden_size={h}")
+        vocab = _checked_vocab(vocab, cfg)
         self.cfg = cfg
         inner = cfg.num_heads * cfg.head_dim
         self.fc = nn.Linear(2 * h, h)
@@ -146,7 +157,8 @@ class Drafter(nn.Module):
         self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
         self.out_norm = nn.Parameter(torch.ones(h))
         self.register_buffer("embed", embed.detach().float().clone(), persistent=False)
-        self.register_buffer("head", head.detach().float().clone(), persistent=False)
+        self.register_buffer("head", _rows(head, vocab).detach().float().clone(), persistent=False)
+        self.register_buffer("vocab", vocab)      # saved with the weights where there is one
         # not a buffer: float64 whatever the drafter's dtype (``.to(bfloat16)`` would round it,
         # putting position 2000's cosines off by up to 0.33, and a bfloat16 copy's keys out of
         # step with the float32 drafter's queries)
@@ -161,10 +173,12 @@ class Drafter(nn.Module):
         self.to(embed.device)
 
     @classmethod
-    def for_target(cls, model: nn.Module, intermediate_size: int | None = None) -> "Drafter":
+    def for_target(cls, model: nn.Module, intermediate_size: int | None = None,
+                   vocab: torch.Tensor | None = None) -> "Drafter":
         """A freshly initialised drafter over a target ``Transformer`` (MLP width: the target's,
-        or ``intermediate_size``)."""
-        return cls(DrafterConfig.from_target(model.args, intermediate_size), *target_weights(model))
+        or ``intermediate_size``; its head over ``vocab``'s tokens if given, else all)."""
+        cfg = DrafterConfig.from_target(model.args, intermediate_size, len(vocab) if vocab is not None else 0)
+        return cls(cfg, *target_weights(model), vocab=vocab)
 
     def shadow(self) -> "Drafter":
         """A trainable copy of the trainable weights that shares this drafter's frozen target
@@ -190,7 +204,11 @@ class Drafter(nn.Module):
         """Copy the target's current embedding and LM head (after an RL weight update)."""
         embed, head = target_weights(model)
         self.embed.copy_(embed.float())
-        self.head.copy_(head.float())
+        self.head.copy_(_rows(head, self.vocab).float())
+
+    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """The target's token ids of head indices (logits' last dimension)."""
+        return index if self.vocab is None else self.vocab[index]
 
     # ---- the layer, piece by piece ----------------------------------------------------------
     def _input(self, feature: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -260,8 +278,8 @@ class Drafter(nn.Module):
         head_dim, L]; v [B, heads, L, head_dim]) and what row b sees of it (bias [B, L]: 0 seen,
         -inf not); row f reads past row ``rows[f]`` (default f). ``path``: K/V of the draft
         positions before this one on the row's path (k, v [F, heads, d, head_dim]). Returns (next
-        feature [F, H], logits [F, V], k [F, heads, head_dim], v): the caller appends k, v to the
-        path of the row's children."""
+        feature [F, H], logits [F, V] over the head's tokens (``token_ids``), k [F, heads,
+        head_dim], v): the caller appends k, v to the path of the row's children."""
         x = self._input(feature, tokens)
         q, k, v = self._qkv(x, positions, end)                             # [F, heads, D]
         own_k, own_v = k.unsqueeze(2), v.unsqueeze(2)                      # [F, heads, 1, D]
@@ -339,9 +357,32 @@ class Drafter(nn.Module):
         if (cfg.hidden_size, cfg.vocab_size) != (want.hidden_size, want.vocab_size):
             raise ValueError(f"drafter: {path!r} was trained for hidden_size={cfg.hidden_size}, "
                              f"vocab_size={cfg.vocab_size}; the target has {want.hidden_size}, {want.vocab_size}")
-        drafter = cls(cfg, *target_weights(model))
-        drafter.load_state_dict(load_file(w_path))
+        weights = load_file(w_path)
+        drafter = cls(cfg, *target_weights(model), vocab=weights.get("vocab"))
+        drafter.load_state_dict(weights)
         return drafter.eval()
+
+
+def _checked_vocab(vocab: torch.Tensor | None, cfg: DrafterConfig) -> torch.Tensor | None:
+    """``vocab`` as the draft vocabulary of ``cfg`` (long, ascending, distinct ids below
+    ``vocab_size``, ``draft_vocab`` of them), or a ValueError naming what does not fit."""
+    if cfg.draft_vocab < 0:
+        raise ValueError(f"drafter: draft_vocab must be >= 0, got {cfg.draft_vocab}")
+    if not cfg.draft_vocab:
+        if vocab is not None:
+            raise ValueError("drafter: a vocab was given for a drafter of the whole vocabulary (draft_vocab=0)")
+        return None
+    if vocab is None or vocab.dim() != 1 or len(vocab) != cfg.draft_vocab or vocab.dtype.is_floating_point:
+        got = None if vocab is None else tuple(vocab.shape)
+        raise ValueError(f"drafter: draft_vocab={cfg.draft_vocab} needs a vocab of that many token ids, got {got}")
+    vocab = vocab.long()
+    if int(vocab[0]) < 0 or int(vocab[-1]) >= cfg.vocab_size or not bool((vocab[1:] > vocab[:-1]).all()):
+        raise ValueError(f"drafter: vocab must hold ascending distinct token ids below vocab_size={cfg.vocab_size}")
+    return vocab
+
+
+def _rows(head: torch.Tensor, vocab: torch.Tensor | None) -> torch.Tensor:
+    return head if vocab is None else head[vocab.to(head.device)]
 
 
 def read_config(path: str) -> DrafterConfig:

@@ -8,7 +8,7 @@ sizes a drafter) and its norms rescaled as the stand-in's are.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -32,12 +32,15 @@ def widen_drafter(sd: dict[str, torch.Tensor], cfg: DrafterConfig, src: ModelArg
     h0, H, d = cfg.hidden_size, spec.hidden_size, cfg.head_dim
     heads = max(cfg.num_heads, spec.num_kv_heads)
     inter = max(cfg.intermediate_size, round(cfg.intermediate_size * spec.intermediate_size / src.intermediate_size))
-    out_cfg = DrafterConfig(H, inter, cfg.vocab_size, heads, d, cfg.rope_theta, cfg.rms_norm_eps * h0 / H)
+    out_cfg = replace(cfg, hidden_size=H, intermediate_size=inter, num_heads=heads,
+                      rms_norm_eps=cfg.rms_norm_eps * h0 / H)
     i0, n0 = cfg.intermediate_size, cfg.num_heads * d
     n = heads * d
     lead = torch.arange(h0)
     scale = Widener(src, spec).norm                    # x sqrt(h0/H), zero-padded to H
     out = {name: scale(t) for name, t in sd.items() if name.endswith("norm")}
+    if "vocab" in sd:                                  # the same tokens: the stand-in speaks the source's vocabulary
+        out["vocab"] = sd["vocab"]
     out["fc.weight"] = place(sd["fc.weight"], (H, 2 * H), cols=torch.cat([lead, H + lead]))   # [h0, 2h0] -> [H, 2H]
     out["fc.bias"] = place(sd["fc.bias"], (H,))
     rows = torch.cat([j * n + torch.arange(n0) for j in range(3)])                               # q, k, v blocks

@@ -15,6 +15,9 @@ def test_registered_and_checks_its_arguments(ckpt_dir, tmp_path):
     with pytest.raises(SystemExit) as e:
         cli.main(["train-drafter", "--model", ckpt_dir("qwen2"), "--out", str(tmp_path), "--max-seconds", "0"])
     assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train-drafter", "--model", ckpt_dir("qwen2"), "--out", str(tmp_path), "--draft-vocab", "-1"])
+    assert e.value.code == 2
     for device in ("gpu", "cuda:9"):                         # malformed; not on this machine
         with pytest.raises(SystemExit) as e:
             cli.main(["train-drafter", "--model", ckpt_dir("qwen2"), "--out", str(tmp_path), "--device", device])

@@ -36,9 +36,12 @@ def inputs(d: Drafter, b: int, width: int, depth: int, seed: int):
     return r(b, c.hidden_size), toks, pos, past, path
 
 
+@pytest.mark.parametrize("draft_vocab", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_replayed_depth_equals_the_eager_step_for_the_real_rows(model, device):
-    d = Drafter.for_target(load_model(model, "float32", device), intermediate_size=64)
+def test_a_replayed_depth_equals_the_eager_step_for_the_real_rows(model, device, draft_vocab):
+    target = load_model(model, "float32", device)
+    vocab = torch.arange(3, target.args.vocab_size, 7) if draft_vocab else None    # tokens the graph maps to
+    d = Drafter.for_target(target, intermediate_size=64, vocab=vocab)
     graphs = DrafterGraphs(pool_for(device))
     # two calls per key (7 then 5 rows: bucket 8; widths 37 then 40: bucket 64): the second
     # replays over the first's stale rows and columns
@@ -48,7 +51,9 @@ def test_a_replayed_depth_equals_the_eager_step_for_the_real_rows(model, device)
             got = graphs.depth(d, feats, toks, pos, past, path, 300)
             out, logits, k, v = d.step(feats, toks, pos, past, None, path, 300)
         q, t = torch.softmax(logits.float(), -1).max(-1)
+        t = d.token_ids(t)                               # the target's ids
         assert got is not None and all(x.shape[0] == b for x in got)
+        assert vocab is None or set(got[2].tolist()) <= set(vocab.tolist())
         for x, y in zip(got, (out, q, t, k, v)):
             assert torch.allclose(x.float(), y.float(), atol=1e-5, rtol=1e-4)
     assert graphs.replays == 4 and graphs.pool.captures == 3 and graphs.pool.hits == 1

@@ -17,8 +17,8 @@ SOURCES = {
 }
 
 
-@pytest.mark.parametrize("name", ["qwen2_gqa_tied", "llama_mha"])
-def test_a_widened_drafter_drafts_as_the_source_drafter(ckpt_dir, tmp_path, name):
+@pytest.mark.parametrize("name, draft_vocab", [("qwen2_gqa_tied", False), ("llama_mha", False), ("llama_mha", True)])
+def test_a_widened_drafter_drafts_as_the_source_drafter(ckpt_dir, tmp_path, name, draft_vocab):
     """A drafter of the source, widened for the stand-in, reads the stand-in's features (the
     source's with zero channels) and gives the source drafter's logits and features (zero-
     padded) at every unroll step, float32 rounding apart; it loads as a drafter of the
@@ -28,7 +28,8 @@ def test_a_widened_drafter_drafts_as_the_source_drafter(ckpt_dir, tmp_path, name
     out = tmp_path / "standin"
     build_standin(spec, source, out)
     src_model, big_model = load_model(source), load_model(str(out))
-    drafter = Drafter.for_target(src_model)
+    vocab = torch.arange(0, src_model.args.vocab_size, 3) if draft_vocab else None   # the same tokens on both
+    drafter = Drafter.for_target(src_model, vocab=vocab)
     with torch.no_grad():                                     # every weight non-zero, norms away from 1
         for p in drafter.parameters():
             p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3
@@ -36,7 +37,8 @@ def test_a_widened_drafter_drafts_as_the_source_drafter(ckpt_dir, tmp_path, name
     drafter.save(str(tmp_path / "d"))
     build_standin_drafter(spec, source, tmp_path / "d", tmp_path / "d_big")
     wide = Drafter.load(str(tmp_path / "d_big"), big_model)
-    assert wide.cfg == Drafter.for_target(big_model).cfg           # as a drafter made for the stand-in
+    assert wide.cfg == Drafter.for_target(big_model, vocab=vocab).cfg   # as a drafter made for the stand-in
+    assert vocab is None or torch.equal(wide.vocab, vocab)
     gen = torch.Generator().manual_seed(3)
     h0 = drafter.cfg.hidden_size
     feats = torch.randn(2, 24, h0, generator=gen)

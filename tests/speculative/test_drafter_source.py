@@ -1,7 +1,9 @@
 """Speculation with the learned drafter is lossless: outputs with drafter (and hybrid) drafts
 equal plain outputs, in float64 and bfloat16, for chains and trees; drafts are valid and the
 configuration is checked. The drafter is warm-started for a few steps on the test model, so
-its drafts are partly accepted and partly rejected (both paths of verification run)."""
+its drafts are partly accepted and partly rejected (both paths of verification run); its head
+covers 48 of the model's 97 tokens (a draft vocabulary: the drafter's indices are mapped to the
+target's ids; the whole-vocabulary drafter runs in tests/drafter)."""
 import pytest
 import torch
 
@@ -19,7 +21,7 @@ PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4
 @pytest.fixture(scope="module")
 def drafter_dir(model, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("drafter"))
-    warm_start(model, out, PROMPTS, n=4, max_tokens=48, steps=40, batch=128, lr=3e-3, unroll=2)
+    warm_start(model, out, PROMPTS, n=4, max_tokens=48, steps=40, batch=128, lr=3e-3, unroll=2, draft_vocab=48)
     return out
 
 
@@ -40,6 +42,16 @@ def test_drafts_are_valid_chains_and_trees(model, drafter_dir):
             depth1 = [t for t, p in zip(d.tokens, d.parents) if p < 0]
             assert len(depth1) == len(set(depth1)) <= paths
             assert 0 < d.score <= len(d)
+    # the same weights over the upper 48 tokens: every drafted token is one of them (the head's
+    # indices mapped to the target's ids, chains and trees)
+    upper = Drafter.for_target(target, vocab=torch.arange(49, target.args.vocab_size))
+    upper.load_state_dict({**src.drafter.state_dict(), "vocab": upper.vocab})
+    hi = DrafterSource(upper)
+    for paths in (1, 3):
+        hi.prepare(reqs[:3], 8, paths)
+        for r in reqs:
+            d = hi.propose(r, 5, paths)
+            assert d is not None and min(d.tokens) >= 49
     cut = DrafterSource(src.drafter, min_path_prob=0.3)
     for paths in (1, 3):
         for r in reqs:                                          # unlikely paths are not drafted
@@ -154,7 +166,8 @@ def test_load_weights_refreshes_the_drafters_shared_embedding_and_head(model, dr
     assert not torch.equal(drafter.embed, before)
     assert torch.equal(drafter.embed, target.embed.weight.float())
     head = target.embed.weight if target.lm_head is None else target.lm_head.weight
-    assert torch.equal(drafter.head, head.float())
+    assert len(drafter.vocab) == 48                            # the draft vocabulary's rows
+    assert torch.equal(drafter.head, head[drafter.vocab].float())
 
 
 def test_bfloat16_targets_draft_in_the_faster_copy_kept_current(model, drafter_dir):

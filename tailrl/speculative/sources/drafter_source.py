@@ -234,6 +234,7 @@ class DrafterSource:
             out, logits, k, v = drafter.step(feats, toks, pos, past, owner, path, end)   # [F, H], [F, V]
             steps[0] += 1
             top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
+            top_t = drafter.token_ids(top_t)
             chosen = self._choose(frontier, top_p.tolist(), top_t.tolist(), nodes, max_tokens, width)
             frontier, rows, new_toks = self._append(chosen, nodes)
             if not frontier or not self._deeper([f[2] for f in frontier], len(frontier)):
@@ -258,6 +259,7 @@ class DrafterSource:
             if got is None:
                 feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path, end)
                 q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
+                toks = drafter.token_ids(toks)
             else:                                        # views of that depth's graph: read before its next replay
                 feats, q, toks, k, v = got
             steps[0] += 1

@@ -1,0 +1,152 @@
+"""The drafter's draft vocabulary: what a drafter step costs with it, and what it costs in acceptance.
+
+1. *Step cost.* One drafter step (``Drafter.step`` over a 256-position past, then the most
+   likely token, as a chain depth drafts) of a drafter for Qwen2.5-0.5B's exact shape (hidden
+   896, MLP 4864, 2 heads of 64, its 151,936-token vocabulary; random weights: the cost does not
+   depend on them), at 1 and 16 rows, in float32 and bfloat16, with the whole vocabulary and
+   with draft vocabularies of ``--sizes`` tokens. The settings run in turn, every other round
+   in reverse order (the machine's speed drifts); best of ``--rounds``. On a GPU
+   (``--device cuda``) a depth is timed as the engine runs it, replayed from its CUDA graph
+   (``DrafterGraphs``), synchronised.
+2. *Acceptance* (``--accept``; minutes on a CPU). Drafters of `small` warm-started exactly as
+   ``tailrl train-drafter`` does (``--train-prompts`` training prompts x 4, ``--train-steps``),
+   one per draft vocabulary in ``--accept-sizes`` (0: the whole vocabulary), the same data and
+   seed; each measured exactly (``evaluate.chain_acceptance``: 6-token chains, every position)
+   on responses to 64 held-out prompts x 2, with the share of those responses' tokens inside
+   its vocabulary. `small` has 292 tokens, so sizes near that say little: the small sizes show
+   what a binding vocabulary costs.
+
+Usage: python benchmarks/drafter_vocab.py [--rounds 5] [--sizes 32768,8192] [--device cuda]
+       python benchmarks/drafter_vocab.py --accept [--accept-sizes 0,128,64,32]
+The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+QWEN05 = dict(hidden=896, mlp=4864, vocab=151_936, heads=2, head_dim=64)   # Qwen2.5-0.5B's config
+PAST = 256
+
+
+def step_costs(sizes: list[int], rounds: int, device: str) -> dict:
+    from tailrl.drafter.graphs import DrafterGraphs
+    from tailrl.drafter.network import Drafter, DrafterConfig
+    from tailrl.engine.graph_pool import GraphPool, cuda_capture
+    torch.manual_seed(0)
+    h, v = QWEN05["hidden"], QWEN05["vocab"]
+    embed, head = torch.randn(v, h, device=device) * 0.02, torch.randn(v, h, device=device) * 0.02
+    drafters = {}
+    for k in [0] + sizes:
+        vocab = torch.randperm(v)[:k].sort().values if k else None
+        cfg = DrafterConfig(h, QWEN05["mlp"], v, QWEN05["heads"], QWEN05["head_dim"], draft_vocab=k)
+        d = Drafter(cfg, embed, head, vocab=vocab).eval()
+        drafters[(k, "float32")] = d
+        drafters[(k, "bfloat16")] = copy.deepcopy(d).to(torch.bfloat16)
+    graphs = DrafterGraphs(GraphPool(8 << 30, cuda_capture), max_static_bytes=1 << 30) if device == "cuda" else None
+
+    def one(d: Drafter, rows: int) -> float:
+        dt, c = d.fc.weight.dtype, d.cfg
+        past = (torch.randn(rows, c.num_heads, c.head_dim, PAST, dtype=dt, device=device),
+                torch.randn(rows, c.num_heads, PAST, c.head_dim, dtype=dt, device=device),
+                torch.zeros(rows, PAST, dtype=dt, device=device))
+        feats = torch.randn(rows, c.hidden_size, dtype=dt, device=device)
+        toks = torch.randint(0, c.vocab_size, (rows,), device=device)
+        pos = torch.full((rows,), PAST + 1, device=device)
+
+        def run():
+            if graphs is not None:
+                return graphs.depth(d, feats, toks, pos, past, None, 4096)
+            _, logits, _, _ = d.step(feats, toks, pos, past, None, None, 4096)
+            q, t = torch.softmax(logits.float(), -1).max(-1)
+            return d.token_ids(t)
+        with torch.inference_mode():
+            for _ in range(3):                     # kernels built, graph captured
+                run()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(10):
+                run()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / 10
+
+    keys = [(k, dt, rows) for (k, dt) in drafters for rows in (1, 16)]
+    best: dict = {}
+    for r in range(rounds):
+        for key in (keys if r % 2 == 0 else keys[::-1]):
+            s = one(drafters[key[:2]], key[2])
+            best[key] = min(best.get(key, s), s)
+    out = {}
+    for (k, dt, rows), s in best.items():
+        whole = best[(0, dt, rows)]
+        out[f"{k or 'whole'}/{dt}/{rows}"] = {"ms": round(s * 1e3, 3), "vs_whole": round(whole / s, 2)}
+        print(f"draft vocab {k or 'whole':>6}  {dt:8}  {rows:2} rows  {s * 1e3:7.2f} ms  "
+              f"{whole / s:5.2f}x faster than the whole vocabulary", flush=True)
+    return out
+
+
+def acceptance(sizes: list[int], train_prompts: int, train_steps: int, seed: int) -> dict:
+    from transformers import AutoTokenizer
+
+    from tailrl.cli.train_drafter import sample_responses, task_prompts, warm_start
+    from tailrl.drafter.evaluate import chain_acceptance
+    from tailrl.drafter.network import Drafter
+    from tailrl.drafter.train import teacher_forced
+    from tailrl.drafter.vocab import response_tokens
+    from tailrl.model.loader import load_model
+    from tailrl.tasks import mixture
+    model_dir = str(REPO / "models" / "small")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    held = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(64)]
+    data = teacher_forced(model_dir, sample_responses(model_dir, held, 2, 512, seed + 1))
+    target = load_model(model_dir, "float32")
+    truth = response_tokens(data)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in sizes:
+            d_dir = f"{tmp}/d{k}"
+            t0 = time.perf_counter()
+            fig = warm_start(model_dir, d_dir, task_prompts(model_dir, train_prompts), n=4, max_tokens=512,
+                             steps=train_steps, seed=seed, draft_vocab=k)
+            d = Drafter.load(d_dir, target)
+            accept, steps = chain_acceptance(d, data, 6)
+            cover = float(torch.isin(truth, d.vocab).float().mean()) if d.vocab is not None else 1.0
+            out[str(k or "whole")] = {"head_tokens": len(d.head), "coverage": round(cover, 4),
+                                      "accept_length": round(accept, 3), "verify_steps": steps,
+                                      "train_loss": round(fig["loss"], 4),
+                                      "seconds": round(time.perf_counter() - t0, 1)}
+            print(f"draft vocab {k or 'whole':>6}: head {len(d.head)} tokens, held-out coverage {cover:.4f}, "
+                  f"{accept:.3f} tokens a verify step over {steps}", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="32768,8192", help="draft vocabularies timed against the whole one")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--accept", action="store_true", help="also train drafters of small and measure acceptance")
+    ap.add_argument("--accept-sizes", default="0,128,64,32")
+    ap.add_argument("--train-prompts", type=int, default=128)
+    ap.add_argument("--train-steps", type=int, default=600)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    res = {"device": a.device, "cpus": torch.get_num_threads(),
+           "cost": step_costs([int(x) for x in a.sizes.split(",")], a.rounds, a.device)}
+    if a.accept:
+        res["acceptance"] = acceptance([int(x) for x in a.accept_sizes.split(",")], a.train_prompts,
+                                       a.train_steps, a.seed)
+    print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
