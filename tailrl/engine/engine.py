@@ -422,7 +422,7 @@ class LLMEngine:
     def _propose(self, sched: SchedulerOutput) -> dict:
         if self.speculator is None or sched.token_budget_left <= 0:
             return {}
-        decoding = [r for r, n in sched.rows if n == 1 and r.is_decoding and r.remaining_tokens > 1]
+        decoding = [r for r, n in sched.rows if n == 1 and r.takes_drafts]
         if not decoding:
             return {}
         drafts = self.speculator.propose(decoding, len(sched.rows), max_total_tokens=sched.token_budget_left)

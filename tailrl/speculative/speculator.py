@@ -298,16 +298,16 @@ class Speculator:
         if not requests or not self.sources:
             return {}
         t0 = time.perf_counter()
-        # the step's key positions: its longest context (what the cost model prices)
-        self.cost_model.context = max(len(r.prompt_token_ids) + len(r.output_token_ids) for r in requests)
         paths = min(self.policy.max_paths(batch_size), self.max_tree_paths)
-        critical = paths <= 0
+        critical, everyone = paths <= 0, requests
         if critical:                     # drafting is off at this batch size: the critical path only
             # (the critical_rows requests with the most expected tokens still to generate)
             requests, paths = critical_requests(requests, self.config.critical_rows), 1
             if not requests:
                 self.counts.off_steps += 1
                 return {}
+        # the step's key positions: its longest context (what the cost model prices; only where it drafts)
+        self.cost_model.context = max(len(r.prompt_token_ids) + len(r.output_token_ids) for r in everyone)
         self._full = {}
         found = self._search(requests, paths, batch_size)
         proposals = [(req, found[req.request_id]) for req in requests if found[req.request_id] is not None]

@@ -179,3 +179,20 @@ def test_at_limit_is_remaining_tokens_spent():
         assert at_limit(req) == (req.remaining_tokens <= 0)
         seen.add(at_limit(req))
     assert seen == {True, False}
+
+
+def test_takes_drafts_is_decoding_with_room_for_a_draft():
+    """``Request.takes_drafts`` (one pass, asked for every row of every speculative step) is
+    ``is_decoding and remaining_tokens > 1``."""
+    import random
+    rng = random.Random(1)
+    seen = set()
+    for _ in range(3000):
+        req = Request("r", [1] * rng.randint(1, 6), SamplingParams(max_tokens=rng.randint(1, 12)), 1)
+        req.max_model_len = rng.randint(len(req.prompt_token_ids) + 1, len(req.prompt_token_ids) + 14)
+        req.output_token_ids = [2] * rng.randint(0, 14)
+        req.num_computed_tokens = max(0, req.num_tokens - rng.randint(0, 2))
+        want = req.is_decoding and req.remaining_tokens > 1
+        assert req.takes_drafts == want
+        seen.add(want)
+    assert seen == {True, False}
