@@ -7,7 +7,8 @@
    with draft vocabularies of ``--sizes`` tokens. The settings run in turn, every other round
    in reverse order (the machine's speed drifts); best of ``--rounds``. On a GPU
    (``--device cuda``) a depth is timed as the engine runs it, replayed from its CUDA graph
-   (``DrafterGraphs``), synchronised.
+   (``DrafterGraphs``), synchronised. Then one spot-trainer step of the same drafters in
+   float32 (``drafter_loss`` over 256 positions with its 3-step unroll, and backward), timed alike.
 2. *Acceptance* (``--accept``; minutes on a CPU). Drafters of `small` warm-started exactly as
    ``tailrl train-drafter`` does (``--train-prompts`` training prompts x 4, ``--train-steps``),
    one per draft vocabulary in ``--accept-sizes`` (0: the whole vocabulary), the same data and
@@ -94,6 +95,47 @@ def step_costs(sizes: list[int], rounds: int, device: str) -> dict:
     return out
 
 
+def train_costs(sizes: list[int], rounds: int, device: str) -> dict:
+    """One spot-trainer step (``drafter_loss`` with its 3-step unroll over 256 positions, 4
+    sequences of 64, then backward) of the same float32 drafters: the loss's soft labels and
+    log-probabilities are [positions, head tokens] per unroll step."""
+    from tailrl.drafter.network import Drafter, DrafterConfig
+    from tailrl.drafter.train import SequenceBatch, drafter_loss
+    torch.manual_seed(0)
+    h, v = QWEN05["hidden"], QWEN05["vocab"]
+    embed, head = torch.randn(v, h, device=device) * 0.02, torch.randn(v, h, device=device) * 0.02
+    drafters = {}
+    for k in [0] + sizes:
+        vocab = torch.randperm(v)[:k].sort().values if k else None
+        cfg = DrafterConfig(h, QWEN05["mlp"], v, QWEN05["heads"], QWEN05["head_dim"], draft_vocab=k)
+        drafters[k] = Drafter(cfg, embed, head, vocab=vocab).train()
+    b, t = 4, 64
+    batch = SequenceBatch(torch.randn(b, t, h, device=device), torch.randint(0, v, (b, t), device=device),
+                          torch.full((b,), t, device=device), torch.zeros(b, dtype=torch.long, device=device))
+
+    def one(d: Drafter) -> float:
+        t0 = time.perf_counter()
+        loss, _ = drafter_loss(d, batch, 3)
+        loss.backward()
+        d.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    for d in drafters.values():                  # kernels built
+        one(d)
+    best: dict = {}
+    keys = list(drafters)
+    for r in range(rounds):
+        for k in (keys if r % 2 == 0 else keys[::-1]):
+            best[k] = min(best.get(k, float("inf")), one(drafters[k]))
+    out = {}
+    for k, s in best.items():
+        out[str(k or "whole")] = {"ms": round(s * 1e3, 1), "vs_whole": round(best[0] / s, 2)}
+        print(f"draft vocab {k or 'whole':>6}  a training step (256 positions, unroll 3)  {s * 1e3:7.1f} ms  "
+              f"{best[0] / s:5.2f}x faster than the whole vocabulary", flush=True)
+    return out
+
+
 def acceptance(sizes: list[int], train_prompts: int, train_steps: int, seed: int) -> dict:
     from transformers import AutoTokenizer
 
@@ -140,8 +182,9 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    res = {"device": a.device, "cpus": torch.get_num_threads(),
-           "cost": step_costs([int(x) for x in a.sizes.split(",")], a.rounds, a.device)}
+    sizes = [int(x) for x in a.sizes.split(",")]
+    res = {"device": a.device, "cpus": torch.get_num_threads(), "cost": step_costs(sizes, a.rounds, a.device),
+           "train_step": train_costs(sizes, a.rounds, a.device)}
     if a.accept:
         res["acceptance"] = acceptance([int(x) for x in a.accept_sizes.split(",")], a.train_prompts,
                                        a.train_steps, a.seed)
