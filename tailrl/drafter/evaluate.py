@@ -108,7 +108,7 @@ def on_policy(cfg: DrafterConfig, weights: dict[str, torch.Tensor], policy: torc
     out = policy.get_output_embeddings()
     head = out.weight.detach().float() if out is not None else embed
     drafter = Drafter(cfg, embed.clone(), head.clone(), vocab=vocab)
-    drafter.load_state_dict(weights)
+    drafter.load_state_dict(weights if vocab is None else {**weights, "vocab": drafter.vocab})
     return drafter.eval()
 
 

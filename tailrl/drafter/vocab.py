@@ -26,10 +26,11 @@ def response_tokens(data: DrafterData) -> torch.Tensor:
     return data.tokens[index > data.first[seq] + data.offsets[seq]]
 
 
-def frequent_tokens(tokens: torch.Tensor, vocab_size: int, size: int = DRAFT_VOCAB) -> torch.Tensor | None:
-    """``size`` token ids, ascending: the most frequent of ``tokens`` first, ties (the tokens
-    that never occur among them) to the lower id. None where ``size`` is 0 or covers the whole
-    vocabulary: no reduction."""
+def frequent_tokens(tokens: torch.Tensor, vocab_size: int, size: int = DRAFT_VOCAB,
+                    always: tuple[int, ...] = ()) -> torch.Tensor | None:
+    """``size`` token ids, ascending: ``always`` (e.g. the model's end-of-sequence ids) and the
+    most frequent of ``tokens`` first, ties (the tokens that never occur among them) to the
+    lower id. None where ``size`` is 0 or covers the whole vocabulary: no reduction."""
     if size < 0:
         raise ValueError(f"draft_vocab must be >= 0, got {size}")
     if size == 0 or size >= vocab_size:
@@ -37,5 +38,10 @@ def frequent_tokens(tokens: torch.Tensor, vocab_size: int, size: int = DRAFT_VOC
     counts = torch.bincount(tokens.long().cpu(), minlength=vocab_size)
     if len(counts) > vocab_size:
         raise ValueError(f"draft_vocab: token id {len(counts) - 1} is outside the vocabulary of {vocab_size}")
+    if always:
+        if min(always) < 0 or max(always) >= vocab_size:
+            raise ValueError(f"draft_vocab: the ids always kept, {sorted(always)}, must be in the vocabulary "
+                             f"of {vocab_size}")
+        counts[list(always)] = int(counts.max()) + 1
     order = torch.sort(-counts, stable=True).indices               # most frequent first, ties by id
     return order[:size].sort().values

@@ -72,6 +72,7 @@ class TrainConfig:
     drafter: bool = False                 # on: speculative method becomes hybrid (drafter: stays drafter)
     drafter_init: str | None = None       # warm start (`tailrl train-drafter` directory); None = fresh
     drafter_size: int | None = None       # fresh drafter's MLP width; None = the target's
+    drafter_vocab: int | None = None      # fresh drafter's draft vocabulary; None = 32,768; 0 = the whole one
     drafter_lr: float = 1.0e-4           # fine-tuning a warm start (1e-3 measured to undo it at first)
     drafter_buffer: int = 65536           # (hidden state, token) pairs kept, newest first
     drafter_batch: int = 256              # positions (sequence crops) per drafter training step
@@ -189,6 +190,10 @@ class TrainConfig:
                "drafter_init", "must be null or a drafter directory (with drafter.json)", self.drafter_init)
         _check(self.drafter_init is None or self.drafter_size is None, "drafter_size",
                "must be null with drafter_init (the warm start has its size)", self.drafter_size)
+        _check(self.drafter_vocab is None or (isinstance(self.drafter_vocab, int) and self.drafter_vocab >= 0),
+               "drafter_vocab", "must be null or an integer >= 0", self.drafter_vocab)
+        _check(self.drafter_init is None or self.drafter_vocab is None, "drafter_vocab",
+               "must be null with drafter_init (the warm start has its vocabulary)", self.drafter_vocab)
         if not self.drafter:
             return
         _check(self.speculative_config() is not None, "drafter", "needs speculative decoding on (speculative: "

@@ -2,7 +2,10 @@
 
 - ``drafter_dir``: the drafter the run starts from: the checkpoint's when resuming, else
   ``drafter_init`` (a warm start), else a fresh one sized from the target (written to
-  ``OUTPUT_DIR/drafter_init`` so that the engine loads it like any drafter).
+  ``OUTPUT_DIR/drafter_init`` so that the engine loads it like any drafter), its head over a
+  draft vocabulary of ``drafter_vocab`` tokens (``tailrl.drafter.vocab``): no response exists
+  yet, so the tokens of the run's prompts and answers, and the model's end-of-sequence ids,
+  then the lowest ids.
 - ``attach``: a ``DrafterBuffer`` as the engine speculator's collector and a ``SpotTrainer``
   as the engine's between-steps work, training a shadow of the drafter the engine drafts with;
   with a rollout pool, one of each per instance, in its worker (``PoolSpot``).
@@ -10,18 +13,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
+
+import torch
 
 from tailrl import LLM
 from tailrl.drafter.buffer import DrafterBuffer
 from tailrl.drafter.network import CONFIG_FILE, Drafter
 from tailrl.drafter.pool_spot import PoolSpot
 from tailrl.drafter.spot_trainer import STATE_FILE, SpotConfig, SpotTrainer
+from tailrl.drafter.vocab import DRAFT_VOCAB, frequent_tokens
 from tailrl.rl.config import TrainConfig
 
 CHECKPOINT_SUBDIR = "drafter"      # inside a training checkpoint
 
 
-def drafter_dir(cfg: TrainConfig, model_dir: str, resume_from: Path | None) -> str:
+def drafter_dir(cfg: TrainConfig, model_dir: str, resume_from: Path | None,
+                data_tokens: Callable[[], list[int]] = list) -> str:
+    """``data_tokens``: the run's prompts' and answers' tokens (asked only for a fresh drafter)."""
     if resume_from is not None:
         saved = resume_from / CHECKPOINT_SUBDIR
         if not (saved / CONFIG_FILE).is_file():
@@ -31,7 +40,11 @@ def drafter_dir(cfg: TrainConfig, model_dir: str, resume_from: Path | None) -> s
         return cfg.drafter_init
     from tailrl.model.loader import load_model
     out = Path(cfg.output_dir) / "drafter_init"
-    Drafter.for_target(load_model(model_dir, "float32"), cfg.drafter_size).save(str(out))
+    target = load_model(model_dir, "float32")
+    size = DRAFT_VOCAB if cfg.drafter_vocab is None else cfg.drafter_vocab
+    vocab = frequent_tokens(torch.tensor(data_tokens(), dtype=torch.long), target.args.vocab_size, size,
+                            always=target.args.eos_token_ids)
+    Drafter.for_target(target, cfg.drafter_size, vocab).save(str(out))
     return str(out)
 
 

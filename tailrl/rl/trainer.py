@@ -14,6 +14,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -71,6 +72,15 @@ def pad_rows(rows: list[list[float]], like: torch.Tensor) -> torch.Tensor:
     return out.to(like.device)
 
 
+def encode_prompt(tok: Any, p: Prompt) -> list[int]:
+    """A prompt's token ids for the rollout: chat messages through the tokenizer's template."""
+    if isinstance(p.text, list) and getattr(tok, "chat_template", None):
+        out = tok.apply_chat_template(p.text, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)   # transformers 5 returns a dict
+    text = p.text if isinstance(p.text, str) else "\n".join(m["content"] for m in p.text)
+    return tok.encode(text)          # the tokenizer's special tokens (e.g. <bos>) as in pretraining
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, reward_fn: RewardFn | None = None, resume: bool = False):
         self.cfg = cfg
@@ -89,7 +99,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # a pool when configured: weights go to every instance after each update (load_weights),
         # and the history policy reads the lengths that each generate records in llm.history
-        drafter_dir = online_drafter.drafter_dir(cfg, self.model_dir, start_dir) if cfg.drafter else None
+        drafter_dir = (online_drafter.drafter_dir(cfg, self.model_dir, start_dir, self._data_tokens)
+                       if cfg.drafter else None)
         spec = cfg.speculative_config(drafter_dir)
         self.llm = LLM(model=self.model_dir, speculative=spec, dtype=cfg.dtype, seed=cfg.seed,
                        pool=cfg.pool_config(), num_threads=cfg.num_threads, device=cfg.device,
@@ -135,14 +146,17 @@ class Trainer:
         self.step = state["step"]
         log.info("resumed from %s at step %d", path, self.step)
 
+    def _data_tokens(self) -> list[int]:
+        """Every token of the run's prompts (as encoded for the rollout) and their answers."""
+        from tailrl.engine.inputs import load_tokenizer
+        tok = load_tokenizer(self.model_dir)
+        if tok is None:
+            return []
+        return [t for p in self.prompts for t in encode_prompt(tok, p) + tok.encode(str(p.answer))]
+
     # ---- one step ---------------------------------------------------------------------------
     def encode(self, p: Prompt) -> list[int]:
-        tok = self.llm.tokenizer
-        if isinstance(p.text, list) and getattr(tok, "chat_template", None):
-            out = tok.apply_chat_template(p.text, add_generation_prompt=True, tokenize=True)
-            return list(out["input_ids"] if hasattr(out, "keys") else out)   # transformers 5 returns a dict
-        text = p.text if isinstance(p.text, str) else "\n".join(m["content"] for m in p.text)
-        return tok.encode(text)          # the tokenizer's special tokens (e.g. <bos>) as in pretraining
+        return encode_prompt(self.llm.tokenizer, p)
 
     def rollout(self, step: int, batch: list[Prompt]) -> tuple[list[list[int]], list[list[list[int]]], list[list[list[float]]]]:
         cfg = self.cfg

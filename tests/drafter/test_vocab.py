@@ -41,10 +41,13 @@ def test_the_most_frequent_response_tokens_then_the_lowest_ids():
     assert frequent_tokens(tokens, 10, 2).tolist() == [3, 9]            # 3 and 9 twice, 7 and 4 once
     assert frequent_tokens(tokens, 10, 3).tolist() == [3, 4, 9]         # 4 before 7 (lower id)
     assert frequent_tokens(tokens, 10, 6).tolist() == [0, 1, 3, 4, 7, 9]   # then tokens never seen, lowest ids
+    assert frequent_tokens(tokens, 10, 3, always=(8,)).tolist() == [3, 8, 9]   # e.g. end-of-sequence ids first
     assert frequent_tokens(tokens, 10, 10) is None                      # the whole vocabulary: no reduction
     assert frequent_tokens(tokens, 10, 0) is None
     with pytest.raises(ValueError, match="draft_vocab"):
         frequent_tokens(tokens, 10, -1)
+    with pytest.raises(ValueError, match="always kept"):
+        frequent_tokens(tokens, 10, 3, always=(10,))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         frequent_tokens(torch.tensor([12]), 10, 4)
 

@@ -31,7 +31,8 @@ def config(tmp_path, name: str, **kw) -> TrainConfig:
     ("drafter", "yes", "'drafter'"), ("drafter_lr", 0.0, "'drafter_lr'"), ("drafter_buffer", 0, "'drafter_buffer'"),
     ("drafter_batch", 0, "'drafter_batch'"), ("drafter_spot_batch", -1, "'drafter_spot_batch'"),
     ("drafter_train_steps", -2, "'drafter_train_steps'"), ("drafter_size", 0, "'drafter_size'"),
-    ("drafter_init", "/nowhere", "'drafter_init'"), ("drafter_eval", 1, "'drafter_eval'")])
+    ("drafter_init", "/nowhere", "'drafter_init'"), ("drafter_eval", 1, "'drafter_eval'"),
+    ("drafter_vocab", -1, "'drafter_vocab'"), ("drafter_vocab", 1.5, "'drafter_vocab'")])
 def test_bad_drafter_keys_are_named(tmp_path, key, value, match):
     with pytest.raises(ValueError, match=match):
         config(tmp_path, "bad", **{**DRAFTER, key: value})
@@ -174,3 +175,20 @@ def test_drafter_eval_measures_the_drafter_each_rollout_started_with(tmp_path):
     tr.logger.close()
     plain = Trainer(config(tmp_path, "no-eval", total_steps=1, **DRAFTER))
     assert plain.drafter_eval is None and "drafter/eval_accept_length" not in plain.train_step()
+
+
+def test_a_fresh_drafter_covers_the_runs_prompts_answers_and_end_of_sequence(tmp_path):
+    """``drafter_vocab``: a fresh drafter's head covers that many tokens, the run's prompts' and
+    answers' among them and the model's end-of-sequence ids; the step's exact evaluation reads
+    the same vocabulary. Not with a warm start (which has its own)."""
+    tr = Trainer(config(tmp_path, "v", total_steps=1, drafter_vocab=40, drafter_eval=True, **DRAFTER))
+    vocab = tr.spot.drafter.vocab
+    assert len(vocab) == 40 and tr.spot.drafter.cfg.draft_vocab == 40
+    assert set(tr._data_tokens()) <= set(vocab.tolist())
+    assert set(load_model(tr.model_dir).args.eos_token_ids) <= set(vocab.tolist())
+    assert torch.equal(tr.drafter_eval.vocab, vocab)
+    m = tr.train_step()
+    assert m["drafter/eval_verify_steps"] > 0
+    with pytest.raises(ValueError, match="'drafter_vocab'"):
+        config(tmp_path, "w", **{**DRAFTER, "drafter_size": None, "drafter_init": str(tmp_path / "v" / "drafter_init"),
+                                 "drafter_vocab": 40})
