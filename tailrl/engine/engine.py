@@ -422,10 +422,12 @@ class LLMEngine:
     def _propose(self, sched: SchedulerOutput) -> dict:
         if self.speculator is None or sched.token_budget_left <= 0:
             return {}
-        decoding = [r for r, n in sched.rows if n == 1 and r.takes_drafts]
-        if not decoding:
+        # rows sampling one token; which of them may take drafts is asked only where the step drafts
+        sampling = [r for r, n in sched.rows if n == 1]
+        if not sampling:
             return {}
-        drafts = self.speculator.propose(decoding, len(sched.rows), max_total_tokens=sched.token_budget_left)
+        drafts = self.speculator.propose(sampling, len(sched.rows), max_total_tokens=sched.token_budget_left,
+                                         eligible=Request.takes_drafts)
         for rid, d in list(drafts.items()):                 # never draft past max_tokens / context
             room = self.requests[rid].remaining_tokens - 1
             if len(d.tokens) > room:

@@ -86,10 +86,9 @@ class Request:
         """New tokens it may still generate (max_tokens and the context window)."""
         return min(self.params.max_tokens - self.num_output_tokens, self.max_model_len - self.num_tokens)
 
-    @property
     def takes_drafts(self) -> bool:
         """``is_decoding`` with room for a draft token besides the one it samples
-        (``remaining_tokens > 1``): asked of every row of every speculative step, so in one pass."""
+        (``remaining_tokens > 1``): asked of the rows of a step that drafts, so in one pass."""
         out = len(self.output_token_ids)
         total = len(self.prompt_token_ids) + out
         return total - self.num_computed_tokens == 1 and min(self.params.max_tokens - out,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Any
+from typing import Any, Callable
 
 
 def expected_remaining(lengths: list[int], generated: int, max_tokens: int) -> float:
@@ -47,13 +47,14 @@ def known_lengths(req: Any) -> list[int]:
     return [int(req.priority)] if req.priority > 0 else []
 
 
-def critical_requests(requests: list[Any], rows: int) -> list[Any]:
-    """The ``rows`` requests with the most expected tokens still to generate."""
+def critical_requests(requests: list[Any], rows: int, eligible: Callable[[Any], bool] | None = None) -> list[Any]:
+    """The ``rows`` requests with the most expected tokens still to generate (of those
+    ``eligible`` says may take a draft, asked only of requests with known lengths)."""
     if rows <= 0:
         return []
     scored = []
     for r in requests:
         lengths = known_lengths(r)
-        if lengths:
+        if lengths and (eligible is None or eligible(r)):
             scored.append((expected_remaining(lengths, len(r.output_token_ids), r.params.max_tokens), r))
     return [r for _, r in heapq.nlargest(rows, scored, key=lambda s: s[0])]

@@ -293,8 +293,11 @@ class Speculator:
         out = req.output_token_ids
         return carry is not None and max_paths == 1 and bool(out) and out[-1] == carry.tokens[0]
 
-    def propose(self, requests: list[Any], batch_size: int,
-                max_total_tokens: int | None = None) -> dict[str, Draft]:
+    def propose(self, requests: list[Any], batch_size: int, max_total_tokens: int | None = None,
+                eligible: Callable[[Any], bool] | None = None) -> dict[str, Draft]:
+        """This step's drafts for ``requests`` (those ``eligible`` says may take one, asked only
+        of the requests the step would draft for: where the policy drafts nothing, of the
+        critical rows' candidates alone)."""
         if not requests or not self.sources:
             return {}
         t0 = time.perf_counter()
@@ -302,9 +305,13 @@ class Speculator:
         critical, everyone = paths <= 0, requests
         if critical:                     # drafting is off at this batch size: the critical path only
             # (the critical_rows requests with the most expected tokens still to generate)
-            requests, paths = critical_requests(requests, self.config.critical_rows), 1
+            requests, paths = critical_requests(requests, self.config.critical_rows, eligible), 1
             if not requests:
                 self.counts.off_steps += 1
+                return {}
+        elif eligible is not None:
+            requests = everyone = [r for r in requests if eligible(r)]
+            if not requests:
                 return {}
         # the step's key positions: its longest context (what the cost model prices; only where it drafts)
         self.cost_model.context = max(len(r.prompt_token_ids) + len(r.output_token_ids) for r in everyone)

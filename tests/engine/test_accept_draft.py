@@ -193,6 +193,6 @@ def test_takes_drafts_is_decoding_with_room_for_a_draft():
         req.output_token_ids = [2] * rng.randint(0, 14)
         req.num_computed_tokens = max(0, req.num_tokens - rng.randint(0, 2))
         want = req.is_decoding and req.remaining_tokens > 1
-        assert req.takes_drafts == want
+        assert req.takes_drafts() == want
         seen.add(want)
     assert seen == {True, False}

@@ -31,8 +31,8 @@ def recorder(engine: LLMEngine, rid: str, seen: list) -> None:
     had, draft tokens, parents, probabilities)."""
     propose = engine.speculator.propose
 
-    def wrapped(requests, batch_size, max_total_tokens=None):
-        out = propose(requests, batch_size, max_total_tokens)
+    def wrapped(requests, batch_size, max_total_tokens=None, eligible=None):
+        out = propose(requests, batch_size, max_total_tokens, eligible)
         for r in requests:
             if r.request_id == rid and rid in out:
                 d = out[rid]

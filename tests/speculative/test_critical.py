@@ -34,3 +34,17 @@ def test_siblings_part_as_they_outlive_short_lengths():
     assert [r.request_id for r in critical_requests(rs + [unknown], 1)] == ["r1"]
     assert critical_requests(rs, 0) == []
     assert {r.request_id for r in critical_requests(rs + [unknown], 10)} == {"r0", "r1", "r2", "r3"}
+
+
+def test_only_eligible_requests_are_critical_and_only_those_with_lengths_are_asked():
+    rs = [FakeRequest(f"r{i}", [1], length_prior=(40, 40, 40, 900)) for i in range(3)]
+    for r, g in zip(rs, (45, 44, 5)):
+        r.output_token_ids.extend([0] * g)
+    unknown = FakeRequest("u", [1])
+    asked = []
+
+    def eligible(r) -> bool:
+        asked.append(r.request_id)
+        return r.request_id != "r0"                # e.g. r0 is at its length limit
+    assert [r.request_id for r in critical_requests(rs + [unknown], 1, eligible)] == ["r1"]
+    assert sorted(asked) == ["r0", "r1", "r2"]
