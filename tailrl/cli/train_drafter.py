@@ -32,7 +32,8 @@ def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 
     """Sample, teacher-force, train and save a drafter for ``model_dir`` into ``out_dir``, all
     on ``device`` (the target in float32 for its states and the drafter's frozen head);
     ``max_seconds``: the training's time budget besides its ``steps`` (``train``);
-    ``draft_vocab``: its head covers the responses' that many most frequent tokens (0: all)."""
+    ``draft_vocab``: its head covers that many tokens, the responses' most frequent first, then
+    the lowest ids (``tailrl.drafter.vocab``; 0: the whole vocabulary)."""
     import transformers
 
     from tailrl.config import check_device, require_device
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", type=int, default=None, help="the drafter's MLP width (default: the model's)")
     ap.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB,
-                    help="the drafter's head covers the sampled responses' that many most frequent tokens "
-                         "(0: the whole vocabulary)")
+                    help="the drafter's head covers this many tokens: the sampled responses' most frequent, "
+                         "then the lowest ids (0: the whole vocabulary)")
     ap.add_argument("--device", default="cpu", help="where to sample and train: cpu, cuda or cuda:N")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="the training's time budget (after sampling): it ends with the first of this and --steps")
