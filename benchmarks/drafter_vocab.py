@@ -37,20 +37,29 @@ QWEN05 = dict(hidden=896, mlp=4864, vocab=151_936, heads=2, head_dim=64)   # Qwe
 PAST = 256
 
 
-def step_costs(sizes: list[int], rounds: int, device: str) -> dict:
-    from tailrl.drafter.graphs import DrafterGraphs
+def qwen05_drafters(sizes: list[int], device: str) -> dict:
+    """{size (0: whole): a float32 drafter of Qwen2.5-0.5B's shape over that many random tokens},
+    random weights, one embedding and head for all."""
     from tailrl.drafter.network import Drafter, DrafterConfig
-    from tailrl.engine.graph_pool import GraphPool, cuda_capture
     torch.manual_seed(0)
     h, v = QWEN05["hidden"], QWEN05["vocab"]
     embed, head = torch.randn(v, h, device=device) * 0.02, torch.randn(v, h, device=device) * 0.02
-    drafters = {}
+    out = {}
     for k in [0] + sizes:
         vocab = torch.randperm(v)[:k].sort().values if k else None
         cfg = DrafterConfig(h, QWEN05["mlp"], v, QWEN05["heads"], QWEN05["head_dim"], draft_vocab=k)
-        d = Drafter(cfg, embed, head, vocab=vocab).eval()
-        drafters[(k, "float32")] = d
-        drafters[(k, "bfloat16")] = copy.deepcopy(d).to(torch.bfloat16)
+        out[k] = Drafter(cfg, embed, head, vocab=vocab)
+    return out
+
+
+def step_costs(sizes: list[int], rounds: int, device: str) -> dict:
+    from tailrl.drafter.graphs import DrafterGraphs
+    from tailrl.drafter.network import Drafter
+    from tailrl.engine.graph_pool import GraphPool, cuda_capture
+    drafters = {}
+    for k, d in qwen05_drafters(sizes, device).items():
+        drafters[(k, "float32")] = d.eval()
+        drafters[(k, "bfloat16")] = copy.deepcopy(d).eval().to(torch.bfloat16)
     graphs = DrafterGraphs(GraphPool(8 << 30, cuda_capture), max_static_bytes=1 << 30) if device == "cuda" else None
 
     def one(d: Drafter, rows: int) -> float:
@@ -99,16 +108,10 @@ def train_costs(sizes: list[int], rounds: int, device: str) -> dict:
     """One spot-trainer step (``drafter_loss`` with its 3-step unroll over 256 positions, 4
     sequences of 64, then backward) of the same float32 drafters: the loss's soft labels and
     log-probabilities are [positions, head tokens] per unroll step."""
-    from tailrl.drafter.network import Drafter, DrafterConfig
+    from tailrl.drafter.network import Drafter
     from tailrl.drafter.train import SequenceBatch, drafter_loss
-    torch.manual_seed(0)
+    drafters = {k: d.train() for k, d in qwen05_drafters(sizes, device).items()}
     h, v = QWEN05["hidden"], QWEN05["vocab"]
-    embed, head = torch.randn(v, h, device=device) * 0.02, torch.randn(v, h, device=device) * 0.02
-    drafters = {}
-    for k in [0] + sizes:
-        vocab = torch.randperm(v)[:k].sort().values if k else None
-        cfg = DrafterConfig(h, QWEN05["mlp"], v, QWEN05["heads"], QWEN05["head_dim"], draft_vocab=k)
-        drafters[k] = Drafter(cfg, embed, head, vocab=vocab).train()
     b, t = 4, 64
     batch = SequenceBatch(torch.randn(b, t, h, device=device), torch.randint(0, v, (b, t), device=device),
                           torch.full((b,), t, device=device), torch.zeros(b, dtype=torch.long, device=device))

@@ -164,6 +164,14 @@ def test_a_chain_run_appends_as_token_by_token():
     assert len(ends) >= 4          # stops and length limits, inside runs and at their ends, all met
 
 
+def random_request(rng) -> Request:
+    """A request with a random prompt, max_tokens, context window and output so far."""
+    req = Request("r", [1] * rng.randint(1, 6), SamplingParams(max_tokens=rng.randint(1, 12)), 1)
+    req.max_model_len = rng.randint(len(req.prompt_token_ids) + 1, len(req.prompt_token_ids) + 14)
+    req.output_token_ids = [2] * rng.randint(0, 14)
+    return req
+
+
 def test_at_limit_is_remaining_tokens_spent():
     """``verify.at_limit`` (one pass, asked for every row of every step launched ahead) is
     ``remaining_tokens <= 0``: max_tokens or the context window reached."""
@@ -173,9 +181,7 @@ def test_at_limit_is_remaining_tokens_spent():
     rng = random.Random(0)
     seen = set()
     for _ in range(3000):
-        req = Request("r", [1] * rng.randint(1, 6), SamplingParams(max_tokens=rng.randint(1, 12)), 1)
-        req.max_model_len = rng.randint(len(req.prompt_token_ids) + 1, len(req.prompt_token_ids) + 14)
-        req.output_token_ids = [2] * rng.randint(0, 14)
+        req = random_request(rng)
         assert at_limit(req) == (req.remaining_tokens <= 0)
         seen.add(at_limit(req))
     assert seen == {True, False}
@@ -188,9 +194,7 @@ def test_takes_drafts_is_decoding_with_room_for_a_draft():
     rng = random.Random(1)
     seen = set()
     for _ in range(3000):
-        req = Request("r", [1] * rng.randint(1, 6), SamplingParams(max_tokens=rng.randint(1, 12)), 1)
-        req.max_model_len = rng.randint(len(req.prompt_token_ids) + 1, len(req.prompt_token_ids) + 14)
-        req.output_token_ids = [2] * rng.randint(0, 14)
+        req = random_request(rng)
         req.num_computed_tokens = max(0, req.num_tokens - rng.randint(0, 2))
         want = req.is_decoding and req.remaining_tokens > 1
         assert req.takes_drafts() == want
