@@ -42,10 +42,14 @@ def plain_outputs(model, dtype):
             for c in o.outputs]
 
 
-@pytest.mark.parametrize("dtype,paths,layout", [("float32", 1, "cpu"), ("bfloat16", 3, "gpu"), ("bfloat16", 1, "gpu")])
-def test_drafting_makes_no_tensor_on_the_host_by_default(monkeypatch, model, drafter_dir, dtype, paths, layout):
+@pytest.mark.parametrize("dtype,paths,layout,vocab", [
+    ("float32", 1, "cpu", False), ("bfloat16", 3, "gpu", False), ("bfloat16", 1, "gpu", False),
+    ("bfloat16", 3, "gpu", True), ("bfloat16", 1, "gpu", True)])
+def test_drafting_makes_no_tensor_on_the_host_by_default(monkeypatch, request, model, dtype, paths, layout, vocab):
     """``layout="gpu"``: as on a GPU, the pasts are padded in a fixed number of operations
-    (``DrafterPast._padded_indexed``) and chain depths run through graphs (captured eagerly here)."""
+    (``DrafterPast._padded_indexed``) and chain depths run through graphs (captured eagerly here).
+    ``vocab``: a drafter with a draft vocabulary (its indices mapped to token ids on the device)."""
+    drafter_dir = request.getfixturevalue("vocab_drafter_dir" if vocab else "drafter_dir")
     want = plain_outputs(model, dtype)
     if layout == "gpu":
         monkeypatch.setattr(DrafterPast, "_padded_per_request", DrafterPast._padded_indexed)
