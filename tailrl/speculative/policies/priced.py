@@ -94,13 +94,19 @@ class PricedPolicy:
 
     def _layer_saving(self, batch_size: int, rate: float, predict: Callable[[float], float]) -> float:
         """The most time drafts could save this step: every request drafting at ``rate``,
-        the best number of whole depth layers (seconds; drafting time counted)."""
+        the best number of whole depth layers (seconds; drafting time counted). The layers stop
+        where no deeper one can do better: ``predict`` never falls with more tokens, so a deeper
+        layer's saving is at most all the gain left (a geometric tail) less this layer's cost."""
         B = batch_size
         base = predict(B)
         tau, gain, best = base / B, 0.0, 0.0
+        drafting = self.draft_seconds * B
         for j in range(1, self.max_draft_tokens + 1):
             gain += B * rate ** j
-            best = max(best, tau * gain - (predict(B + B * j) - base) - self.draft_seconds * B)
+            cost = predict(B + B * j) - base + drafting
+            best = max(best, tau * gain - cost)
+            if tau * (gain + B * rate ** (j + 1) / (1.0 - rate)) - cost <= best:
+                break
         return best / base
 
     def max_paths(self, batch_size: int) -> int:
