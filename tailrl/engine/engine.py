@@ -70,19 +70,7 @@ class LLMEngine:
         # a speculative engine's plain steps launched ahead while more than this many requests
         # run or wait (SpeculativeConfig.ahead_above; 0: every step one at a time; None: see _above)
         self.ahead_above = speculator.config.ahead_above if ahead and speculator is not None else 0
-        # in the tail, plain steps launched ahead wherever they measure faster (tail_choice.py);
-        # where no step is launched ahead, each step speculating or plain, the way measured
-        # faster (one_at_a_time); neither with a learned drafter, whose past needs every step's
-        # hidden states, nor its rows drafting inside steps launched ahead (ahead_drafts.py)
-        cfg = getattr(speculator, "config", None)
-        suffix = cfg is not None and getattr(cfg, "method", None) not in DRAFTER_METHODS
-        self.tail = TailChoice() if ahead and suffix and getattr(cfg, "tail", None) == "measured" else None
-        one = getattr(cfg, "one_at_a_time", None) == "measured"
-        self.choice = TailChoice("steps") if not ahead and suffix and one else None
-        rows = getattr(cfg, "ahead_drafts", 0)
-        drafts_ahead = ahead and rows > 0 and suffix
-        gate = getattr(cfg, "ahead_drafts_gate", "") == "measured"
-        self.ahead_drafts = AheadDrafts(speculator, rows, history, gate) if drafts_ahead else None
+        self._measured_ways(speculator, ahead, history)
         self._launched: Launched | None = None
         self._settled_at = 0.0
         if speculator is not None and hasattr(speculator, "captures"):
@@ -101,6 +89,21 @@ class LLMEngine:
         self.step_log: list[dict] | None = None
         self._rollout_start = self.metrics.snapshot()
         self._graphs_start = self._graph_stats()
+
+    def _measured_ways(self, speculator, ahead: bool, history: HistoryStore | None) -> None:
+        """In the tail, plain steps launched ahead wherever they measure faster (``tail``,
+        tail_choice.py); where no step is launched ahead, each step speculating or plain, the
+        way measured faster (``choice``: one_at_a_time); the rows expected to run longest
+        drafting inside steps launched ahead (``ahead_drafts``, ahead_drafts.py). None of them
+        with a learned drafter, whose past needs every step's hidden states."""
+        cfg = getattr(speculator, "config", None)
+        suffix = cfg is not None and getattr(cfg, "method", None) not in DRAFTER_METHODS
+        self.tail = TailChoice() if ahead and suffix and getattr(cfg, "tail", None) == "measured" else None
+        one = getattr(cfg, "one_at_a_time", None) == "measured"
+        self.choice = TailChoice("steps") if not ahead and suffix and one else None
+        rows = getattr(cfg, "ahead_drafts", 0)
+        gate = getattr(cfg, "ahead_drafts_gate", "") == "measured"
+        self.ahead_drafts = AheadDrafts(speculator, rows, history, gate) if ahead and rows > 0 and suffix else None
 
     def _graphs(self, dtype: torch.dtype, grouped: bool) -> StepGraphs | None:
         """The decode and verify steps' CUDA graphs, on a GPU with ``cuda_graphs`` and kernels a
