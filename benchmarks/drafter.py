@@ -41,6 +41,7 @@ Usage: python benchmarks/drafter.py [--model models/small] [--drafter DIR] [--qu
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -68,9 +69,18 @@ METHODS = ("suffix", "drafter", "hybrid")
 def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: int = 20,
               device: str = "cpu") -> dict:
     """Median seconds of one target decode forward and one drafter step at ``batch`` rows, both
-    over a 128-token past (the drafter's step: depth 3 of a chain, so 2 path positions)."""
+    over a 128-token past (the drafter's step: a chain depth as the engine drafts it, in the
+    target's dtype: ``drafter_step.depth_runner``, from its CUDA graph on a GPU)."""
+    from drafter_step import depth_runner
     model = load_model(model_dir, dtype, device)
     drafter = Drafter.load(drafter_dir, model)
+    graphs = None
+    if torch.device(device).type == "cuda":
+        from tailrl.drafter.graphs import DrafterGraphs
+        from tailrl.engine.graph_pool import GraphPool, cuda_capture
+        graphs = DrafterGraphs(GraphPool(1 << 30, cuda_capture))
+    mode = "kernels" if graphs is None else "graphs"
+    depth = depth_runner(copy.deepcopy(drafter).to(DTYPES[dtype]), batch, 130, mode, graphs)
     kv = KVCache(model.args, DTYPES[dtype], device, batch * 256, batch, 256)
     runner = ModelRunner(model, kv)
     reqs = [Request(f"r{i}", [(5 * i + j) % 200 + 3 for j in range(128)], SamplingParams(), 0) for i in range(batch)]
@@ -81,12 +91,7 @@ def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: 
     for r in reqs:
         r.num_computed_tokens = r.num_prompt_tokens - 1
     decode = runner.build([(r, 1) for r in reqs], {})
-    feats = torch.randn(batch, model.args.hidden_size, device=device)
     toks = torch.randint(0, model.args.vocab_size, (batch,), device=device)
-    c = drafter.cfg
-    past = (torch.randn(batch, c.num_heads, c.head_dim, 128, device=device),
-            torch.randn(batch, c.num_heads, 128, c.head_dim, device=device), torch.zeros(batch, 128, device=device))
-    path = tuple(torch.randn(batch, c.num_heads, 2, c.head_dim, device=device) for _ in range(2))
     pos = torch.full((batch,), 130, device=device)
     committed = torch.randn(batch, model.args.hidden_size, device=device), toks, pos
     wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
@@ -103,7 +108,8 @@ def step_cost(model_dir: str, drafter_dir: str, dtype: str, batch: int, repeat: 
 
     with torch.inference_mode():
         target = timed(lambda: runner.run(decode))
-        draft = timed(lambda: drafter.step(feats, toks, pos, past, None, path))
+        depth()                                          # kernels built, graph captured
+        draft = timed(depth)
         kv_s = timed(lambda: drafter.committed_kv(*committed))
     return {"target_s": target, "drafter_step_s": draft, "share": draft / target,
             "committed_kv_s": kv_s, "committed_kv_share": kv_s / target}

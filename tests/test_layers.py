@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "noise": set(),                                               # counter-based sampling noise, seed keys
     "kernels": {"config"},                                        # one implementation per device of each hot op
     "model": {"config", "kernels"},
-    "drafter": {"config", "model"},                               # TLT's drafter: network, state, training
+    "drafter": {"config", "kernels", "model"},                    # TLT's drafter: network, state, training
     "speculative": {"config", "model", "drafter"},                # draft sources, policies, the Speculator
     "engine": {"config", "kernels", "model", "speculative"},
     "llm": {"config", "model", "speculative", "engine", "rollout"},   # the facade over one engine (or a pool)

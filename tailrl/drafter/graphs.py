@@ -1,30 +1,28 @@
-"""The drafter's chain steps replayed from CUDA graphs (TLT: the drafter's calls in graphs).
+"""The drafter's chain depths replayed from CUDA graphs (TLT: the drafter's calls in graphs).
 
-One depth of a batch of greedy chains (``Drafter.step``, then the most likely next token and
-its probability) is about seventy small kernels. Launched one by one from Python on a GPU it
-would cost more host time than the target's whole step replayed from its graph, so the
-drafter alone would lose to plain decoding wherever drafting is worth the most. Here each
+One depth of a batch of greedy chains (``paged.paged_step``, then the most likely next token
+and its probability) is about twenty kernels. Launched one by one from Python on a GPU they
+would cost more host time than the target's whole step replayed from its graph. Here each
 depth is one graph replay: ``DrafterGraphs.depth`` copies the depth's inputs into the static
-buffers of its key and replays the graph captured for it (captured on first use).
+buffers of its key (features, tokens, positions, write slots, prefixes, and once per call the
+block table) and replays the graph captured for it (captured on first use). The K/V stay in
+the drafter's blocks: nothing of the past is copied.
 
 Key: the drafter copy (base or low-precision: ``LowPrecision`` updates its copy in place, so
 graphs stay valid across published versions; the base drafter's weights are updated in place
-too), its RoPE tables (grown tables make new keys; a graph keeps the tables it reads alive),
-the rows padded to a power of two, the committed past's width padded to a power of two (0:
-none) and the path's depth. Padding: rows past the call's are stale but finite copies of
-earlier inputs (buffers start at zero) whose outputs are ignored; past columns past the
-call's width are masked with -inf, so a real row's result does not read them.
+too), its RoPE tables, the blocks' tensors (a grown pool makes new keys), the rows padded to a
+power of two and the block table's width padded to a power of two. Padding rows write into
+the pool's scratch block (``KVBlocks.SCRATCH``) and see only it: a real row never reads them,
+and they never write into a request's blocks.
 
-The graphs live in the engine's graph pool, within its budget (``cuda_graph_gib``): each
-key's static inputs go with its graph (``GraphPool.replay``'s ``keep``) and count in the
-budget, so an evicted graph frees its buffers. Each graph also holds its step's
-vocabulary-sized logits and probabilities (rows x V x ~10 bytes, V the head's tokens: 12 MB
-at 8 rows of a 151,936-token vocabulary, 2.6 MB with a 32,768-token draft vocabulary), so
-graphs serve up to ``max_rows`` (64) rows: the tail, where a launch per kernel would
-dominate; a wider call, or a key whose static inputs alone would exceed ``max_static_bytes``,
-runs eagerly (the bulk, where launches weigh least against the target's step). Trees run
-eagerly (their rows change per depth). Drafts are verified: nothing here can change an
-output, only which drafts are made.
+The graphs live in the engine's graph pool, within its budget (``cuda_graph_gib``): each key's
+static inputs go with its graph (``GraphPool.replay``'s ``keep``) and count in the budget. Each
+graph also holds its step's vocabulary-sized logits and probabilities (rows x V x ~10 bytes, V
+the head's tokens: 12 MB at 8 rows of a 151,936-token vocabulary, 2.6 MB with a 32,768-token
+draft vocabulary), so graphs serve up to ``max_rows`` (64) rows: the tail, where a launch per
+kernel would dominate; a wider call runs eagerly (the bulk, where launches weigh least
+against the target's step). Trees run eagerly (their rows change per depth). Drafts are
+verified: nothing here can change an output, only which drafts are made.
 """
 from __future__ import annotations
 
@@ -33,49 +31,63 @@ from typing import Any
 
 import torch
 
+from tailrl.drafter.blocks import KVBlocks
 from tailrl.drafter.network import Drafter
+from tailrl.drafter.paged import ChainLayout, paged_step
+from tailrl.kernels import BLOCK, AttentionMeta, Backend, RopeTables
 
 
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _shapes(d: Drafter, rows: int, width: int, depth: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """A key's static inputs, (shape, dtype) in order: features, tokens, positions, then the
-    past (keys, values, bias) if ``width``, then the path (keys, values) if ``depth``."""
-    c, dt = d.cfg, d.fc.weight.dtype
-    out = [((rows, c.hidden_size), dt), ((rows,), torch.long), ((rows,), torch.long)]
-    if width:
-        out += [((rows, c.num_heads, c.head_dim, width), dt), ((rows, c.num_heads, width, c.head_dim), dt),
-                ((rows, width), dt)]
-    if depth:
-        out += [((rows, c.num_heads, depth, c.head_dim), dt)] * 2
-    return out
-
-
-def static_bytes(d: Drafter, rows: int, width: int, depth: int) -> int:
-    """The bytes of a key's static inputs (without building them)."""
-    return sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in _shapes(d, rows, width, depth))
+def static_bytes(d: Drafter, rows: int, width: int) -> int:
+    """The bytes of a key's static inputs."""
+    return rows * (d.cfg.hidden_size * d.fc.weight.dtype.itemsize + 3 * 8 + 3 * 4 + width * 4)
 
 
 class _Static:
-    """One key's input buffers (zeros first: padding must stay finite) and the tensors its
-    graph reads besides the drafter's weights."""
+    """One key's input buffers (padding rows: the scratch block's first slot, seeing it alone)
+    and what its graph reads besides the drafter's weights."""
 
-    def __init__(self, d: Drafter, rows: int, width: int, depth: int, end: int, rope: tuple) -> None:
+    def __init__(self, d: Drafter, kernels: Backend, tables: RopeTables, blocks: KVBlocks, rows: int,
+                 width: int) -> None:
         dev = d.fc.weight.device
-        t = [torch.zeros(shape, dtype=dtype, device=dev) for shape, dtype in _shapes(d, rows, width, depth)]
-        self.drafter, self.rope, self.end = d, rope, end
-        self.feats, self.toks, self.pos = t[:3]
-        self.past = tuple(t[3:6]) if width else None
-        self.path = tuple(t[-2:]) if depth else None
-        self.nbytes = static_bytes(d, rows, width, depth)
+        self.drafter, self.kernels, self.tables, self.blocks, self.width = d, kernels, tables, blocks, width
+        self.feats = torch.zeros(rows, d.cfg.hidden_size, dtype=d.fc.weight.dtype, device=dev)
+        self.toks, self.pos = (torch.zeros(rows, dtype=torch.long, device=dev) for _ in range(2))
+        self.slots = torch.full((rows,), KVBlocks.SCRATCH * BLOCK, dtype=torch.long, device=dev)
+        self.prefix = torch.ones(rows, dtype=torch.int32, device=dev)
+        self.table = torch.full((rows, width), KVBlocks.SCRATCH, dtype=torch.int32, device=dev)
+        self.rows = torch.arange(rows, dtype=torch.int32, device=dev)
+        self.zeros = torch.zeros(rows, dtype=torch.int32, device=dev)
+        self.layout: ChainLayout | None = None          # the call whose block table is loaded
+        self.nbytes = static_bytes(d, rows, width)
+
+    def load(self, layout: ChainLayout, t: int, feats: torch.Tensor, toks: torch.Tensor) -> None:
+        b = feats.shape[0]
+        if self.layout is not layout:                   # a new call: its table; padding rows reset
+            self.layout = layout
+            self.table[:b, :layout.table.shape[1]].copy_(layout.table)
+            self.table[:b, layout.table.shape[1]:] = KVBlocks.SCRATCH
+            self.table[b:] = KVBlocks.SCRATCH
+            self.slots[b:] = KVBlocks.SCRATCH * BLOCK
+            self.prefix[b:] = 1
+        self.feats[:b].copy_(feats)
+        self.toks[:b].copy_(toks)
+        self.pos[:b].copy_(layout.positions[t])
+        self.slots[:b].copy_(layout.slots[t])
+        self.prefix[:b].copy_(layout.prefix[t])
 
     def forward(self) -> tuple[torch.Tensor, ...]:
-        """(next feature, probability of the most likely token, that token (the target's id), k, v) per row."""
-        out, logits, k, v = self.drafter.step(self.feats, self.toks, self.pos, self.past, None, self.path, self.end)
+        """(next feature, probability of the most likely token, that token (the target's id)) per row."""
+        d, n = self.drafter, self.width * BLOCK
+        meta = AttentionMeta(self.slots, self.rows, self.prefix, self.zeros, self.zeros, self.zeros[:1], self.table,
+                             n, n * len(self.rows), n * len(self.rows))
+        out, logits = paged_step(d, self.kernels, self.feats, self.toks, self.kernels.rope(self.tables, self.pos),
+                                 self.blocks, meta)
         q, t = torch.softmax(logits.float(), -1).max(-1)
-        return out, q, self.drafter.token_ids(t), k, v
+        return out, q, d.token_ids(t)
 
 
 class DrafterGraphs:
@@ -84,42 +96,28 @@ class DrafterGraphs:
         self._static: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # alive while its graph is
         self.replays = self.eager = 0
 
-    def depth(self, d: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor,
-              past: tuple[torch.Tensor, ...] | None, path: tuple[torch.Tensor, torch.Tensor] | None,
-              end: int) -> tuple[torch.Tensor, ...] | None:
-        """One depth of ``feats.shape[0]`` chains (``Drafter.step``'s arguments) from a graph:
-        (next feature, top probability, top token, k, v), views of the graph's outputs valid
-        until its next replay; None where no graph serves this shape (run it eagerly)."""
+    def depth(self, d: Drafter, kernels: Backend, tables: RopeTables, blocks: KVBlocks, layout: ChainLayout, t: int,
+              feats: torch.Tensor, toks: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """Depth ``t`` of ``layout``'s chains from a graph: (next feature, top probability, top
+        token), views of the graph's outputs valid until its next replay; None where no graph
+        serves this shape (run it eagerly)."""
         b = feats.shape[0]
-        width = past[0].shape[-1] if past is not None else 0
-        depth = path[0].shape[2] if path is not None else 0
-        rows, wide = _pow2(b), _pow2(width) if width else 0
-        if rows > self.max_rows or static_bytes(d, rows, wide, depth) > self.max_static_bytes:
+        rows, width = _pow2(b), _pow2(layout.table.shape[1])
+        if rows > self.max_rows or static_bytes(d, rows, width) > self.max_static_bytes:
             self.eager += 1
             return None
-        rope = d.rope_table(_pow2(max(end, 4096)), d.fc.weight.dtype)   # grown here, never inside a capture
-        key = ("drafter", id(d), id(rope[0]), rows, wide, depth)
+        key = ("drafter", id(d), id(tables.cos_acc), id(blocks.k), rows, width)
         if key in self.pool.refused:
             self.eager += 1
             return None
         s = self._static.get(key) if key in self.pool else None
         if s is None:
-            s = _Static(d, rows, wide, depth, rope[0].shape[0], rope)
+            s = _Static(d, kernels, tables, blocks, rows, width)
             self._static[key] = s
-        s.feats[:b].copy_(feats)
-        s.toks[:b].copy_(toks)
-        s.pos[:b].copy_(pos)
-        if past is not None:
-            s.past[0][:b, :, :, :width].copy_(past[0])
-            s.past[1][:b, :, :width].copy_(past[1])
-            s.past[2][:b, :width].copy_(past[2])
-            s.past[2][:b, width:] = float("-inf")
-        if path is not None:
-            s.path[0][:b].copy_(path[0])
-            s.path[1][:b].copy_(path[1])
+        s.load(layout, t, feats, toks)
         out = self.pool.replay(key, s.forward, keep=s, keep_bytes=s.nbytes)
         if out is None:
             self.eager += 1
             return None
         self.replays += 1
-        return tuple(t[:b] for t in out)
+        return tuple(x[:b] for x in out)

@@ -34,10 +34,14 @@ Weights: K/V are computed with the drafter weights current at the flush; an onli
 (a new spot-trainer version, a few small steps) does not recompute them. Drafts are verified,
 so stale K/V cost acceptance, never correctness.
 
-Memory: ``heads * head_dim * 2`` values per position (256 on ``small``, a third of one target
-layer's K/V) in the dtype of the drafter that computes them (``compute``: the low-precision
-copy with a bfloat16 target, see ``DrafterSource``), freed by ``free(req)`` when the request
-leaves the engine; and the last ``LOG_HAND_OUTS`` hand-outs' states.
+Storage: blocks of ``BLOCK`` positions in one pool laid out as the engine's K/V
+(``tailrl.drafter.blocks``), so a chain depth reads a request's past in place through a block
+table with the engine's attention kernel (``tailrl.drafter.paged``); trees read a padded copy
+(``gather``). ``heads * head_dim * 2`` values per position (256 on ``small``, a third of one
+target layer's K/V) in the dtype of the drafter that computes them (``compute``: the
+low-precision copy with a bfloat16 target, see ``DrafterSource``), a request's blocks back in
+the pool by ``free(req)`` when it leaves the engine; and the last ``LOG_HAND_OUTS``
+hand-outs' states.
 """
 from __future__ import annotations
 
@@ -48,7 +52,9 @@ from typing import Any, Callable
 
 import torch
 
+from tailrl.drafter.blocks import KVBlocks
 from tailrl.drafter.network import Drafter
+from tailrl.kernels.layout import BLOCK, unpack_keys
 
 # Positions a request may have to catch up on (read from the log, K/V not computed yet).
 # Past it, the request's past restarts at its newest MAX_WAIT // 2 positions: the drafter
@@ -78,14 +84,13 @@ class PastState:
 
 
 class _Past:
-    __slots__ = ("base", "length", "k", "v", "queued", "queued_n", "req", "group", "prompt", "synced")
+    __slots__ = ("base", "length", "blocks", "queued", "queued_n", "req", "group", "prompt", "synced")
 
-    def __init__(self, base: int, heads: int, head_dim: int, req: Any, device: torch.device) -> None:
+    def __init__(self, base: int, req: Any) -> None:
         self.req, self.group, self.prompt = req, req.group_id, req.prompt_token_ids
-        self.base = base                       # position of row 0
-        self.length = 0                        # rows holding K/V
-        self.k = torch.empty(heads, head_dim, 0, device=device)   # [heads, D, capacity]: keys transposed
-        self.v = torch.empty(heads, 0, head_dim, device=device)   # [heads, capacity, D]
+        self.base = base                       # position of index 0
+        self.length = 0                        # indices holding K/V
+        self.blocks: list[int] = []            # block ids in the pool (``KVBlocks``): index i in blocks[i // BLOCK]
         # (start, states, first row, end row): rows of a hand-out's states, in order
         self.queued: list[tuple[int, torch.Tensor, int, int]] = []
         self.queued_n = 0
@@ -103,17 +108,6 @@ class _Past:
         if skip < k:
             self.queued.append((start + skip, hidden, row + skip, row + k))
             self.queued_n += k - skip
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [n, heads, D]: the next n positions."""
-        n, cap, end = k.shape[0], self.v.shape[1], self.length
-        if end + n > cap:
-            grow = max(64, 2 * cap, end + n) - end
-            self.k = torch.cat([self.k[:, :, :end].to(k.dtype), k.new_empty(k.shape[1], k.shape[2], grow)], 2)
-            self.v = torch.cat([self.v[:, :end].to(v.dtype), v.new_empty(v.shape[1], grow, v.shape[2])], 1)
-        self.k[:, :, end:end + n] = k.permute(1, 2, 0)
-        self.v[:, end:end + n] = v.transpose(0, 1)
-        self.length += n
 
 
 class _HandOut:
@@ -146,6 +140,7 @@ class DrafterPast:
         self.drafter = drafter
         self.compute = compute or (lambda: drafter)   # the drafter (or its low-precision copy) that computes K/V
         self.device = drafter.fc.weight.device       # where the K/V are kept (the drafter's device)
+        self._pool: KVBlocks | None = None            # made at the first write, in ``compute``'s dtype
         self._past: dict[str, _Past] = {}
         self._log: deque[_HandOut] = deque()
         self._count = 0                                # hand-outs so far
@@ -221,6 +216,7 @@ class DrafterPast:
         if self._log and p is not None and p.synced < self._log[0].number - 1:
             p.synced = -1                                 # hand-outs were dropped: read what is left
             if p.queued or p.length:
+                self.free(req)
                 p = None                                  # and start afresh there
         first = 0 if p is None or not self._log else max(0, p.synced + 1 - self._log[0].number)
         for entry in itertools.islice(self._log, first, None):     # hand-outs not read yet
@@ -229,8 +225,9 @@ class DrafterPast:
                 continue
             start, row, k = found
             if p is None or start > p.end:                # new, or a gap: the past starts here
-                c = self.drafter.cfg
-                p = self._past[rid] = _Past(start, c.num_heads, c.head_dim, req, self.device)
+                if p is not None:
+                    self.pool.release(p.blocks)
+                p = self._past[rid] = _Past(start, req)
                 if start < req.num_prompt_tokens:
                     self._borrow(p, start)
             p.take(start, entry.hidden, row, k)
@@ -252,7 +249,6 @@ class DrafterPast:
             drop -= hi - lo
             del p.queued[0]
         p.base, p.length, p.queued_n = p.queued[0][0], 0, MAX_WAIT // 2
-        p.k, p.v = p.k[:, :, :0], p.v[:, :0]
 
     def _borrow(self, p: _Past, start: int) -> None:
         """A group's prompt positions are handed out once (the engine computes a group's
@@ -276,10 +272,25 @@ class DrafterPast:
                     hidden.to(d.fc.weight.dtype), torch.tensor(list(p.prompt[1:n + 1]), device=self.device),
                     torch.arange(n, device=self.device), n)
         p.base = 0
-        p.append(kv[0][:upto], kv[1][:upto])
+        self._append(p, kv[0][:upto], kv[1][:upto])
+
+    @property
+    def pool(self) -> KVBlocks:
+        """The blocks every request's K/V live in (``tailrl.drafter.blocks``)."""
+        if self._pool is None:
+            c = self.drafter.cfg
+            self._pool = KVBlocks(c.num_heads, c.head_dim, self.compute().fc.weight.dtype, self.device)
+        return self._pool
+
+    def _append(self, p: _Past, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [n, heads, D]: the past's next n positions."""
+        self.pool.write(p.blocks, p.length, k, v)
+        p.length += k.shape[0]
 
     def free(self, req: Any) -> None:
-        self._past.pop(req.request_id, None)
+        p = self._past.pop(req.request_id, None)
+        if p is not None:
+            self.pool.release(p.blocks)
 
     def export(self, req: Any) -> PastState | None:
         """``req``'s past with every position logged for it, for another instance's ``adopt``
@@ -291,8 +302,8 @@ class DrafterPast:
         if p is None:
             return None
         queued = torch.cat([h[lo:hi] for _, h, lo, hi in p.queued]).to("cpu") if p.queued else None
-        return PastState(p.base, p.k[:, :, :p.length].to("cpu", copy=True), p.v[:, :p.length].to("cpu", copy=True),
-                         queued)
+        k, v = self.pool.read(p.blocks, p.length)
+        return PastState(p.base, k.to("cpu"), v.to("cpu"), queued)
 
     def adopt(self, req: Any, state: PastState) -> None:
         """Continue ``req``'s past from ``state`` (``export`` on another instance): its K/V are
@@ -306,8 +317,11 @@ class DrafterPast:
         if state.queued is not None and state.queued.shape[-1] != c.hidden_size:
             raise ValueError(f"drafter past of request {req.request_id!r}: queued states of width "
                              f"{state.queued.shape[-1]}, this drafter reads {c.hidden_size}")
-        p = self._past[req.request_id] = _Past(state.base, c.num_heads, c.head_dim, req, self.device)
-        p.k, p.v, p.length = state.k.to(self.device), state.v.to(self.device), n
+        old = self._past.get(req.request_id)
+        if old is not None:
+            self.pool.release(old.blocks)
+        p = self._past[req.request_id] = _Past(state.base, req)
+        self._append(p, state.k.to(self.device).permute(2, 0, 1), state.v.to(self.device).transpose(0, 1))
         if state.queued is not None and state.queued.shape[0]:
             queued = state.queued.to(self.device)
             p.queued, p.queued_n = [(state.base + n, queued, 0, queued.shape[0])], queued.shape[0]
@@ -336,64 +350,42 @@ class DrafterPast:
         d = self.compute()
         k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), torch.tensor(tokens, device=self.device),
                               torch.tensor(positions, device=self.device), max(positions) + 1)   # [P, heads, D]
-        row = 0
-        for p in pending:                        # a past's queued positions are consecutive rows
-            p.append(k[row:row + p.queued_n], v[row:row + p.queued_n])
-            row += p.queued_n
+        slots: list[int] = []                    # a past's queued positions are consecutive rows
+        for p in pending:
+            self.pool.reserve(p.blocks, p.length + p.queued_n)
+            slots += self.pool.slots(p.blocks, p.length, p.queued_n)
+            p.length += p.queued_n
             p.queued, p.queued_n = [], 0
+        self.pool.write_slots(slots, k, v)       # one write for every request
+
+    def seen(self, req: Any, root: int) -> tuple[_Past | None, int]:
+        """``req``'s past and how many of its held positions a draft rooted at ``root`` sees
+        (those < root; call ``flush`` first: queued positions are not visible)."""
+        p = self._past.get(req.request_id)
+        return (p, 0) if p is None else (p, max(0, min(p.length, root - p.base)))
 
     def gather(self, requests: list[Any], roots: list[int], dtype: torch.dtype | None = None
                ) -> tuple[torch.Tensor, ...] | None:
-        """The committed K/V each request's draft rooted at ``roots[b]`` sees (its positions
-        < root), padded, as ``Drafter.step`` reads it: k_t [B, heads, D, L], v [B, heads, L, D],
-        bias [B, L] (0 seen, -inf padding), in ``dtype`` (default: the drafter's); None when no
-        request has any. Call ``flush`` first (queued positions are not visible). On the CPU
-        one copy per request (measured 3-4x faster than the indexed layout at 8-256 rows); on
-        a GPU, where each copy would be a kernel launch, a fixed number of operations
-        whatever the batch (``_padded_indexed``)."""
-        seen = []
-        for req, root in zip(requests, roots):
-            p = self._past.get(req.request_id)
-            seen.append((p, 0) if p is None else (p, max(0, min(p.length, root - p.base))))
+        """The committed K/V each request's draft rooted at ``roots[b]`` sees, padded, as
+        ``Drafter.step`` reads it (trees; chains read the blocks in place: ``paged.py``): k_t
+        [B, heads, D, L], v [B, heads, L, D], bias [B, L] (0 seen, -inf padding), in ``dtype``
+        (default: the drafter's); None when no request has any. A fixed number of operations
+        whatever the batch: one indexed read of the rows' blocks, one unpacking copy."""
+        seen = [self.seen(r, root) for r, root in zip(requests, roots)]
         width = max((n for _, n in seen), default=0)
         if width == 0:
             return None
         dtype = dtype or self.drafter.fc.weight.dtype
-        pad = self._padded_per_request if self.device.type == "cpu" else self._padded_indexed
-        return pad(seen, width, dtype)
-
-    def _padded_per_request(self, seen: list[tuple[_Past | None, int]], width: int, dtype: torch.dtype
-                            ) -> tuple[torch.Tensor, ...]:
-        c, b = self.drafter.cfg, len(seen)
-        k = torch.zeros(b, c.num_heads, c.head_dim, width, dtype=dtype, device=self.device)
-        v = torch.zeros(b, c.num_heads, width, c.head_dim, dtype=dtype, device=self.device)
-        bias = torch.full((b, width), float("-inf"), dtype=dtype, device=self.device)
-        for row, (p, n) in enumerate(seen):
-            if n:
-                k[row, :, :, :n] = p.k[:, :, :n]
-                v[row, :, :n] = p.v[:, :n]
-                bias[row, :n] = 0.0
-        return k, v, bias
-
-    def _padded_indexed(self, seen: list[tuple[_Past | None, int]], width: int, dtype: torch.dtype
-                        ) -> tuple[torch.Tensor, ...]:
-        """One concatenation of the visible K/V (position-major, a zero row last for the
-        padding), one indexed read of it, one transposing copy per tensor."""
-        held = [(p, n) for p, n in seen if n]
-        k0 = held[0][0].k
-        zero = k0.new_zeros(1, k0.shape[0], k0.shape[1])
-        keys = torch.cat([p.k[:, :, :n].permute(2, 0, 1) for p, n in held] + [zero])   # [S + 1, heads, D]
-        values = torch.cat([p.v[:, :n].transpose(0, 1) for p, n in held] + [zero])    # [S + 1, heads, D]
-        starts, at = [], 0
-        for _, n in seen:
-            starts.append(at)
-            at += n
-        first_n = torch.tensor([starts, [n for _, n in seen]], device=self.device)      # [2, B]: one copy
-        col = torch.arange(width, device=self.device)
-        seen_mask = col < first_n[1, :, None]                                            # [B, L]
-        idx = torch.where(seen_mask, first_n[0, :, None] + col, at).view(-1)            # row ``at``: the zeros
-        shape = (len(seen), width, k0.shape[0], k0.shape[1])
-        k = keys.index_select(0, idx).view(shape).permute(0, 2, 3, 1).to(dtype).contiguous()   # [B, heads, D, L]
-        v = values.index_select(0, idx).view(shape).transpose(1, 2).to(dtype).contiguous()     # [B, heads, L, D]
-        bias = torch.zeros(seen_mask.shape, dtype=dtype, device=self.device).masked_fill_(~seen_mask, float("-inf"))
+        pool, nb = self.pool, -(-width // BLOCK)
+        table = torch.tensor([(p.blocks[:nb] if n else []) + [0] * (nb - len(p.blocks[:nb]) if n else nb)
+                              for p, n in seen], device=self.device)                        # [B, nb]
+        b, heads, dim = len(seen), pool.heads, pool.head_dim
+        k = unpack_keys(pool.k[table].transpose(1, 2).reshape(b, heads, nb * BLOCK * dim), dim)[..., :width]
+        v = pool.v[table].transpose(1, 2).reshape(b, heads, nb * BLOCK, dim)[:, :, :width]
+        n = torch.tensor([n for _, n in seen], device=self.device)
+        mask = torch.arange(width, device=self.device)[None, :] < n[:, None]                 # [B, L]
+        bias = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill_(~mask, float("-inf"))
+        # unwritten lanes past a row's width hold whatever the pool held: zeroed (finite under the mask)
+        k = k.to(dtype).masked_fill_(~mask[:, None, None, :], 0).contiguous()
+        v = v.to(dtype).masked_fill_(~mask[:, None, :, None], 0).contiguous()
         return k, v, bias

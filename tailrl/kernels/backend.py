@@ -82,6 +82,11 @@ class Backend:
         """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""
         raise NotImplementedError
 
+    def draft_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.linear``'s result by the fastest product at hand, row invariance not required
+        (the learned drafter's: its drafts are verified). PyTorch's by default."""
+        return F.linear(x, weight, bias)
+
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
         """``linear(silu_mul(gate_up), weight, bias)`` (a backend may compute the activation as

@@ -15,7 +15,6 @@ from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.drafter import evaluate, spot_trainer
 from tailrl.drafter.buffer import DrafterBuffer
 from tailrl.drafter.network import Drafter
-from tailrl.drafter.past import DrafterPast
 from tailrl.drafter.spot_trainer import SpotConfig, SpotTrainer
 from tailrl.engine.graph_pool import GraphPool, eager_capture
 from tailrl.model.loader import load_model
@@ -43,16 +42,15 @@ def plain_outputs(model, dtype):
 
 
 @pytest.mark.parametrize("dtype,paths,layout,vocab", [
-    ("float32", 1, "cpu", False), ("bfloat16", 3, "gpu", False), ("bfloat16", 1, "gpu", False),
+    ("float32", 1, "cpu", False), ("bfloat16", 1, "cpu", True), ("bfloat16", 3, "gpu", False), ("bfloat16", 1, "gpu", False),
     ("bfloat16", 3, "gpu", True), ("bfloat16", 1, "gpu", True)])
 def test_drafting_makes_no_tensor_on_the_host_by_default(monkeypatch, request, model, dtype, paths, layout, vocab):
-    """``layout="gpu"``: as on a GPU, the pasts are padded in a fixed number of operations
-    (``DrafterPast._padded_indexed``) and chain depths run through graphs (captured eagerly here).
-    ``vocab``: a drafter with a draft vocabulary (its indices mapped to token ids on the device)."""
+    """``layout="gpu"``: as on a GPU engine, chain depths run through graphs (captured eagerly
+    here) over the padded past; ``"cpu"``: chains on the engine's kernels over the blocks
+    (``tailrl.drafter.paged``). ``vocab``: a drafter with a draft vocabulary (its indices
+    mapped to token ids on the device)."""
     drafter_dir = request.getfixturevalue("vocab_drafter_dir" if vocab else "drafter_dir")
     want = plain_outputs(model, dtype)
-    if layout == "gpu":
-        monkeypatch.setattr(DrafterPast, "_padded_per_request", DrafterPast._padded_indexed)
     guard(monkeypatch, DrafterSource, "prepare", "propose", "observe_hidden", "finish", "export", "adopt")
     spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", method="drafter",
                drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))

@@ -1,15 +1,18 @@
 """The drafter's chain depths from graphs (tailrl/drafter/graphs.py): a depth replayed from a
-key's static inputs gives the eager step's results for the real rows, whatever the padding
-(rows, past columns, stale rows of earlier calls); a whole rollout drafting through graphs
-is identical to plain decoding; keys over the static budget or refused by the pool run
-eagerly. On the CPU the capture is ``eager_capture`` (replay = the same function over the
-same static buffers); with CUDA the same tests run with ``cuda_capture``."""
+key's static inputs gives the launched depth's results for the real rows, whatever the padding
+(rows, block-table columns, stale rows of earlier calls), and its padding rows write nothing
+into a request's blocks; a whole rollout drafting through graphs is identical to plain
+decoding; keys over the static budget or refused by the pool run eagerly. On the CPU the
+capture is ``eager_capture`` (replay = the same function over the same static buffers); with
+CUDA the same tests run with ``cuda_capture``."""
 import pytest
 import torch
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
+from tailrl.drafter.blocks import KVBlocks
 from tailrl.drafter.graphs import DrafterGraphs
 from tailrl.drafter.network import Drafter
+from tailrl.drafter.paged import ChainLayout, kernels_for, paged_step, rope_tables
 from tailrl.engine.graph_pool import GraphPool, cuda_capture, eager_capture
 from tailrl.model.loader import load_model
 
@@ -23,50 +26,74 @@ def pool_for(device: str, budget: int = 1 << 30) -> GraphPool:
     return GraphPool(budget, cuda_capture if device == "cuda" else eager_capture)
 
 
-def inputs(d: Drafter, b: int, width: int, depth: int, seed: int):
+def call(d: Drafter, blocks: KVBlocks, b: int, seed: int, depths: int = 2):
+    """A call's chains over random committed pasts (1 .. 70 positions) in ``blocks``: its
+    layout and the first depth's inputs."""
     g = torch.Generator().manual_seed(seed)
     c, dev = d.cfg, d.fc.weight.device
-    r = lambda *shape: torch.randn(*shape, generator=g).to(dev)   # noqa: E731
-    seen = torch.randint(1, width + 1, (b,), generator=g)
-    bias = torch.where(torch.arange(width)[None] < seen[:, None], 0.0, float("-inf")).to(dev)
-    past = (r(b, c.num_heads, c.head_dim, width), r(b, c.num_heads, width, c.head_dim), bias)
-    path = (r(b, c.num_heads, depth, c.head_dim), r(b, c.num_heads, depth, c.head_dim)) if depth else None
+    lists, seen = [], torch.randint(1, 70, (b,), generator=g).tolist()
+    for n in seen:
+        ids: list[int] = []
+        blocks.write(ids, 0, torch.randn(n, c.num_heads, c.head_dim, generator=g).to(dev),
+                     torch.randn(n, c.num_heads, c.head_dim, generator=g).to(dev))
+        blocks.reserve(ids, n + depths)
+        lists.append(ids)
+    roots = [n + int(x) for n, x in zip(seen, torch.randint(0, 50, (b,), generator=g))]
+    layout = ChainLayout.build(blocks, lists, seen, roots, depths)
+    feats = torch.randn(b, c.hidden_size, generator=g).to(dev)
     toks = torch.randint(0, c.vocab_size, (b,), generator=g).to(dev)
-    pos = torch.randint(width + depth, 300, (b,), generator=g).to(dev)
-    return r(b, c.hidden_size), toks, pos, past, path
+    return layout, feats, toks
 
 
 @pytest.mark.parametrize("draft_vocab", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_replayed_depth_equals_the_eager_step_for_the_real_rows(model, device, draft_vocab):
+def test_a_replayed_depth_equals_the_launched_depth_for_the_real_rows(model, device, draft_vocab):
     target = load_model(model, "float32", device)
     vocab = torch.arange(3, target.args.vocab_size, 7) if draft_vocab else None    # tokens the graph maps to
     d = Drafter.for_target(target, intermediate_size=64, vocab=vocab)
-    graphs = DrafterGraphs(pool_for(device))
-    # two calls per key (7 then 5 rows: bucket 8; widths 37 then 40: bucket 64): the second
-    # replays over the first's stale rows and columns
-    for b, width, depth, seed in [(7, 37, 2, 0), (5, 40, 2, 1), (3, 9, 0, 2), (1, 64, 1, 3)]:
-        feats, toks, pos, past, path = inputs(d, b, width, depth, seed)
-        with torch.inference_mode():
-            got = graphs.depth(d, feats, toks, pos, past, path, 300)
-            out, logits, k, v = d.step(feats, toks, pos, past, None, path, 300)
-        q, t = torch.softmax(logits.float(), -1).max(-1)
-        t = d.token_ids(t)                               # the target's ids
-        assert got is not None and all(x.shape[0] == b for x in got)
-        assert vocab is None or set(got[2].tolist()) <= set(vocab.tolist())
-        for x, y in zip(got, (out, q, t, k, v)):
-            assert torch.allclose(x.float(), y.float(), atol=1e-5, rtol=1e-4)
-    assert graphs.replays == 4 and graphs.pool.captures == 3 and graphs.pool.hits == 1
+    c, dev = d.cfg, d.fc.weight.device
+    graphs, kernels, tables = DrafterGraphs(pool_for(device)), kernels_for(d), rope_tables(d, 300, torch.float32)
+    blocks = KVBlocks(c.num_heads, c.head_dim, torch.float32, dev)
+    # two calls per key (7 then 5 rows: bucket 8; then 3, then 1 row): the second replays over the
+    # first's stale rows and table columns
+    for b, seed in [(7, 0), (5, 1), (3, 2), (1, 3)]:
+        layout, feats, toks = call(d, blocks, b, seed)
+        for t in range(2):
+            before_k, before_v = blocks.k.clone(), blocks.v.clone()
+            with torch.inference_mode():
+                got = graphs.depth(d, kernels, tables, blocks, layout, t, feats, toks)
+                assert got is not None and all(x.shape[0] == b for x in got)
+                got = tuple(x.clone() for x in got)
+                after_k, after_v = blocks.k.clone(), blocks.v.clone()
+                blocks.k.copy_(before_k)
+                blocks.v.copy_(before_v)
+                out, logits = paged_step(d, kernels, feats, toks, kernels.rope(tables, layout.positions[t]), blocks,
+                                         layout.meta(t))
+            q, top = torch.softmax(logits.float(), -1).max(-1)
+            assert vocab is None or set(got[2].tolist()) <= set(vocab.tolist())
+            for x, y in zip(got, (out, q, d.token_ids(top))):
+                assert torch.allclose(x.float(), y.float(), atol=1e-5, rtol=1e-4)
+            # the same writes into every block but the scratch one (the padding rows')
+            real = torch.arange(blocks.num_blocks, device=dev) != KVBlocks.SCRATCH
+            for after, now in ((after_k, blocks.k), (after_v, blocks.v)):
+                assert torch.allclose(after[real], now[real], atol=1e-5)
+            feats, toks = out, d.token_ids(top)
+    # a call's second depth replays its first's graph
+    assert graphs.replays == 8 and graphs.pool.hits >= 4 and graphs.pool.captures + graphs.pool.hits == 8
 
 
 def test_keys_over_the_static_budget_or_refused_run_eagerly(model):
     d = Drafter.for_target(load_model(model, "float32"), intermediate_size=64)
-    small = DrafterGraphs(pool_for("cpu"), max_static_bytes=1024)
+    c = d.cfg
+    blocks = KVBlocks(c.num_heads, c.head_dim, torch.float32, torch.device("cpu"))
+    kernels, tables = kernels_for(d), rope_tables(d, 300, torch.float32)
+    layout, feats, toks = call(d, blocks, 4, 0)
     with torch.inference_mode():
-        assert small.depth(d, *inputs(d, 4, 16, 1, 0), 300) is None and small.eager == 1
+        small = DrafterGraphs(pool_for("cpu"), max_static_bytes=1024)
+        assert small.depth(d, kernels, tables, blocks, layout, 0, feats, toks) is None and small.eager == 1
         tiny = DrafterGraphs(pool_for("cpu", budget=1024))          # the graph's inputs exceed the pool's budget
-        assert tiny.depth(d, *inputs(d, 4, 16, 1, 0), 300) is None and tiny.pool.refused
-        assert tiny.depth(d, *inputs(d, 4, 16, 1, 0), 300) is None and tiny.eager == 2
+        assert tiny.depth(d, kernels, tables, blocks, layout, 0, feats, toks) is None and tiny.pool.refused
+        assert tiny.depth(d, kernels, tables, blocks, layout, 0, feats, toks) is None and tiny.eager == 2
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -85,6 +112,43 @@ def test_rollouts_drafting_through_graphs_are_identical_to_plain(model, drafter_
         assert got == want
     assert src.graphs.replays > 0 and src.graphs.pool.hits > 0
     assert spec.last_metrics["rollout/spec_draft_tokens/drafter"] > 0
+
+
+def static_capture(fn):
+    """As a CUDA graph on the CPU: a replay writes into the same output tensors each time."""
+    out = fn()
+
+    def replay():
+        for o, n in zip(out, fn()):
+            o.copy_(n)
+        return out
+    return replay, 0
+
+
+def test_chains_through_graphs_draft_what_launched_depths_draft(model, drafter_dir):
+    """Every depth of a call replays the same graph (same rows and table width), whose outputs
+    the next depth overwrites: the draft keeps each depth's tokens and probabilities."""
+    from tailrl.engine.request import Request
+    from tailrl.speculative.sources.drafter_source import DrafterSource
+    target = load_model(model)
+    drafts = []
+    for graphs in (False, True):
+        src = DrafterSource(Drafter.load(drafter_dir, target))
+        if graphs:
+            src.use_graphs(GraphPool(1 << 30, static_capture))
+        gen = torch.Generator().manual_seed(0)
+        reqs = []
+        for i, p in enumerate(PROMPTS):
+            r = Request(f"r{i}", p, SamplingParams(), 0)
+            r.output_token_ids.append(5 + i)
+            src.observe_hidden(torch.randn(len(p), target.args.hidden_size, generator=gen), [(r, 0, 0, len(p))])
+            r.keep_hidden(torch.randn(target.args.hidden_size, generator=gen))
+            reqs.append(r)
+        drafts.append([(d.tokens, d.probs) for d in src.grow(reqs, 6, 1)])
+        assert not graphs or src.graphs.replays == 6
+    for (t0, p0), (t1, p1) in zip(*drafts):
+        assert t0 == t1 and p0 == pytest.approx(p1, abs=1e-5)
+    assert all(len(set(p)) > 1 for _, p in drafts[0])       # depths differ: a lost depth would show
 
 
 def test_a_call_that_captured_is_not_timed(model, drafter_dir):

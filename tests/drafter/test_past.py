@@ -68,11 +68,11 @@ def test_add_skips_held_positions_restarts_after_a_gap_borrows_a_prompt_and_free
     assert past.gather([a], [4])[2].tolist() == [[0.0] * 4]    # a draft rooted at 4 sees positions < 4
     two = past.gather([a, req("none", [1, 2])], [4, 1])[2]
     assert two.tolist() == [[0.0] * 4, [float("-inf")] * 4]    # padding is masked
-    # the GPU's layout (a fixed number of operations) equals the CPU's copy per request
-    seen = [(past._past["a"], 9), (None, 0), (past._past["a"], 4)]
-    for dtype in (torch.float32, torch.bfloat16):
-        for x, y in zip(past._padded_indexed(seen, 9, dtype), past._padded_per_request(seen, 9, dtype)):
-            assert x.dtype == y.dtype == dtype and x.shape == y.shape and torch.equal(x, y)
+    for dtype in (torch.float32, torch.bfloat16):              # rows padded with zeros, in the dtype asked
+        kk, vv, _ = past.gather([a, req("none", [1, 2]), a], [9, 1, 4], dtype)
+        assert kk.dtype == vv.dtype == dtype and kk.shape[-1] == vv.shape[-2] == 9
+        assert torch.equal(kk[0], got[0][0].to(dtype)) and torch.equal(vv[2, :, :4], got[1][0][:, :4].to(dtype))
+        assert not kk[1].any() and not vv[1].any() and not kk[2, ..., 4:].any() and not vv[2, :, 4:].any()
     b = req("b", list(range(1, 9)), group="g")             # a sibling that shared the prompt's target K/V
     b.output_token_ids += [5]
     past.add(b, 7, h[12:13])
@@ -84,9 +84,12 @@ def test_add_skips_held_positions_restarts_after_a_gap_borrows_a_prompt_and_free
     c.output_token_ids += [3, 4, 5, 6, 7]
     past.add(c, 5, h[:1])
     assert past.span(c) == (5, 6)
+    past.flush()
+    assert past.pool.used == 3                             # a block (32 positions) each
     for r in (a, b, c):
         past.free(r)
         assert r.request_id not in past
+    assert past.pool.used == 0                             # blocks back in the pool
     with pytest.raises(ValueError, match="next tokens"):
         past.add(c, 6, h[:1])                              # position 6's next token is not there yet
 

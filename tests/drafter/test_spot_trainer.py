@@ -9,6 +9,7 @@ import torch
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.drafter.buffer import DrafterBuffer
 from tailrl.drafter.spot_trainer import SpotConfig, SpotTrainer
+from tailrl.speculative.sources import drafter_source as source_module
 
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
 PARAMS = [SamplingParams(n=3, max_tokens=40, seed=1), SamplingParams(n=2, temperature=0, max_tokens=30),
@@ -54,17 +55,23 @@ def test_outputs_identical_with_spot_training_on_and_off_float64(model, drafter_
     assert llm.last_metrics["rollout/spec_draft_tokens/drafter"] > 0
 
 
-def test_versions_change_only_between_steps_and_a_step_waits_for_one_training_step(model, drafter_dir):
+def test_versions_change_only_between_steps_and_a_step_waits_for_one_training_step(monkeypatch, model, drafter_dir):
     llm, trainer = spot_llm(model, drafter_dir)
     engine, drafter = llm.engine, trainer.drafter
-    seen: list[tuple[int, int, float]] = []           # (engine step, version, weight checksum) per drafter call
+    seen: list[tuple[int, int, float]] = []           # (engine step, version, weight checksum) per drafter depth
     step_no = [0]
     trained: list[int] = []                            # training steps run after each engine step
-    inner_step, inner_draft = engine.step, drafter.step
+    inner_step, inner_draft, inner_paged = engine.step, drafter.step, source_module.paged_step
 
     def draft_step(*a):
         seen.append((step_no[0], trainer.version, float(drafter.fc.weight.sum())))
         return inner_draft(*a)
+
+    def paged_step(d, *a):                             # chains: a depth on the engine's kernels
+        assert d is drafter
+        seen.append((step_no[0], trainer.version, float(drafter.fc.weight.sum())))
+        return inner_paged(d, *a)
+    monkeypatch.setattr(source_module, "paged_step", paged_step)
 
     def engine_step():
         before = trainer.steps

@@ -171,21 +171,23 @@ def test_load_weights_refreshes_the_drafters_shared_embedding_and_head(model, dr
 
 
 def test_bfloat16_targets_draft_in_the_faster_copy_kept_current(model, drafter_dir):
-    """With a bfloat16 target, committed K/V run in a bfloat16 copy of the drafter, and calls
-    draft in whichever copy (float32 or bfloat16) was measured faster at their row count, both
-    tried first: outputs stay identical to plain decoding, and the copy is made again after
-    each in-place change of the drafter's weights (a published version, the target's new
+    """With a bfloat16 target, committed K/V run in a bfloat16 copy of the drafter (the dtype
+    of its blocks); chains draft in it (on the engine's kernels, over the blocks), trees in
+    whichever copy (float32 or bfloat16) was measured faster at their row count, both tried
+    first: outputs stay identical to plain decoding, and the copy is made again after each
+    in-place change of the drafter's weights (a published version, the target's new
     embedding), never used stale."""
     from tailrl.model.loader import load_state_dict
     prompts = [[(5 * i + j) % 60 + 3 for j in range(4 + i % 5)] for i in range(12)]
     sp = SamplingParams(n=3, max_tokens=30, seed=4)
-    spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir,
-                                                                      min_token_prob=0.0))
-    src = spec.engine.speculator.sources[0]
-    assert_same(LLM(model, dtype="bfloat16").generate(prompts, sp), spec.generate(prompts, sp))
-    assert spec.last_metrics["rollout/spec_accepted_tokens/drafter"] > 0
-    tried = {name for name, _ in src.precision._best}
-    assert tried == {"base", "fast"}
+    plain = LLM(model, dtype="bfloat16").generate(prompts, sp)
+    for paths, want in ((1, {"fast"}), (2, {"base", "fast"})):
+        spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(
+            policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, max_tree_paths=paths))
+        src = spec.engine.speculator.sources[0]
+        assert_same(plain, spec.generate(prompts, sp))
+        assert spec.last_metrics["rollout/spec_accepted_tokens/drafter"] > 0
+        assert {name for name, _ in src.precision._best} == want
     fast = src.fast.get()
     assert fast.fc.weight.dtype == torch.bfloat16 and src.fast.get() is fast      # unchanged: the same copy
     other = src.drafter.shadow()

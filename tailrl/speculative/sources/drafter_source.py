@@ -18,18 +18,22 @@ probability (within the node budget) become the next depth's nodes and frontier.
 ``min_path_prob`` (a node that unlikely costs a verify slot for almost nothing).
 
 Batching: ``prepare(requests, max_tokens, max_paths)`` (called by the speculator once per
-step) drafts for every ready request in one set of batched drafter steps (pasts of
-different lengths padded and masked); ``propose`` then hands out the prepared draft, or
-drafts that one request alone if it was not prepared. Per-request state: the committed K/V
+step) drafts for every ready request in one set of batched drafter steps; ``propose`` then
+hands out the prepared draft, or drafts that one request alone if it was not prepared.
+Chains run on the engine's kernels, each row reading its past in place from the drafter's
+K/V blocks (``tailrl.drafter.paged``: a depth is ~15 operations; on a GPU engine one graph
+replay, ``tailrl.drafter.graphs``); trees run ``Drafter.step`` over pasts of different
+lengths padded and masked. Per-request state: the committed K/V
 (freed in ``finish``; ``export`` / ``adopt`` move them with a migrating request) and this
 step's prepared drafts.
 
 Precision. With ``fast_dtype`` (bfloat16, given for a bfloat16 target) the committed K/V run
-in a copy of the drafter in that dtype (``LowPrecision``), and each call drafts in whichever
-copy steps faster at its row count, as measured (``PrecisionChoice``): a drafter of a model
-whose weights stream from memory steps 2.5-3.5x faster in bfloat16 at every row count (0.5B
-stand-in: 1.5 vs 3.7 ms at 1 row); `small`'s drafter, which sits in the cache, steps faster in
-float32 below ~16 rows (0.21 vs 0.39 ms at 1 row).
+in a copy of the drafter in that dtype (``LowPrecision``), and so do chains (the blocks hold
+that dtype). Trees draft in whichever copy steps faster at their row count, as measured
+(``PrecisionChoice``): a drafter of a model whose weights stream from memory steps 2.5-3.5x
+faster in bfloat16 at every row count (0.5B stand-in: 1.5 vs 3.7 ms at 1 row); `small`'s
+drafter, which sits in the cache, steps faster in float32 below ~16 rows (0.21 vs 0.39 ms at
+1 row, ``Drafter.step``).
 
 Depth. A chain is grown one drafter step at a time, for all rows at once. Given the value of
 an expected accepted token and the verify cost of a node (``pricing``, set by the speculator
@@ -49,6 +53,7 @@ import torch
 
 from tailrl.drafter.graphs import DrafterGraphs
 from tailrl.drafter.network import Drafter
+from tailrl.drafter.paged import ChainLayout, kernels_for, paged_step, rope_tables
 from tailrl.drafter.past import DrafterPast, PastState
 from tailrl.speculative.draft import Draft
 
@@ -175,22 +180,23 @@ class DrafterSource:
         if not requests or max_tokens <= 0:
             return [None] * len(requests)
         width = max(1, max_paths)
-        copy_name = self.precision.pick(len(requests))
+        # chains: the copy whose dtype the blocks hold; trees: whichever copy measures faster
+        copy_name = ("fast" if self.fast is not None else "base") if width == 1 else self.precision.pick(len(requests))
         drafter = self.fast.get() if copy_name == "fast" else self.drafter
         self.past.flush(requests)
         roots = [r.num_tokens - 2 for r in requests]                           # where last_hidden sits
-        past = self.past.gather(requests, roots, drafter.fc.weight.dtype)      # [B, heads, L, D] x2, [B, L]
         dev = drafter.fc.weight.device                                          # the target's
         feats = torch.stack([r.last_hidden.to(dev) for r in requests])          # [B, H] (imported: on the host)
         toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
                              for r in requests], device=dev)                    # [B]
-        pos = torch.tensor(roots, device=dev)
-        end = max(roots) + max_tokens                  # past every position a draft reaches
         captures = self.graphs.pool.captures if self.graphs is not None else 0
         t0, steps = time.perf_counter(), [0]
         try:
             if width == 1:
-                return self._chains(drafter, feats, toks, pos, past, max_tokens, steps, end)
+                return self._chains(drafter, requests, roots, feats, toks, max_tokens, steps)
+            past = self.past.gather(requests, roots, drafter.fc.weight.dtype)  # [B, heads, L, D] x2, [B, L]
+            pos = torch.tensor(roots, device=dev)
+            end = max(roots) + max_tokens                  # past every position a draft reaches
             return self._tree(drafter, feats, toks, pos, past, max_tokens, width, len(requests), steps, end)
         finally:
             # a call that captured a graph is not timed: a capture costs far more than a step
@@ -246,30 +252,49 @@ class DrafterSource:
             owner = torch.tensor([b for b, _, _ in frontier], device=dev)
         return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
 
-    def _chains(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
-                max_tokens: int, steps: list[int], end: int) -> list[Draft | None]:
-        """Greedy chains for all rows in tensor ops (the common case; no per-row Python per
-        depth). A chain ends before its first node whose path probability is below
-        ``min_path_prob``; all end where one more step could not pay (``_chains_end``)."""
-        tokens, probs = [], []
-        path_prob = torch.ones(len(toks), device=toks.device)
-        path = None
-        for depth in range(1, max_tokens + 1):
-            got = self.graphs.depth(drafter, feats, toks, pos, past, path, end) if self.graphs is not None else None
-            if got is None:
-                feats, logits, k, v = drafter.step(feats, toks, pos, past, None, path, end)
-                q, toks = torch.softmax(logits.float(), -1).max(-1)                 # [B], [B]
-                toks = drafter.token_ids(toks)
-            else:                                        # views of that depth's graph: read before its next replay
-                feats, q, toks, k, v = got
-            steps[0] += 1
-            path = _extend(path, k, v)
-            tokens.append(toks)
-            probs.append(q)
-            pos = pos + 1
-            path_prob = path_prob * q
-            if depth == max_tokens or self._chains_end(path_prob):
-                break
+    def _chains(self, drafter: Drafter, requests: list[Any], roots: list[int], feats: torch.Tensor,
+                toks: torch.Tensor, max_tokens: int, steps: list[int]) -> list[Draft | None]:
+        """Greedy chains for all rows in tensor ops (no per-row Python per depth), on the
+        engine's kernels: each depth's K/V are written into the requests' blocks after their
+        committed past (``tailrl.drafter.paged``; a request without a past drafts in blocks
+        lent for the call), each depth replayed from a graph where the engine keeps them (a
+        GPU's), else launched. A chain ends before its first node whose path probability is
+        below ``min_path_prob``; all end where one more step could not pay (``_chains_end``)."""
+        pool = self.past.pool
+        lists, seen, lent = [], [], []
+        for r, root in zip(requests, roots):
+            p, n = self.past.seen(r, root)
+            ids = p.blocks if p is not None else []
+            if p is None:
+                lent.append(ids)
+            pool.reserve(ids, n + max_tokens)
+            lists.append(ids)
+            seen.append(n)
+        try:
+            layout = ChainLayout.build(pool, lists, seen, roots, max_tokens)
+            kernels = kernels_for(drafter)
+            tables = rope_tables(drafter, max(roots) + max_tokens, drafter.fc.weight.dtype)
+            tokens, probs = [], []
+            path_prob = torch.ones(len(toks), device=toks.device)
+            for t in range(max_tokens):
+                got = self.graphs.depth(drafter, kernels, tables, pool, layout, t, feats, toks) \
+                    if self.graphs is not None else None
+                if got is None:
+                    feats, logits = paged_step(drafter, kernels, feats, toks, kernels.rope(tables, layout.positions[t]),
+                                               pool, layout.meta(t))
+                    q, toks = torch.softmax(logits.float(), -1).max(-1)
+                    toks = drafter.token_ids(toks)
+                else:         # views of the graph's outputs, which the next depth's replay overwrites
+                    feats, q, toks = got[0], got[1].clone(), got[2].clone()
+                steps[0] += 1
+                tokens.append(toks)
+                probs.append(q)
+                path_prob = path_prob * q
+                if t + 1 == max_tokens or self._chains_end(path_prob):
+                    break
+        finally:
+            for ids in lent:
+                pool.release(ids)
         q_all, t_rows = torch.stack(probs, 1).cpu(), torch.stack(tokens, 1).tolist()   # one wait, then host work
         keep = (q_all.cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()      # [B]
         q_rows = q_all.tolist()
