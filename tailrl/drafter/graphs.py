@@ -20,8 +20,8 @@ static inputs go with its graph (``GraphPool.replay``'s ``keep``) and count in t
 graph also holds its step's vocabulary-sized logits and probabilities (rows x V x ~10 bytes, V
 the head's tokens: 12 MB at 8 rows of a 151,936-token vocabulary, 2.6 MB with a 32,768-token
 draft vocabulary), so graphs serve up to ``max_rows`` (64) rows: the tail, where a launch per
-kernel would dominate; a wider call runs eagerly (the bulk, where launches weigh least
-against the target's step). Trees run eagerly (their rows change per depth). Drafts are
+kernel would dominate; a wider call is launched (the bulk, where launches weigh least
+against the target's step). Trees are launched (their rows change per depth). Drafts are
 verified: nothing here can change an output, only which drafts are made.
 """
 from __future__ import annotations
@@ -46,6 +46,11 @@ def static_bytes(d: Drafter, rows: int, width: int) -> int:
     return rows * (d.cfg.hidden_size * d.fc.weight.dtype.itemsize + 3 * 8 + 3 * 4 + width * 4)
 
 
+class _Held:
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+
 class _Static:
     """One key's input buffers (padding rows: the scratch block's first slot, seeing it alone)
     and what its graph reads besides the drafter's weights."""
@@ -53,7 +58,10 @@ class _Static:
     def __init__(self, d: Drafter, kernels: Backend, tables: RopeTables, blocks: KVBlocks, rows: int,
                  width: int) -> None:
         dev = d.fc.weight.device
-        self.drafter, self.kernels, self.tables, self.blocks, self.width = d, kernels, tables, blocks, width
+        self.drafter, self.kernels, self.tables, self.width = d, kernels, tables, width
+        # the pool's tensors as captured, held as long as the graph: a grown pool has new ones
+        # (a new key), and these stay alive, so no later tensor reuses their memory or their id
+        self.pool = _Held(blocks.k, blocks.v)
         self.feats = torch.zeros(rows, d.cfg.hidden_size, dtype=d.fc.weight.dtype, device=dev)
         self.toks, self.pos = (torch.zeros(rows, dtype=torch.long, device=dev) for _ in range(2))
         self.slots = torch.full((rows,), KVBlocks.SCRATCH * BLOCK, dtype=torch.long, device=dev)
@@ -85,7 +93,7 @@ class _Static:
         meta = AttentionMeta(self.slots, self.rows, self.prefix, self.zeros, self.zeros, self.zeros[:1], self.table,
                              n, n * len(self.rows), n * len(self.rows))
         out, logits = paged_step(d, self.kernels, self.feats, self.toks, self.kernels.rope(self.tables, self.pos),
-                                 self.blocks, meta)
+                                 self.pool, meta)
         q, t = torch.softmax(logits.float(), -1).max(-1)
         return out, q, d.token_ids(t)
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from tailrl.drafter.blocks import KVBlocks
 from tailrl.drafter.network import Drafter
-from tailrl.kernels import AttentionMeta, Backend, Rope, RopeTables, select
+from tailrl.kernels import BLOCK, AttentionMeta, Backend, Rope, RopeTables, select
 
 _TABLES: dict[tuple, RopeTables] = {}
 
@@ -68,7 +68,7 @@ def paged_step(d: Drafter, kernels: Backend, feats: torch.Tensor, toks: torch.Te
                pool: KVBlocks, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
     """One drafter position per row (``Drafter.step``'s layer): feats [B, H], toks [B] (the
     token after each position), ``rope`` at the positions; this step's K/V are written at
-    ``meta.write_slot`` of ``pool`` and each row attends as ``meta`` says. Returns (next
+    ``meta.write_slot`` of ``pool`` (its ``k`` and ``v``) and each row attends as ``meta`` says. Returns (next
     feature [B, H], logits [B, V] over the head's tokens)."""
     c = d.cfg
     eps = c.rms_norm_eps
@@ -82,6 +82,13 @@ def paged_step(d: Drafter, kernels: Backend, feats: torch.Tensor, toks: torch.Te
     gate, up = linear(h, d.gate_up.weight).chunk(2, dim=-1)
     out = kernels.add_rms_norm(x, linear(F.silu(gate) * up, d.down.weight), d.out_norm, eps)[1]
     return out, linear(out, d.head)
+
+
+def _table(pool: KVBlocks, lists: list[list[int]]) -> torch.Tensor:
+    """The rows' block lists as one block table [B, widest] int32 (padded with the scratch block)."""
+    width = max(len(ids) for ids in lists)
+    return torch.tensor([ids + [KVBlocks.SCRATCH] * (width - len(ids)) for ids in lists], dtype=torch.int32,
+                        device="cpu")
 
 
 @dataclass
@@ -102,19 +109,16 @@ class ChainLayout:
     def build(cls, pool: KVBlocks, lists: list[list[int]], seen: list[int], roots: list[int],
               depths: int) -> "ChainLayout":
         """``lists[b]``: row b's blocks (reserved for ``seen[b] + depths`` indices)."""
-        dev = pool.device
+        dev, cpu = pool.device, torch.device("cpu")
         b = len(lists)
         slots = [[0] * b for _ in range(depths)]
         for j, (ids, s) in enumerate(zip(lists, seen)):
             for t, slot in enumerate(pool.slots(ids, s, depths)):
                 slots[t][j] = slot
-        width = max(len(ids) for ids in lists)
-        cpu = torch.device("cpu")
-        table = torch.tensor([ids + [0] * (width - len(ids)) for ids in lists], dtype=torch.int32, device=cpu)
         t_idx = torch.arange(depths, device=cpu)[:, None]
         prefix = (torch.tensor(seen, device=cpu)[None, :] + t_idx + 1).to(torch.int32)
         positions = torch.tensor(roots, device=cpu)[None, :] + t_idx
-        host = [torch.tensor(slots, dtype=torch.long, device=cpu), prefix, positions, table]
+        host = [torch.tensor(slots, dtype=torch.long, device=cpu), prefix, positions, _table(pool, lists)]
         slots_d, prefix_d, pos_d, table_d = (x.to(dev, non_blocking=True) for x in host)
         return cls(slots_d, prefix_d, pos_d, table_d, list(seen), torch.zeros(b, dtype=torch.int32, device=dev),
                    torch.arange(b, dtype=torch.int32, device=dev))
@@ -125,6 +129,44 @@ class ChainLayout:
         total = sum(self.seen) + len(self.seen) * (t + 1)
         return AttentionMeta(self.slots[t], self.rows, self.prefix[t], self.zeros, self.zeros, self.zeros[:1],
                              self.table, widest, total, total)
+
+
+class TreeLayout:
+    """Where a call's tree nodes write and what they see. Request b's root step (the draft's
+    first drafter position, at its root r) writes at index ``seen[b]``, its node j (j-th node
+    made, at position r + depth(j)) at ``seen[b] + 1 + j``: the node budget bounds them, so
+    ``seen[b] + 1 + max_tokens`` indices are reserved. A node's step sees the committed indices
+    and the root step's (prefix ``seen[b] + 1``), then its ancestors' and its own indices in
+    order (the kernels' extras, as the target's tree verify sees a tree)."""
+
+    def __init__(self, pool: KVBlocks, lists: list[list[int]], seen: list[int], roots: list[int]) -> None:
+        self.pool, self.lists, self.seen, self.roots = pool, lists, seen, roots
+        self.table = _table(pool, lists).to(pool.device, non_blocking=True)
+
+    def meta(self, frontier: list[tuple[int, list[int]]]) -> tuple[AttentionMeta, torch.Tensor]:
+        """A depth's visibility and positions: frontier row (b, path), path the node indices
+        from the root's child down to the row's node ([]: the root step itself). Rows of one
+        request are consecutive."""
+        slots, rows, prefix, estart, ecount, extra, positions = [], [], [], [], [], [], []
+        for b, path in frontier:
+            s, ids = self.seen[b], self.lists[b]
+            own = s + 1 + path[-1] if path else s
+            slots.append(ids[own // BLOCK] * BLOCK + own % BLOCK)
+            rows.append(b)
+            prefix.append(s + 1)
+            estart.append(len(extra))
+            ecount.append(len(path))
+            extra += [s + 1 + j for j in path]
+            positions.append(self.roots[b] + len(path))
+        dev, cpu, i32 = self.pool.device, torch.device("cpu"), torch.int32
+        longs = torch.tensor([slots, positions], dtype=torch.long, device=cpu).to(dev, non_blocking=True)
+        ints = torch.tensor([rows, prefix, estart, ecount], dtype=i32, device=cpu).to(dev, non_blocking=True)
+        ext = torch.tensor(extra or [0], dtype=i32, device=cpu).to(dev, non_blocking=True)
+        widest = max(prefix + [e + 1 for e in extra])
+        total = sum(prefix) + len(extra)
+        meta = AttentionMeta(longs[0], ints[0], ints[1], ints[2], ints[3], ext, self.table, widest, total, total,
+                             multi=len(set(rows)) < len(rows))
+        return meta, longs[1]
 
 
 def kernels_for(d: Drafter) -> Backend:

@@ -35,9 +35,9 @@ Weights: K/V are computed with the drafter weights current at the flush; an onli
 so stale K/V cost acceptance, never correctness.
 
 Storage: blocks of ``BLOCK`` positions in one pool laid out as the engine's K/V
-(``tailrl.drafter.blocks``), so a chain depth reads a request's past in place through a block
-table with the engine's attention kernel (``tailrl.drafter.paged``); trees read a padded copy
-(``gather``). ``heads * head_dim * 2`` values per position (256 on ``small``, a third of one
+(``tailrl.drafter.blocks``), so a chain's depth reads a request's past in place through a block
+table with the engine's attention kernel (``tailrl.drafter.paged``), as does a tree's node.
+``heads * head_dim * 2`` values per position (256 on ``small``, a third of one
 target layer's K/V) in the dtype of the drafter that computes them (``compute``: the
 low-precision copy with a bfloat16 target, see ``DrafterSource``), a request's blocks back in
 the pool by ``free(req)`` when it leaves the engine; and the last ``LOG_HAND_OUTS``
@@ -54,7 +54,6 @@ import torch
 
 from tailrl.drafter.blocks import KVBlocks
 from tailrl.drafter.network import Drafter
-from tailrl.kernels.layout import BLOCK, unpack_keys
 
 # Positions a request may have to catch up on (read from the log, K/V not computed yet).
 # Past it, the request's past restarts at its newest MAX_WAIT // 2 positions: the drafter
@@ -302,8 +301,14 @@ class DrafterPast:
         if p is None:
             return None
         queued = torch.cat([h[lo:hi] for _, h, lo, hi in p.queued]).to("cpu") if p.queued else None
-        k, v = self.pool.read(p.blocks, p.length)
+        k, v = self.kv(req)
         return PastState(p.base, k.to("cpu"), v.to("cpu"), queued)
+
+    def kv(self, req: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K/V ``req``'s past holds, in order (a copy): keys [heads, D, n], values [heads,
+        n, D] (n = 0 without a past). Queued positions are not in it (``flush`` first)."""
+        p = self._past.get(req.request_id)
+        return self.pool.read(p.blocks if p is not None else [], p.length if p is not None else 0)
 
     def adopt(self, req: Any, state: PastState) -> None:
         """Continue ``req``'s past from ``state`` (``export`` on another instance): its K/V are
@@ -363,29 +368,3 @@ class DrafterPast:
         (those < root; call ``flush`` first: queued positions are not visible)."""
         p = self._past.get(req.request_id)
         return (p, 0) if p is None else (p, max(0, min(p.length, root - p.base)))
-
-    def gather(self, requests: list[Any], roots: list[int], dtype: torch.dtype | None = None
-               ) -> tuple[torch.Tensor, ...] | None:
-        """The committed K/V each request's draft rooted at ``roots[b]`` sees, padded, as
-        ``Drafter.step`` reads it (trees; chains read the blocks in place: ``paged.py``): k_t
-        [B, heads, D, L], v [B, heads, L, D], bias [B, L] (0 seen, -inf padding), in ``dtype``
-        (default: the drafter's); None when no request has any. A fixed number of operations
-        whatever the batch: one indexed read of the rows' blocks, one unpacking copy."""
-        seen = [self.seen(r, root) for r, root in zip(requests, roots)]
-        width = max((n for _, n in seen), default=0)
-        if width == 0:
-            return None
-        dtype = dtype or self.drafter.fc.weight.dtype
-        pool, nb = self.pool, -(-width // BLOCK)
-        table = torch.tensor([(p.blocks[:nb] if n else []) + [0] * (nb - len(p.blocks[:nb]) if n else nb)
-                              for p, n in seen], device=self.device)                        # [B, nb]
-        b, heads, dim = len(seen), pool.heads, pool.head_dim
-        k = unpack_keys(pool.k[table].transpose(1, 2).reshape(b, heads, nb * BLOCK * dim), dim)[..., :width]
-        v = pool.v[table].transpose(1, 2).reshape(b, heads, nb * BLOCK, dim)[:, :, :width]
-        n = torch.tensor([n for _, n in seen], device=self.device)
-        mask = torch.arange(width, device=self.device)[None, :] < n[:, None]                 # [B, L]
-        bias = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill_(~mask, float("-inf"))
-        # unwritten lanes past a row's width hold whatever the pool held: zeroed (finite under the mask)
-        k = k.to(dtype).masked_fill_(~mask[:, None, None, :], 0).contiguous()
-        v = v.to(dtype).masked_fill_(~mask[:, None, :, None], 0).contiguous()
-        return k, v, bias

@@ -152,8 +152,8 @@ def test_chains_through_graphs_draft_what_launched_depths_draft(model, drafter_d
 
 
 def test_a_call_that_captured_is_not_timed(model, drafter_dir):
-    """The precision choice learns step times from calls without a capture (a capture costs
-    far more than the step it serves)."""
+    """Step times are learned from calls without a capture (a capture costs far more than the
+    step it serves)."""
     from tailrl.engine.request import Request
     from tailrl.speculative.sources.drafter_source import DrafterSource
     target = load_model(model)
@@ -163,10 +163,10 @@ def test_a_call_that_captured_is_not_timed(model, drafter_dir):
     for r in reqs:
         r.keep_hidden(torch.randn(target.args.hidden_size))
     src.grow(reqs, 4, 1)
-    assert src.graphs.pool.captures > 0 and src.precision.step_seconds(len(reqs)) is None
+    assert src.graphs.pool.captures > 0 and src.step_time.step_seconds(len(reqs)) is None
     captures = src.graphs.pool.captures
     src.grow(reqs, 4, 1)                                   # the same shapes: replayed, timed
-    assert src.graphs.pool.captures == captures and src.precision.step_seconds(len(reqs)) is not None
+    assert src.graphs.pool.captures == captures and src.step_time.step_seconds(len(reqs)) is not None
 
 
 def test_drafter_calls_that_captured_price_nothing(model, drafter_dir):

@@ -78,6 +78,50 @@ def test_a_depth_on_the_kernels_equals_the_padded_step(model, dtype, tol):
         assert torch.allclose(out, ref, atol=tol, rtol=tol) and torch.allclose(logits, ref_logits, atol=tol, rtol=tol)
 
 
+def test_tree_nodes_on_the_kernels_equal_the_padded_step_over_their_paths(model):
+    """Float64, two requests (5 and 40 committed positions): the root steps, then three nodes
+    (two children of request 0's root step, one of request 1's), then two grandchildren of
+    request 0 in the other order than their parents; each node sees the committed positions,
+    the root step and its own path only (``TreeLayout``), as ``Drafter.step`` over the padded
+    past with the path's K/V."""
+    from tailrl.drafter.paged import TreeLayout
+    d = drafter(model, torch.float64)
+    c, dt = d.cfg, torch.float64
+    g = torch.Generator().manual_seed(1)
+    blocks = KVBlocks(c.num_heads, c.head_dim, dt, torch.device("cpu"))
+    seen, roots, lists = [5, 40], [9, 44], []
+    past = (torch.zeros(2, c.num_heads, c.head_dim, 40, dtype=dt),
+            torch.zeros(2, c.num_heads, 40, c.head_dim, dtype=dt), torch.full((2, 40), float("-inf"), dtype=dt))
+    for i, n in enumerate(seen):
+        k, v = (torch.randn(n, c.num_heads, c.head_dim, generator=g, dtype=dt) for _ in range(2))
+        ids: list[int] = []
+        blocks.write(ids, 0, k, v)
+        blocks.reserve(ids, n + 1 + 6)
+        lists.append(ids)
+        past[0][i, :, :, :n], past[1][i, :, :n], past[2][i, :n] = k.permute(1, 2, 0), v.transpose(0, 1), 0.0
+    layout = TreeLayout(blocks, lists, seen, roots)
+    kernels, tables = kernels_for(d), rope_tables(d, 60, dt)
+    # (frontier: (request, node path), the previous depth's row each continues from)
+    depths = [([(0, []), (1, [])], [0, 1]), ([(0, [0]), (0, [1]), (1, [0])], [0, 0, 1]),
+              ([(0, [1, 2]), (0, [0, 3])], [1, 0])]
+    feats = torch.randn(2, c.hidden_size, generator=g, dtype=dt)
+    ref_feats, path, ref_pos = feats, None, torch.tensor(roots)
+    with torch.inference_mode():
+        for frontier, rows in depths:
+            idx = torch.tensor(rows)
+            toks = torch.randint(0, c.vocab_size, (len(rows),), generator=g)
+            if frontier[0][1]:                                     # below the root steps: the parents' rows
+                feats, ref_feats, ref_pos = feats[idx], ref_feats[idx], ref_pos[idx] + 1
+                new = (k[idx].unsqueeze(2), v[idx].unsqueeze(2))
+                path = new if path is None else tuple(torch.cat([old[idx], x], 2) for old, x in zip(path, new))
+            meta, pos = layout.meta(frontier)
+            assert pos.tolist() == ref_pos.tolist()
+            feats, logits = paged_step(d, kernels, feats, toks, kernels.rope(tables, pos), blocks, meta)
+            owner = torch.tensor([b for b, _ in frontier])
+            ref_feats, ref_logits, k, v = d.step(ref_feats, toks, ref_pos, past, owner, path)
+            assert torch.allclose(feats, ref_feats, atol=1e-10) and torch.allclose(logits, ref_logits, atol=1e-10)
+
+
 def test_the_triton_kernels_draft_what_the_cpu_kernels_draft(monkeypatch, model):
     pytest.importorskip("triton")
     if torch.cuda.is_available():

@@ -62,23 +62,16 @@ def test_add_skips_held_positions_restarts_after_a_gap_borrows_a_prompt_and_free
     assert past.span(a) == (0, 9)
     past.flush()
     k, v = d.committed_kv(h[:9], torch.tensor(a.tokens(1, 10)), torch.arange(9))
-    got = past.gather([a], [9])
-    assert torch.allclose(got[0][0], k.permute(1, 2, 0), atol=1e-5) and torch.allclose(got[1][0], v.transpose(0, 1), atol=1e-5)
-    assert got[2].tolist() == [[0.0] * 9]
-    assert past.gather([a], [4])[2].tolist() == [[0.0] * 4]    # a draft rooted at 4 sees positions < 4
-    two = past.gather([a, req("none", [1, 2])], [4, 1])[2]
-    assert two.tolist() == [[0.0] * 4, [float("-inf")] * 4]    # padding is masked
-    for dtype in (torch.float32, torch.bfloat16):              # rows padded with zeros, in the dtype asked
-        kk, vv, _ = past.gather([a, req("none", [1, 2]), a], [9, 1, 4], dtype)
-        assert kk.dtype == vv.dtype == dtype and kk.shape[-1] == vv.shape[-2] == 9
-        assert torch.equal(kk[0], got[0][0].to(dtype)) and torch.equal(vv[2, :, :4], got[1][0][:, :4].to(dtype))
-        assert not kk[1].any() and not vv[1].any() and not kk[2, ..., 4:].any() and not vv[2, :, 4:].any()
+    got = past.kv(a)
+    assert torch.allclose(got[0], k.permute(1, 2, 0), atol=1e-5) and torch.allclose(got[1], v.transpose(0, 1), atol=1e-5)
+    assert past.seen(a, 9)[1] == 9 and past.seen(a, 4)[1] == 4     # a draft rooted at 4 sees positions < 4
+    assert past.seen(req("none", [1, 2]), 1) == (None, 0)
     b = req("b", list(range(1, 9)), group="g")             # a sibling that shared the prompt's target K/V
     b.output_token_ids += [5]
     past.add(b, 7, h[12:13])
     assert past.span(b) == (0, 8)
     past.flush()
-    kb = past.gather([b], [8])[0][0]
+    kb = past.kv(b)[0]
     assert torch.allclose(kb[:, :, :7], k.permute(1, 2, 0)[:, :, :7], atol=1e-5)   # computed in another batch
     c = req("c", [1, 2])                                   # resumed here after 5 tokens elsewhere: a gap
     c.output_token_ids += [3, 4, 5, 6, 7]
@@ -120,8 +113,8 @@ def test_a_request_not_drafted_for_keeps_only_its_newest_positions(model, drafte
     assert end == n + 2 and MAX_WAIT // 2 <= end - first <= MAX_WAIT and past.pending(a) == end - first   # exact once read
     past.flush()
     k, v = d.committed_kv(h[first:end], torch.tensor(a.tokens(first + 1, end + 1)), torch.arange(first, end))
-    got = past.gather([a], [end])
-    assert torch.allclose(got[0][0], k.permute(1, 2, 0), atol=1e-5) and torch.allclose(got[1][0], v.transpose(0, 1), atol=1e-5)
+    got = past.kv(a)
+    assert torch.allclose(got[0], k.permute(1, 2, 0), atol=1e-5) and torch.allclose(got[1], v.transpose(0, 1), atol=1e-5)
 
 
 def test_the_log_keeps_the_last_hand_outs_and_a_new_request_of_an_old_id_reads_none_of_its(model, drafter_dir):

@@ -171,23 +171,21 @@ def test_load_weights_refreshes_the_drafters_shared_embedding_and_head(model, dr
 
 
 def test_bfloat16_targets_draft_in_the_faster_copy_kept_current(model, drafter_dir):
-    """With a bfloat16 target, committed K/V run in a bfloat16 copy of the drafter (the dtype
-    of its blocks); chains draft in it (on the engine's kernels, over the blocks), trees in
-    whichever copy (float32 or bfloat16) was measured faster at their row count, both tried
-    first: outputs stay identical to plain decoding, and the copy is made again after each
-    in-place change of the drafter's weights (a published version, the target's new
-    embedding), never used stale."""
+    """With a bfloat16 target, the drafter drafts (chains and trees) and computes its committed
+    K/V in a bfloat16 copy (the dtype of its blocks): outputs stay identical to plain decoding,
+    and the copy is made again after each in-place change of the drafter's weights (a
+    published version, the target's new embedding), never used stale."""
     from tailrl.model.loader import load_state_dict
     prompts = [[(5 * i + j) % 60 + 3 for j in range(4 + i % 5)] for i in range(12)]
     sp = SamplingParams(n=3, max_tokens=30, seed=4)
     plain = LLM(model, dtype="bfloat16").generate(prompts, sp)
-    for paths, want in ((1, {"fast"}), (2, {"base", "fast"})):
+    for paths in (1, 2):
         spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(
             policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, max_tree_paths=paths))
         src = spec.engine.speculator.sources[0]
         assert_same(plain, spec.generate(prompts, sp))
         assert spec.last_metrics["rollout/spec_accepted_tokens/drafter"] > 0
-        assert {name for name, _ in src.precision._best} == want
+        assert src.past.pool.dtype == torch.bfloat16
     fast = src.fast.get()
     assert fast.fc.weight.dtype == torch.bfloat16 and src.fast.get() is fast      # unchanged: the same copy
     other = src.drafter.shadow()
@@ -202,19 +200,17 @@ def test_bfloat16_targets_draft_in_the_faster_copy_kept_current(model, drafter_d
     assert torch.equal(src.fast.get().embed, src.drafter.embed.bfloat16())
 
 
-def test_precision_choice_tries_both_copies_then_keeps_the_faster_per_row_bucket():
-    from tailrl.speculative.sources.drafter_source import TRIES, PrecisionChoice
-    choice = PrecisionChoice(["base", "fast"])
-    seconds = {("base", 1): 1e-3, ("fast", 1): 3e-3, ("base", 64): 5e-3, ("fast", 64): 2e-3}
-    for rows in (1, 64):
-        picks = []
-        for _ in range(2 * TRIES):
-            name = choice.pick(rows)
-            picks.append(name)
-            choice.observe(name, rows, seconds[(name, choice.bucket(rows))])
-        assert sorted(picks) == ["base"] * TRIES + ["fast"] * TRIES
-    assert choice.pick(1) == "base" and choice.pick(64) == "fast" and choice.pick(40) == "fast"
-    assert choice.step_seconds(1) == 1e-3 and choice.step_seconds(33) == 2e-3 and choice.step_seconds(8) is None
+def test_step_meter_keeps_the_best_first_calls_then_an_average_per_row_bucket():
+    from tailrl.speculative.sources.drafter_source import TRIES, StepMeter
+    meter = StepMeter(decay=0.5)
+    assert meter.step_seconds(1) is None
+    for s in [3e-3, 1e-3][:TRIES]:                        # the first calls: the best stands (kernels built first)
+        meter.observe(1, s)
+    assert meter.step_seconds(1) == 1e-3 and meter.step_seconds(2) is None    # buckets: 1, 2, 4, ...
+    meter.observe(1, 3e-3)
+    assert meter.step_seconds(1) == pytest.approx(2e-3)                      # then averaged with forgetting
+    meter.observe(40, 5e-3)
+    assert meter.step_seconds(33) == 5e-3 and meter.step_seconds(64) == 5e-3 and meter.step_seconds(65) is None
 
 
 def test_chains_grow_only_as_deep_as_pays(model, drafter_dir):
@@ -229,7 +225,7 @@ def test_chains_grow_only_as_deep_as_pays(model, drafter_dir):
         r.keep_hidden(torch.randn(target.args.hidden_size, generator=torch.Generator().manual_seed(len(r.prompt_token_ids))))
     for _ in range(TRIES):
         src.grow(reqs, 8, 1)
-    assert src.precision.step_seconds(len(reqs)) > 0
+    assert src.step_time.step_seconds(len(reqs)) > 0
     assert max(len(d) for d in src.grow(reqs, 8, 1)) == 8
     src.pricing = (1e-12, 0.0)
     assert max(len(d) for d in src.grow(reqs, 8, 1)) == 1

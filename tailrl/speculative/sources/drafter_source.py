@@ -20,20 +20,19 @@ probability (within the node budget) become the next depth's nodes and frontier.
 Batching: ``prepare(requests, max_tokens, max_paths)`` (called by the speculator once per
 step) drafts for every ready request in one set of batched drafter steps; ``propose`` then
 hands out the prepared draft, or drafts that one request alone if it was not prepared.
-Chains run on the engine's kernels, each row reading its past in place from the drafter's
-K/V blocks (``tailrl.drafter.paged``: a depth is ~15 operations; on a GPU engine one graph
-replay, ``tailrl.drafter.graphs``); trees run ``Drafter.step`` over pasts of different
-lengths padded and masked. Per-request state: the committed K/V
+Every drafter step runs on the engine's kernels, each row reading its past in place from the
+drafter's K/V blocks (``tailrl.drafter.paged``: a step is ~15 operations; a chain's depth on a
+GPU engine is one graph replay, ``tailrl.drafter.graphs``; a tree's nodes see their paths as
+the target's tree verify does). Per-request state: the committed K/V
 (freed in ``finish``; ``export`` / ``adopt`` move them with a migrating request) and this
 step's prepared drafts.
 
-Precision. With ``fast_dtype`` (bfloat16, given for a bfloat16 target) the committed K/V run
-in a copy of the drafter in that dtype (``LowPrecision``), and so do chains (the blocks hold
-that dtype). Trees draft in whichever copy steps faster at their row count, as measured
-(``PrecisionChoice``): a drafter of a model whose weights stream from memory steps 2.5-3.5x
-faster in bfloat16 at every row count (0.5B stand-in: 1.5 vs 3.7 ms at 1 row); `small`'s
-drafter, which sits in the cache, steps faster in float32 below ~16 rows (0.21 vs 0.39 ms at
-1 row, ``Drafter.step``).
+Precision. With ``fast_dtype`` (bfloat16, given for a bfloat16 target) the drafter drafts and
+computes its committed K/V in a copy of itself in that dtype (``LowPrecision``), the dtype of
+its blocks. On the kernels that copy steps faster than the float32 drafter, or about as fast,
+at every row count measured (``benchmarks/drafter_step.py`` on the 2-core CPU: `small`'s
+drafter 0.12 vs 0.13 ms at 1 row, 0.64 vs 1.47 ms at 64; a 0.5B-shaped one 2.7 vs 10.9 ms at
+1 row), so no per-call choice between them is kept.
 
 Depth. A chain is grown one drafter step at a time, for all rows at once. Given the value of
 an expected accepted token and the verify cost of a node (``pricing``, set by the speculator
@@ -53,57 +52,41 @@ import torch
 
 from tailrl.drafter.graphs import DrafterGraphs
 from tailrl.drafter.network import Drafter
-from tailrl.drafter.paged import ChainLayout, kernels_for, paged_step, rope_tables
+from tailrl.drafter.paged import ChainLayout, TreeLayout, kernels_for, paged_step, rope_tables
 from tailrl.drafter.past import DrafterPast, PastState
 from tailrl.speculative.draft import Draft
 
-TRIES = 2          # calls measured per precision and row bucket before the choice is made
+TRIES = 2          # calls per row bucket whose best step time stands before an average is kept
 
 
-class PrecisionChoice:
-    """Per row bucket (powers of two), the drafter copy whose steps were faster: each copy is
-    tried ``TRIES`` times first (in turn), then the faster by its best step time (the first
-    call of a shape builds its kernels). Also the seconds of one drafter step per bucket, as
-    last measured with the chosen copy (an average with forgetting)."""
+class StepMeter:
+    """Seconds of one drafter step per row bucket (powers of two): the best of the first
+    ``TRIES`` calls (the first call of a shape builds its kernels), then an average with
+    forgetting."""
 
-    def __init__(self, names: list[str], decay: float = 0.8) -> None:
-        self.names = names
+    def __init__(self, decay: float = 0.8) -> None:
         self.decay = decay
-        self._best: dict[tuple[str, int], list[float]] = {}   # (copy, bucket) -> step seconds tried
-        self._chosen: dict[int, str] = {}
+        self._tried: dict[int, list[float]] = {}
         self._step_s: dict[int, float] = {}
 
     @staticmethod
     def bucket(rows: int) -> int:
         return 1 << max(rows - 1, 0).bit_length()
 
-    def pick(self, rows: int) -> str:
+    def observe(self, rows: int, step_seconds: float) -> None:
         b = self.bucket(rows)
-        if b in self._chosen:
-            return self._chosen[b]
-        tried = {n: len(self._best.get((n, b), [])) for n in self.names}
-        least = min(self.names, key=lambda n: tried[n])
-        if tried[least] < TRIES:
-            return least
-        self._chosen[b] = min(self.names, key=lambda n: min(self._best[(n, b)]))
-        return self._chosen[b]
-
-    def observe(self, name: str, rows: int, step_seconds: float) -> None:
-        b = self.bucket(rows)
-        if b not in self._chosen:
-            self._best.setdefault((name, b), []).append(step_seconds)
-        elif self._chosen[b] == name:
-            old = self._step_s.get(b, min(self._best[(name, b)]))
+        tried = self._tried.setdefault(b, [])
+        if len(tried) < TRIES:
+            tried.append(step_seconds)
+        else:
+            old = self._step_s.get(b, min(tried))
             self._step_s[b] = self.decay * old + (1 - self.decay) * step_seconds
 
     def step_seconds(self, rows: int) -> float | None:
-        """Seconds of one step at this row count: the chosen copy's (before the choice, the
-        best tried); None before any was measured."""
+        """Seconds of one step at this row count; None before any was measured."""
         b = self.bucket(rows)
-        if b in self._chosen:
-            return self._step_s.get(b, min(self._best[(self._chosen[b], b)]))
-        tried = [t for (_, bb), ts in self._best.items() if bb == b for t in ts]
-        return min(tried) if tried else None
+        tried = self._tried.get(b)
+        return self._step_s.get(b, min(tried)) if tried else None
 
 
 class DrafterSource:
@@ -117,7 +100,7 @@ class DrafterSource:
         self._ready: dict[str, tuple[int, int, Draft | None]] = {}   # id -> (num_tokens, paths, draft)
         self.fast = LowPrecision(self.drafter, fast_dtype) if fast_dtype not in (None, torch.float32) else None
         self.past = DrafterPast(self.drafter, self.fast.get if self.fast is not None else None)
-        self.precision = PrecisionChoice(["base", "fast"] if self.fast is not None else ["base"])
+        self.step_time = StepMeter()                   # one drafter step's seconds per row bucket
         # (seconds an expected accepted token is worth, seconds a verified node costs), set per
         # call by the speculator: chains grow only as deep as pays (None: to the node budget)
         self.pricing: tuple[float, float] | None = None
@@ -176,37 +159,51 @@ class DrafterSource:
 
     @torch.inference_mode()
     def grow(self, requests: list[Any], max_tokens: int, max_paths: int) -> list[Draft | None]:
-        """One draft per request (None when no node clears ``min_path_prob``)."""
+        """One draft per request (None when no node clears ``min_path_prob``): in the drafter
+        copy whose dtype the blocks hold (the bfloat16 one with a bfloat16 target)."""
         if not requests or max_tokens <= 0:
             return [None] * len(requests)
         width = max(1, max_paths)
-        # chains: the copy whose dtype the blocks hold; trees: whichever copy measures faster
-        copy_name = ("fast" if self.fast is not None else "base") if width == 1 else self.precision.pick(len(requests))
-        drafter = self.fast.get() if copy_name == "fast" else self.drafter
+        drafter = self.past.compute()
         self.past.flush(requests)
         roots = [r.num_tokens - 2 for r in requests]                           # where last_hidden sits
         dev = drafter.fc.weight.device                                          # the target's
         feats = torch.stack([r.last_hidden.to(dev) for r in requests])          # [B, H] (imported: on the host)
         toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
                              for r in requests], device=dev)                    # [B]
+        pool = self.past.pool
+        lists, seen, lent = [], [], []          # each row's blocks, reserved for the draft's indices
+        for r, root in zip(requests, roots):
+            p, n = self.past.seen(r, root)
+            if p is not None and p.length > n + 1:   # held positions past the root (none should be):
+                p, n = None, 0                       # the draft's writes must not reach them
+            ids = p.blocks if p is not None else []
+            if p is None:
+                lent.append(ids)                 # no past: blocks lent for the call
+            pool.reserve(ids, n + max_tokens + (width > 1))
+            lists.append(ids)
+            seen.append(n)
         captures = self.graphs.pool.captures if self.graphs is not None else 0
         t0, steps = time.perf_counter(), [0]
         try:
+            kernels = kernels_for(drafter)
+            tables = rope_tables(drafter, max(roots) + max_tokens + 1, drafter.fc.weight.dtype)
             if width == 1:
-                return self._chains(drafter, requests, roots, feats, toks, max_tokens, steps)
-            past = self.past.gather(requests, roots, drafter.fc.weight.dtype)  # [B, heads, L, D] x2, [B, L]
-            pos = torch.tensor(roots, device=dev)
-            end = max(roots) + max_tokens                  # past every position a draft reaches
-            return self._tree(drafter, feats, toks, pos, past, max_tokens, width, len(requests), steps, end)
+                layout = ChainLayout.build(pool, lists, seen, roots, max_tokens)
+                return self._chains(drafter, kernels, tables, layout, feats, toks, max_tokens, steps)
+            return self._tree(drafter, kernels, tables, TreeLayout(pool, lists, seen, roots), feats, toks,
+                              max_tokens, width, steps)
         finally:
+            for ids in lent:
+                pool.release(ids)
             # a call that captured a graph is not timed: a capture costs far more than a step
             if steps[0] and (self.graphs is None or self.graphs.pool.captures == captures):
-                self.precision.observe(copy_name, len(requests), (time.perf_counter() - t0) / steps[0])
+                self.step_time.observe(len(requests), (time.perf_counter() - t0) / steps[0])
 
     def _price(self, rows: int) -> tuple[float, float, float] | None:
         """(seconds an expected accepted token is worth, a verified node's cost, one drafter
         step's seconds at ``rows`` rows), or None while any is unknown (no depth limit)."""
-        step_s = self.precision.step_seconds(rows) if self.pricing is not None else None
+        step_s = self.step_time.step_seconds(rows) if self.pricing is not None else None
         return None if step_s is None else (*self.pricing, step_s)
 
     def _deeper(self, path_probs: list[float], rows: int) -> bool:
@@ -229,72 +226,59 @@ class DrafterSource:
         ended, gain = torch.stack([ended.double(), gain]).tolist()
         return ended > 0 or gain <= step_s
 
-    def _tree(self, drafter: Drafter, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, past,
-              max_tokens: int, width: int, n: int, steps: list[int], end: int) -> list[Draft | None]:
-        """Trees of ``width`` paths (see the module docstring) for ``n`` requests."""
+    def _tree(self, drafter: Drafter, kernels: Any, tables: Any, layout: TreeLayout, feats: torch.Tensor,
+              toks: torch.Tensor, max_tokens: int, width: int, steps: list[int]) -> list[Draft | None]:
+        """Trees of ``width`` paths (see the module docstring), every node's step on the
+        engine's kernels over the requests' blocks (``TreeLayout``: a node sees the committed
+        positions, then its path)."""
+        n = len(toks)
         nodes: list[tuple[list[int], list[int], list[float]]] = [([], [], []) for _ in range(n)]
         # frontier entries, one per row of feats / toks: (request index, node index (-1 = root), path prob)
         frontier = [(b, -1, 1.0) for b in range(n)]
-        owner, path = None, None                  # past row of each frontier row (None: row b = request b)
+        paths: list[list[int]] = [[] for _ in range(n)]           # per frontier row: its node path
         while frontier:
-            out, logits, k, v = drafter.step(feats, toks, pos, past, owner, path, end)   # [F, H], [F, V]
+            meta, pos = layout.meta([(b, path) for (b, _, _), path in zip(frontier, paths)])
+            feats, logits = paged_step(drafter, kernels, feats, toks, kernels.rope(tables, pos), layout.pool, meta)
             steps[0] += 1
             top_p, top_t = torch.softmax(logits.float(), -1).topk(width, dim=-1)   # [F, width]
             top_t = drafter.token_ids(top_t)
             chosen = self._choose(frontier, top_p.tolist(), top_t.tolist(), nodes, max_tokens, width)
+            parents = paths
             frontier, rows, new_toks = self._append(chosen, nodes)
             if not frontier or not self._deeper([f[2] for f in frontier], len(frontier)):
                 break
-            dev = feats.device
-            idx = torch.tensor(rows, device=dev)
-            path = _extend(path, k, v, idx)
-            feats, toks, pos = out[idx], torch.tensor(new_toks, device=dev), pos[idx] + 1
-            owner = torch.tensor([b for b, _, _ in frontier], device=dev)
+            paths = [parents[row] + [j] for row, (_, j, _) in zip(rows, frontier)]
+            idx = torch.tensor(rows, device=feats.device)
+            feats, toks = feats[idx], torch.tensor(new_toks, device=feats.device)
         return [Draft.unchecked(t, p, q, self.name) if t else None for t, p, q in nodes]
 
-    def _chains(self, drafter: Drafter, requests: list[Any], roots: list[int], feats: torch.Tensor,
+    def _chains(self, drafter: Drafter, kernels: Any, tables: Any, layout: ChainLayout, feats: torch.Tensor,
                 toks: torch.Tensor, max_tokens: int, steps: list[int]) -> list[Draft | None]:
         """Greedy chains for all rows in tensor ops (no per-row Python per depth), on the
         engine's kernels: each depth's K/V are written into the requests' blocks after their
-        committed past (``tailrl.drafter.paged``; a request without a past drafts in blocks
-        lent for the call), each depth replayed from a graph where the engine keeps them (a
-        GPU's), else launched. A chain ends before its first node whose path probability is
-        below ``min_path_prob``; all end where one more step could not pay (``_chains_end``)."""
+        committed past (``ChainLayout``), each depth replayed from a graph where the engine
+        keeps them (a GPU's), else launched. A chain ends before its first node whose path
+        probability is below ``min_path_prob``; all end where one more step could not pay
+        (``_chains_end``)."""
+        tokens, probs = [], []
+        path_prob = torch.ones(len(toks), device=toks.device)
         pool = self.past.pool
-        lists, seen, lent = [], [], []
-        for r, root in zip(requests, roots):
-            p, n = self.past.seen(r, root)
-            ids = p.blocks if p is not None else []
-            if p is None:
-                lent.append(ids)
-            pool.reserve(ids, n + max_tokens)
-            lists.append(ids)
-            seen.append(n)
-        try:
-            layout = ChainLayout.build(pool, lists, seen, roots, max_tokens)
-            kernels = kernels_for(drafter)
-            tables = rope_tables(drafter, max(roots) + max_tokens, drafter.fc.weight.dtype)
-            tokens, probs = [], []
-            path_prob = torch.ones(len(toks), device=toks.device)
-            for t in range(max_tokens):
-                got = self.graphs.depth(drafter, kernels, tables, pool, layout, t, feats, toks) \
-                    if self.graphs is not None else None
-                if got is None:
-                    feats, logits = paged_step(drafter, kernels, feats, toks, kernels.rope(tables, layout.positions[t]),
-                                               pool, layout.meta(t))
-                    q, toks = torch.softmax(logits.float(), -1).max(-1)
-                    toks = drafter.token_ids(toks)
-                else:         # views of the graph's outputs, which the next depth's replay overwrites
-                    feats, q, toks = got[0], got[1].clone(), got[2].clone()
-                steps[0] += 1
-                tokens.append(toks)
-                probs.append(q)
-                path_prob = path_prob * q
-                if t + 1 == max_tokens or self._chains_end(path_prob):
-                    break
-        finally:
-            for ids in lent:
-                pool.release(ids)
+        for t in range(max_tokens):
+            got = self.graphs.depth(drafter, kernels, tables, pool, layout, t, feats, toks) \
+                if self.graphs is not None else None
+            if got is None:
+                feats, logits = paged_step(drafter, kernels, feats, toks, kernels.rope(tables, layout.positions[t]),
+                                           pool, layout.meta(t))
+                q, toks = torch.softmax(logits.float(), -1).max(-1)
+                toks = drafter.token_ids(toks)
+            else:             # views of the graph's outputs, which the next depth's replay overwrites
+                feats, q, toks = got[0], got[1].clone(), got[2].clone()
+            steps[0] += 1
+            tokens.append(toks)
+            probs.append(q)
+            path_prob = path_prob * q
+            if t + 1 == max_tokens or self._chains_end(path_prob):
+                break
         q_all, t_rows = torch.stack(probs, 1).cpu(), torch.stack(tokens, 1).tolist()   # one wait, then host work
         keep = (q_all.cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()      # [B]
         q_rows = q_all.tolist()
@@ -358,14 +342,3 @@ class LowPrecision:
                     mine.copy_(theirs)
         self._key = key
         return self._copy
-
-
-def _extend(path: tuple[torch.Tensor, torch.Tensor] | None, k: torch.Tensor, v: torch.Tensor,
-            rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft path's K/V [F, heads, d, D] with this step's k, v [F, heads, D] appended, for
-    the children continuing from ``rows`` (default: every row continues)."""
-    if rows is not None:
-        k, v = k[rows], v[rows]
-        path = None if path is None else (path[0][rows], path[1][rows])
-    k, v = k.unsqueeze(2), v.unsqueeze(2)
-    return (k, v) if path is None else (torch.cat([path[0], k], 2), torch.cat([path[1], v], 2))
