@@ -50,7 +50,8 @@ def warm_start(model_dir: str, out_dir: str, prompts: list[list[int]], n: int = 
     if data.windows(1) == 0:
         raise ValueError("train-drafter: no response is long enough to train on (raise --max-tokens)")
     target = load_model(model_dir, "float32", device)
-    vocab = frequent_tokens(response_tokens(data), target.args.vocab_size, draft_vocab)
+    vocab = frequent_tokens(response_tokens(data), target.args.vocab_size, draft_vocab,
+                            always=target.args.eos_token_ids)    # a response's last token, however rare
     drafter = Drafter.for_target(target, size, vocab)
     del target
     t2 = time.perf_counter()
