@@ -36,6 +36,10 @@ class KVBlocks:
         return self.k.shape[0]
 
     @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    @property
     def used(self) -> int:
         """Blocks held by pasts (or lent to a call)."""
         return self.num_blocks - 1 - len(self._free)

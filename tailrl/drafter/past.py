@@ -355,13 +355,13 @@ class DrafterPast:
         d = self.compute()
         k, v = d.committed_kv(hidden.to(d.fc.weight.dtype), torch.tensor(tokens, device=self.device),
                               torch.tensor(positions, device=self.device), max(positions) + 1)   # [P, heads, D]
-        slots: list[int] = []                    # a past's queued positions are consecutive rows
-        for p in pending:
+        for p in pending:                        # room first (the pool may grow): nothing changed if it fails
             self.pool.reserve(p.blocks, p.length + p.queued_n)
-            slots += self.pool.slots(p.blocks, p.length, p.queued_n)
+        slots = [s for p in pending for s in self.pool.slots(p.blocks, p.length, p.queued_n)]
+        self.pool.write_slots(slots, k, v)       # one write for every request (a past's rows are consecutive)
+        for p in pending:
             p.length += p.queued_n
             p.queued, p.queued_n = [], 0
-        self.pool.write_slots(slots, k, v)       # one write for every request
 
     def seen(self, req: Any, root: int) -> tuple[_Past | None, int]:
         """``req``'s past and how many of its held positions a draft rooted at ``root`` sees

@@ -276,3 +276,21 @@ def test_hybrid_goes_dormant_where_no_call_pays_and_stays_lossless(model, drafte
         m = spec.last_metrics
         assert bool(handed) == track                                # tracking keeps the drafter ready
         assert track or m["rollout/spec_drafter_calls"] == 0
+
+
+def test_a_call_out_of_device_memory_drafts_nothing_and_the_rollout_goes_on(monkeypatch, caplog, model, drafter_dir):
+    """The drafter's K/V blocks grow outside the engine's budget: where they cannot (here:
+    every growth past the first pool of 16 blocks fails as CUDA's allocator would), that call
+    drafts nothing, one warning says so, and outputs stay plain's."""
+    from tailrl.drafter.blocks import KVBlocks
+
+    def no_room(self, more):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+    monkeypatch.setattr(KVBlocks, "_grow", no_room)
+    spec = LLM(model, speculative=SpeculativeConfig(policy="fixed", method="drafter", drafter=drafter_dir,
+                                                    min_token_prob=0.0))
+    src = spec.engine.speculator.sources[0]
+    with caplog.at_level("WARNING", logger="tailrl.speculative.sources.drafter_source"):
+        assert_same(LLM(model).generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))
+    assert src.out_of_memory > 0 and spec.last_metrics["rollout/spec_accepted_tokens/drafter"] > 0
+    assert sum("out of device memory" in r.message for r in caplog.records) == 1

@@ -45,6 +45,7 @@ its target drafts deep, an expensive one only as deep as its confidence pays for
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from typing import Any
 
@@ -55,6 +56,8 @@ from tailrl.drafter.network import Drafter
 from tailrl.drafter.paged import ChainLayout, TreeLayout, kernels_for, paged_step, rope_tables
 from tailrl.drafter.past import DrafterPast, PastState
 from tailrl.speculative.draft import Draft
+
+log = logging.getLogger(__name__)
 
 TRIES = 2          # calls per row bucket whose best step time stands before an average is kept
 
@@ -101,6 +104,7 @@ class DrafterSource:
         self.fast = LowPrecision(self.drafter, fast_dtype) if fast_dtype not in (None, torch.float32) else None
         self.past = DrafterPast(self.drafter, self.fast.get if self.fast is not None else None)
         self.step_time = StepMeter()                   # one drafter step's seconds per row bucket
+        self.out_of_memory = 0                         # calls that ran out of device memory
         # (seconds an expected accepted token is worth, seconds a verified node costs), set per
         # call by the speculator: chains grow only as deep as pays (None: to the node budget)
         self.pricing: tuple[float, float] | None = None
@@ -160,9 +164,22 @@ class DrafterSource:
     @torch.inference_mode()
     def grow(self, requests: list[Any], max_tokens: int, max_paths: int) -> list[Draft | None]:
         """One draft per request (None when no node clears ``min_path_prob``): in the drafter
-        copy whose dtype the blocks hold (the bfloat16 one with a bfloat16 target)."""
+        copy whose dtype the blocks hold (the bfloat16 one with a bfloat16 target). Out of
+        device memory (its blocks grow with the requests' pasts, outside the engine's K/V
+        budget), a call drafts nothing: drafts are optional, the rollout goes on."""
         if not requests or max_tokens <= 0:
             return [None] * len(requests)
+        try:
+            return self._grow(requests, max_tokens, max_paths)
+        except torch.OutOfMemoryError as exc:
+            self.out_of_memory += 1
+            if self.out_of_memory == 1:
+                log.warning("drafter: out of device memory (%s); calls that run out draft nothing (the drafter's "
+                            "K/V blocks: %d MiB; a lower gpu_memory_utilization leaves it more room)",
+                            str(exc).splitlines()[0], self.past.pool.nbytes >> 20)
+            return [None] * len(requests)
+
+    def _grow(self, requests: list[Any], max_tokens: int, max_paths: int) -> list[Draft | None]:
         width = max(1, max_paths)
         drafter = self.past.compute()
         self.past.flush(requests)
