@@ -125,11 +125,19 @@ def static_capture(fn):
     return replay, 0
 
 
-def test_chains_through_graphs_draft_what_launched_depths_draft(model, drafter_dir):
+@pytest.mark.parametrize("kernels", ["native", "triton"])
+def test_chains_through_graphs_draft_what_launched_depths_draft(monkeypatch, model, drafter_dir, kernels):
     """Every depth of a call replays the same graph (same rows and table width), whose outputs
-    the next depth overwrites: the draft keeps each depth's tokens and probabilities."""
+    the next depth overwrites: the draft keeps each depth's tokens and probabilities. Also with
+    the Triton kernels (under the interpreter on a CPU): a GPU engine's drafting path, padding
+    rows in the scratch block included."""
     from tailrl.engine.request import Request
     from tailrl.speculative.sources.drafter_source import DrafterSource
+    if kernels == "triton":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available():
+            pytest.skip("the Triton kernels on CPU tensors, under the interpreter")
+        monkeypatch.setenv("TAILRL_KERNELS", "triton")
     target = load_model(model)
     drafts = []
     for graphs in (False, True):

@@ -155,3 +155,31 @@ def test_blocks_keep_ids_and_contents_through_growth_and_never_hand_out_the_scra
     ids = []
     blocks.reserve(ids, 2 * BLOCK)                             # the released blocks come back
     assert len(ids) == 2 and KVBlocks.SCRATCH not in ids and blocks.used == 6
+
+
+def test_trees_on_the_triton_kernels_draft_what_the_cpu_kernels_draft(monkeypatch, model):
+    """Trees of 3 paths through ``DrafterSource`` (tree visibility through the kernels' extras),
+    float32: the Triton kernels under the interpreter give the CPU backend's drafts."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("runs the Triton kernels on CPU tensors under the interpreter")
+    from tailrl import SamplingParams
+    from tailrl.engine.request import Request
+    from tailrl.speculative.sources.drafter_source import DrafterSource
+    d = drafter(model, torch.float32)
+    drafts = []
+    for kernels in ("native", "triton"):
+        if kernels == "triton":
+            monkeypatch.setenv("TAILRL_KERNELS", "triton")
+        src = DrafterSource(d)
+        g = torch.Generator().manual_seed(0)
+        reqs = []
+        for i, n in enumerate([3, 40, 9]):
+            r = Request(f"r{i}", [(5 * i + j) % 80 + 3 for j in range(n + 1)], SamplingParams(), 0)
+            r.output_token_ids.append(7 + i)
+            src.observe_hidden(torch.randn(n + 1, d.cfg.hidden_size, generator=g), [(r, 0, 0, n + 1)])
+            r.keep_hidden(torch.randn(d.cfg.hidden_size, generator=g))
+            reqs.append(r)
+        drafts.append([(x.tokens, x.parents, x.probs) for x in src.grow(reqs, 6, 3)])
+    for (t0, p0, q0), (t1, p1, q1) in zip(*drafts):
+        assert t0 == t1 and p0 == p1 and q0 == pytest.approx(q1, abs=1e-4) and len(set(p0)) > 1   # branching
