@@ -1,10 +1,11 @@
-"""A batch of the learned drafter's greedy chains on the engine's kernels, its K/V in blocks.
+"""The learned drafter's steps (chains and trees) on the engine's kernels, its K/V in blocks.
 
 ``Drafter.step`` is written for clarity and for training's twin (``unroll``): about seventy
 small PyTorch operations a depth, most of them on a padded copy of every request's past. On
 this 2-core CPU a depth of ``small``'s drafter costs ~0.2-0.3 ms at 1-8 rows, nearly all of it
 per-operation overhead (its weights are 4 MB), i.e. a 6-token chain costs about one target
-step. Here a depth is the engine's own attention and norm kernels (``tailrl.kernels.select``:
+step (``benchmarks/drafter_step.py``'s "padded" setting). Here a depth is
+the engine's own attention and norm kernels (``tailrl.kernels.select``:
 native CPU, Triton, reference) around PyTorch's products:
 
     e = rms_norm(embed[tok])                     x = fc([f, e])
@@ -30,7 +31,9 @@ index need not equal the position. The path overwrites only indices >= seen: the
 committed K/V (index seen when the root is held), recomputed by depth 0 from the same inputs
 (the target's state at r, the token after it), and room past the committed positions, which
 later committed positions overwrite in turn. Blocks for the path are reserved before the first
-depth; a request with no past drafts in blocks lent for the call.
+depth; a request with no past drafts in blocks lent for the call. Trees (``TreeLayout``): the
+root step at index ``seen``, node j at ``seen + 1 + j``; a node sees the committed indices and
+the root step's, then its ancestors' and its own (the kernels' extras).
 """
 from __future__ import annotations
 
