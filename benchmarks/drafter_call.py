@@ -13,8 +13,10 @@ setting's ratio base / new (> 1: this checkout's calls are faster).
 
 ``--model`` takes a directory, a preset or a stand-in name (``0.5b``: `small`'s tokens at
 Qwen2.5-0.5B's cost, built into ``--standin-dir`` on first use): its drafter is sized from it.
+``--device cuda``: the drafter on the GPU, chain depths replayed from CUDA graphs as a GPU
+engine drafts, every call synchronised (without ``--baseline-ref``: this checkout alone).
 
-Usage: python benchmarks/drafter_call.py [--baseline-ref REF] [--rounds 4] [--model 0.5b]
+Usage: python benchmarks/drafter_call.py [--baseline-ref REF] [--rounds 4] [--model 0.5b] [--device cuda]
 The last line is one JSON object.
 """
 from __future__ import annotations
@@ -43,29 +45,36 @@ def worker(a: argparse.Namespace) -> None:
     from tailrl.engine.request import Request
     from tailrl.model.loader import load_model
     from tailrl.speculative.sources.drafter_source import DrafterSource
-    target = load_model(a.model, "bfloat16")
+    dev = torch.device(a.device)
+    target = load_model(a.model, "float32", a.device)
     hidden = target.args.hidden_size
     torch.manual_seed(0)
-    drafter = Drafter.for_target(load_model(a.model, "float32"))
+    drafter = Drafter.for_target(target)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     out = {"tailrl": str(Path(tailrl.__file__).parent), "calls_ms": {}}
     for paths in PATHS:
         for rows in ROWS:
             src = DrafterSource(drafter, fast_dtype=torch.bfloat16)
+            if dev.type == "cuda":                   # as a GPU engine drafts: chain depths from graphs
+                from tailrl.engine.graph_pool import GraphPool, cuda_capture
+                src.use_graphs(GraphPool(1 << 30, cuda_capture))
             g = torch.Generator().manual_seed(rows)
             reqs = []
             for i in range(rows):
                 n = 100 + (7 * i) % 450
                 r = Request(f"r{i}", [(5 * i + j) % 80 + 3 for j in range(n + 1)], SamplingParams(), 0)
                 r.output_token_ids.append(7)
-                src.observe_hidden(torch.randn(n + 1, hidden, generator=g).bfloat16(), [(r, 0, 0, n + 1)])
-                r.keep_hidden(torch.randn(hidden, generator=g).bfloat16())
+                src.observe_hidden(torch.randn(n + 1, hidden, generator=g).bfloat16().to(dev), [(r, 0, 0, n + 1)])
+                r.keep_hidden(torch.randn(hidden, generator=g).bfloat16().to(dev))
                 reqs.append(r)
             for _ in range(6):                       # pasts computed, kernels built, step times measured
                 src.grow(reqs, a.depth, paths)
             times = []
             for _ in range(a.calls):
+                sync()
                 t0 = time.perf_counter()
                 src.grow(reqs, a.depth, paths)
+                sync()
                 times.append(time.perf_counter() - t0)
             out["calls_ms"][f"paths{paths}/rows{rows}"] = statistics.median(times) * 1e3
     print(json.dumps(out), flush=True)
@@ -79,6 +88,7 @@ def main() -> None:
     ap.add_argument("--standin-dir", default="/tmp/tailrl-standins")
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--calls", type=int, default=15)
+    ap.add_argument("--device", default="cpu", help="cuda: the drafter there, chain depths from graphs")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -90,11 +100,11 @@ def main() -> None:
     runs: dict[str, list[dict]] = {t: [] for t in trees}
     for r, t in abba(trees, a.rounds):
         got = run_in_tree(trees[t], HERE / "drafter_call.py", ["--model", a.model, "--depth", str(a.depth),
-                          "--calls", str(a.calls)], a.timeout)["calls_ms"]
+                          "--calls", str(a.calls), "--device", a.device], a.timeout)["calls_ms"]
         runs[t].append(got)
         print(f"round {r} {t:4s} " + "  ".join(f"{k} {v:.2f} ms" for k, v in got.items()), flush=True)
     med = {t: {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]} for t, rs in runs.items()}
-    res = {"model": a.model, "depth": a.depth, "calls_ms": med}
+    res = {"model": a.model, "device": a.device, "depth": a.depth, "calls_ms": med}
     if "base" in med:
         res["base_over_new"] = {k: round(med["base"][k] / med["new"][k], 2) for k in med["new"]}
         for k, v in res["base_over_new"].items():

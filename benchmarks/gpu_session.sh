@@ -18,7 +18,8 @@
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
 #                                            # hybrid, suffix default vs plain, identical shares);
 #                                            # benchmarks/drafter_step.py (a chain depth on the
-#                                            # engine's kernels vs the padded step);
+#                                            # engine's kernels vs the padded step) and
+#                                            # benchmarks/drafter_call.py (whole calls);
 #                                            # benchmarks/drafter_vocab.py (a depth's cost with a
 #                                            # draft vocabulary)
 #   bash benchmarks/gpu_session.sh grpo      # after `all` on the same machine (or it makes the
@@ -109,6 +110,8 @@ drafter() {
         --rounds 1 $ROLLOUT_ARGS
     # a chain depth on the engine's kernels (launched, from its graph) vs the padded eager step, two drafter sizes
     step drafter_step ${STEP_LIMIT:-60} $PY benchmarks/drafter_step.py --device "$DEVICE" ${QUICK:+--rounds 1}
+    # whole drafter calls (catch-up, chains from graphs, trees) on the 0.5b stand-in, synchronised
+    step drafter_call ${CALL_LIMIT:-60} $PY benchmarks/drafter_call.py --device "$DEVICE" --model "$M" --rounds 1
     # a drafter depth of Qwen2.5-0.5B's real shape (151,936-token head) from its graph, whole vs draft vocabulary
     step drafter_vocab ${VOCAB_LIMIT:-60} $PY benchmarks/drafter_vocab.py --device "$DEVICE" ${QUICK:+--rounds 1 --sizes 8192}
 }
