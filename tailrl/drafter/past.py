@@ -368,3 +368,23 @@ class DrafterPast:
         (those < root; call ``flush`` first: queued positions are not visible)."""
         p = self._past.get(req.request_id)
         return (p, 0) if p is None else (p, max(0, min(p.length, root - p.base)))
+
+    def draft_blocks(self, requests: list[Any], roots: list[int], indices: int
+                     ) -> tuple[list[list[int]], list[int], list[list[int]]]:
+        """For drafts rooted at ``roots``: each request's blocks, with room for ``indices``
+        draft indices after the committed ones it sees, and how many it sees; the third list
+        holds the blocks lent to requests without a past (give them back with
+        ``pool.release`` after the call). A past holding positions past its root (none should)
+        is not written into: its request drafts in lent blocks."""
+        lists, seen, lent = [], [], []
+        for r, root in zip(requests, roots):
+            p, n = self.seen(r, root)
+            if p is not None and p.length > n + 1:
+                p, n = None, 0
+            ids = p.blocks if p is not None else []
+            if p is None:
+                lent.append(ids)
+            self.pool.reserve(ids, n + indices)
+            lists.append(ids)
+            seen.append(n)
+        return lists, seen, lent

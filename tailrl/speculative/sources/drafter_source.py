@@ -189,17 +189,8 @@ class DrafterSource:
         toks = torch.tensor([r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1]
                              for r in requests], device=dev)                    # [B]
         pool = self.past.pool
-        lists, seen, lent = [], [], []          # each row's blocks, reserved for the draft's indices
-        for r, root in zip(requests, roots):
-            p, n = self.past.seen(r, root)
-            if p is not None and p.length > n + 1:   # held positions past the root (none should be):
-                p, n = None, 0                       # the draft's writes must not reach them
-            ids = p.blocks if p is not None else []
-            if p is None:
-                lent.append(ids)                 # no past: blocks lent for the call
-            pool.reserve(ids, n + max_tokens + (width > 1))
-            lists.append(ids)
-            seen.append(n)
+        # a tree's root step takes an index of its own before its nodes
+        lists, seen, lent = self.past.draft_blocks(requests, roots, max_tokens + (width > 1))
         captures = self.graphs.pool.captures if self.graphs is not None else 0
         t0, steps = time.perf_counter(), [0]
         try:
