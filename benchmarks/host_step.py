@@ -18,7 +18,12 @@ that measures the host cost of deciding not to). ``--speculative ahead_drafts --
 row drafts inside steps launched ahead (``SpeculativeConfig(ahead_drafts=rows, ahead_above=1,
 ahead_drafts_gate="always")``, engine/ahead_drafts.py), its chains right (the history is this
 rollout's), each verification followed up in the next step: a GPU's tail, where every row left
-drafts and the host's work per drafting row is what the device waits on.
+drafts and the host's work per drafting row is what the device waits on. ``--speculative
+collect --ahead``: every step launched ahead, none drafting, an online drafter's buffer
+(``DrafterBuffer``) collecting every position's hidden state: the host's work of handing them
+out as each step settles (in ``observe``; a tree from before steps launched ahead handed out
+states, e.g. ``--baseline-ref 6c50c7d``, hands out nothing there: the comparison is that work's
+cost).
 
 Per tree (this checkout; with ``--baseline-ref REF`` also a worktree of REF), each
 measurement in its own process, trees alternating per round, the order reversed every other
@@ -61,10 +66,14 @@ def worker(a: argparse.Namespace) -> None:
     spec = {"none": None, "fixed": SpeculativeConfig(policy="fixed", max_spec_batch=0),
             "default": SpeculativeConfig(),
             "ahead_drafts": SpeculativeConfig(ahead_drafts=rows, ahead_above=1, ahead_drafts_gate="always"),
+            "collect": SpeculativeConfig(policy="fixed", ahead_above=1, tail="speculate"),
             }[a.speculative]
     llm = LLM(path, dtype="bfloat16", max_num_seqs=rows, max_num_batched_tokens=max(2048, 8 * rows), speculative=spec,
               async_scheduling=a.ahead or None)
     e = llm.engine
+    if a.speculative == "collect":
+        from tailrl.drafter.buffer import DrafterBuffer
+        e.speculator.collector = DrafterBuffer(1 << 20)
     tokens = rows if spec is None else 17 * rows                # a step's tokens at most: every row and its drafts
     e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), tokens,
                                                      grouped=spec is not None))
@@ -93,7 +102,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeat", type=int, default=2, help="rollouts per process (each figure: the fastest)")
-    ap.add_argument("--speculative", choices=("none", "fixed", "default", "ahead_drafts"), default="none")
+    ap.add_argument("--speculative", choices=("none", "fixed", "default", "ahead_drafts", "collect"), default="none")
     ap.add_argument("--ahead", action="store_true", help="plain steps launched ahead (a GPU's plain path)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--timeout", type=int, default=900)

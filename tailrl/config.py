@@ -121,8 +121,8 @@ class SpeculativeConfig:
     # where plain steps are launched ahead (an engine with CUDA graphs: engine/ahead.py): while
     # more than this many requests are running or waiting, steps are plain, without drafts,
     # launched ahead; from this many down (the tail), speculative steps one at a time. 0 = never
-    # (every step speculative). None: AHEAD_ABOVE, unless the speculator collects the target's
-    # hidden states for an online drafter (steps launched ahead hand none out), then 0. On the
+    # (every step speculative). None: AHEAD_ABOVE (steps launched ahead hand their hidden states
+    # to a learned drafter and to an online drafter's buffer when they settle). On the
     # H100 a speculative step waited for the one before it (its drafts need the tokens): the
     # default speculation took 2.04 s where plain steps launched ahead took 1.63 s
     ahead_above: int | None = None

@@ -22,7 +22,11 @@ Drafts need the tokens on the host, so an engine with a speculator steps ahead w
 rows do not draft (its bulk, above ``SpeculativeConfig.ahead_above`` requests: the engine
 settles the step in flight before its first speculative step, and hands each settled token
 to the speculator's sources), or where only a few chosen rows do, each verifying every other
-step (``SpeculativeConfig.ahead_drafts``: engine/ahead_drafts.py).
+step (``SpeculativeConfig.ahead_drafts``: engine/ahead_drafts.py). Where the speculator reads
+the target's hidden states (a learned drafter's pasts, an online drafter's buffer), a step
+launched ahead keeps a copy of those it computed (``HandOut``) and hands them out as it
+settles, as a step the host waits for would: prompt positions first, then each row's with the
+token it sampled.
 """
 from __future__ import annotations
 
@@ -41,6 +45,18 @@ PENDING = -1                        # a placeholder: the token a step in flight 
 
 
 @dataclass
+class HandOut:
+    """The target's hidden states a step launched ahead computed for the speculator (a learned
+    drafter's pasts, the spot trainer's buffer), handed out when the step settles, as a step the
+    host waits for hands them out: ``sampled`` [M, H] (the sampled positions': each row's with
+    the token it sampled), ``computed`` [N, H] (every position's) and ``prefill``, the spans of
+    ``computed`` whose next token was known at launch (prompt positions: the same at settle)."""
+    sampled: torch.Tensor
+    computed: torch.Tensor
+    prefill: list[tuple[Request, int, int, int]]
+
+
+@dataclass
 class Launched:
     """A step whose tokens are still on the device."""
     batch: Batch
@@ -51,6 +67,7 @@ class Launched:
     start: float                    # perf_counter() when its call began
     tail: bool = False              # a speculative engine's tail step (engine.tail: its time is measured)
     drafting: bool = False          # its chosen rows could draft (engine/drafts_gate.py's way)
+    hand_out: HandOut | None = None  # its hidden states, where the speculator wants them
 
     def live(self) -> bool:
         return any(not p.req.status.finished for p in self.batch.plans)

@@ -14,7 +14,7 @@ import time
 import torch
 
 from tailrl.config import AHEAD_ABOVE, EngineConfig, SpeculativeConfig, device_scope, require_device
-from tailrl.engine.ahead import Launched, feed, placeholders, settle
+from tailrl.engine.ahead import HandOut, Launched, feed, placeholders, settle
 from tailrl.engine.ahead_drafts import AheadDrafts
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
@@ -94,11 +94,12 @@ class LLMEngine:
         """In the tail, plain steps launched ahead wherever they measure faster (``tail``,
         tail_choice.py); where no step is launched ahead, each step speculating or plain, the
         way measured faster (``choice``: one_at_a_time); the rows expected to run longest
-        drafting inside steps launched ahead (``ahead_drafts``, ahead_drafts.py). None of them
-        with a learned drafter, whose past needs every step's hidden states."""
+        drafting inside steps launched ahead (``ahead_drafts``, ahead_drafts.py). The last two
+        not with a learned drafter (``DRAFTER_METHODS``); the tail's choice with any method, since
+        plain steps launched ahead hand out their hidden states (``HandOut``) as other steps do."""
         cfg = getattr(speculator, "config", None)
         suffix = cfg is not None and getattr(cfg, "method", None) not in DRAFTER_METHODS
-        self.tail = TailChoice() if ahead and suffix and getattr(cfg, "tail", None) == "measured" else None
+        self.tail = TailChoice() if ahead and getattr(cfg, "tail", None) == "measured" else None
         one = getattr(cfg, "one_at_a_time", None) == "measured"
         self.choice = TailChoice("steps") if not ahead and suffix and one else None
         rows = getattr(cfg, "ahead_drafts", 0)
@@ -316,7 +317,12 @@ class LLMEngine:
         if prev is not None:
             feed(batch, prev)                         # its tokens, on the device, as this step's inputs
         built = time.perf_counter()
-        logits = self.runner.run(batch)
+        hand_out = None                               # the hidden states, where the speculator reads them
+        if self.speculator is not None and self.speculator.wants_hidden(len(sched.rows)):
+            logits, hidden, computed = self.runner.run(batch, return_hidden=True)
+            hand_out = HandOut(hidden, computed, self._prefill_spans(batch))
+        else:
+            logits = self.runner.run(batch)
         for req, n in sched.rows:
             req.num_computed_tokens += n
         launched = time.perf_counter()
@@ -324,13 +330,15 @@ class LLMEngine:
         self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
                                          [scheduled - start, drafted - scheduled, built - drafted,
                                           launched - built, time.perf_counter() - launched], start, tail,
-                                         self.ahead_drafts is not None and self.ahead_drafts.drafting())
+                                         self.ahead_drafts is not None and self.ahead_drafts.drafting(), hand_out)
         if prev is None:
             return []
         finished = self._settle(prev)
         if not step.live():                           # every row it computes has stopped already
             self._launched = None
             self._settle(step)
+        if self.idle_work is not None:                # a step boundary (the one in flight drafts nothing)
+            self.idle_work.after_step(prev.rows)
         return finished
 
     def _drafts_ahead(self, sched: SchedulerOutput, budget: int) -> dict:
@@ -368,18 +376,21 @@ class LLMEngine:
 
     def _above(self) -> int:
         """The requests above which this speculative engine's steps are plain, launched ahead:
-        ``ahead_above``, or by default ``AHEAD_ABOVE``, unless the speculator collects the
-        target's hidden states for an online drafter (collector attached at any time), which a
-        step launched ahead would not hand out."""
-        if self.ahead_above is not None:
-            return self.ahead_above
-        return 0 if getattr(self.speculator, "collector", None) is not None else AHEAD_ABOVE
+        ``ahead_above``, or by default ``AHEAD_ABOVE`` (an online drafter's collector too: those
+        steps hand out their hidden states when they settle)."""
+        return AHEAD_ABOVE if self.ahead_above is None else self.ahead_above
 
     def _settle(self, step: Launched) -> list[Request]:
         """Wait for a launched step's tokens, commit them, finish what stopped; its metrics."""
         t0 = time.perf_counter()
         tokens = step.sampled.lists()[0]
         t1 = time.perf_counter()
+        h = step.hand_out
+        if h is not None and h.prefill:           # positions before those it samples, first (as _step_one)
+            live = [s for s in h.prefill if not s[0].status.finished]
+            if live:
+                self.speculator.observe_hidden(h.computed, live)
+        handed = time.perf_counter()
         finished, verified = settle(step, self.kv, self.args.eos_token_ids)
         observed = time.perf_counter()
         accepted = sum(a for _, a in verified)
@@ -395,7 +406,11 @@ class LLMEngine:
             sp = self.speculator                 # the rows' tokens only where some source reads them
             sp.observe_many([(p.req, [tokens[i] for i in p.rows]) for p in step.batch.plans if p.rows]
                             if sp.tokens_wanted else [])
-        spec = time.perf_counter() - observed
+            if h is not None:                     # the rows that sampled what each request emitted
+                emitted = [(p.req, p.req.num_tokens - len(p.rows) - 1, p.rows) for p in step.batch.plans if p.rows]
+                if emitted:
+                    self._hand_out(h.sampled, emitted)
+        spec = time.perf_counter() - observed + handed - t1
         for req in finished:
             self._finish(req, req.status)
         t2 = time.perf_counter()
@@ -448,13 +463,20 @@ class LLMEngine:
         """The states [N, H] of this step's committed positions whose next token is known
         already (prompt positions; a preempted request's recomputed ones) to the speculator;
         the position that samples is handed out with what it emitted, after verification."""
+        spans = self._prefill_spans(batch)
+        if spans:
+            self.speculator.observe_hidden(computed, spans)
+
+    @staticmethod
+    def _prefill_spans(batch: Batch) -> list[tuple[Request, int, int, int]]:
+        """``batch``'s spans (request, start, row of ``computed``, positions) whose next tokens
+        are known before it samples."""
         spans = []
         for req, start, flat0, n in batch.spans:
             known = min(n, req.num_tokens - 1 - start)
             if known > 0:
                 spans.append((req, start, flat0, known))
-        if spans:
-            self.speculator.observe_hidden(computed, spans)
+        return spans
 
     def _commit(self, batch: Batch, tokens: list[int], logprobs: list[float]
                 ) -> tuple[list[Request], int, list[tuple[list[int], int]]]:

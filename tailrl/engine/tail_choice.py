@@ -17,8 +17,9 @@ tried); the faster way steps on, and after ``probe`` steps of it the other way s
 times more, so that its rate follows the tail as the tail changes; each probe that leaves the
 choice as it was doubles ``probe`` (``PROBE`` up to ``MAX_PROBE``), one that changes it
 resets it. Each rollout measures speculation afresh (``new_rollout``). The choice never
-changes a token: both ways give plain decoding's outputs. Not with a learned drafter
-(``DRAFTER_METHODS``): its past of hidden states would have gaps.
+changes a token: both ways give plain decoding's outputs. With a learned drafter too: a plain
+step launched ahead hands out its hidden states when it settles (``ahead.HandOut``), so the
+drafter's pasts have no gaps and its drafts root where a speculative step's would.
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ TRY = 4                     # steps of a way measured before its rate counts, an
 PROBE = 32                  # steps of the faster way before the slower is measured again
 MAX_PROBE = 512
 WAYS = ("speculate", "plain")
-# methods whose learned drafter keeps a past of the target's hidden states, which plain steps
-# launched ahead hand out none of: their tails always speculate
+# methods with a learned drafter: the engine's measured choice per step where none is launched
+# ahead (``one_at_a_time``) and rows drafting inside steps launched ahead (``ahead_drafts``) are
+# not built for them
 DRAFTER_METHODS = ("drafter", "hybrid")
 
 

@@ -1,7 +1,8 @@
 """A learned drafter in an engine that launches its bulk's plain steps ahead
-(``SpeculativeConfig.ahead_above``): those steps hand out no hidden states, so a request's
-drafter past holds only what the tail's speculative steps hand out; it drafts from there.
-Outputs are plain decoding's."""
+(``SpeculativeConfig.ahead_above``), its tail always speculating (``tail="speculate"``; the
+measured tail with a drafter: tests/speculative/test_drafter_source.py): the bulk's steps hand
+out their hidden states as they settle (engine/ahead.py ``HandOut``), so the drafter drafts in
+the tail from pasts that begin with the prompts. Outputs are plain decoding's."""
 import pytest
 import torch
 
@@ -20,9 +21,19 @@ def test_a_drafter_drafts_in_the_tail_after_steps_launched_ahead(model, drafter_
     kw = dict(dtype="bfloat16", max_num_seqs=64, device=device, kv_cache_gib=0.25)
     plain = LLM(model, **kw)
     spec = LLM(model, async_scheduling=True, speculative=SpeculativeConfig(
-        policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, ahead_above=8), **kw)
+        policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0, ahead_above=8,
+        tail="speculate"), **kw)
     spec.engine.speculator.choice.always = True
-    assert spec.engine.tail is None                   # a drafter's tail always speculates (its past)
+    assert spec.engine.tail is None
+    past = spec.engine.speculator.sources[0].past
+    starts: dict[str, int] = {}
+    inner = past.add_spans
+
+    def recording(hidden, spans):
+        for req, start, _, _ in spans:
+            starts.setdefault(req.request_id, start)
+        return inner(hidden, spans)
+    past.add_spans = recording
     launched = [0]
     step_ahead = engine_mod.LLMEngine._step_ahead
 
@@ -36,3 +47,4 @@ def test_a_drafter_drafts_in_the_tail_after_steps_launched_ahead(model, drafter_
         assert got == want
         assert spec.last_metrics["rollout/spec_drafter_calls"] > 0      # it drafted in the tail
     assert launched[0] > 20                                             # after steps launched ahead
+    assert min(starts.values()) == 0                                    # handed out from the prompts on

@@ -11,7 +11,7 @@ from mixed_requests import PARAMS, PROMPTS, outputs
 from safetensors.torch import load_file
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
-from tailrl.config import AHEAD_ABOVE, EngineConfig
+from tailrl.config import EngineConfig
 from tailrl.engine import engine as engine_mod
 from tailrl.engine.ahead import PENDING
 from tailrl.engine.batch import ModelRunner
@@ -118,31 +118,6 @@ def test_a_measured_tail_switches_its_two_ways_mid_request_with_plain_decodings_
         assert m["rollout/tail_plain_steps"] >= 2 and m["rollout/tail_speculate_steps"] >= 2
     assert m["rollout/spec_verify_steps"] > 0 and fed[0] > 0
     assert e.tail.rate["plain"] > 0 and e.tail.rate["speculate"] > 0
-
-
-def test_by_default_a_speculative_engine_steps_ahead_above_64_requests_unless_it_collects(model, fed):
-    """``ahead_above=None``: AHEAD_ABOVE (64); 0 while an online drafter's collector takes the
-    target's hidden states (attached at any time), which steps launched ahead hand out none of."""
-    prompts = [[(5 * i + j) % 89 + 1 for j in range(6)] for i in range(40)]
-    params = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=4)
-    want = [[c.token_ids for c in o.outputs] for o in LLM(model, max_num_seqs=128).generate(prompts, params)]
-    llm = LLM(model, max_num_seqs=128, async_scheduling=True, speculative=SpeculativeConfig(policy="fixed"))
-    e = llm.engine
-    assert e.ahead_above is None and e._above() == AHEAD_ABOVE == 64
-    assert [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)] == want
-    assert fed[0] > 3                                     # 80 requests: the first steps went ahead
-
-    class Collector:                                      # an online drafter's (the spot trainer's)
-        def add_spans(self, hidden, spans):
-            pass
-
-        def finish(self, req):
-            pass
-    e.speculator.collector = Collector()
-    assert e._above() == 0
-    fed[0] = 0
-    assert [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)] == want
-    assert fed[0] == 0
 
 
 @pytest.mark.parametrize("ahead_above", [3, 0])

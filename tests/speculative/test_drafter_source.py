@@ -294,3 +294,47 @@ def test_a_call_out_of_device_memory_drafts_nothing_and_the_rollout_goes_on(monk
         assert_same(LLM(model).generate(PROMPTS, PARAMS), spec.generate(PROMPTS, PARAMS))
     assert src.out_of_memory > 0 and spec.last_metrics["rollout/spec_accepted_tokens/drafter"] > 0
     assert sum("out of device memory" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_a_measured_tail_hands_the_drafter_every_state_from_steps_launched_ahead(model, drafter_dir, dtype,
+                                                                                 monkeypatch):
+    """Where steps are launched ahead (a GPU's engine), a hybrid engine's tail is measured as a
+    suffix engine's (engine/tail_choice.py): plain steps launched ahead hand their states to the
+    drafter's pasts when they settle, so every request's past covers each of its positions, in
+    order, to the one before its last token; here the tail goes each way twice in turn. Outputs
+    equal plain decoding's, and the drafter's drafts are verified and accepted."""
+    plain = LLM(model, dtype=dtype, async_scheduling=False)
+    spec = LLM(model, dtype=dtype, async_scheduling=True, speculative=SpeculativeConfig(
+        policy="fixed", method="hybrid", drafter=drafter_dir, min_token_prob=0.0, ahead_above=8))
+    e, s = spec.engine, spec.engine.speculator
+    assert e.tail is not None and e._tail()
+    s.choice.always = True                                   # the drafter drafts wherever it can
+    calls = [0]
+
+    def alternate() -> bool:
+        calls[0] += 1
+        return calls[0] % 4 < 2
+    monkeypatch.setattr(e.tail, "plain", alternate)
+    past = s.sources[-1].past
+    spans: dict[str, list[tuple[int, int]]] = {}
+    inner = past.add_spans
+
+    def recording(hidden, got):
+        for req, start, _, k in got:
+            spans.setdefault(req.request_id, []).append((start, k))
+        return inner(hidden, got)
+    past.add_spans = recording
+    want = plain.generate(PROMPTS, PARAMS)
+    outs = spec.generate(PROMPTS, PARAMS)
+    assert_same(want, outs)
+    m = spec.last_metrics
+    assert m["rollout/tail_plain_steps"] >= 2 and m["rollout/tail_speculate_steps"] >= 2
+    assert m["rollout/spec_accepted_tokens/drafter"] > 0
+    ends = {req.request_id: req.num_tokens for req in e.requests.values()} if e.requests else {}
+    for rid, got in spans.items():
+        pos = [start + i for start, k in got for i in range(k)]
+        assert pos == list(range(pos[0], pos[0] + len(pos)))          # in order, no gap, none twice
+        if rid in ends:
+            assert pos[-1] == ends[rid] - 2
+    assert len(spans) == sum(len(o.outputs) for o in outs)
