@@ -104,31 +104,38 @@ class DrafterBuffer:
         k - 1 are positions start .. start + k - 1 of ``req``. Runs keep references to row
         ranges; a run copies its chunks into one tensor every ``OWN_AT`` chunks, so a long run
         does not keep many steps' tensors alive."""
-        for req, start, row, k in spans:
+        added = 0
+        runs, opened = self._runs, self._open
+        for req, start, row, k in spans:             # every row of every step: kept lean
             if k == 0:
                 continue
-            if start < 0 or start + k > req.num_tokens:
+            n = len(req.prompt_token_ids) + len(req.output_token_ids)
+            if start < 0 or start + k > n:
                 raise ValueError(f"drafter buffer: positions {start} .. {start + k - 1} outside request "
-                                 f"{req.request_id!r} ({req.num_tokens} tokens)")
-            key = self._open.get(req.request_id)
-            run = self._runs.get(key) if key is not None else None
-            if run is None or start > run.end:
+                                 f"{req.request_id!r} ({n} tokens)")
+            key = opened.get(req.request_id)
+            run = runs.get(key) if key is not None else None
+            end = run.start + len(run.tokens) if run is not None else -1
+            if run is None or start > end:
                 key, run = self._next_key, _Run(start, max(start, req.num_prompt_tokens - 1), req.group_id,
                                                 req.prompt_token_ids)
                 self._next_key += 1
                 if 0 < start < req.num_prompt_tokens:
                     self._borrow(run)
-                self._runs[key] = run
-                self._open[req.request_id] = key
-            skip = run.end - start
+                runs[key] = run
+                opened[req.request_id] = key
+                end = run.end
+            skip = end - start
             if skip >= k:
                 continue
-            run.hidden.append((hidden, row + skip, row + k))
-            if len(run.hidden) >= OWN_AT:
+            chunks = run.hidden
+            chunks.append((hidden, row + skip, row + k))
+            if len(chunks) >= OWN_AT:
                 run.states()
-            run.tokens.extend(req.tokens(start + skip, start + k))
-            self.size += k - skip
-            self.added += k - skip
+            run.tokens += req.tokens(start + skip, start + k)
+            added += k - skip
+        self.size += added
+        self.added += added
         self._evict()
 
     def _borrow(self, run: _Run) -> None:

@@ -520,16 +520,25 @@ class LLMEngine:
         each step and never modified after). A chain's accepted rows are consecutive, so with
         chains only ``hidden`` itself goes out; a tree's accepted path is gathered. Each
         running request keeps the row that sampled its last token (a drafter continues from it)."""
-        if all(rows[-1] - rows[0] == len(rows) - 1 for _, _, rows in emitted_rows):
-            states, spans = hidden, [(req, start, rows[0], len(rows)) for req, start, rows in emitted_rows]
+        running = RequestStatus.RUNNING
+        states, spans = hidden, []
+        for req, start, rows in emitted_rows:          # chains: rows consecutive, ``hidden`` goes out
+            n = len(rows)
+            if rows[-1] - rows[0] != n - 1:
+                break
+            spans.append((req, start, rows[0], n))
+            if req.status is running:
+                req.keep_hidden(hidden, rows[-1])
         else:
-            idx, spans = [], []
-            for req, start, rows in emitted_rows:
-                spans.append((req, start, len(idx), len(rows)))
-                idx += rows
-            states = hidden[torch.tensor(idx, device=hidden.device)]
+            self.speculator.observe_hidden(states, spans)
+            return
+        idx, spans = [], []                            # a tree's accepted path: gathered
+        for req, start, rows in emitted_rows:
+            spans.append((req, start, len(idx), len(rows)))
+            idx += rows
+        states = hidden[torch.tensor(idx, device=hidden.device)]
         for req, _, row, n in spans:
-            if req.status is RequestStatus.RUNNING:
+            if req.status is running:
                 req.keep_hidden(states, row + n - 1)
         self.speculator.observe_hidden(states, spans)
 
