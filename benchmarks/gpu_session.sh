@@ -86,16 +86,17 @@ engine() {
         ${ATTENTION_ARGS:-}
     step gpu ${GPU_LIMIT:-280} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
         ${GPU_VARIANTS:+--variants $GPU_VARIANTS} --partial-json "$OUT/gpu_partial.json"
-    # the tests whose code changed since the last GPU run first: the measured tail's (stop 46) in
-    # test_ahead.py, rows drafting inside steps launched ahead (stop 47), the trainer's bits with
-    # tensor-core attention, then test_triton.py (its first 19, every attention test, passed with
-    # tensor cores at stop 46)
+    # the tests whose code changed since the last GPU run first: the drafter's depths on the
+    # engine's kernels replayed from graphs (stop 53) and its states handed out by steps launched
+    # ahead (stop 54), the measured tail's (stop 46) in test_ahead.py, rows drafting inside steps
+    # launched ahead (stop 47), the trainer's bits with tensor-core attention; test_triton.py
+    # last (all 28 passed at stop 45; every attention test with tensor cores at stop 46)
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
+            tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py \
             tests/engine/test_ahead.py tests/engine/test_ahead_drafts.py tests/rl/test_device.py \
-            tests/kernels/test_triton.py \
-            tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py tests/kernels/test_launches.py \
-            tests/kernels/test_stock.py tests/kernels/test_triton_sampler.py tests/engine/test_engine_device.py
+            tests/kernels/test_launches.py tests/kernels/test_stock.py tests/kernels/test_triton_sampler.py \
+            tests/engine/test_engine_device.py tests/kernels/test_triton.py
     else
         echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"
     fi
