@@ -20,19 +20,6 @@ from tailrl.engine.graphs import StepGraphs
 from tailrl.speculative.speculator import Speculator
 
 
-@pytest.fixture
-def fed(monkeypatch):
-    """Counts the steps whose inputs came from a step still in flight."""
-    count = [0]
-    feed = engine_mod.feed
-
-    def counting(batch, step):
-        count[0] += bool(batch.ahead)
-        return feed(batch, step)
-    monkeypatch.setattr(engine_mod, "feed", counting)
-    return count
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("rows", [256, 5], ids=["all-rows", "waiting"])

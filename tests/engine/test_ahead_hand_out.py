@@ -10,7 +10,6 @@ from mixed_requests import PARAMS, PROMPTS
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.config import AHEAD_ABOVE
 from tailrl.drafter.buffer import DrafterBuffer
-from tailrl.engine import engine as engine_mod
 from tailrl.engine.batch import ModelRunner
 from tailrl.engine.graph_pool import GraphPool, eager_capture
 from tailrl.engine.graphs import StepGraphs
@@ -35,19 +34,6 @@ class Recorder:
 
     def finish(self, req) -> None:
         self.buffer.finish(req)
-
-
-@pytest.fixture
-def fed(monkeypatch):
-    """Counts the steps launched while the one before them was in flight."""
-    count = [0]
-    feed = engine_mod.feed
-
-    def counting(batch, step):
-        count[0] += bool(batch.ahead)
-        return feed(batch, step)
-    monkeypatch.setattr(engine_mod, "feed", counting)
-    return count
 
 
 def collecting(model, dtype, ahead: bool, ahead_above: int | None, graphs: bool = False, **kw) -> tuple[LLM, Recorder]:

@@ -155,7 +155,8 @@ def test_bfloat16_identity_on_a_short_context_model(ckpt_dir):
             accepted[i] += spec.last_metrics["rollout/spec_accepted_tokens"]
             for x, y in zip(a, b, strict=True):
                 for cx, cy in zip(x.outputs, y.outputs, strict=True):
-                    assert (cy.token_ids, cy.logprobs, cy.finish_reason) == (cx.token_ids, cx.logprobs, cx.finish_reason)
+                    got, want = (cy.token_ids, cy.logprobs, cy.finish_reason), (cx.token_ids, cx.logprobs, cx.finish_reason)
+                    assert got == want
     assert accepted[1] > 0
 
 
