@@ -10,6 +10,9 @@ drifts over minutes, so the runs see the same drift and their step times compare
            without training)
   online   the same drafter, trained by the spot trainer inside the rollout's tail (below
            ``drafter_spot_batch`` requests) and between rollout and update
+  online_side  (``--runs ...,online_side``; a GPU) the same with the spot steps queued on a
+           CUDA stream of their own beside the rollout's (``drafter_spot_stream=side``)
+           instead of between its steps
 All must sample identical responses (drafts are verified), and so all train the same policy.
 
 The drafter's acceptance per step is measured exactly on the step's responses (the
@@ -33,7 +36,9 @@ and the spot training time inside the online rollout. Ends with one JSON line:
   online_vs_frozen_rollout (online rollout time / frozen's; > 1 = slower),
   hybrid_vs_suffix_rollout (frozen against suffix; total: rollout time ratio; step_mean,
   step_se: over the steps' ratios, > 1 = hybrid slower),
-  drafter_train_s_per_step (between rollout and update), identical_share (per run vs plain).
+  drafter_train_s_per_step (between rollout and update), identical_share (per run vs plain);
+  with online_side, the same spot figures and pairings for it (``side_*``) and
+  online_side_vs_online_rollout.
 
     PYTHONPATH=. python benchmarks/drafter_online.py --steps 20 --drafter DIR
 """
@@ -50,8 +55,11 @@ from tailrl.rl.report import compare_runs, load_metrics, summarize
 from tailrl.rl.trainer import Trainer
 
 FROZEN = ["drafter=true", "drafter_spot_batch=0", "drafter_train_steps=0"]
-RUNS = {"plain": ["speculative=false"], "suffix": [], "frozen": FROZEN, "online": ["drafter=true"]}
-MEASURED = ("frozen", "online")
+RUNS = {"plain": ["speculative=false"], "suffix": [], "frozen": FROZEN, "online": ["drafter=true"],
+        "online_side": ["drafter=true", "drafter_spot_stream=side"]}
+DEFAULT_RUNS = ("plain", "suffix", "frozen", "online")
+MEASURED = ("frozen", "online", "online_side")
+TRAINED = ("online", "online_side")
 
 
 class Run:
@@ -128,8 +136,9 @@ def print_table(args, names: list[str], rows: dict, acc: dict, own: dict) -> Non
         line += " | " + " " * 30 + " ".join(f"{acc[n][i]:>7.2f}" for n in acc)
         if own:
             line += " | " + " " * 14 + " ".join(f"{own[n][i]:>7.2f}" for n in own)
-        if "online" in rows:
-            line += f" | {rows['online'][i].get('timing_s/spot_train', 0.0):.2f}"
+        for n in TRAINED:
+            if n in rows:
+                line += f" | {rows[n][i].get('timing_s/spot_train', 0.0):.2f}"
         print(line)
 
 
@@ -139,10 +148,11 @@ def acceptance_figures(acc: dict, steps: dict) -> dict:
                      "drafter_verify_steps_per_step": steps,
                      "drafter_accept_length": {n: mean_se(a)[0] for n, a in acc.items()},
                      "drafter_accept_length_halves": {n: half(a) for n, a in acc.items()}}
-    if len(acc) == 2:            # the same responses in both runs: paired per step
-        diff = [o - f for f, o in zip(acc["frozen"], acc["online"])]
-        mean, se = mean_se(diff)
-        figures["online_minus_frozen"] = {"mean": mean, "se": se, "halves": half(diff)}
+    for n in TRAINED:            # the same responses in both runs: paired per step
+        if n in acc and "frozen" in acc:
+            diff = [o - f for f, o in zip(acc["frozen"], acc[n])]
+            mean, se = mean_se(diff)
+            figures[f"{n}_minus_frozen"] = {"mean": mean, "se": se, "halves": half(diff)}
     return figures
 
 
@@ -151,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="configs/demo.yaml")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--drafter", default=None, help="starting drafter (`tailrl train-drafter`); default: fresh")
-    p.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ",".join(RUNS))
+    p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="comma-separated subset of " + ",".join(RUNS))
     p.add_argument("--track", action="store_true", help="drafter_tracking in frozen and online")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="runs/drafter_online")
@@ -182,14 +192,20 @@ def main(argv: list[str] | None = None) -> int:
         figures["rollout_ratio_vs_plain"] = {n: base / s[n]["rollout_s_per_step"] for n in names}
         figures["identical_share"] = {n: compare_runs(out / n, out / "plain")["equiv/identical_share"]
                                       for n in names if n != "plain"}
-    if "online" in rows:
-        spot = sum(col(rows["online"], "timing_s/spot_train")) / args.steps
-        figures["spot_train_s_per_step"] = spot
-        figures["spot_share_of_rollout"] = spot / s["online"]["rollout_s_per_step"]
-        figures["spot_step_max_s"] = max(col(rows["online"], "timing_s/spot_step_max"), default=0.0)
-        figures["drafter_train_s_per_step"] = sum(col(rows["online"], "timing_s/drafter_train")) / args.steps
+    for n, pre in (("online", ""), ("online_side", "side_")):
+        if n not in rows:
+            continue
+        spot = sum(col(rows[n], "timing_s/spot_train")) / args.steps
+        figures[f"{pre}spot_train_s_per_step"] = spot
+        figures[f"{pre}spot_share_of_rollout"] = spot / s[n]["rollout_s_per_step"]
+        figures[f"{pre}spot_step_max_s"] = max(col(rows[n], "timing_s/spot_step_max"), default=0.0)
+        figures[f"{pre}spot_steps_per_step"] = sum(col(rows[n], "drafter/spot_steps")) / args.steps
+        figures[f"{pre}drafter_train_s_per_step"] = sum(col(rows[n], "timing_s/drafter_train")) / args.steps
         if "frozen" in rows:
-            figures["online_vs_frozen_rollout"] = s["online"]["rollout_s_per_step"] / s["frozen"]["rollout_s_per_step"]
+            figures[f"{n}_vs_frozen_rollout"] = s[n]["rollout_s_per_step"] / s["frozen"]["rollout_s_per_step"]
+    if "online" in rows and "online_side" in rows:
+        figures["online_side_vs_online_rollout"] = (s["online_side"]["rollout_s_per_step"]
+                                                    / s["online"]["rollout_s_per_step"])
     if "frozen" in rows and "suffix" in rows:       # the same responses step by step: per-step ratios
         mean, se = mean_se([h["timing_s/gen"] / x["timing_s/gen"] for h, x in zip(rows["frozen"], rows["suffix"])])
         figures["hybrid_vs_suffix_rollout"] = {"total": s["frozen"]["rollout_s_per_step"] / s["suffix"]["rollout_s_per_step"],

@@ -27,7 +27,9 @@
 #                                            # (benchmarks/drafter_online.py: plain, suffix, frozen
 #                                            # and online drafter on the 0.5b stand-in, each trainer's
 #                                            # engine at 0.12 of the GPU: four trainers, each
-#                                            # with its policy, AdamW and scorer, share it)
+#                                            # with its policy, AdamW and scorer, share it;
+#                                            # GRPO_RUNS=plain,suffix,frozen,online,online_side
+#                                            # adds the spot trainer on a side CUDA stream)
 #   bash benchmarks/gpu_session.sh profile   # benchmarks/step_profile.py: the plain rollout's steps
 #                                            # with and without steps launched ahead (A B B A),
 #                                            # the operations that wait for the GPU, profiler tables
@@ -88,12 +90,12 @@ engine() {
         ${GPU_VARIANTS:+--variants $GPU_VARIANTS} --partial-json "$OUT/gpu_partial.json"
     # the tests whose code changed since the last GPU run first: the drafter's depths on the
     # engine's kernels replayed from graphs (stop 53) and its states handed out by steps launched
-    # ahead (stop 54), the measured tail's (stop 46) in test_ahead.py, rows drafting inside steps
+    # ahead and the spot trainer's side stream (stop 54), the measured tail's (stop 46) in test_ahead.py, rows drafting inside steps
     # launched ahead (stop 47), the trainer's bits with tensor-core attention; test_triton.py
     # last (all 28 passed at stop 45; every attention test with tensor cores at stop 46)
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
-            tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py \
+            tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py tests/drafter/test_side_stream.py \
             tests/engine/test_ahead.py tests/engine/test_ahead_drafts.py tests/rl/test_device.py \
             tests/kernels/test_launches.py tests/kernels/test_stock.py tests/kernels/test_triton_sampler.py \
             tests/engine/test_engine_device.py tests/kernels/test_triton.py
@@ -137,7 +139,7 @@ grpo)
     [ -f "$D/drafter.json" ] || step train_drafter ${TRAIN_LIMIT:-75} $PY -c "from tailrl.cli import main; \
 main(['train-drafter', '--model', '$M', '--out', '$D', '--device', '$DEVICE', $TRAIN_ARGS])"
     step grpo ${GRPO_LIMIT:-420} $PY benchmarks/drafter_online.py --steps ${GRPO_STEPS:-20} --drafter "$D" \
-        --set device=$DEVICE --set model=$M --set gpu_memory_utilization=0.12 --out /tmp/tailrl-grpo
+        ${GRPO_RUNS:+--runs $GRPO_RUNS} --set device=$DEVICE --set model=$M --set gpu_memory_utilization=0.12 --out /tmp/tailrl-grpo
     ;;
 profile)
     [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 60 $PY setup.py build_ext --inplace

@@ -86,6 +86,9 @@ AHEAD_DRAFTS_GATES = ("measured", "always")
 # part of an H100's step-time curve, which #34 measured flat to a few hundred tokens; on an H200
 # no threshold made speculation beat plain steps launched ahead: docs/speculation.md)
 AHEAD_ABOVE = 64
+# where the spot trainer's steps run inside a rollout (tailrl/drafter/spot_trainer.py): between
+# the rollout's steps, or on a CUDA stream of their own beside them
+SPOT_STREAMS = ("between", "side")
 
 
 @dataclass

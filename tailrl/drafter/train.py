@@ -73,6 +73,25 @@ class SequenceBatch:
     tokens: torch.Tensor        # [B, T]
     lengths: torch.Tensor       # [B]
     first: torch.Tensor         # [B] first root position that counts
+    host: tuple[list[int], list[int]] | None = None    # lengths and first on the host (None: read back)
+
+    def kept(self, k: int) -> torch.Tensor:
+        """The flat [B * T] indices, in order, of unroll step ``k``'s positions that count (a root
+        t - k that counts, a next position t + 1 that exists): built on the host from ``host``,
+        so the loss reads no count back from the device."""
+        lengths, first = self.host if self.host is not None else (self.lengths.tolist(), self.first.tolist())
+        t = self.tokens.shape[1]
+        idx = [b * t + i for b, (m, f) in enumerate(zip(lengths, first)) for i in range(f + k, m - 1)]
+        return to_device(torch.tensor(idx, dtype=torch.long, device="cpu"), self.tokens.device)
+
+
+def to_device(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor on ``dev``: on a GPU through pinned memory, not waited for (a copy from
+    pageable memory would wait for every kernel queued on the stream, e.g. a rollout step
+    running beside the spot trainer)."""
+    if dev.type == "cuda":
+        return x.pin_memory().to(dev, non_blocking=True)
+    return x.to(dev)
 
 
 def sample_batch(data: DrafterData, positions: int, gen: torch.Generator,
@@ -93,37 +112,41 @@ def sample_batch(data: DrafterData, positions: int, gen: torch.Generator,
         picked.append((int(offsets[s]) + a, m, max(0, int(data.first[s]) - a)))
         total += m
     width = max(m for _, m, _ in picked)
-    dev = device if device is not None else data.hidden.device
+    dev = torch.device(device if device is not None else data.hidden.device)
     hidden = data.hidden.new_zeros(len(picked), width, data.hidden.shape[1])
     tokens = torch.zeros(len(picked), width, dtype=torch.long, device="cpu")
     for b, (o, m, _) in enumerate(picked):
         hidden[b, :m] = data.hidden[o:o + m]
         tokens[b, :m] = data.tokens[o:o + m]
-    meta = torch.tensor([[m, f] for _, m, f in picked], device="cpu").to(dev)     # lengths, first: one copy
-    return SequenceBatch(hidden.to(dev), tokens.to(dev), meta[:, 0], meta[:, 1])
+    meta = to_device(torch.tensor([[m, f] for _, m, f in picked], device="cpu"), dev)   # lengths, first: one copy
+    return SequenceBatch(hidden.to(dev), to_device(tokens, dev), meta[:, 0], meta[:, 1],
+                         ([m for _, m, _ in picked], [f for _, _, f in picked]))
 
 
 def drafter_loss(drafter: Drafter, batch: SequenceBatch, unroll: int,
-                 reg_weight: float = 1.0, decay: float = 0.7) -> tuple[torch.Tensor, float]:
+                 reg_weight: float = 1.0, decay: float = 0.7) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss over every root of ``batch`` that counts. Returns (loss, top-1 agreement of the
-    first step with the target's most likely token: a cheap proxy of chain acceptance)."""
+    first step with the target's most likely token: a cheap proxy of chain acceptance), both
+    0-d tensors on the batch's device: nothing is read back (on a GPU the loss can be queued
+    on a stream beside the rollout's without waiting for it)."""
     outs = drafter.unroll(batch.hidden, batch.tokens, batch.lengths, unroll)
-    t = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)
     nxt = torch.cat([batch.hidden[:, 1:], torch.zeros_like(batch.hidden[:, :1])], 1)   # h_{t+1}
+    flat = lambda x: x.flatten(0, 1)          # noqa: E731  [B, T, ...] -> [B * T, ...]
     total = batch.hidden.new_zeros(())
-    agree = 0.0
+    agree = batch.hidden.new_zeros(())
     for k, (feat, logits) in enumerate(outs):
         # step k at t: the draft rooted at t - k (must count), predicting position t + 1 (must exist)
-        keep = (t[None] - k >= batch.first[:, None]) & (t[None] + 1 < batch.lengths[:, None])   # [B, T]
-        if not bool(keep.any()):
+        keep = batch.kept(k)                                                 # [R], row-major
+        if keep.numel() == 0:
             break
-        target = nxt[keep]                                                   # [R, H]
+        target = flat(nxt).index_select(0, keep)                             # [R, H]
         target_p = torch.softmax(F.linear(target, drafter.head), -1)         # [R, V]
-        ce = -(target_p * torch.log_softmax(logits[keep], -1)).sum(-1).mean()
-        reg = F.smooth_l1_loss(feat[keep], target)
+        kept_logits = flat(logits).index_select(0, keep)
+        ce = -(target_p * torch.log_softmax(kept_logits, -1)).sum(-1).mean()
+        reg = F.smooth_l1_loss(flat(feat).index_select(0, keep), target)
         total = total + decay ** k * (ce + reg_weight * reg)
         if k == 0:
-            agree = (logits[keep].argmax(-1) == target_p.argmax(-1)).float().mean().item()
+            agree = (kept_logits.argmax(-1) == target_p.argmax(-1)).float().mean()
     return total, agree
 
 
@@ -139,7 +162,7 @@ def train(drafter: Drafter, data: DrafterData, steps: int, batch: int = 1024, lr
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps)) if max_seconds is None else None
     drafter.train()
-    loss_v = agree = 0.0
+    loss_v = agree_v = 0.0
     start, done = time.perf_counter(), 0
     bar = tqdm(range(steps), desc="train drafter", leave=False)
     for step in bar:
@@ -157,7 +180,8 @@ def train(drafter: Drafter, data: DrafterData, steps: int, batch: int = 1024, lr
         if sched is not None:
             sched.step()
         loss_v = loss.item()                    # waits for the step: the clock above sees it whole
+        agree_v = agree.item()
         done += 1
-        bar.set_postfix(loss=f"{loss_v:.3f}", agree=f"{agree:.3f}")
+        bar.set_postfix(loss=f"{loss_v:.3f}", agree=f"{agree_v:.3f}")
     drafter.eval()
-    return {"loss": loss_v, "agreement": agree, "steps": float(done)}
+    return {"loss": loss_v, "agreement": agree_v, "steps": float(done)}

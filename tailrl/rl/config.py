@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tailrl.config import PoolConfig, SpeculativeConfig, check_device
+from tailrl.config import SPOT_STREAMS, PoolConfig, SpeculativeConfig, check_device
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 REWARDS = ("auto", "task", "math")
@@ -21,7 +21,7 @@ RESUMABLE_CHANGES = ("total_steps", "checkpoint_every", "log_tensorboard", "prog
                      "instances", "scheduler", "backend", "chunk_tokens",   # the pool never changes outputs
                      # the drafter's training changes drafts, never outputs (drafts are verified)
                      "drafter_init", "drafter_lr", "drafter_buffer", "drafter_batch", "drafter_spot_batch",
-                     "drafter_spot_share", "drafter_train_steps", "drafter_eval")
+                     "drafter_spot_share", "drafter_spot_stream", "drafter_train_steps", "drafter_eval")
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:
@@ -78,6 +78,7 @@ class TrainConfig:
     drafter_batch: int = 256              # positions (sequence crops) per drafter training step
     drafter_spot_batch: int = 8           # train inside the rollout while fewer requests run (0 = never)
     drafter_spot_share: float = 0.03      # ... and while that training stays below this share of the rollout
+    drafter_spot_stream: str = "between"  # "between" the rollout's steps; "side": on a CUDA stream beside them
     drafter_train_steps: int = 16         # drafter steps between rollout and update
     drafter_eval: bool = False            # per step: the drafter's exact acceptance on the step's responses
     # ---- rollout pool (tailrl.rollout.pool; docs/pool.md) ----
@@ -183,6 +184,10 @@ class TrainConfig:
                "must be in (0, 1)", self.drafter_lr)
         _check(isinstance(self.drafter_spot_share, (int, float)) and 0 < self.drafter_spot_share <= 1,
                "drafter_spot_share", "must be in (0, 1]", self.drafter_spot_share)
+        _check(self.drafter_spot_stream in SPOT_STREAMS, "drafter_spot_stream", f"must be one of {SPOT_STREAMS}",
+               self.drafter_spot_stream)
+        _check(self.drafter_spot_stream != "side" or not self.drafter or str(self.device).startswith("cuda"),
+               "drafter_spot_stream", "'side' needs device cuda", self.device)
         _check(self.drafter_size is None or (isinstance(self.drafter_size, int) and self.drafter_size >= 1),
                "drafter_size", "must be null or an integer >= 1", self.drafter_size)
         _check(self.drafter_init is None or (isinstance(self.drafter_init, str)

@@ -53,7 +53,8 @@ def attach(llm: LLM, cfg: TrainConfig, resume_from: Path | None):
     (``PoolSpot``: the same interface)."""
     # train once the buffer holds 4 batches' worth of windows (fewer: the same windows over and over)
     spot_cfg = SpotConfig(lr=cfg.drafter_lr, batch=cfg.drafter_batch, threshold=cfg.drafter_spot_batch,
-                          max_share=cfg.drafter_spot_share, min_windows=4 * cfg.drafter_batch)
+                          max_share=cfg.drafter_spot_share, min_windows=4 * cfg.drafter_batch,
+                          stream=cfg.drafter_spot_stream)
     saved = resume_from / CHECKPOINT_SUBDIR if resume_from is not None else None
     state = str(saved) if saved is not None and (saved / STATE_FILE).is_file() else None
     # a drafter that is never trained (no training inside rollouts: neither in the tail nor on

@@ -23,10 +23,16 @@ def test_unknown_yaml_key_is_named(tmp_path):
                                        ("loss_agg_mode", "sum"), ("temperature", 0), ("dtype", "int8"),
                                        ("train_size", 2), ("ppo_minibatches", 3), ("task_family", "chess"),
                                        ("dataset", "data.csv"), ("reward", "nope"), ("gpu_memory_utilization", 0),
-                                       ("gpu_memory_utilization", 1.5)])
+                                       ("gpu_memory_utilization", 1.5), ("drafter_spot_stream", "beside")])
 def test_bad_value_names_the_key(tmp_path, key, value):
     cfg = write(tmp_path / "c.yaml", f"batch_size: 4\n{key}: {json.dumps(value)}\n")
     with pytest.raises(ValueError, match=f"'{key}'"):
+        load_config(cfg)
+
+
+def test_a_side_stream_for_the_spot_trainer_needs_a_gpu(tmp_path):
+    cfg = write(tmp_path / "c.yaml", "batch_size: 4\ndrafter: true\ndrafter_spot_stream: side\n")
+    with pytest.raises(ValueError, match="'drafter_spot_stream'.*needs device cuda"):
         load_config(cfg)
 
 
