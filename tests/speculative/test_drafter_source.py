@@ -235,6 +235,40 @@ def test_chains_grow_only_as_deep_as_pays(model, drafter_dir):
     assert max(len(d) for d in src.grow(reqs, 8, 1)) == 1
 
 
+@pytest.mark.parametrize("pricing,min_path_prob", [(None, 0.0), (None, 0.3), ((1e-12, 0.0), 0.0), ((1e6, 0.0), 0.0),
+                                                   ((1e6, 2e6), 0.0)], ids=["budget", "min-prob", "worthless",
+                                                                            "priceless", "dear"])
+def test_chain_depths_launched_ahead_of_their_end_give_the_same_chains(model, drafter_dir, monkeypatch, pricing,
+                                                                         min_path_prob):
+    """``depth_ahead`` (a GPU's default): depth t + 1 is launched before depth t's end is read;
+    the chains are the same, and where they end before the node budget one depth more is
+    computed and dropped."""
+    from tailrl.drafter import paged
+    from tailrl.speculative.sources import drafter_source as module
+    from tailrl.speculative.sources.drafter_source import TRIES
+    target = load_model(model)
+    src = DrafterSource(Drafter.load(drafter_dir, target), min_path_prob=min_path_prob)
+    reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
+    for r in reqs:
+        r.keep_hidden(torch.randn(target.args.hidden_size, generator=torch.Generator().manual_seed(len(r.prompt_token_ids))))
+    for _ in range(TRIES):                                   # the step time measured (pricing needs it)
+        src.grow(reqs, 8, 1)
+    src.pricing = pricing
+    depths = [0]
+
+    def counting(*a, **kw):
+        depths[0] += 1
+        return paged.paged_step(*a, **kw)
+    monkeypatch.setattr(module, "paged_step", counting)
+    got = {}
+    for ahead in (False, True):
+        src.depth_ahead, depths[0] = ahead, 0
+        drafts = src.grow(reqs, 8, 1)
+        got[ahead] = ([(d.tokens, d.probs) if d is not None else None for d in drafts], depths[0])
+    assert got[True][0] == got[False][0] and any(d is not None for d in got[True][0])
+    assert got[True][1] == min(got[False][1] + 1, 8)        # one more, unless the budget ended them
+
+
 def test_hidden_states_are_handed_out_only_where_the_drafter_drafts(model, drafter_dir):
     """Nothing is drafted above max_spec_batch rows, and nothing is handed out above twice
     that (unless a collector keeps every position): pasts start as the batch comes down, and

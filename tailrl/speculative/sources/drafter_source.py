@@ -109,6 +109,8 @@ class DrafterSource:
         # call by the speculator: chains grow only as deep as pays (None: to the node budget)
         self.pricing: tuple[float, float] | None = None
         self.graphs: DrafterGraphs | None = None      # chain depths replayed from graphs (a GPU engine's)
+        # a chain's next depth launched before the last one's end is read (``_chains``); None: on a GPU
+        self.depth_ahead: bool | None = None
 
     def use_graphs(self, pool: Any) -> None:
         """Replay chain depths from CUDA graphs kept in the engine's graph ``pool``."""
@@ -267,10 +269,15 @@ class DrafterSource:
         committed past (``ChainLayout``), each depth replayed from a graph where the engine
         keeps them (a GPU's), else launched. A chain ends before its first node whose path
         probability is below ``min_path_prob``; all end where one more step could not pay
-        (``_chains_end``)."""
+        (``_chains_end``). On a GPU (``depth_ahead``) depth t + 1 is launched before depth t's
+        end is read, so the device computes it while the host waits for that read; where the
+        chains end at t, depth t + 1 is dropped unread (its K/V sit past the chain, where any
+        rejected draft's do): the same chains, one depth more computed at their end."""
         tokens, probs = [], []
         path_prob = torch.ones(len(toks), device=toks.device)
         pool = self.past.pool
+        ahead = self.depth_ahead if self.depth_ahead is not None else toks.device.type == "cuda"
+        last: torch.Tensor | None = None      # with ``ahead``: the depth before's path probabilities, unread
         for t in range(max_tokens):
             got = self.graphs.depth(drafter, kernels, tables, pool, layout, t, feats, toks) \
                 if self.graphs is not None else None
@@ -282,10 +289,16 @@ class DrafterSource:
             else:             # views of the graph's outputs, which the next depth's replay overwrites
                 feats, q, toks = got[0], got[1].clone(), got[2].clone()
             steps[0] += 1
+            if last is not None and self._chains_end(last):
+                break                         # this depth was launched ahead of the end: not kept
             tokens.append(toks)
             probs.append(q)
             path_prob = path_prob * q
-            if t + 1 == max_tokens or self._chains_end(path_prob):
+            if t + 1 == max_tokens:
+                break
+            if ahead:
+                last = path_prob
+            elif self._chains_end(path_prob):
                 break
         q_all, t_rows = torch.stack(probs, 1).cpu(), torch.stack(tokens, 1).tolist()   # one wait, then host work
         keep = (q_all.cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()      # [B]
