@@ -250,7 +250,8 @@ def test_chain_depths_launched_ahead_of_their_end_give_the_same_chains(model, dr
     src = DrafterSource(Drafter.load(drafter_dir, target), min_path_prob=min_path_prob)
     reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
     for r in reqs:
-        r.keep_hidden(torch.randn(target.args.hidden_size, generator=torch.Generator().manual_seed(len(r.prompt_token_ids))))
+        seed = torch.Generator().manual_seed(len(r.prompt_token_ids))
+        r.keep_hidden(torch.randn(target.args.hidden_size, generator=seed))
     for _ in range(TRIES):                                   # the step time measured (pricing needs it)
         src.grow(reqs, 8, 1)
     src.pricing = pricing
