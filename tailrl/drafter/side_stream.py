@@ -9,7 +9,7 @@ queued there, beside the rollout's steps on the current stream, and the host goe
 - ``done()``: whether that step has finished (asks the device, never waits).
 - ``join()``: the current stream waits for the side stream (queued on the device, the host
   does not wait): what the current stream queues next sees the step's results.
-- ``wait()``: the host waits for the step (before the host reads its results).
+- ``wait()``: the host waits for the step (then ``join``, before the host reads its results).
 
 At most one step is queued at a time (the trainer launches the next only once ``done``), so a
 rollout step shares the device with at most one training step's kernels.
@@ -46,4 +46,3 @@ class SideStream:
     def wait(self) -> None:
         if self._event is not None:
             self._event.synchronize()
-        self.join()

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from tailrl.drafter.network import Drafter, DrafterData
+from tailrl.kernels import host_to_device
 
 
 @torch.no_grad()
@@ -82,16 +83,7 @@ class SequenceBatch:
         lengths, first = self.host if self.host is not None else (self.lengths.tolist(), self.first.tolist())
         t = self.tokens.shape[1]
         idx = [b * t + i for b, (m, f) in enumerate(zip(lengths, first)) for i in range(f + k, m - 1)]
-        return to_device(torch.tensor(idx, dtype=torch.long, device="cpu"), self.tokens.device)
-
-
-def to_device(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """A host tensor on ``dev``: on a GPU through pinned memory, not waited for (a copy from
-    pageable memory would wait for every kernel queued on the stream, e.g. a rollout step
-    running beside the spot trainer)."""
-    if dev.type == "cuda":
-        return x.pin_memory().to(dev, non_blocking=True)
-    return x.to(dev)
+        return host_to_device(self.tokens.device, idx, torch.long)
 
 
 def sample_batch(data: DrafterData, positions: int, gen: torch.Generator,
@@ -118,8 +110,8 @@ def sample_batch(data: DrafterData, positions: int, gen: torch.Generator,
     for b, (o, m, _) in enumerate(picked):
         hidden[b, :m] = data.hidden[o:o + m]
         tokens[b, :m] = data.tokens[o:o + m]
-    meta = to_device(torch.tensor([[m, f] for _, m, f in picked], device="cpu"), dev)   # lengths, first: one copy
-    return SequenceBatch(hidden.to(dev), to_device(tokens, dev), meta[:, 0], meta[:, 1],
+    meta = host_to_device(dev, [[m, f] for _, m, f in picked], torch.long)   # lengths, first: one copy
+    return SequenceBatch(hidden.to(dev), host_to_device(dev, tokens), meta[:, 0], meta[:, 1],
                          ([m for _, m, _ in picked], [f for _, _, f in picked]))
 
 

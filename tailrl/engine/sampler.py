@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tailrl.kernels import select
+from tailrl.kernels import host_to_device, select
 from tailrl.noise import splitmix64, splitmix64_np
 
 
@@ -113,26 +113,16 @@ def _nucleus(x: torch.Tensor, mx: torch.Tensor, cdf: torch.Tensor, total: torch.
     return tok
 
 
-def _to(device, data, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Host data (a list or numpy array) as a tensor on ``device``; on a GPU through pinned
-    memory, without waiting: a plain copy from pageable memory would wait for the step's
-    forward, and the sampler's launches could not queue behind it."""
-    t = torch.as_tensor(data, dtype=dtype, device="cpu")
-    if torch.device(device).type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def _scale(logits: torch.Tensor, temperature: list[float]) -> torch.Tensor:
     """logits / T per row (T = 0, greedy, reports at T = 1); untouched when every T is 0 or 1."""
     if all(t in (0.0, 1.0) for t in temperature):
         return logits
-    inv_t = _to(logits.device, [1.0 / t if t else 1.0 for t in temperature], logits.dtype)
+    inv_t = host_to_device(logits.device, [1.0 / t if t else 1.0 for t in temperature], logits.dtype)
     return logits * inv_t[:, None]
 
 
 def _index(rows: list[int], m: int, device) -> torch.Tensor | slice:
-    return slice(None) if len(rows) == m else _to(device, rows)
+    return slice(None) if len(rows) == m else host_to_device(device, rows)
 
 
 CHUNK_ELEMENTS = 1 << 21          # rows go in chunks of about 8 MB of float32 logits (on a CPU)
@@ -254,22 +244,22 @@ def _sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int
             uu, u_dev = None, u[_index(sampled, m, dev)]
         else:
             uu = np.asarray(u, dtype=np.float64)[sampled]
-            u_dev = _to(dev, uu)
+            u_dev = host_to_device(dev, uu)
         tokens[_index(sampled, m, dev)] = _pick(cdf, total, u_dev)
         by_p = [j for j, i in enumerate(sampled) if top_k[i] <= 0 and top_p[i] < 1]
         # a top-k row needs only its k best; rows go by their own k, so that tied logits come
         # out of topk in the same order whatever else is in the batch
         for k in sorted({top_k[i] for i in sampled if top_k[i] > 0}):
             by_k = [j for j, i in enumerate(sampled) if top_k[i] == k]
-            at = _to(dev, [sampled[j] for j in by_k])
-            p = _to(dev, [top_p[sampled[j]] for j in by_k], logits.dtype)
+            at = host_to_device(dev, [sampled[j] for j in by_k])
+            p = host_to_device(dev, [top_p[sampled[j]] for j in by_k], logits.dtype)
             vals, idx = _top_k_filter(scaled[at], k, p)
-            pick, _ = _inverse_cdf(vals, _to(dev, uu[by_k]))
+            pick, _ = _inverse_cdf(vals, host_to_device(dev, uu[by_k]))
             tokens[at] = idx.gather(1, pick[:, None]).squeeze(1)
         if by_p:                                 # (every row: slices, not copies of [M, V] tensors)
             at = _index([sampled[j] for j in by_p], m, dev)
             j = _index(by_p, len(sampled), dev)
-            p = _to(dev, [top_p[sampled[i]] for i in by_p], logits.dtype)
+            p = host_to_device(dev, [top_p[sampled[i]] for i in by_p], logits.dtype)
             tokens[at] = _nucleus(scaled[at], mx[j], cdf[j], total[j], tokens[at], p, uu[by_p])
     # log p(token) = scaled[token] - logsumexp(scaled): the target's log-softmax, never a draft's
     lp = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
@@ -286,5 +276,5 @@ def token_logprobs(logits: torch.Tensor, temperature: list[float], tokens: list[
 def _token_logprobs_rows(logits: torch.Tensor, temperature: list[float], tokens: list[int]) -> tuple[torch.Tensor]:
     scaled = _scale(logits, temperature)
     lse = _normaliser(scaled, temperature)[0]
-    tok = _to(logits.device, tokens, torch.long)
+    tok = host_to_device(logits.device, tokens, torch.long)
     return (scaled.gather(1, tok[:, None]).squeeze(1) - lse,)

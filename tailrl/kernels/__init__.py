@@ -22,11 +22,12 @@ import torch
 
 from tailrl.kernels import cpu
 from tailrl.kernels.backend import Backend, Rope, RopeTables
+from tailrl.kernels.host import host_to_device
 from tailrl.kernels.layout import BLOCK, AttentionMeta, blocks, key_index, pack_keys, unpack_keys
 from tailrl.kernels.reference import REFERENCE
 
-__all__ = ["BLOCK", "AttentionMeta", "Backend", "Rope", "RopeTables", "blocks", "key_index", "pack_keys",
-           "select", "unpack_keys"]
+__all__ = ["BLOCK", "AttentionMeta", "Backend", "Rope", "RopeTables", "blocks", "host_to_device", "key_index",
+           "pack_keys", "select", "unpack_keys"]
 
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -44,7 +44,6 @@ class QueuedLane:
     def wait(self) -> None:
         if self.fn is not None:
             self._run()
-        self.join()
 
 
 def side_llm(model, drafter_dir, lane, **spot) -> tuple[LLM, SpotTrainer]:
