@@ -73,3 +73,32 @@ def test_native_rejects_unknown_sequence_ids():
         index.extend(1, [4])
     with pytest.raises(IndexError):
         index.tokens(-1)
+
+
+@pytest.mark.skipif(not NATIVE, reason="native extension not built")
+def test_native_equals_reference_on_many_distinct_keys():
+    """Thousands of distinct keys per key length (a wide vocabulary): the native tables grow
+    many times over, their slots collide and probe, and every match still equals the
+    reference's, the repeated phrases' occurrences in order."""
+    rng = random.Random(7)
+    py, nat = _pair(2, 16, 4)
+    seqs = []
+    for _ in range(4):
+        seq = []
+        while len(seq) < 3000:
+            if seq and rng.random() < 0.1:
+                a = rng.randrange(len(seq))
+                seq += seq[a:a + rng.randrange(2, 24)]
+            else:
+                seq.append(rng.randrange(5000))
+        seqs.append(seq)
+        assert py.add(seq[:100]) == nat.add(seq[:100])
+    for at in range(100, 3000, 50):
+        for sid, seq in enumerate(seqs):
+            py.extend(sid, seq[at:at + 50])
+            nat.extend(sid, seq[at:at + 50])
+            cut = rng.randrange(2, at + 50)
+            ctx = seq[max(0, cut - 16):cut]
+            assert py.match(ctx, sid) == nat.match(ctx, sid)
+            assert _same_draft(py.propose(ctx, 16, 1, source="s"), nat.propose(ctx, 16, 1, source="s"))
+    assert py.num_tokens == nat.num_tokens

@@ -4,16 +4,22 @@
 // Keys of k tokens are identified by a 64-bit polynomial hash of the k tokens (prefix
 // hashes per sequence, so a key costs O(1) per appended token); every lookup compares the
 // tokens themselves, so a hash collision can never change a result, only cost a comparison.
-// Per key hash, occurrences are kept in insertion order, like the Python table's lists.
+// Per key hash, occurrences are kept in insertion order, like the Python table's lists: each
+// key length's table is flat (an open-addressing map from a key's hash to its latest occurrence,
+// each occurrence linking to the one before it, all in one array), so an index is a handful
+// of allocations however many tokens it holds, and freeing it costs microseconds, not one
+// free per distinct key (a request's index is dropped the moment it finishes).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <queue>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -27,6 +33,65 @@ constexpr uint64_t kBase = 0x9E3779B97F4A7C15ULL;  // odd multiplier; arithmetic
 struct Occ {
   int32_t seq;
   int32_t pos;  // the position that follows the key's k tokens
+};
+
+// One key length's occurrences: a key hash's occurrences are a list linked from its most
+// recent (``latest``) through ``prev``, newest first; the map is open addressing with linear
+// probing, at most half full.
+class Table {
+ public:
+  Table() : hashes_(16), latest_(16, -1) {}
+
+  void add(uint64_t h, Occ o) {
+    if (2 * (used_ + 1) > latest_.size()) grow();
+    size_t s = slot(h, latest_.size());
+    while (latest_[s] >= 0 && hashes_[s] != h) s = (s + 1) & (latest_.size() - 1);
+    if (latest_[s] < 0) {
+      hashes_[s] = h;
+      ++used_;
+    }
+    if (occ_.size() >= static_cast<size_t>(INT32_MAX)) throw std::length_error("suffix index: too many occurrences");
+    occ_.push_back(o);
+    prev_.push_back(latest_[s]);
+    latest_[s] = static_cast<int32_t>(occ_.size() - 1);
+  }
+
+  // the latest occurrence of key hash h, or -1; ``prev(i)`` the one before occurrence i
+  int32_t latest(uint64_t h) const {
+    for (size_t s = slot(h, latest_.size());; s = (s + 1) & (latest_.size() - 1)) {
+      if (latest_[s] < 0) return -1;
+      if (hashes_[s] == h) return latest_[s];
+    }
+  }
+  int32_t prev(int32_t i) const { return prev_[i]; }
+  const Occ& at(int32_t i) const { return occ_[i]; }
+
+ private:
+  static size_t slot(uint64_t h, size_t size) {
+    h ^= h >> 31;                          // the polynomial hash's low bits mix poorly: finish it
+    h *= 0xBF58476D1CE4E5B9ULL;
+    return static_cast<size_t>(h >> 32) & (size - 1);
+  }
+
+  void grow() {
+    std::vector<uint64_t> hashes(2 * latest_.size());
+    std::vector<int32_t> latest(2 * latest_.size(), -1);
+    for (size_t s = 0; s < latest_.size(); ++s) {
+      if (latest_[s] < 0) continue;
+      size_t t = slot(hashes_[s], latest.size());
+      while (latest[t] >= 0) t = (t + 1) & (latest.size() - 1);
+      hashes[t] = hashes_[s];
+      latest[t] = latest_[s];
+    }
+    hashes_.swap(hashes);
+    latest_.swap(latest);
+  }
+
+  std::vector<uint64_t> hashes_;
+  std::vector<int32_t> latest_;           // -1: an empty slot
+  size_t used_ = 0;
+  std::vector<Occ> occ_;
+  std::vector<int32_t> prev_;
 };
 
 struct Heads {  // one heap entry of the tree search
@@ -76,7 +141,7 @@ class Index {
     for (size_t i = 0; i < keys_.size(); ++i) {
       size_t k = keys_[i];
       for (size_t n = std::max(old + 1, k); n <= now; ++n)
-        tables_[i][hash(h, n - k, n)].push_back({sid, static_cast<int32_t>(n)});
+        tables_[i].add(hash(h, n - k, n), {sid, static_cast<int32_t>(n)});
     }
     num_tokens_ += static_cast<int64_t>(now - old);
   }
@@ -99,13 +164,13 @@ class Index {
       if (k > hi) continue;
       uint64_t hc = 0;                     // the key hash of the context's last k tokens
       for (int j = n - k; j < n; ++j) hc = hc * kBase + static_cast<uint64_t>(static_cast<uint32_t>(ctx[j])) + 1;
-      auto it = tables_[i].find(hc);
-      if (it != tables_[i].end()) {
+      const Table& table = tables_[i];
+      int32_t at = table.latest(hc);
+      if (at >= 0) {
         // the most recent max_occ_ occurrences whose k tokens equal the context's tail
-        const auto& all = it->second;
         std::vector<Occ> recent;
-        for (auto o = all.rbegin(); o != all.rend() && static_cast<int64_t>(recent.size()) < max_occ_; ++o)
-          if (same_tail(*o, k, ctx)) recent.push_back(*o);
+        for (; at >= 0 && static_cast<int64_t>(recent.size()) < max_occ_; at = table.prev(at))
+          if (same_tail(table.at(at), k, ctx)) recent.push_back(table.at(at));
         std::reverse(recent.begin(), recent.end());
         int best = 0;
         std::vector<Occ> cands;
@@ -309,7 +374,7 @@ class Index {
   std::vector<int> keys_;
   int min_len_, max_len_;
   int64_t max_occ_;
-  std::vector<std::unordered_map<uint64_t, std::vector<Occ>>> tables_;
+  std::vector<Table> tables_;
   std::vector<std::vector<int32_t>> seqs_;
   std::vector<std::vector<uint64_t>> prefix_;
   std::vector<uint64_t> pow_;
