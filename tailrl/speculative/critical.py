@@ -58,3 +58,14 @@ def critical_requests(requests: list[Any], rows: int, eligible: Callable[[Any], 
         if lengths and (eligible is None or eligible(r)):
             scored.append((expected_remaining(lengths, len(r.output_token_ids), r.params.max_tokens), r))
     return [r for _, r in heapq.nlargest(rows, scored, key=lambda s: s[0])]
+
+
+def probe_requests(requests: list[Any], rows: int, start: int,
+                   eligible: Callable[[Any], bool] | None = None) -> list[Any]:
+    """``rows`` of ``requests`` (of those ``eligible`` says may take a draft) from the ``start``-th
+    on, wrapping: successive probes (policies/priced.py, rule 5) walk the batch, so the rate
+    they measure is the batch's, not that of the requests with the longest or best drafts."""
+    pool = requests if eligible is None else [r for r in requests if eligible(r)]
+    if rows <= 0 or not pool:
+        return []
+    return [pool[(start + j) % len(pool)] for j in range(min(rows, len(pool)))]

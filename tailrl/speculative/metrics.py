@@ -5,7 +5,9 @@
 ``rollout/spec_accept_rate`` (accepted / drafted), ``rollout/spec_accept_length`` (mean
 tokens per verify step including the bonus token), ``rollout/spec_draft_hit_rate``
 (requests given a draft / requests asked), ``rollout/spec_off_steps`` (steps the policy
-switched speculation off), per source ``rollout/spec_draft_tokens/<source>``,
+switched speculation off), ``rollout/spec_probe_steps`` (steps where it had switched it off
+but a rate probe's few requests drafted: policies/priced.py, rule 5), per source
+``rollout/spec_draft_tokens/<source>``,
 ``rollout/spec_accepted_tokens/<source>``, ``rollout/spec_accept_length/<source>``,
 ``rollout/spec_verify_steps/<source>``, and ``timing_s/draft`` (proposing; in ``LLM``'s
 metrics the engine's draft stage, which contains it, is reported instead) and
@@ -33,6 +35,7 @@ class SpecCounters:
     asked: int = 0                       # requests asked for a draft
     found: int = 0                       # of them given one
     off_steps: int = 0                   # steps the policy switched speculation off
+    probe_steps: int = 0                 # of the others, steps where a rate probe's few rows drafted
     calls: int = 0                       # batched drafter calls
     explore_calls: int = 0               # of them made to measure the drafter
     shadow_n: int = 0                    # shadow drafts scored
@@ -55,6 +58,7 @@ class SpecCounters:
             "rollout/spec_accept_length": (accepted + steps) / steps if steps else 0.0,
             "rollout/spec_draft_hit_rate": self.found / self.asked if self.asked else 0.0,
             "rollout/spec_off_steps": float(self.off_steps),
+            "rollout/spec_probe_steps": float(self.probe_steps),
             "timing_s/draft": self.draft_s,
             "timing_s/draft_index": self.index_s,
         }

@@ -46,7 +46,7 @@ import time
 from typing import Any, Callable
 
 from tailrl.config import SpeculativeConfig
-from tailrl.speculative.critical import critical_requests
+from tailrl.speculative.critical import critical_requests, probe_requests
 from tailrl.speculative.draft import Draft
 from tailrl.speculative.factory import make_sources, make_spec_policy
 from tailrl.speculative.history import HistoryStore
@@ -98,6 +98,7 @@ class Speculator:
         self._full: dict[str, Draft] = {}      # this step's untruncated chains, by request
         self._carry: dict[str, Draft] = {}     # unverified rests of fully accepted chains
         self._shadow: dict[str, tuple[Draft, int, int]] = {}   # id -> (shadow draft, first, end position)
+        self._probed = 0                       # requests rate probes drafted for (where the next starts)
         # where the rollout's (hidden state, token) pairs go (the spot trainer's DrafterBuffer)
         self.collector: Any = None
         self._drafter_warm = False             # a batched drafter call was made (and timed) before
@@ -306,6 +307,11 @@ class Speculator:
         if critical:                     # drafting is off at this batch size: the critical path only
             # (the critical_rows requests with the most expected tokens still to generate)
             requests, paths = critical_requests(requests, self.config.critical_rows, eligible), 1
+            if not requests:             # else a rate probe's few (policies/priced.py, rule 5)
+                requests = probe_requests(everyone, getattr(self.policy, "probe_rows", lambda: 0)(),
+                                          self._probed, eligible)
+                self._probed += len(requests)
+                self.counts.probe_steps += bool(requests)
             if not requests:
                 self.counts.off_steps += 1
                 return {}

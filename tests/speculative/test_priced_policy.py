@@ -150,3 +150,37 @@ def test_the_gate_stops_scanning_layers_only_where_no_deeper_layer_could_save_mo
             assert got == pytest.approx(full_scan(p, b, rate, predict), rel=1e-12, abs=1e-15)
             stopped += len(calls) < p.max_draft_tokens + 1
     assert stopped > 100                       # the stop is taken, often
+
+
+def test_a_gate_shut_by_a_stale_rate_probes_it_a_flat_curve_or_a_steep_one_never():
+    """Rule 5: where the last measured rate shuts the gate but the highest rate would open it,
+    every ``explore_every``-th shut step lets ``PROBE_ROWS`` requests draft, whose
+    verifications move the rate, and the gate opens once it is right; where no rate could pay
+    (every token costs a row) nothing probes, nor with ``explore_every=0``."""
+    from tailrl.speculative.policies.priced import PROBE_ROWS
+    pol = PricedPolicy(curve_of(lambda n: 0.01 + 0.0003 * n), max_draft_tokens=16, explore_every=4)
+    r = Req("a")
+    for _ in range(40):                           # drafts that were poor: a rate near 0.5
+        pol.update(r, 4, 1, "history")
+    assert pol.max_paths(64) == 0
+    probes = []
+    for _ in range(12):
+        assert pol.max_paths(64) == 0
+        probes.append(pol.probe_rows())
+    assert probes == [0, 0, PROBE_ROWS] + [0, 0, 0, PROBE_ROWS] * 2 + [0]
+    opened = 0
+    for _ in range(200):                          # the drafts are right now: each probe accepts all
+        if pol.max_paths(64):
+            opened += 1
+            break
+        for _ in range(pol.probe_rows()):
+            pol.update(r, 6, 6, "history")
+    assert opened and pol.probe_rows() == 0       # an open step is no probe
+    steep = PricedPolicy(curve_of(compute_bound), max_draft_tokens=16, explore_every=4)
+    for _ in range(40):
+        steep.update(r, 4, 1, "history")
+    assert [(steep.max_paths(64), steep.probe_rows()) for _ in range(12)] == [(0, 0)] * 12
+    never = PricedPolicy(curve_of(lambda n: 0.01 + 0.0003 * n), max_draft_tokens=16, explore_every=0)
+    for _ in range(40):
+        never.update(r, 4, 1, "history")
+    assert [(never.max_paths(64), never.probe_rows()) for _ in range(12)] == [(0, 0)] * 12

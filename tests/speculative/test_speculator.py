@@ -270,3 +270,30 @@ def test_chains_from_are_as_deep_as_the_sources_go_whatever_the_policys_last_ste
     assert d.tokens == list(range(11, 19)) and expected > CRITICAL_DEPTH - 1      # max_draft_tokens: 8
     d, _ = spec.chain_from(a, 1, 3)
     assert d.tokens == [12, 13, 14]
+
+
+def test_a_rate_probe_drafts_for_a_few_requests_walking_the_batch():
+    """Where the priced policy's gate is shut by a stale rate, its probes (policies/priced.py,
+    rule 5) draft for ``PROBE_ROWS`` requests at a time, the next probe starting where the last
+    ended: counted as probe steps, not off steps."""
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_priced_policy import curve_of
+
+    from tailrl.speculative.policies.priced import PROBE_ROWS
+    spec, store = make(policy="priced")
+    pol = spec.policy
+    pol.curve, pol.explore_every = curve_of(lambda n: 0.01 + 0.0003 * n), 2
+    store.record("p", [list(range(1, 16))])
+    rs = group(spec, 6)
+    for r in rs:
+        emit(spec, r, [1, 2, 3, 4])            # the history's next 11 tokens: longer than a probe takes
+        for _ in range(40):
+            pol.update(r, 4, 1, "history")        # drafts that were poor
+    drafted = [spec.propose(rs, 64) for _ in range(6)]     # a batch of 64 rows: the gate shut
+    assert [sorted(d) for d in drafted] == [[], ["r0", "r1", "r2", "r3"], [], ["r0", "r1", "r4", "r5"], [],
+                                            ["r2", "r3", "r4", "r5"]]
+    assert {len(d) for step in drafted for d in step.values()} == {6}    # the critical rows' depth
+    m = spec.metrics()
+    assert (m["rollout/spec_probe_steps"], m["rollout/spec_off_steps"]) == (3, 3)
+    assert PROBE_ROWS == 4

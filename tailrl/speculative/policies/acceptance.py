@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_RATE = 0.99         # the highest ``rate`` reports: no draft is ever certain
+
 
 @dataclass
 class AcceptanceStats:
@@ -39,4 +41,4 @@ class AcceptanceStats:
     def rate(self) -> float:
         w = self.prior_weight
         a = (self.accepted + w * self.prior_rate) / (self.accepted + self.rejections + w)
-        return min(a, 0.99)
+        return min(a, MAX_RATE)

@@ -32,7 +32,17 @@ Per step with ``B`` requests sampling (the default policy, ``SpeculativeConfig(p
    tried twice (the first step of a shape is not measured), else once per ``explore_every``
    such steps. So a fresh engine at batch 1 learns its
    flat curve in a few steps, and a compute-bound curve is not explored past where it turned
-   steep. Outputs never depend on drafts.
+   steep.
+5. *Probing the rate.* A gate shut by the acceptance rate alone (drafts at the highest rate,
+   ``MAX_RATE``, would pass it) stays shut on what the rate was when drafts were last
+   verified: a rollout whose batch never gets small (longest-first admission with a good
+   history keeps it full to the end) never drafts, and never learns that its drafts are now
+   right. So every ``explore_every``-th step the gate shuts, if drafts at ``MAX_RATE`` would
+   open it, ``PROBE_ROWS`` requests draft (``probe_rows``;
+   which ones: ``critical.probe_requests``, the probes walking the batch), at the critical
+   rows' depth: their verifications measure the rate afresh, and a few rows' drafts cost a
+   step little where they do not pay.
+Outputs never depend on drafts.
 """
 from __future__ import annotations
 
@@ -40,10 +50,11 @@ import heapq
 from typing import Any, Callable
 
 from tailrl.speculative.draft import Draft
-from tailrl.speculative.policies.acceptance import AcceptanceStats
+from tailrl.speculative.policies.acceptance import MAX_RATE, AcceptanceStats
 from tailrl.speculative.policies.step_curve import StepCurve
 
 CRITICAL_DEPTH = 6     # the critical rows' depth where the prices switch drafting off (docs/pool.md's figures)
+PROBE_ROWS = 4         # requests a rate probe drafts for (rule 5)
 
 
 def _output_length(req: Any) -> float:
@@ -82,6 +93,8 @@ class PricedPolicy:
         self._tries: dict[float, int] = {}   # exploring steps made from each measured range's top
         self._exploring = False
         self._open = False                # this step may draft (max_paths said so)
+        self._probe_streak = 0
+        self._probing = False             # this step probes the rate (rule 5)
         self.explore_steps = 0            # steps run on the optimistic curve (a metric)
         self.last_tokens = 0              # draft tokens of the last allocation
 
@@ -110,7 +123,7 @@ class PricedPolicy:
         return best / base
 
     def max_paths(self, batch_size: int) -> int:
-        self._exploring = self._open = False
+        self._exploring = self._open = self._probing = False
         if self.curve.empty or (self.max_spec_batch and batch_size > self.max_spec_batch):
             return 0
         rate = self._best_rate()
@@ -127,8 +140,23 @@ class PricedPolicy:
                 return self.max_tree_paths
         if known > self.min_saving:
             self._open = True
+            self._probe_streak = 0
             return self.max_tree_paths
+        self._probing = self._worth_probing(batch_size)
         return 0
+
+    def _worth_probing(self, batch_size: int) -> bool:
+        """Rule 5: every ``explore_every``-th step with the gate shut, whether it would open at
+        ``MAX_RATE`` (asked only then: a shut step costs no second pricing)."""
+        self._probe_streak += 1
+        if self.explore_every <= 0 or self._probe_streak < self.explore_every:
+            return False
+        self._probe_streak = 0
+        return self._layer_saving(batch_size, MAX_RATE, self.curve.predict) > self.min_saving
+
+    def probe_rows(self) -> int:
+        """Requests that draft this step although ``max_paths`` said 0: a rate probe's (rule 5)."""
+        return PROBE_ROWS if self._probing else 0
 
     def _worth_exploring(self, batch_size: int, rate: float, known: float) -> bool:
         """Drafts would save more than the measured curve lets them (``known``) were the
