@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from trees import abba, compared_trees, run_in_tree
+from trees import abba_medians, compared_trees
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -110,20 +109,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    trees = compared_trees(a.baseline_ref)
     args = ["--prompts", str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--repeat", str(a.repeat),
             "--speculative", a.speculative] + (["--ahead"] if a.ahead else [])
-    runs: dict[str, list[dict]] = {t: [] for t in trees}
-    for r, t in abba(trees, a.rounds):
-        got = run_in_tree(trees[t], HERE / "host_step.py", args, a.timeout)["ms"]
-        runs[t].append(got)
-        print(f"round {r} {t:4s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items()) + " ms/step", flush=True)
-    report: dict = {"rows": a.prompts * a.n, "trees": {}}
-    for t, rs in runs.items():
-        report["trees"][t] = {k: round(statistics.median(x[k] for x in rs), 3) for k in rs[0]}
+    report = {"rows": a.prompts * a.n, **abba_medians(compared_trees(a.baseline_ref), a.rounds, HERE / "host_step.py",
+                                                      args, a.timeout, "ms", "ms/step")}
     if "base" in report["trees"]:
         new, base = report["trees"]["new"], report["trees"]["base"]
-        report["new_over_base"] = {k: round(new[k] / base[k], 3) for k in new if base.get(k, 0) > 0}
         host = lambda x: sum(x[s] for s in STAGES)   # noqa: E731
         report["host_new_over_base"] = round(host(new) / host(base), 3)
         print(f"host ms per step ({report['rows']} rows): new {host(new):.3f}, base {host(base):.3f} "

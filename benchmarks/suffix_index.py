@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
 from pathlib import Path
 
-from trees import abba, compared_trees, run_in_tree
+from trees import abba_medians, compared_trees
 
 HERE = Path(__file__).resolve().parent
 PHASES = ("extend", "propose", "free")
@@ -84,19 +83,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    trees = compared_trees(a.baseline_ref)
     args = [f"--{k}={getattr(a, k)}" for k in ("groups", "seqs", "tokens", "vocab", "repeat")]
-    runs: dict[str, list[dict]] = {t: [] for t in trees}
-    for r, t in abba(trees, a.rounds):
-        got = run_in_tree(trees[t], HERE / "suffix_index.py", args, 600)["us_per_token"]
-        runs[t].append(got)
-        print(f"round {r} {t:4s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items()) + " us/token", flush=True)
-    report: dict = {"tokens_per_index": a.seqs * a.tokens, "trees": {}}
-    for t, rs in runs.items():
-        report["trees"][t] = {k: round(statistics.median(x[k] for x in rs), 4) for k in PHASES}
-    if "base" in report["trees"]:
-        new, base = report["trees"]["new"], report["trees"]["base"]
-        report["new_over_base"] = {k: round(new[k] / base[k], 3) for k in PHASES}
+    report = {"tokens_per_index": a.seqs * a.tokens,
+              **abba_medians(compared_trees(a.baseline_ref), a.rounds, HERE / "suffix_index.py", args, 600,
+                             "us_per_token", "us/token", digits=4)}
     print(json.dumps(report))
 
 

@@ -5,12 +5,14 @@
 first on the path and returns the JSON object of its last output line, after checking that
 the worker imported the tree's tailrl (its ``"tailrl"`` key) and not another one;
 ``compared_trees(ref)`` is this checkout ("new") and, given a ref, its baseline ("base");
-``abba(trees, rounds)`` the order to run them in.
+``abba(trees, rounds)`` the order to run them in; ``abba_medians`` runs a worker that way and
+reports each tree's medians and new / base.
 """
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +61,21 @@ def run_in_tree(tree: Path, script: Path, args: list[str], timeout: float) -> di
     if Path(got["tailrl"]).resolve() != (tree / "tailrl").resolve():
         raise RuntimeError(f"worker for {tree} imported tailrl from {got['tailrl']}")
     return got
+
+
+def abba_medians(trees: dict[str, Path], rounds: int, script: Path, args: list[str], timeout: float, field: str,
+                 unit: str, digits: int = 3) -> dict:
+    """``script``'s worker in each tree, ``rounds`` ABBA rounds (each round's ``field`` of its
+    JSON printed, in ``unit``): {"trees": {tree: {key: median}}, "new_over_base": {key: new / base}}
+    (the ratio where a baseline tree ran)."""
+    runs: dict[str, list[dict]] = {t: [] for t in trees}
+    for r, t in abba(trees, rounds):
+        got = run_in_tree(trees[t], script, args, timeout)[field]
+        runs[t].append(got)
+        print(f"round {r} {t:4s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items()) + f" {unit}", flush=True)
+    report: dict = {"trees": {t: {k: round(statistics.median(x[k] for x in rs), digits) for k in rs[0]}
+                              for t, rs in runs.items()}}
+    if "base" in report["trees"]:
+        new, base = report["trees"]["new"], report["trees"]["base"]
+        report["new_over_base"] = {k: round(new[k] / base[k], 3) for k in new if base.get(k, 0) > 0}
+    return report
