@@ -45,11 +45,11 @@ def splitmix64_np(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _S31)
 
 
-def uniforms(keys: list[int], positions: list[int]) -> np.ndarray:
+def uniforms(keys: list[int] | np.ndarray, positions: list[int] | np.ndarray) -> np.ndarray:
     """``uniform`` of many (key, position) pairs at once (uint64 arithmetic wraps as in Python's
     & MASK64); a few pairs (a step of a few rows, every step of a GPU's tail) one by one."""
     if len(keys) <= SCALAR_UNIFORMS:
-        return np.array([uniform(k, p) for k, p in zip(keys, positions)], dtype=np.float64)
+        return np.array([uniform(int(k), int(p)) for k, p in zip(keys, positions)], dtype=np.float64)
     k = np.array(keys, dtype=np.uint64)
     p = np.array(positions, dtype=np.uint64)
     return (splitmix64_np(k ^ splitmix64_np(p)) >> _S11).astype(np.float64) * (1.0 / (1 << 53))

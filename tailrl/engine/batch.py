@@ -24,6 +24,7 @@ from tailrl.model.transformer import Transformer
 from tailrl.noise import uniforms
 
 FEW_TOKENS = 16         # a step of at most this many tokens finds its K/V slots in Python's ints
+CHAIN_ROWS = 8          # a verify step of more rows builds its chains in arrays (_chain_batch)
 
 
 def node_depths(parents: list[int]) -> list[int]:
@@ -91,8 +92,8 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     row r of ``kv``'s block table); ``drafts``: request id -> Draft to verify; ``follow``:
     request id -> ``FollowUps`` of a row with nothing to compute. With ``graphs``, a step
     without prefill goes to the static inputs of its graph's bucket (``Batch.graph``)."""
-    if not drafts and not follow and len(rows) > FEW_TOKENS:
-        batch = _decode_batch(rows, kv, graphs)
+    if not follow and len(rows) > (CHAIN_ROWS if drafts else FEW_TOKENS):
+        batch = _chain_batch(rows, drafts, kv, graphs) if drafts else _decode_batch(rows, kv, graphs)
         if batch is not None:
             return batch
     ids: list[int] = []
@@ -274,6 +275,70 @@ def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGrap
                                                  u, (temps, topk, topp), len(rows), int(pos.max()) + 1, reads, reads,
                                                  kv, graphs)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, 0, [], key, ahead)
+
+
+def _chain_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache,
+                 graphs: StepGraphs | None) -> Batch | None:
+    """``build_batch`` of a step whose every row is a plain decode row, a decode row verifying a
+    chain (its root and nodes at consecutive positions, each seeing [0, its position], all
+    sampled) or a row with nothing to compute: a verify step of a rollout's tail. One pass over
+    the rows for what is their own, the rest in arrays (positions, write rows, noise: the
+    general path's per-row lists cost ~5 us a row, most of a 64-row verify step's building);
+    the same batch as the general path (tests/engine/test_batch.py). None where a row is none
+    of these (a prefill chunk, a tree)."""
+    own = []
+    for r, (req, n) in enumerate(rows):
+        if n != 1:
+            if n == 0:
+                continue
+            return None
+        out = req.output_token_ids
+        start = req.num_computed_tokens
+        d = drafts.get(req.request_id)
+        if start + 1 != len(req.prompt_token_ids) + len(out) or (d is not None and not d.is_chain):
+            return None
+        own.append((r, req, out[-1] if out else req.prompt_token_ids[-1], start, len(out), d))
+    if not own:
+        return None
+    rix, reqs, ids, starts, upos, ds = zip(*own)
+    counts = np.fromiter((1 + len(d.tokens) if d is not None else 1 for d in ds), np.int64, len(own))
+    total = int(counts.sum())
+    entries = np.cumsum(counts) - counts                # each row's root among the step's positions
+    entry = entries.tolist()
+    plans = [RowPlan(req, 1, list(d.parents), list(d.tokens), e, d) if d is not None else
+             RowPlan(req, 1, [], [], e, None) for req, d, e in zip(reqs, ds, entry)]
+    ahead = [(e, req, 0) for e, req, tok in zip(entry, reqs, ids) if tok < 0]   # sampled by a step still on the device
+    index = np.arange(total, dtype=np.int64)
+    within = index - np.repeat(entries, counts)         # 0 at a row's root, then its nodes' depths
+    starts_a = np.array(starts, dtype=np.int64)
+    pos = np.repeat(starts_a, counts) + within
+    wrow = np.repeat(np.array(rix, dtype=np.int64), counts)
+    flat_ids = []
+    for tok, d in zip(ids, ds):
+        flat_ids.append(tok)
+        if d is not None:
+            flat_ids += d.tokens
+    params = [req.params for req in reqs]
+    kinds = {(p.temperature, p.top_k, p.top_p) for p in params}
+    if len(kinds) == 1:                                 # one way of sampling (an RL rollout's)
+        (t, k, p), = kinds
+        temps, topk, topp = [t] * total, [k] * total, [p] * total
+    else:
+        temps, topk, topp = [], [], []
+        for p, c in zip(params, counts.tolist()):
+            temps += [p.temperature] * c
+            topk += [p.top_k] * c
+            topp += [p.top_p] * c
+    u = uniforms(np.repeat(np.array([req.seed_key for req in reqs], dtype=np.uint64), counts),
+                 np.repeat(np.array(upos, dtype=np.int64), counts) + within)
+    zeros = np.zeros(total, dtype=np.int64)
+    reads = int(starts_a.sum()) + total                 # a row reads its K/V once: start + d + 1
+    d_a = counts - 1                                    # a row's work: (d + 1)(start + 1) + d(d + 1) / 2
+    work = int((counts * (starts_a + 1) + d_a * counts // 2).sum())
+    key, (ids_t, pos_t, sample_t, meta) = _place([flat_ids, pos, index, kv.slots(wrow, pos)],
+                                                 [wrow, pos + 1, zeros, zeros], [0], u, (temps, topk, topp),
+                                                 len(rows), int(pos.max()) + 1, reads, work, kv, graphs)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, int(d_a.sum()), [], key, ahead)
 
 
 def _slots(kv: KVCache, rows: list[int], positions: list[int]) -> tuple[list[int] | np.ndarray, int]:

@@ -101,29 +101,36 @@ def test_a_steps_inputs_start_16_bytes_apart_whatever_their_sizes():
         assert [t.dtype for t in lo] == [torch.int64] * 2 and [t.dtype for t in it] == [torch.int32] * 3
 
 
+@pytest.mark.parametrize("one_kind", [False, True], ids=["sampling_varies", "one_sampling"])
+@pytest.mark.parametrize("chains", [False, True], ids=["plain", "chains"])
 @pytest.mark.parametrize("idle", [False, True], ids=["all", "some_idle"])
-def test_a_step_of_decode_rows_only_builds_what_the_general_path_builds(ckpt_dir, monkeypatch, idle):
-    """``_decode_batch`` (every row a plain decode row or one with nothing to compute; more than
-    ``FEW_TOKENS`` rows): the same batch as the general path, rows whose token a step in
-    flight samples (placeholders), rows whose first token comes from the prompt, rows waiting
-    or sitting out a step included; a step with a prefill chunk or a draft takes the general
-    path."""
+def test_a_step_of_decode_rows_only_builds_what_the_general_path_builds(ckpt_dir, monkeypatch, idle, chains, one_kind):
+    """``_decode_batch`` (every row a plain decode row or one with nothing to compute) and
+    ``_chain_batch`` (decode rows verifying chains too), more than ``FEW_TOKENS`` rows: the
+    same batch as the general path, rows whose token a step in flight samples (placeholders), rows whose first token
+    comes from the prompt, rows waiting or sitting out a step included; a step with a prefill
+    chunk or a tree takes the general path."""
     from tailrl.engine import batch as batch_mod
     from tailrl.engine.ahead import PENDING
     args = read_args(ckpt_dir("qwen2"))
     kv = KVCache(args, torch.float32, "cpu", 8192, 24, 512)
     rows = []
     for r in range(20):
-        params = SamplingParams(temperature=0.5 + r / 10, top_k=r % 4 or -1, top_p=1.0 - r / 100)
+        params = SamplingParams(temperature=1.0) if one_kind else \
+            SamplingParams(temperature=0.5 + r / 10, top_k=r % 4 or -1, top_p=1.0 - r / 100)
         req = Request(f"r{r}", [1 + r] * (3 + r % 5), params, seed_key=100 + r + (1 << 63) * (r % 2))
         req.output_token_ids = [7 + r] * (r % 6) + ([PENDING] if r % 3 == 0 else [])
         req.row, req.num_computed_tokens = r, req.num_tokens - 1
         kv.grow(r, req.num_tokens + 8)
         rows.append((req, 0 if idle and r in (4, 11) else 1))      # 4, 11: waiting or sitting out
-    assert batch_mod._decode_batch(rows, kv, None) is not None    # the step takes the one-pass form
-    fast = build_batch(rows, {}, kv)
+    drafts = {f"r{r}": Draft.unchecked(list(range(30, 30 + k)), list(range(-1, k - 1)), [1.0] * k, "t", chain=True)
+              for r, k in ((1, 3), (2, 1), (6, 7), (11, 2), (19, 16))} if chains else {}
+    one_pass = (lambda rs, ds: batch_mod._chain_batch(rs, ds, kv, None)) if chains else \
+        (lambda rs, ds: batch_mod._decode_batch(rs, kv, None))
+    assert one_pass(rows, drafts) is not None                     # the step takes the one-pass form
+    fast = build_batch(rows, drafts, kv)
     monkeypatch.setattr(batch_mod, "FEW_TOKENS", 1 << 30)         # the general path
-    general = build_batch(rows, {}, kv)
+    general = build_batch(rows, drafts, kv)
     n = len(general.input_ids)
     for f in ("input_ids", "positions", "sample_index"):
         assert torch.equal(getattr(fast, f), getattr(general, f)), f
@@ -133,12 +140,17 @@ def test_a_step_of_decode_rows_only_builds_what_the_general_path_builds(ckpt_dir
     assert (fast.meta.kv_len, fast.meta.reads, fast.meta.work, fast.meta.multi) == \
         (general.meta.kv_len, general.meta.reads, general.meta.work, general.meta.multi)
     assert (fast.temperature, fast.top_k, fast.top_p) == (general.temperature, general.top_k, general.top_p)
-    assert np.array_equal(fast.u, general.u) and fast.num_draft_tokens == general.num_draft_tokens == 0
+    drafted = (27 if idle else 29) if chains else 0         # r11 waits or sits out where rows idle
+    assert np.array_equal(fast.u, general.u) and fast.num_draft_tokens == general.num_draft_tokens == drafted
+    assert n == (18 if idle else 20) + drafted
     assert [(p.req, p.n, p.parents, p.draft_tokens, p.entry, p.draft) for p in fast.plans] == \
         [(p.req, p.n, p.parents, p.draft_tokens, p.entry, p.draft) for p in general.plans]
     assert len(fast.plans) == 18 if idle else 20
     assert fast.ahead == general.ahead and len(fast.ahead) == 7 and fast.spans == general.spans == []
     prefill = rows[:5] + [(rows[5][0], 2)] + rows[6:]
     rows[5][0].num_computed_tokens -= 1
-    assert batch_mod._decode_batch(prefill, kv, None) is None
-    assert batch_mod._decode_batch([(r, 0) for r, _ in rows], kv, None) is None      # nothing to compute
+    assert one_pass(prefill, drafts) is None
+    assert one_pass([(r, 0) for r, _ in rows], drafts) is None     # nothing to compute
+    rows[5][0].num_computed_tokens += 1
+    tree = {"r3": Draft.unchecked([30, 31], [-1, -1], [0.5, 0.5], "t", chain=False)}
+    assert batch_mod._chain_batch(rows, tree, kv, None) is None
