@@ -93,14 +93,17 @@ def step_figures(m: dict) -> dict:
     cyclic garbage collector's ms in the whole rollout and its full collections, the
     engine's own stages per step (``stage_ms``: schedule, build, forward, sample, postprocess:
     on a GPU all but the forward's kernels are host work, and ``sample`` also waits for the
-    forward), and the CUDA graphs (share of steps replayed, captures, pool MB, budget MB, and
-    the engine's start-up captures: count, seconds)."""
+    forward), a speculative engine's rate probes (``probe_steps``), and the CUDA graphs (share
+    of steps replayed, captures, pool MB, budget MB, and the engine's start-up captures: count,
+    seconds)."""
     steps = max(m["rollout/num_forward"], 1)
     out = {"steps": int(steps), "step_ms": round(m["timing_s/gen"] / steps * 1e3, 3),
            "spec_host_ms": round((m["timing_s/draft"] + m["timing_s/observe"]) / steps * 1e3, 3),
            "gc_ms": round(m.get("timing_s/gc", 0.0) * 1e3, 1), "gc_full": int(m.get("rollout/gc_full_collections", 0)),
            "stage_ms": {k: round(m[f"timing_s/{k}"] / steps * 1e3, 3)
                         for k in ("schedule", "build", "forward", "sample", "postprocess") if f"timing_s/{k}" in m}}
+    if "rollout/spec_probe_steps" in m:         # the priced policy's rate probes (policies/priced.py, rule 5)
+        out["probe_steps"] = int(m["rollout/spec_probe_steps"])
     if "rollout/tail_plain_steps" in m:         # the measured tail's ways (engine/tail_choice.py)
         out["tail_steps"] = {w: int(m[f"rollout/tail_{w}_steps"]) for w in ("speculate", "plain")}
     if "graphs/replayed_steps" in m:
