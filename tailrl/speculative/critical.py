@@ -65,7 +65,7 @@ def probe_requests(requests: list[Any], rows: int, start: int,
     """``rows`` of ``requests`` (of those ``eligible`` says may take a draft) from the ``start``-th
     on, wrapping: successive probes (policies/priced.py, rule 5) walk the batch, so the rate
     they measure is the batch's, not that of the requests with the longest or best drafts."""
-    pool = requests if eligible is None else [r for r in requests if eligible(r)]
-    if rows <= 0 or not pool:
+    if rows <= 0:                          # most steps: no probe, no row asked
         return []
+    pool = requests if eligible is None else [r for r in requests if eligible(r)]
     return [pool[(start + j) % len(pool)] for j in range(min(rows, len(pool)))]

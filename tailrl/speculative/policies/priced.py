@@ -37,11 +37,11 @@ Per step with ``B`` requests sampling (the default policy, ``SpeculativeConfig(p
    ``MAX_RATE``, would pass it) stays shut on what the rate was when drafts were last
    verified: a rollout whose batch never gets small (longest-first admission with a good
    history keeps it full to the end) never drafts, and never learns that its drafts are now
-   right. So every ``explore_every``-th step the gate shuts, if drafts at ``MAX_RATE`` would
-   open it, ``PROBE_ROWS`` requests draft (``probe_rows``;
-   which ones: ``critical.probe_requests``, the probes walking the batch), at the critical
-   rows' depth: their verifications measure the rate afresh, and a few rows' drafts cost a
-   step little where they do not pay.
+   right. So on every ``explore_every``-th step the gate shuts, if drafts at ``MAX_RATE``
+   would open it, ``PROBE_ROWS`` requests draft (``probe_rows``; which ones:
+   ``critical.probe_requests``, successive probes walking the batch), at the critical rows'
+   depth: their verifications measure the rate afresh, and a few rows' drafts cost a step
+   little where they do not pay.
 Outputs never depend on drafts.
 """
 from __future__ import annotations
