@@ -318,17 +318,7 @@ def _chain_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache,
         flat_ids.append(tok)
         if d is not None:
             flat_ids += d.tokens
-    params = [req.params for req in reqs]
-    kinds = {(p.temperature, p.top_k, p.top_p) for p in params}
-    if len(kinds) == 1:                                 # one way of sampling (an RL rollout's)
-        (t, k, p), = kinds
-        temps, topk, topp = [t] * total, [k] * total, [p] * total
-    else:
-        temps, topk, topp = [], [], []
-        for p, c in zip(params, counts.tolist()):
-            temps += [p.temperature] * c
-            topk += [p.top_k] * c
-            topp += [p.top_p] * c
+    temps, topk, topp = _per_position([req.params for req in reqs], counts.tolist(), total)
     u = uniforms(np.repeat(np.array([req.seed_key for req in reqs], dtype=np.uint64), counts),
                  np.repeat(np.array(upos, dtype=np.int64), counts) + within)
     zeros = np.zeros(total, dtype=np.int64)
@@ -339,6 +329,21 @@ def _chain_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache,
                                                  [wrow, pos + 1, zeros, zeros], [0], u, (temps, topk, topp),
                                                  len(rows), int(pos.max()) + 1, reads, work, kv, graphs)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, int(d_a.sum()), [], key, ahead)
+
+
+def _per_position(params: list, counts: list[int], total: int) -> tuple[list, list, list]:
+    """Each of ``total`` positions' temperature, top-k and top-p: its row's (row i has
+    ``counts[i]`` positions), by list multiplication."""
+    kinds = {(p.temperature, p.top_k, p.top_p) for p in params}
+    if len(kinds) == 1:                                 # one way of sampling (an RL rollout's)
+        (t, k, p), = kinds
+        return [t] * total, [k] * total, [p] * total
+    temps, topk, topp = [], [], []
+    for p, c in zip(params, counts):
+        temps += [p.temperature] * c
+        topk += [p.top_k] * c
+        topp += [p.top_p] * c
+    return temps, topk, topp
 
 
 def _slots(kv: KVCache, rows: list[int], positions: list[int]) -> tuple[list[int] | np.ndarray, int]:

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <climits>
 #include <cstdint>
 #include <map>
 #include <memory>
