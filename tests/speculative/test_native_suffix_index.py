@@ -102,3 +102,40 @@ def test_native_equals_reference_on_many_distinct_keys():
             assert py.match(ctx, sid) == nat.match(ctx, sid)
             assert _same_draft(py.propose(ctx, 16, 1, source="s"), nat.propose(ctx, 16, 1, source="s"))
     assert py.num_tokens == nat.num_tokens
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_propose_many_equals_propose_per_context(seed):
+    """One call for many (index, context) pairs: each pair's draft is ``propose``'s, native or
+    reference, chains and trees, with excluded sequences and per-pair depths."""
+    from tailrl.speculative.sources.suffix_index import propose_many
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 3, 6])
+    kinds = [PySuffixIndex] + ([NativeSuffixIndex] if NATIVE else [])
+    for kind in kinds:
+        indexes, seqs = [], []
+        for _ in range(4):
+            ix = kind(2, 16)
+            own = []
+            for _ in range(rng.randrange(1, 4)):
+                toks = [rng.randrange(vocab) for _ in range(rng.randrange(0, 60))]
+                ix.add(toks)
+                own.append(toks)
+            indexes.append(ix)
+            seqs.append(own)
+        lookups, contexts, depths = [], [], []
+        for _ in range(40):
+            i = rng.randrange(len(indexes))
+            q = rng.choice(seqs[i])
+            cut = rng.randrange(len(q) + 1)
+            contexts.append(q[max(0, cut - rng.choice([2, 16, 30])):cut])
+            lookups.append((indexes[i], rng.choice([None, 0, len(seqs[i]) - 1])))
+            depths.append(rng.choice([0, 1, 5, 16]))
+        for paths in (1, 3):
+            kw = dict(min_token_prob=rng.choice([0.0, 0.1]), tokens_per_match=rng.choice([0.0, 1.0]), source="s")
+            many = propose_many(lookups, contexts, depths, paths, **kw)
+            one = [ix.propose(c, k, paths, exclude=ex, **kw) for (ix, ex), c, k in zip(lookups, contexts, depths)]
+            assert len(many) == len(one) and all(_same_draft(a, b) for a, b in zip(many, one))
+            assert any(d is not None for d in many)
+        with pytest.raises(ValueError, match="max_tokens"):
+            propose_many(lookups, contexts, depths[:-1])

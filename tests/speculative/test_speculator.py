@@ -297,3 +297,65 @@ def test_a_rate_probe_drafts_for_a_few_requests_walking_the_batch():
     m = spec.metrics()
     assert (m["rollout/spec_probe_steps"], m["rollout/spec_off_steps"]) == (3, 3)
     assert PROBE_ROWS == 4
+
+
+class PerRequestLimits(FixedPolicy):
+    """Each request's own draft limit (0 for some: they draft nothing)."""
+
+    def draft_limit(self, req):
+        return int(req.request_id[1:]) % 4 * 2
+
+    def allocate(self, proposals, batch_size, max_tokens=None):
+        return [min(self.draft_limit(r), len(d)) for r, d in proposals]
+
+
+def _as_tuple(d):
+    return None if d is None else (d.tokens, d.parents, d.probs, d.source, d.match_len)
+
+
+@pytest.mark.parametrize("paths", [1, 3])
+def test_sources_drafting_a_steps_rows_in_one_call_give_the_per_request_drafts(paths):
+    """``_best_drafts`` (each suffix source asked once for all rows still without a certain
+    draft) against ``best_draft`` per row: the same drafts, full chains and carries, step after
+    step, with history, group and self sources, trees, limits per request and carried rests."""
+    import random
+    rng = random.Random(paths)
+    history = [[rng.randrange(4) for _ in range(30)] for _ in range(3)]
+    specs = []
+    for many in (True, False):
+        store = HistoryStore()
+        store.record("p0", history)
+        spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=paths), store,
+                          policy=PerRequestLimits(8, paths=paths))
+        spec._many = many
+        specs.append(spec)
+    reqs = [[FakeRequest(f"r{i}", [9, 8, i % 2], group_id=f"g{i % 2}", prompt_id=f"p{i % 2}") for i in range(8)]
+            for _ in specs]
+    for spec, rs in zip(specs, reqs):
+        for r in rs:
+            spec.start(r)
+    assert specs[0]._many and not specs[1]._many
+    # history's responses (long accepted drafts from history), then repeats with noise (self, group)
+    streams = [(history[i % 3] if i % 2 == 0 else []) + [rng.choice([t, t, t, rng.randrange(4)])
+                                                         for t in [0, 1, 2, 3, 1] * 40] for i in range(8)]
+    drafted, sources, carried = 0, set(), 0
+    for step in range(40):
+        got = [spec.propose(rs, len(rs)) for spec, rs in zip(specs, reqs)]
+        assert {k: _as_tuple(d) for k, d in got[0].items()} == {k: _as_tuple(d) for k, d in got[1].items()}
+        assert {k: _as_tuple(d) for k, d in specs[0]._full.items()} == \
+            {k: _as_tuple(d) for k, d in specs[1]._full.items()}
+        drafted += len(got[0])
+        sources |= {d.source for d in got[0].values()}
+        for spec, rs, drafts in zip(specs, reqs, got):
+            for i, r in enumerate(rs):
+                at = len(r.output_token_ids)
+                d = drafts.get(r.request_id)
+                accepted = d.accepted_by(streams[i][at:]) if d is not None else 0
+                if d is not None:
+                    spec.record_verification(r, d, accepted)
+                emit(spec, r, streams[i][at:at + accepted + 1])
+            spec.observe_step(len(rs), len(rs), 0.01)
+        assert specs[0]._carry.keys() == specs[1]._carry.keys()
+        carried += len(specs[0]._carry)
+    assert drafted > 100 and specs[0].counts.found == specs[1].counts.found
+    assert sources == {"history", "group", "self"} and (carried > 0) == (paths == 1)

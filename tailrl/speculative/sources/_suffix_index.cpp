@@ -155,7 +155,10 @@ class Index {
 
   // (m, occurrences): see PySuffixIndex.match
   std::pair<int, std::vector<Occ>> match(const std::vector<int32_t>& ctx, int exclude) const {
-    const int n = static_cast<int>(ctx.size());
+    return match(ctx.data(), static_cast<int>(ctx.size()), exclude);
+  }
+
+  std::pair<int, std::vector<Occ>> match(const int32_t* ctx, int n, int exclude) const {
     const int hi = std::min(max_len_, n);
     int cap = hi;
     for (int i = static_cast<int>(keys_.size()) - 1; i >= 0; --i) {
@@ -169,7 +172,7 @@ class Index {
         // the most recent max_occ_ occurrences whose k tokens equal the context's tail
         std::vector<Occ> recent;
         for (; at >= 0 && static_cast<int64_t>(recent.size()) < max_occ_; at = table.prev(at))
-          if (same_tail(table.at(at), k, ctx)) recent.push_back(table.at(at));
+          if (same_tail(table.at(at), k, ctx, n)) recent.push_back(table.at(at));
         std::reverse(recent.begin(), recent.end());
         int best = 0;
         std::vector<Occ> cands;
@@ -211,8 +214,15 @@ class Index {
   // None, or (tokens, parents, probs, match_len): see PySuffixIndex.propose
   py::object propose(const std::vector<int32_t>& ctx, int max_tokens, int max_paths, double min_token_prob,
                      double tokens_per_match, int exclude) const {
+    return propose_at(ctx.data(), static_cast<int>(ctx.size()), max_tokens, max_paths, min_token_prob,
+                      tokens_per_match, exclude);
+  }
+
+  // ``propose`` of the context ctx[0 .. n)
+  py::object propose_at(const int32_t* ctx, int n, int max_tokens, int max_paths, double min_token_prob,
+                        double tokens_per_match, int exclude) const {
     if (max_tokens <= 0) return py::none();
-    auto r = match(ctx, exclude);
+    auto r = match(ctx, n, exclude);
     const int m = r.first;
     if (m == 0) return py::none();
     if (tokens_per_match > 0)
@@ -238,9 +248,8 @@ class Index {
 
   uint64_t hash(const std::vector<uint64_t>& h, size_t a, size_t b) const { return h[b] - h[a] * pow_[b - a]; }
 
-  bool same_tail(const Occ& o, int k, const std::vector<int32_t>& ctx) const {
+  bool same_tail(const Occ& o, int k, const int32_t* ctx, int n) const {
     const auto& seq = seqs_[o.seq];
-    const int n = static_cast<int>(ctx.size());
     for (int j = 1; j <= k; ++j)
       if (seq[o.pos - j] != ctx[n - j]) return false;
     return true;
@@ -380,6 +389,31 @@ class Index {
   int64_t num_tokens_ = 0;
 };
 
+// Index.propose for many (index, context) pairs in one call, the speculator's drafting of a
+// step's rows (one Python call per source and step instead of one per row): contexts are
+// one flat token list, context i its tokens ends[i - 1] .. ends[i] (ends[-1] = 0); index i
+// proposes with excludes[i] and max_tokens[i]. Results in order: None or (tokens, parents,
+// probs, match_len), each what Index.propose returns for the same arguments.
+py::list propose_many(const std::vector<const Index*>& indexes, const std::vector<int32_t>& tokens,
+                      const std::vector<int64_t>& ends, const std::vector<int>& excludes,
+                      const std::vector<int>& max_tokens, int max_paths, double min_token_prob,
+                      double tokens_per_match) {
+  const size_t n = indexes.size();
+  if (ends.size() != n || excludes.size() != n || max_tokens.size() != n)
+    throw py::value_error("propose_many: indexes, ends, excludes and max_tokens differ in length");
+  py::list out(n);
+  int64_t start = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (indexes[i] == nullptr) throw py::value_error("propose_many: an index is None");
+    if (ends[i] < start || ends[i] > static_cast<int64_t>(tokens.size()))
+      throw py::value_error("propose_many: ends must be non-decreasing and within tokens");
+    out[i] = indexes[i]->propose_at(tokens.data() + start, static_cast<int>(ends[i] - start), max_tokens[i],
+                                    max_paths, min_token_prob, tokens_per_match, excludes[i]);
+    start = ends[i];
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_suffix_index, m) {
@@ -394,4 +428,5 @@ PYBIND11_MODULE(_suffix_index, m) {
       .def("match", &Index::py_match)
       .def("continuations", &Index::continuations)
       .def("propose", &Index::propose);
+  m.def("propose_many", &propose_many);
 }

@@ -11,6 +11,11 @@ A source keeps whatever index it needs, fed by the engine through four calls:
   source has no useful match (the engine then decodes plainly unless another source has).
 - ``finish(req)``: finished, aborted or handed back to the buffer (it may ``start`` again).
 
+A source may also draft for many requests in one call: ``propose_many(reqs, max_tokens,
+max_paths, contexts)`` -> one ``Draft | None`` per request, each what ``propose`` gives
+(``max_tokens``: a list, one per request; ``contexts``: each request's ``context_tail`` of at
+least its ``max_match_len``). The suffix sources do (one native call for a step's rows).
+
 A source whose ``observe`` does nothing says so with ``observes = False``: the speculator
 then skips it for every row of every step. A source may also have ``observe_step()``: called
 once for each step's tokens, whichever rows they are (the group source's lazy indexing).
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from tailrl.speculative.draft import Draft
-from tailrl.speculative.sources.suffix_index import SuffixIndex
+from tailrl.speculative.sources.suffix_index import SuffixIndex, propose_many
 
 
 @runtime_checkable
@@ -77,6 +82,24 @@ def propose_from(index: SuffixIndex, req: Any, params: MatchParams, max_tokens: 
     return index.propose(context_tail(req, p.max_match_len), min(max_tokens, p.max_draft_depth), max_paths,
                          min_token_prob=p.min_token_prob, tokens_per_match=p.tokens_per_match,
                          source=source, exclude=exclude)
+
+
+def propose_many_from(lookups: list[tuple[SuffixIndex, int | None] | None], contexts: list[list[int]],
+                      params: MatchParams, max_tokens: list[int], max_paths: int, source: str) -> list[Draft | None]:
+    """``propose_from`` for many requests at once: request ``i`` matches its context
+    ``contexts[i]`` (at least its last ``params.max_match_len`` tokens: ``context_tail``) in
+    ``lookups[i]`` = (index, excluded sequence), or has no draft where that is None."""
+    live = [i for i, lk in enumerate(lookups) if lk is not None]
+    out: list[Draft | None] = [None] * len(lookups)
+    if live:
+        cap = params.max_draft_depth
+        drafts = propose_many([lookups[i] for i in live], [contexts[i] for i in live],
+                              [min(max_tokens[i], cap) for i in live], max_paths,
+                              min_token_prob=params.min_token_prob, tokens_per_match=params.tokens_per_match,
+                              source=source)
+        for i, d in zip(live, drafts):
+            out[i] = d
+    return out
 
 
 def settled(out: list[int]) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailrl.speculative.draft import Draft
-from tailrl.speculative.sources.base import MatchParams, propose_from, settled
+from tailrl.speculative.sources.base import MatchParams, propose_from, propose_many_from, settled
 from tailrl.speculative.sources.suffix_index import SuffixIndex
 
 
@@ -102,7 +102,9 @@ class GroupSource:
         """A step's tokens are settled (the speculator's call, once a step, for all its rows)."""
         self._step += 1
 
-    def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
+    def _lookup(self, req: Any) -> tuple[SuffixIndex, int] | None:
+        """The request's group index, caught up with its members' tokens, and its own sequence
+        there (excluded from its drafts); None without siblings."""
         gm = self._member(req)
         if gm is None:
             return None
@@ -113,7 +115,17 @@ class GroupSource:
             for member in g.members.values():
                 self._sync(g, member)
             g.synced = self._step
-        return propose_from(g.index, req, self.params, max_tokens, max_paths, self.name, exclude=m.seq_id)
+        return g.index, m.seq_id
+
+    def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
+        lk = self._lookup(req)
+        return None if lk is None else propose_from(lk[0], req, self.params, max_tokens, max_paths, self.name,
+                                                    exclude=lk[1])
+
+    def propose_many(self, reqs: list[Any], max_tokens: list[int], max_paths: int,
+                     contexts: list[list[int]]) -> list[Draft | None]:
+        return propose_many_from([self._lookup(r) for r in reqs], contexts, self.params, max_tokens, max_paths,
+                                 self.name)
 
     def finish(self, req: Any) -> None:
         g = self._groups.get(req.group_id) if req.group_id else None

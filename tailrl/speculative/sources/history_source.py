@@ -18,7 +18,7 @@ from typing import Any
 
 from tailrl.speculative.draft import Draft
 from tailrl.speculative.history import HistoryStore
-from tailrl.speculative.sources.base import MatchParams, propose_from
+from tailrl.speculative.sources.base import MatchParams, propose_from, propose_many_from
 from tailrl.speculative.sources.suffix_index import SuffixIndex
 
 logger = logging.getLogger(__name__)
@@ -82,6 +82,11 @@ class HistorySource:
         if index is None:
             return None
         return propose_from(index, req, self.params, max_tokens, max_paths, self.name)
+
+    def propose_many(self, reqs: list[Any], max_tokens: list[int], max_paths: int,
+                     contexts: list[list[int]]) -> list[Draft | None]:
+        lookups = [(ix, None) if (ix := self._index(r)) is not None else None for r in reqs]
+        return propose_many_from(lookups, contexts, self.params, max_tokens, max_paths, self.name)
 
     def finish(self, req: Any) -> None:
         entry = self._prompts.get(req.prompt_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailrl.speculative.draft import Draft
-from tailrl.speculative.sources.base import MatchParams, propose_from, settled
+from tailrl.speculative.sources.base import MatchParams, propose_from, propose_many_from, settled
 from tailrl.speculative.sources.suffix_index import SuffixIndex
 
 
@@ -64,6 +64,11 @@ class SelfSource:
     def propose(self, req: Any, max_tokens: int, max_paths: int) -> Draft | None:
         e = self._sync(req)
         return propose_from(e.index, req, self.params, max_tokens, max_paths, self.name)
+
+    def propose_many(self, reqs: list[Any], max_tokens: list[int], max_paths: int,
+                     contexts: list[list[int]]) -> list[Draft | None]:
+        return propose_many_from([(self._sync(r).index, None) for r in reqs], contexts, self.params, max_tokens,
+                                 max_paths, self.name)
 
     def finish(self, req: Any) -> None:
         self._entries.pop(req.request_id, None)
