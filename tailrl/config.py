@@ -233,6 +233,9 @@ class EngineConfig:
     cuda_graph_gib: float = 1.0                   # ... within this memory (taken from the K/V budget),
     cuda_graph_warmup: bool = True                # ... captured at start-up (each bucket's, as vLLM
                                                   # does), not in the steps that first need them
+    cuda_graph_sample_mib: float = 8.0            # a graph runs the LM head and sampler too where its
+                                                  # bucket's float32 logits take at most this (MiB; a
+                                                  # 152k vocabulary: 8 -> 13 tokens, 64 -> 110)
     async_scheduling: bool | None = None          # launch a plain decoding step before the previous one's
                                                   # tokens are back (engine/ahead.py); None: with CUDA graphs
     num_threads: int | None = None                # torch threads; None = as many cores as other
@@ -261,6 +264,7 @@ class EngineConfig:
         _check(self.cuda_graph_gib >= 0, "cuda_graph_gib", "must be >= 0", self.cuda_graph_gib)
         _check(isinstance(self.cuda_graph_warmup, bool), "cuda_graph_warmup", "must be true or false",
                self.cuda_graph_warmup)
+        _check(self.cuda_graph_sample_mib >= 0, "cuda_graph_sample_mib", "must be >= 0", self.cuda_graph_sample_mib)
         _check(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
                "must be true, false or null", self.async_scheduling)
 

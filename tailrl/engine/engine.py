@@ -119,7 +119,8 @@ class LLMEngine:
             return None
         pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
         max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)
-        return StepGraphs(self.model, self.kv, pool, max_tokens, grouped=grouped)
+        return StepGraphs(self.model, self.kv, pool, max_tokens, grouped=grouped,
+                          sample_bytes=int(config.cuda_graph_sample_mib * 2**20))
 
     def _warm_up(self, graphs: StepGraphs, drafts: bool) -> None:
         """Every graph a step may replay, captured now (a capture costs tens of milliseconds,

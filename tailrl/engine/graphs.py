@@ -9,7 +9,8 @@ a GPU; two per bucket, taken in turn, so that a step built while the previous on
 still wait in the stream never rewrites what that copy reads: engine/ahead.py). The graph
 runs the model's forward to the final norm. Where every row samples alike
 (``sampler.graph_mode``: an RL rollout's T = 1, or greedy) and the bucket's float32 logits
-take at most ``sampler.GRAPH_LOGITS_BYTES``, it runs the LM head and the sampler too, the
+take at most ``EngineConfig.cuda_graph_sample_mib`` (8 MiB: ``sampler.GRAPH_LOGITS_BYTES``), it
+runs the LM head and the sampler too, the
 rows' uniforms a static input (some 25 launches from the host per step fewer); else those run
 after it, on the real rows only.
 
@@ -98,13 +99,16 @@ class StepGraphs:
     LEVELS = ("graphs/held", "graphs/bytes", "graphs/peak_bytes", "graphs/budget_bytes",   # not counters
               "graphs/warmup_captures", "graphs/warmup_s")
 
-    def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int, grouped: bool = False):
+    def __init__(self, model: Transformer, kv: KVCache, pool: GraphPool, max_tokens: int, grouped: bool = False,
+                 sample_bytes: int = GRAPH_LOGITS_BYTES):
         """``grouped``: every graph launches attention's query groups (``AttentionMeta.multi``), as
         an engine with a speculator wants (most of its steps verify chains; a decode row alone
         in a group has its own bits all the same), so that no bucket needs a graph for each form
         (a capture costs tens of milliseconds); else none does (a plain engine's graph steps
-        have one query a row)."""
+        have one query a row). ``sample_bytes``: a bucket whose float32 logits take at most this
+        samples inside its graph (``EngineConfig.cuda_graph_sample_mib``)."""
         self.model, self.kv, self.pool, self.grouped = model, kv, pool, grouped
+        self.sample_bytes = sample_bytes
         self.buckets = token_buckets(max_tokens)
         self._static: dict[Key, _Bucket] = {}
         self._kv_allocations = kv.allocations
@@ -122,7 +126,7 @@ class StepGraphs:
         if num_tokens == 0 or num_tokens > self.buckets[-1]:
             return None
         n = self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
-        if n * self.model.args.vocab_size * 4 > GRAPH_LOGITS_BYTES:
+        if n * self.model.args.vocab_size * 4 > self.sample_bytes:
             mode = None
         elif mode == "sample" and self.model.embed.weight.dtype not in (torch.bfloat16, torch.float32):
             mode = None             # its sampler takes the uniforms in float16 or float64, not as staged

@@ -22,9 +22,10 @@ PARAMS = [SamplingParams(n=2, temperature=1.0, max_tokens=40, ignore_eos=True, s
           SamplingParams(n=2, temperature=1.0, max_tokens=30, ignore_eos=True, seed=8)]
 
 
-def with_graphs(llm: LLM, max_tokens: int = 64, budget: int = 1 << 30, capture=eager_capture) -> StepGraphs:
+def with_graphs(llm: LLM, max_tokens: int = 64, budget: int = 1 << 30, capture=eager_capture,
+                **kw) -> StepGraphs:
     e = llm.engine
-    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(budget, capture), max_tokens))
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(budget, capture), max_tokens, **kw))
     e.begin_rollout()
     return e.runner.graphs
 
@@ -129,6 +130,22 @@ def test_graphs_that_sample_give_the_eager_sampler_bits(model, temperature, spec
                          else {None}), modes
 
 
+def test_only_buckets_whose_logits_fit_cuda_graph_sample_mib_sample_inside_their_graph(model):
+    """``sample_bytes`` (``EngineConfig.cuda_graph_sample_mib``) bounds the buckets that run the
+    LM head and sampler inside their graph: the small ones sample in it, the larger ones end at
+    the final norm and sample after it, in one rollout of verify steps, with eager decoding's
+    bits either way; 0 keeps the sampler out of every graph."""
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=30, ignore_eos=True, seed=11)
+    run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(PROMPTS, params)]  # noqa: E731
+    want = run(LLM(model, dtype="bfloat16"))
+    for fit, modes in ((8, {"sample", None}), (0, {None})):          # tokens whose logits fit
+        llm = LLM(model, dtype="bfloat16", speculative=SPECS[1])
+        graphs = with_graphs(llm, sample_bytes=fit * llm.engine.model.args.vocab_size * 4)
+        assert run(llm) == want
+        assert {key[2] for key in graphs._static} == modes
+        assert all((key[2] == "sample") == (key[0] <= fit) for key in graphs._static)
+
+
 def test_steps_over_the_largest_bucket_and_refused_keys_run_eagerly_with_the_same_results(model):
     want = outputs(LLM(model, dtype="bfloat16"))
     llm = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(policy="fixed"))
@@ -185,7 +202,7 @@ def test_graphs_captured_at_start_up_serve_every_step_with_its_bits(model, spec)
 
 def test_graph_settings_are_checked():
     for field, bad in (("cuda_graphs", 1), ("cuda_graph_max_tokens", 0), ("cuda_graph_gib", -1.0),
-                       ("cuda_graph_warmup", 1)):
+                       ("cuda_graph_warmup", 1), ("cuda_graph_sample_mib", -1.0)):
         with pytest.raises(ValueError, match=field):
             EngineConfig(model="m", **{field: bad})
 
