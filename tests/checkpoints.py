@@ -9,6 +9,8 @@ ARCH_CONFIGS = {
     "qwen2": ("Qwen2Config", dict()),
     "qwen3": ("Qwen3Config", dict(head_dim=16, attention_bias=False)),
     "llama": ("LlamaConfig", dict(attention_bias=False, mlp_bias=False)),
+    "mistral": ("MistralConfig", dict(head_dim=16, sliding_window=None)),
+    "mistral_window": ("MistralConfig", dict(head_dim=16, sliding_window=32)),   # Mistral-7B-v0.1's kind
 }
 
 

@@ -8,6 +8,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": dict(qkv_bias=True, qk_norm=False),
     "Qwen3ForCausalLM": dict(qkv_bias=None, qk_norm=True),   # None: read attention_bias
     "LlamaForCausalLM": dict(qkv_bias=None, qk_norm=False),
+    "MistralForCausalLM": dict(qkv_bias=False, qk_norm=False),   # its sliding window: see parse_config
 }
 
 
@@ -82,6 +83,12 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
         if cfg.get("use_sliding_window"):
             raise ValueError(f"model: use_sliding_window=true in {source} is not supported")
+        max_pos = int(cfg.get("max_position_embeddings", 2048))
+        window = cfg.get("sliding_window") if arch == "MistralForCausalLM" else None
+        if window is not None and 0 < int(window) < max_pos:
+            # Mistral attends over its last ``sliding_window`` positions; within that many
+            # positions that is full causal attention, so the context is capped there (exact)
+            max_pos = int(window)
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"model: hidden_act {cfg.get('hidden_act')!r} in {source} is not supported (only silu)")
         qkv_bias = flags["qkv_bias"]
@@ -98,7 +105,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(qkv_bias),
             o_bias=bool(cfg.get("attention_bias", False)) and arch == "LlamaForCausalLM",

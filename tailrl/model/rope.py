@@ -1,4 +1,4 @@
-"""Rotary position embedding (the "rotate half" layout used by Qwen2/Qwen3/Llama)."""
+"""Rotary position embedding (the "rotate half" layout used by Qwen2/Qwen3/Llama/Mistral)."""
 from __future__ import annotations
 
 import math

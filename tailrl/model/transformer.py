@@ -1,4 +1,4 @@
-"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama) over flattened tokens and a row KV cache.
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
