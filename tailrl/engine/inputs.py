@@ -47,14 +47,18 @@ class InputProcessor:
         self.seed = seed
 
     def prompt_tokens(self, prompts) -> tuple[list[str | None], list[list[int]]]:
-        """(text or None, token ids) per prompt; ``prompts`` is a str, or a list of str / list[int]."""
-        if isinstance(prompts, str):
+        """(text or None, token ids) per prompt; ``prompts`` is a str or one prompt dict, or a list of
+        str / list[int] / prompt dicts: vLLM's ``TokensPrompt`` (``{"prompt_token_ids": [...]}``) and
+        ``TextPrompt`` (``{"prompt": "..."}``), nothing else in them."""
+        if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a list of str or list[int], got {type(prompts).__name__}")
         texts: list[str | None] = []
         ids: list[list[int]] = []
         for i, p in enumerate(prompts):
+            if isinstance(p, dict):
+                p = self._from_dict(p, f"prompts[{i}]")
             if isinstance(p, str):
                 if self.tokenizer is None:
                     raise ValueError(f"prompts[{i}] is a string but the model has no tokenizer files; pass token ids")
@@ -68,6 +72,18 @@ class InputProcessor:
             self.check_tokens(toks, f"prompts[{i}]")
             ids.append(toks)
         return texts, ids
+
+    @staticmethod
+    def _from_dict(p: dict, name: str) -> str | list[int]:
+        """A vLLM prompt dict's text or token ids; other keys (multi-modal data, a second
+        prompt) are refused: nothing the caller asked for is dropped silently."""
+        keys = set(p)
+        if keys == {"prompt_token_ids"}:
+            return p["prompt_token_ids"]
+        if keys == {"prompt"} and isinstance(p["prompt"], str):
+            return p["prompt"]
+        raise ValueError(f"{name} must be {{'prompt_token_ids': [int, ...]}} or {{'prompt': str}}, got keys "
+                         f"{sorted(keys)}")
 
     def check_tokens(self, toks: list[int], name: str) -> None:
         if not toks:

@@ -46,6 +46,10 @@ def test_bad_sampling_params(llm, kw, field):
     ([list(range(1, 65))], "prompts\\[0\\].*longer than the context"),
     (["text"], "prompts\\[0\\].*no tokenizer"),
     ([[1, 2], 3], "prompts\\[1\\]"),
+    ([{"prompt_token_ids": [1, 2], "multi_modal_data": {}}], "prompts\\[0\\].*multi_modal_data"),
+    ([{"prompt": 5}], "prompts\\[0\\]"),
+    ([{"prompt": "text"}], "prompts\\[0\\].*no tokenizer"),
+    ([{"prompt_token_ids": [1, 97]}], "prompts\\[0\\].*token id 97"),
 ])
 def test_bad_prompts(llm, prompts, field):
     before = llm.engine.metrics.num_forward
@@ -92,3 +96,13 @@ def test_bad_model_directories(ckpt_dir, tmp_path):
         LLM(str(arch))
     with pytest.raises(ValueError, match="dtype"):
         LLM(src, dtype="float16")
+
+
+def test_vllm_prompt_dicts_are_prompts(llm):
+    """vLLM's ``TokensPrompt`` dicts (and one dict alone) make the same requests as token lists."""
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True, seed=4)
+    want = llm.generate([[1, 2, 3], [7, 8]], sp)
+    got = llm.generate([{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [7, 8]}], sp)
+    assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in want]
+    one = llm.generate({"prompt_token_ids": [1, 2, 3]}, sp)
+    assert [c.token_ids for c in one[0].outputs] == [c.token_ids for c in want[0].outputs]
