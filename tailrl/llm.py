@@ -85,6 +85,22 @@ class LLM:
         self.last_metrics.update(extra)
         return outputs
 
+    def chat(self, messages: list, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             prompt_ids: list | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: one conversation (a list of ``{"role", "content"}`` dicts) or a
+        list of them, each through the tokenizer's chat template with the assistant's turn
+        opened, then ``generate`` (one output per conversation). A model without a chat
+        template, or a conversation its template rejects, raises ``ValueError`` before any work."""
+        convs = [messages] if messages and all(isinstance(m, dict) for m in messages) else messages
+        if not isinstance(convs, (list, tuple)) or not convs or not all(isinstance(c, (list, tuple)) for c in convs):
+            raise ValueError("messages must be a conversation (a list of dicts) or a list of conversations")
+        ids = [self.inputs.chat_tokens(list(c), f"messages[{i}]") for i, c in enumerate(convs)]
+        return self.generate(ids, sampling_params, prompt_ids, use_tqdm)
+
+    def get_tokenizer(self):
+        """The checkpoint's Hugging Face tokenizer (None where it ships no tokenizer files), as vLLM's."""
+        return self.tokenizer
+
     def _run(self, reqs: list[Request], use_tqdm: bool | None) -> None:
         for r in by_history(reqs, self.history):     # longest expected first (engine/admission.py)
             self.engine.add_request(r)

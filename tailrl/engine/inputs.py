@@ -85,6 +85,21 @@ class InputProcessor:
         raise ValueError(f"{name} must be {{'prompt_token_ids': [int, ...]}} or {{'prompt': str}}, got keys "
                          f"{sorted(keys)}")
 
+    def chat_tokens(self, messages: list[dict], name: str = "messages") -> list[int]:
+        """One conversation's prompt: the tokenizer's chat template over ``messages`` (dicts of
+        ``role`` and ``content``) with the assistant's turn opened, as token ids (the server's
+        chat route and ``LLM.chat`` alike)."""
+        tok = self.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise ValueError(f"{name}: this model has no chat template; pass prompts to generate")
+        try:
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:                   # a template may reject roles or orders (jinja raises)
+            raise ValueError(f"{name}: the chat template rejected the messages: {e}") from None
+        ids = tok.encode(text, add_special_tokens=False)
+        self.check_tokens(ids, name)
+        return ids
+
     def check_tokens(self, toks: list[int], name: str) -> None:
         if not toks:
             raise ValueError(f"{name} is empty")

@@ -79,17 +79,10 @@ class Server:
         tok = self.inputs.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-        messages = [m.as_template_input() for m in req.messages]
         try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as e:                   # a template may reject roles or orders (jinja raises)
-            raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
-        ids = tok.encode(text, add_special_tokens=False)
-        try:
-            self.inputs.check_tokens(ids, "messages")
+            return self.inputs.chat_tokens([m.as_template_input() for m in req.messages])
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from None
-        return ids
 
     def start(self, groups: list[list], stop: list[str], stream: bool) -> GenerationRun:
         self.check_capacity(sum(len(g) for g in groups))
