@@ -53,6 +53,10 @@ class SamplingParams:
     seed: int | None = None          # per-prompt seed; None = derived from engine seed + call order
     stop_token_ids: list[int] | None = None  # extra stop tokens (EOS always stops unless ignore_eos)
     ignore_eos: bool = False
+    # vLLM's stop strings: a response ends at the token whose text completes one (kept, with its
+    # log-probability); its text is cut before the string (engine/stop_strings.py). Needs the
+    # model's tokenizer files
+    stop: list[str] | None = None
 
     def __post_init__(self) -> None:
         _check(isinstance(self.n, int) and self.n >= 1, "n", "must be an integer >= 1", self.n)
@@ -65,6 +69,13 @@ class SamplingParams:
         _check(self.seed is None or isinstance(self.seed, int), "seed", "must be an int or None", self.seed)
         if self.stop_token_ids is not None:
             self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        _check(self.stop is None or (isinstance(self.stop, (list, tuple)) and all(isinstance(x, str) and x
+                                                                                 for x in self.stop)),
+               "stop", "must be a non-empty string or a list of them", self.stop)
+        if self.stop is not None:
+            self.stop = list(self.stop) or None
 
     @property
     def greedy(self) -> bool:

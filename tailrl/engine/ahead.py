@@ -39,7 +39,7 @@ from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.sampler import Fetched
 from tailrl.engine.scheduler import Scheduler
-from tailrl.engine.verify import at_limit, commit, ends
+from tailrl.engine.verify import at_limit, commit, ends, stop_string
 
 PENDING = -1                        # a placeholder: the token a step in flight samples
 
@@ -149,6 +149,8 @@ def settle(step: Launched, kv: KVCache, eos_token_ids: tuple[int, ...]) -> tuple
             plan.last = e
             plan.rows.append(e)
             status = ends(req, out[-1], eos_token_ids)
+            if req.stop_check is not None:
+                status = stop_string(plan, len(out) - 1, len(plan.rows) - 1, [out[-1]], status)[1]
         else:
             if out and out[-1] == PENDING:
                 out.pop()

@@ -19,10 +19,12 @@ from tailrl.engine.ahead_drafts import AheadDrafts
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
 from tailrl.engine.graphs import StepGraphs
+from tailrl.engine.inputs import load_tokenizer
 from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
+from tailrl.engine.stop_strings import StopStrings
 from tailrl.engine.tail_choice import DRAFTER_METHODS, TailChoice
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
@@ -87,6 +89,7 @@ class LLMEngine:
         # set to a list to record every step as {"batch", "new_tokens", "kv_tokens", "seconds"}
         # (the simulator's calibration format: `tailrl simulate --step-times`, benchmarks/pool.py)
         self.step_log: list[dict] | None = None
+        self._stops: StopStrings | None = None      # requests' stop strings (loaded on first use)
         self._rollout_start = self.metrics.snapshot()
         self._graphs_start = self._graph_stats()
 
@@ -136,10 +139,22 @@ class LLMEngine:
         if req.request_id in self.requests:
             raise ValueError(f"request_id {req.request_id!r} is already in the engine")
         req.max_model_len = self.max_model_len
+        if req.params.stop:
+            req.stop_check = self._stop_strings()
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         if self.speculator is not None:
             self.speculator.start(req)
+
+    def _stop_strings(self) -> StopStrings:
+        """The checker of requests' stop strings, over the model's tokenizer (loaded when the
+        first such request comes; a model without one refuses it)."""
+        if self._stops is None:
+            tok = load_tokenizer(self.config.model)
+            if tok is None:
+                raise ValueError("stop: stop strings need the model's tokenizer files; pass stop_token_ids")
+            self._stops = StopStrings(tok)
+        return self._stops
 
     def abort(self, request_id: str) -> Request | None:
         self.drain()

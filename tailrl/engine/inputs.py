@@ -19,6 +19,7 @@ import os
 from tailrl.config import SamplingParams
 from tailrl.engine.outputs import CompletionOutput, RequestOutput
 from tailrl.engine.request import Request
+from tailrl.engine.stop_strings import cut_text
 from tailrl.noise import mix
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -124,6 +125,8 @@ class InputProcessor:
             bad = [t for t in (p.stop_token_ids or []) if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"stop_token_ids has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+            if p.stop and self.tokenizer is None:
+                raise ValueError("stop: stop strings need the model's tokenizer files; pass stop_token_ids")
         return plist
 
     def prompt_ids(self, prompt_ids, ids: list[list[int]]) -> list[str]:
@@ -162,6 +165,8 @@ class InputProcessor:
         out = RequestOutput(group_id, text, list(ids), prompt_id)
         for r in group:
             decoded = self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True) if self.tokenizer else ""
+            if r.params.stop and r.finish_reason == "stop":
+                decoded = cut_text(decoded, r.params.stop)
             out.outputs.append(CompletionOutput(r.index, decoded, list(r.output_token_ids),
                                                 list(r.output_logprobs), r.finish_reason))
         return out

@@ -49,6 +49,7 @@ class Request:
     max_model_len: int = 1 << 30
     pending_kv: object = None            # imported K/V waiting for a row (see engine.import_request)
     pending_spec: object = None          # imported drafting state waiting for the speculator's start
+    stop_check: object = None            # the engine's StopStrings where params.stop is set
     num_preemptions: int = 0
     spec_draft_tokens: int = 0           # draft tokens this request verified,
     spec_accepted_tokens: int = 0        # of them accepted (bonus tokens excluded),

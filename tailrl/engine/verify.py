@@ -47,6 +47,35 @@ def accept_draft(parents: list[int], draft_tokens: list[int], targets: list[int]
 
 def commit(plan: "RowPlan", tokens: list[int], logprobs: list[float], kv: "KVCache",
            eos_token_ids: tuple[int, ...]) -> tuple[list[int], int, RequestStatus | None]:
+    """``_commit``, then, for a request with stop strings, the end at the first token whose
+    text completes one (``stop_string``)."""
+    if plan.req.stop_check is None:
+        return _commit(plan, tokens, logprobs, kv, eos_token_ids)
+    n0, r0 = len(plan.req.output_token_ids), len(plan.rows)
+    emitted, accepted, status = _commit(plan, tokens, logprobs, kv, eos_token_ids)
+    emitted, status = stop_string(plan, n0, r0, emitted, status)
+    return emitted, accepted, status
+
+
+def stop_string(plan: "RowPlan", n0: int, r0: int, emitted: list[int],
+                status: RequestStatus | None) -> tuple[list[int], RequestStatus | None]:
+    """Where a token the row just appended (its output from ``n0`` on, its sampled rows from
+    ``r0`` on) completes one of its request's stop strings: the request ends with that token
+    (FINISHED_STOPPED), the tokens after it dropped. Returns (tokens kept, status)."""
+    req = plan.req
+    j = req.stop_check.first_end(req.output_token_ids, n0, req.params.stop) if emitted else None
+    if j is None:
+        return emitted, status
+    keep = j + 1 - n0
+    del req.output_token_ids[j + 1:]
+    del req.output_logprobs[j + 1:]
+    del plan.rows[r0 + keep:]
+    plan.last = plan.rows[-1]
+    return emitted[:keep], RequestStatus.FINISHED_STOPPED
+
+
+def _commit(plan: "RowPlan", tokens: list[int], logprobs: list[float], kv: "KVCache",
+            eos_token_ids: tuple[int, ...]) -> tuple[list[int], int, RequestStatus | None]:
     """Apply one row's sampled targets to its request. ``tokens``/``logprobs``: the step's
     sampled positions; the row's root is at ``plan.entry``, its draft nodes follow. Returns
     (tokens appended, draft nodes accepted, finish status or None); ``plan.last`` becomes the
