@@ -10,10 +10,11 @@ drafts, so a response ends at the same token with and without speculation.
 
 Most tokens cannot end a stop string. A token's own text (decoded alone, kept per token id)
 must hold a string's last character, or part of a multi-byte character (U+FFFD), or the string
-ends in whitespace (tokenizers that mark a leading space drop it when a token is decoded
-alone); only then are the last tokens decoded, a window wide enough for the longest string
-in the worst case (4 bytes a character, one byte a token) plus a margin, with and without the
-token, and the string searched for where the token's characters begin.
+ends in a space (SentencePiece tokenizers drop a token's leading space when it is decoded
+alone); only then are the last tokens decoded, a window wide enough for the longest string in
+the worst case (4 bytes a character, one byte a token) plus a margin, with and without the
+token, and the string searched for where the token's characters begin. Measured on `small`'s
+tokenizer (this CPU): 0.2 us a token passed over, ~10 us a token whose window is decoded.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class StopStrings:
         """The index of the first token of ``out`` from ``start`` on whose text completes one of
         ``stops`` (searched in the text of the tokens before it too), or None."""
         lasts = {s[-1] for s in stops}
-        always = any(c.isspace() for c in lasts)
+        always = " " in lasts
         width = 4 * max(len(s) for s in stops) + MARGIN
         for j in range(start, len(out)):
             piece = self._piece(out[j])
