@@ -1,14 +1,28 @@
 """One sequence as the client sees it: tokens, text, text stop strings, and what to stream next.
 
-The engine only knows stop *token* ids; OpenAI's ``stop`` strings are handled here. After each
-burst of accepted tokens the text is re-decoded token by token; the first stop string found
-truncates the text (the stop string itself is not returned, as in OpenAI), keeps the tokens up
-to the one that completed it, and the caller aborts the engine request so its KV is freed.
+OpenAI's ``stop`` strings are handled here (the server's engine requests carry stop token ids
+only, so a streamed choice can hold back what may start a stop string). After each burst of
+accepted tokens the first token whose text completes a stop string is found as
+``LLM.generate``'s stop strings find it (``engine/stop_strings.py``: only tokens that could end
+one are decoded, with a window of the tokens before them); the text is cut before the string
+(the stop string itself is not returned, as in OpenAI), the tokens are kept up to the one that
+completed it, and the caller aborts the engine request so its KV is freed.
 While streaming, the last ``len(longest stop) - 1`` characters are held back, because they might
 be the start of a stop string that the next token completes; so is a trailing U+FFFD, which is
 half a multi-byte character.
 """
 from __future__ import annotations
+
+from tailrl.engine.stop_strings import StopStrings, cut_text
+
+_checkers: dict[int, StopStrings] = {}      # id(tokenizer) -> its checker (its token texts cached)
+
+
+def _checker(tokenizer) -> StopStrings:
+    c = _checkers.get(id(tokenizer))
+    if c is None or c.tokenizer is not tokenizer:
+        c = _checkers[id(tokenizer)] = StopStrings(tokenizer)
+    return c
 
 
 class ChoiceState:
@@ -48,24 +62,20 @@ class ChoiceState:
             if self.incremental or finish_reason is not None:
                 self.text = self.decode(self.token_ids)
         else:
-            for tok, lp in zip(token_ids, logprobs):
-                self.token_ids.append(tok)
-                self.logprobs.append(lp)
-                text = self.decode(self.token_ids)
-                cut = self._find_stop(text)
-                if cut is not None:
-                    self.text, self.finish_reason = text[:cut], "stop"
-                    return True
-            self.text = self.decode(self.token_ids)
+            n0 = len(self.token_ids)
+            self.token_ids += token_ids
+            self.logprobs += logprobs
+            j = _checker(self.tokenizer).first_end(self.token_ids, n0, self.stop)
+            if j is not None:
+                del self.token_ids[j + 1:]
+                del self.logprobs[j + 1:]
+                self.text, self.finish_reason = cut_text(self.decode(self.token_ids), self.stop), "stop"
+                return True
+            if self.incremental or finish_reason is not None:
+                self.text = self.decode(self.token_ids)
         if finish_reason is not None:
             self.finish_reason, self.error = finish_reason, error
         return False
-
-    def _find_stop(self, text: str) -> int | None:
-        # only the tail can hold a new match: everything before was searched on earlier tokens
-        start = max(0, len(self.text) - max(len(s) for s in self.stop))
-        hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
-        return min(hits) if hits else None
 
     def take_delta(self) -> tuple[str, list[int], list[float]]:
         """Text, tokens and logprobs not streamed yet (text held back as the module docstring says)."""

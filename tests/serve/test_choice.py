@@ -44,3 +44,15 @@ def test_no_stop_final_only_decodes_at_the_end(tok):
     assert c.text == "" and c.token_ids == tok.encode("ab")
     c.feed(tok.encode("c"), [-1.0], "stop")
     assert c.text == "abc" and c.finished
+
+
+def test_a_whole_choice_with_stop_strings_decodes_its_text_only_at_the_end(tok):
+    """Without streaming, text is decoded once, when the choice ends (a stop string found or the
+    engine's finish), not after every burst: decoding the whole text per token made a long
+    response's choice quadratic."""
+    c = ChoiceState(0, tok, stop=["END"], incremental=False)
+    assert c.feed(tok.encode("ab EN"), [-1.0] * 5, None) is False
+    assert c.text == "" and len(c.token_ids) == 5
+    assert c.feed(tok.encode("x"), [-1.0], "length") is False and c.text == "ab ENx"
+    d = ChoiceState(0, tok, stop=["END"], incremental=False)
+    assert d.feed(tok.encode("ab END cd"), [-1.0] * 9, None) is True and d.text == "ab " and d.finished
