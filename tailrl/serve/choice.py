@@ -38,6 +38,7 @@ class ChoiceState:
         self.error: str | None = None
         self.sent_text = 0             # characters of ``text`` already streamed
         self.sent_tokens = 0           # tokens already streamed
+        self._prefix = self._read = 0  # ``_extend_text``'s window: the last growth's tokens
 
     @property
     def finished(self) -> bool:
@@ -56,26 +57,33 @@ class ChoiceState:
         (the caller then aborts the engine request)."""
         if self.finished:
             return False                   # e.g. the abort that follows a stop-string match
-        if not self.stop:
-            self.token_ids += token_ids
-            self.logprobs += logprobs
-            if self.incremental or finish_reason is not None:
-                self.text = self.decode(self.token_ids)
-        else:
-            n0 = len(self.token_ids)
-            self.token_ids += token_ids
-            self.logprobs += logprobs
+        n0 = len(self.token_ids)
+        self.token_ids += token_ids
+        self.logprobs += logprobs
+        if self.stop:
             j = _checker(self.tokenizer).first_end(self.token_ids, n0, self.stop)
             if j is not None:
                 del self.token_ids[j + 1:]
                 del self.logprobs[j + 1:]
                 self.text, self.finish_reason = cut_text(self.decode(self.token_ids), self.stop), "stop"
                 return True
-            if self.incremental or finish_reason is not None:
-                self.text = self.decode(self.token_ids)
-        if finish_reason is not None:
+        if finish_reason is not None:      # the whole text, decoded once
+            self.text = self.decode(self.token_ids)
             self.finish_reason, self.error = finish_reason, error
+        elif self.incremental:
+            self._extend_text()
         return False
+
+    def _extend_text(self) -> None:
+        """Grow ``text`` by the new tokens' characters, decoding them with the tokens of the last
+        growth before them (a window, not the whole text: streaming a long response stays
+        linear); a window whose text ends in U+FFFD (half a multi-byte character) waits for
+        the tokens that complete it."""
+        ids = self.token_ids
+        before, now = self.decode(ids[self._prefix:self._read]), self.decode(ids[self._prefix:])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            self.text += now[len(before):]
+            self._prefix, self._read = self._read, len(ids)
 
     def take_delta(self) -> tuple[str, list[int], list[float]]:
         """Text, tokens and logprobs not streamed yet (text held back as the module docstring says)."""

@@ -56,3 +56,42 @@ def test_a_whole_choice_with_stop_strings_decodes_its_text_only_at_the_end(tok):
     assert c.feed(tok.encode("x"), [-1.0], "length") is False and c.text == "ab ENx"
     d = ChoiceState(0, tok, stop=["END"], incremental=False)
     assert d.feed(tok.encode("ab END cd"), [-1.0] * 9, None) is True and d.text == "ab " and d.finished
+
+
+class ByteTokens:
+    """One byte a token: a multi-byte character spans tokens (its first decodes to U+FFFD).
+    ``widest``: the most tokens one decode was given."""
+    widest = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.widest = max(self.widest, len(ids))
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_streamed_text_grows_by_windows_and_equals_the_whole_decode(tok, seed):
+    """A streaming choice grows its text from a window of its last tokens; after every update
+    it is a prefix of the whole decode, all of it unless that ends in half a character (the
+    window's characters wait for the byte that completes it), and what was streamed plus the
+    last delta is the final text; with the test model's tokenizer and with byte tokens."""
+    import random
+    rng = random.Random(seed)
+    words = ["ab", "END", " x", "caf\u00e9", "\u00fc\u00df", "\u4e2d\u6587", "\n", "9"]
+    text = "".join(rng.choice(words) for _ in range(60))
+    for t, ids in ((ByteTokens(), list(text.encode())),
+                   (tok, tok.encode("".join(ch for ch in text if ch.isascii())))):
+        c = ChoiceState(0, t)
+        streamed, i = "", 0
+        while i < len(ids):
+            k = rng.choice([1, 1, 2, 5])
+            last = i + k >= len(ids)
+            if isinstance(t, ByteTokens):
+                t.widest = 0
+            c.feed(ids[i:i + k], [0.0] * len(ids[i:i + k]), "length" if last else None)
+            if not last and isinstance(t, ByteTokens):
+                assert t.widest <= 20                       # the window, not the whole text
+            whole = t.decode(ids[:i + k], skip_special_tokens=True)
+            assert whole.startswith(c.text) and (c.text == whole or whole.endswith("\ufffd"))
+            streamed += c.take_delta()[0]
+            i += k
+        assert streamed == c.text == t.decode(ids, skip_special_tokens=True)
