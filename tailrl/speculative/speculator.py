@@ -78,10 +78,8 @@ class Speculator:
         # sources whose observe does something (the others index lazily, or need nothing)
         self._observers = [s for s in self.sources if getattr(s, "observes", True)]
         self._step_observers = [s for s in self.sources if hasattr(s, "observe_step")]
-        # the per-request sources draft a step's requests in one call each (``_best_drafts``)
-        single = [s for s in self.sources if not hasattr(s, "prepare")]
-        self._many = all(hasattr(s, "propose_many") and hasattr(s, "params") for s in single)
-        self._context_len = max((s.params.max_match_len for s in single if hasattr(s, "params")), default=0)
+        # the context a source's ``propose_many`` reads (``_ask``): its longest match
+        self._context_len = max((s.params.max_match_len for s in self.sources if hasattr(s, "params")), default=0)
         # sources that read the target's hidden states (the drafter's past); called every step
         self._hidden_takers = [s.observe_hidden for s in self.sources if hasattr(s, "observe_hidden")]
         # a source drafts from hidden states (the drafter): read once, not per engine step
@@ -248,27 +246,24 @@ class Speculator:
                    limit: int | None = None) -> Draft | None:
         """The draft the policy sees for ``req``: at most its ``draft_limit`` nodes, or ``limit``
         (a longer chain's untruncated form is kept in ``_full`` for the carry). ``sources``
-        (default: all) are asked unless the carry applies."""
+        (default: all) are asked unless the carry applies. ``_best_drafts`` for one request,
+        asking each source directly (``chain_from`` drafts row by row inside steps launched
+        ahead: the lists of the many-request form cost it ~1 us a row)."""
         limit = min(self.max_draft_tokens, self.policy.draft_limit(req) if limit is None else limit)
         if limit <= 0:
             return None
         carry = self._carry.pop(req.request_id, None)
-        best: Draft | None = None
         if self._carry_applies(req, carry, max_paths):
-            best = carry.rest(1)
-        else:
-            ask = self.max_draft_tokens if max_paths == 1 else limit   # a chain's rest is cheap and may be carried
-            for s in self.sources if sources is None else sources:
-                if best is not None and best.score >= limit - 1e-9:    # a certain full-length draft: unbeatable
-                    break
-                d = s.propose(req, ask, max_paths)
-                if d is not None and len(d) > 0 and (best is None or d.score > best.score):
-                    best = d
-                    self._full.pop(req.request_id, None)
-        if best is not None and len(best) > limit and best.is_chain:
-            self._full[req.request_id] = best
-            best = best.truncate(limit)
-        return best
+            return self._kept(req, carry.rest(1), limit)
+        ask = self.max_draft_tokens if max_paths == 1 else limit   # a chain's rest is cheap and may be carried
+        best: Draft | None = None
+        for s in self.sources if sources is None else sources:
+            if _certain(best, limit):
+                break
+            best = _better(best, s.propose(req, ask, max_paths))
+        if best is not None:
+            self._full.pop(req.request_id, None)
+        return self._kept(req, best, limit)
 
     def chain_from(self, req: Any, skip: int, room: int) -> tuple[Draft | None, float]:
         """A chain continuing ``req``'s context (its tokens as they are now) with its first
@@ -359,19 +354,8 @@ class Speculator:
         suffix draft, the drafter's or none. A request served from the carry asks no source."""
         single = [s for s in self.sources if not hasattr(s, "prepare")]
         batched = [s for s in self.sources if hasattr(s, "prepare")]
-        found: dict[str, Draft | None] = {}
-        carried: set[str] = set()
-        uncarried = []
-        for req in requests:
-            if self._carry_applies(req, self._carry.get(req.request_id), paths):
-                carried.add(req.request_id)
-                found[req.request_id] = self.best_draft(req, paths, single)
-            elif self._many:
-                uncarried.append(req)
-            else:
-                found[req.request_id] = self.best_draft(req, paths, single)
-        if uncarried:
-            found.update(self._best_drafts(uncarried, paths, single))
+        carried = {r.request_id for r in requests if self._carry_applies(r, self._carry.get(r.request_id), paths)}
+        found = self._best_drafts(requests, paths, single)
         if not batched:
             return found
         rest = [r for r in requests if r.request_id not in carried]
@@ -400,46 +384,66 @@ class Speculator:
             found[rid] = pick
         return found
 
-    def _best_drafts(self, requests: list[Any], paths: int, sources: list[DraftSource]) -> dict[str, Draft | None]:
-        """``best_draft`` of each of ``requests`` (none served from the carry) from ``sources``
-        that draft many requests in one call (``propose_many``): each source is asked once, for
-        the requests still without a draft certain to be accepted in full, in the sources'
-        order; the same drafts, the same carry bookkeeping (one Python call per source, not per
-        row: the draft stage of `small`'s rollout 0.81x; docs/speculation.md)."""
-        maxd, limit_of = self.max_draft_tokens, self.policy.draft_limit
+    def _best_drafts(self, requests: list[Any], paths: int, sources: list[DraftSource],
+                     limit: int | None = None) -> dict[str, Draft | None]:
+        """``best_draft`` of each of ``requests``: at most its ``draft_limit`` nodes (or ``limit``);
+        a request whose carry applies takes it and asks no source; for the others each source is
+        asked once, for those still without a draft certain to be accepted in full, in the
+        sources' order (``_ask``); the best score wins, ties to the earlier source. A longer
+        chain's untruncated form is kept in ``_full`` for the carry."""
+        maxd = self.max_draft_tokens
         out: dict[str, Draft | None] = {}
         asked, limits = [], []
         for req in requests:
-            limit = min(maxd, limit_of(req))
-            if limit <= 0:
+            lim = min(maxd, self.policy.draft_limit(req) if limit is None else limit)
+            if lim <= 0:
                 out[req.request_id] = None
                 continue
-            self._carry.pop(req.request_id, None)
-            asked.append(req)
-            limits.append(limit)
-        if not asked:
-            return out
-        asks = [maxd] * len(asked) if paths == 1 else limits       # a chain's rest is cheap and may be carried
-        contexts = [context_tail(r, self._context_len) for r in asked]
-        best: list[Draft | None] = [None] * len(asked)
-        todo = range(len(asked))
+            carry = self._carry.pop(req.request_id, None)
+            if self._carry_applies(req, carry, paths):
+                out[req.request_id] = self._kept(req, carry.rest(1), lim)
+            else:
+                asked.append(req)
+                limits.append(lim)
+        if asked:
+            for req, d, lim in zip(asked, self._ask(asked, limits, paths, sources), limits):
+                if d is not None:
+                    self._full.pop(req.request_id, None)
+                out[req.request_id] = self._kept(req, d, lim)
+        return out
+
+    def _ask(self, requests: list[Any], limits: list[int], paths: int,
+             sources: list[DraftSource]) -> list[Draft | None]:
+        """Each request's best draft from ``sources``, each source asked once for the requests
+        still without one scoring their full ``limits``: in one call where it has
+        ``propose_many`` (the suffix sources: one native call for a step's rows; the draft
+        stage of `small`'s rollout 0.81x, docs/speculation.md) and more than one request is
+        asked, else request by request (a lone request's ``propose`` costs less)."""
+        asks = [self.max_draft_tokens] * len(requests) if paths == 1 else limits   # a chain's rest may be carried
+        contexts = None
+        best: list[Draft | None] = [None] * len(requests)
+        todo = range(len(requests))
         for s in sources:
-            todo = [i for i in todo if best[i] is None or best[i].score < limits[i] - 1e-9]
+            todo = [i for i in todo if not _certain(best[i], limits[i])]
             if not todo:                                             # every one certain: unbeatable
                 break
-            drafts = s.propose_many([asked[i] for i in todo], [asks[i] for i in todo], paths,
-                                    [contexts[i] for i in todo])
+            many = getattr(s, "propose_many", None) if len(todo) > 1 else None   # one request: its own call
+            if many is None:
+                drafts = [s.propose(requests[i], asks[i], paths) for i in todo]
+            else:
+                if contexts is None:
+                    contexts = [context_tail(r, self._context_len) for r in requests]
+                drafts = many([requests[i] for i in todo], [asks[i] for i in todo], paths, [contexts[i] for i in todo])
             for i, d in zip(todo, drafts):
-                if d is not None and len(d) > 0 and (best[i] is None or d.score > best[i].score):
-                    best[i] = d
-        for req, d, limit in zip(asked, best, limits):
-            if d is not None:
-                self._full.pop(req.request_id, None)
-                if len(d) > limit and d.is_chain:
-                    self._full[req.request_id] = d
-                    d = d.truncate(limit)
-            out[req.request_id] = d
-        return out
+                best[i] = _better(best[i], d)
+        return best
+
+    def _kept(self, req: Any, d: Draft | None, limit: int) -> Draft | None:
+        """``d`` cut to ``limit`` nodes; a longer chain's whole form kept in ``_full``."""
+        if d is not None and len(d) > limit and d.is_chain:
+            self._full[req.request_id] = d
+            return d.truncate(limit)
+        return d
 
     def _draft_batched(self, requests: list[Any], paths: int, sources: list[DraftSource],
                        batch_size: int) -> dict[str, tuple[Draft, Draft | None]]:
@@ -524,3 +528,13 @@ class Speculator:
 
     def metrics(self) -> dict[str, float]:
         return self.counts.metrics([s.name for s in self.sources], self.choice)
+
+
+def _certain(best: Draft | None, limit: int) -> bool:
+    """A draft scoring its full ``limit``: no other source's can beat it."""
+    return best is not None and best.score >= limit - 1e-9
+
+
+def _better(best: Draft | None, d: Draft | None) -> Draft | None:
+    """The draft of the higher score, ``best`` on a tie (the earlier source's)."""
+    return d if d is not None and len(d) > 0 and (best is None or d.score > best.score) else best

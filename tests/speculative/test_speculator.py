@@ -3,6 +3,7 @@ from spec_fakes import FakeRequest
 
 from tailrl.config import SpeculativeConfig
 from tailrl.speculative.draft import Draft
+from tailrl.speculative.factory import make_sources
 from tailrl.speculative.history import HistoryStore
 from tailrl.speculative.policies.base import FixedPolicy
 from tailrl.speculative.speculator import Speculator
@@ -147,7 +148,6 @@ def test_a_certain_full_draft_stops_the_search():
 
 
 def test_make_sources_follows_the_config():
-    from tailrl.speculative.factory import make_sources
     with pytest.raises(ValueError, match="drafter"):          # the learned drafter needs its checkpoint
         SpeculativeConfig(method="drafter")
     srcs = make_sources(SpeculativeConfig(sources=("self", "group"), min_match_len=3, max_draft_tokens=6))
@@ -198,6 +198,38 @@ def test_a_carried_rest_is_dropped_when_the_bonus_token_differs():
     emit(spec, r, stream[:3] + [5])                                  # the bonus token is not the rest's
     spec.propose([r], 1)
     assert len(src.asked) == 2
+
+
+def test_a_carried_rest_that_does_not_apply_is_forgotten():
+    """A carry whose first token is not the bonus token is dropped when the request drafts
+    again (it could match a later token by chance and draft a stale rest)."""
+    stream, src, spec, r = carrying_speculator()
+    d = spec.propose([r], 1)["x"]
+    spec.record_verification(r, d, 3)
+    assert "x" in spec._carry
+    emit(spec, r, stream[:3] + [5])
+    spec.propose([r], 1)
+    assert "x" not in spec._carry
+
+
+class HalfSource(RecordingSource):
+    """Drafts of two nodes at probability 0.5 each (score 0.75), named as given."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+
+    def propose(self, req, max_tokens, max_paths):
+        self.asked.append((max_tokens, max_paths))
+        return Draft.chain([3, 4], [0.5, 0.5], source=self.name)
+
+
+def test_among_drafts_of_equal_score_the_earlier_source_wins():
+    spec = Speculator(SpeculativeConfig(max_draft_tokens=4), sources=[HalfSource("first"), HalfSource("second")],
+                      policy=FixedPolicy(4))
+    r = FakeRequest("y", [1])
+    assert spec.propose([r], 1)["y"].source == "first"
+    assert all(len(s.asked) == 1 for s in spec.sources)                # a 0.75 draft does not stop the search
 
 
 class SometimesSource(RecordingSource):
@@ -309,14 +341,26 @@ class PerRequestLimits(FixedPolicy):
         return [min(self.draft_limit(r), len(d)) for r, d in proposals]
 
 
+class PerRow:
+    """A source without its ``propose_many``: the speculator asks it request by request."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def __getattr__(self, name):
+        if name == "propose_many":
+            raise AttributeError(name)
+        return getattr(self._source, name)
+
+
 def _as_tuple(d):
     return None if d is None else (d.tokens, d.parents, d.probs, d.source, d.match_len)
 
 
 @pytest.mark.parametrize("paths", [1, 3])
 def test_sources_drafting_a_steps_rows_in_one_call_give_the_per_request_drafts(paths):
-    """``_best_drafts`` (each suffix source asked once for all rows still without a certain
-    draft) against ``best_draft`` per row: the same drafts, full chains and carries, step after
+    """Each suffix source asked once for all rows still without a certain draft
+    (``propose_many``) against the same sources asked row by row: the same drafts, full chains and carries, step after
     step, with history, group and self sources, trees, limits per request and carried rests."""
     import random
     rng = random.Random(paths)
@@ -325,16 +369,16 @@ def test_sources_drafting_a_steps_rows_in_one_call_give_the_per_request_drafts(p
     for many in (True, False):
         store = HistoryStore()
         store.record("p0", history)
-        spec = Speculator(SpeculativeConfig(max_draft_tokens=8, max_tree_paths=paths), store,
-                          policy=PerRequestLimits(8, paths=paths))
-        spec._many = many
-        specs.append(spec)
+        cfg = SpeculativeConfig(max_draft_tokens=8, max_tree_paths=paths)
+        srcs = make_sources(cfg, store) if many else [PerRow(s) for s in make_sources(cfg, store)]
+        specs.append(Speculator(cfg, store, sources=srcs, policy=PerRequestLimits(8, paths=paths)))
     reqs = [[FakeRequest(f"r{i}", [9, 8, i % 2], group_id=f"g{i % 2}", prompt_id=f"p{i % 2}") for i in range(8)]
             for _ in specs]
     for spec, rs in zip(specs, reqs):
         for r in rs:
             spec.start(r)
-    assert specs[0]._many and not specs[1]._many
+    assert all(hasattr(s, "propose_many") for s in specs[0].sources)
+    assert not any(hasattr(s, "propose_many") for s in specs[1].sources)
     # history's responses (long accepted drafts from history), then repeats with noise (self, group)
     streams = [(history[i % 3] if i % 2 == 0 else []) + [rng.choice([t, t, t, rng.randrange(4)])
                                                          for t in [0, 1, 2, 3, 1] * 40] for i in range(8)]
