@@ -19,6 +19,7 @@ from tailrl.engine.ahead_drafts import AheadDrafts
 from tailrl.engine.batch import Batch, ModelRunner
 from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
 from tailrl.engine.graphs import StepGraphs
+from tailrl.engine.hand_out import hand_out_states, prefill_spans
 from tailrl.engine.inputs import load_tokenizer
 from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
@@ -270,8 +271,9 @@ class LLMEngine:
             req.num_computed_tokens += n
         tokens, logprobs = self.runner.sample(batch, logits).lists()                 # 4. sample
         clock.append(time.perf_counter())
-        if computed is not None:            # before commit: a prefill span ends where sampling starts
-            self._hand_out_prefill(batch, computed)
+        spans = prefill_spans(batch) if computed is not None else None   # before commit: a prefill
+        if spans:                                                          # span ends where sampling starts
+            self.speculator.observe_hidden(computed, spans)
         handed = time.perf_counter()
         finished, accepted, emitted = self._commit(batch, tokens, logprobs)   # 5. verify, commit
         committed = time.perf_counter()
@@ -336,7 +338,7 @@ class LLMEngine:
         hand_out = None                               # the hidden states, where the speculator reads them
         if self.speculator is not None and self.speculator.wants_hidden(len(sched.rows)):
             logits, hidden, computed = self.runner.run(batch, return_hidden=True)
-            hand_out = HandOut(hidden, computed, self._prefill_spans(batch))
+            hand_out = HandOut(hidden, computed, prefill_spans(batch))
         else:
             logits = self.runner.run(batch)
         for req, n in sched.rows:
@@ -425,7 +427,7 @@ class LLMEngine:
             if h is not None:                     # the rows that sampled what each request emitted
                 emitted = [(p.req, p.req.num_tokens - len(p.rows) - 1, p.rows) for p in step.batch.plans if p.rows]
                 if emitted:
-                    self._hand_out(h.sampled, emitted)
+                    hand_out_states(self.speculator, h.sampled, emitted)
         spec = time.perf_counter() - observed + handed - t1
         for req in finished:
             self._finish(req, req.status)
@@ -475,25 +477,6 @@ class LLMEngine:
         reqs = self.requests
         return self.kv.grow_rows([(reqs[rid].row, reqs[rid].num_tokens + len(d.tokens)) for rid, d in drafts.items()])
 
-    def _hand_out_prefill(self, batch: Batch, computed: torch.Tensor) -> None:
-        """The states [N, H] of this step's committed positions whose next token is known
-        already (prompt positions; a preempted request's recomputed ones) to the speculator;
-        the position that samples is handed out with what it emitted, after verification."""
-        spans = self._prefill_spans(batch)
-        if spans:
-            self.speculator.observe_hidden(computed, spans)
-
-    @staticmethod
-    def _prefill_spans(batch: Batch) -> list[tuple[Request, int, int, int]]:
-        """``batch``'s spans (request, start, row of ``computed``, positions) whose next tokens
-        are known before it samples."""
-        spans = []
-        for req, start, flat0, n in batch.spans:
-            known = min(n, req.num_tokens - 1 - start)
-            if known > 0:
-                spans.append((req, start, flat0, known))
-        return spans
-
     def _commit(self, batch: Batch, tokens: list[int], logprobs: list[float]
                 ) -> tuple[list[Request], int, list[tuple[list[int], int]]]:
         """Verify and commit every sampling row. Returns (the requests that stopped, draft tokens
@@ -517,7 +500,7 @@ class LLMEngine:
     def _observe(self, batch: Batch, emitted: list[tuple[list[int], int]], hidden: torch.Tensor | None) -> None:
         """The speculator's share of a step after sampling (its own stage, ``observe_s``): each
         verification's outcome, the emitted tokens, and with ``hidden`` [M, H] (the sampled
-        positions' states) the rows that sampled the emitted tokens, in one call (``_hand_out``)."""
+        positions' states) the rows that sampled the emitted tokens, in one call (``hand_out_states``)."""
         emitted_rows: list[tuple[Request, int, list[int]]] = []   # (request, first position, sampled rows)
         for plan, (toks, accepted) in zip(batch.plans, emitted):
             if plan.draft_tokens:
@@ -528,35 +511,7 @@ class LLMEngine:
         sp.observe_many([(plan.req, toks) for plan, (toks, _) in zip(batch.plans, emitted)]
                         if sp.tokens_wanted else [])
         if emitted_rows:
-            self._hand_out(hidden, emitted_rows)
-
-    def _hand_out(self, hidden: torch.Tensor, emitted_rows: list[tuple[Request, int, list[int]]]) -> None:
-        """Hand the states that sampled the emitted tokens to the speculator in one call (a
-        drafter's past and the spot trainer's buffer keep views of it; ``hidden`` is fresh
-        each step and never modified after). A chain's accepted rows are consecutive, so with
-        chains only ``hidden`` itself goes out; a tree's accepted path is gathered. Each
-        running request keeps the row that sampled its last token (a drafter continues from it)."""
-        running = RequestStatus.RUNNING
-        states, spans = hidden, []
-        for req, start, rows in emitted_rows:          # chains: rows consecutive, ``hidden`` goes out
-            n = len(rows)
-            if rows[-1] - rows[0] != n - 1:
-                break
-            spans.append((req, start, rows[0], n))
-            if req.status is running:
-                req.keep_hidden(hidden, rows[-1])
-        else:
-            self.speculator.observe_hidden(states, spans)
-            return
-        idx, spans = [], []                            # a tree's accepted path: gathered
-        for req, start, rows in emitted_rows:
-            spans.append((req, start, len(idx), len(rows)))
-            idx += rows
-        states = hidden[torch.tensor(idx, device=hidden.device)]
-        for req, _, row, n in spans:
-            if req.status is running:
-                req.keep_hidden(states, row + n - 1)
-        self.speculator.observe_hidden(states, spans)
+            hand_out_states(self.speculator, hidden, emitted_rows)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.scheduler.remove(req)
