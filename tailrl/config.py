@@ -4,6 +4,7 @@ Every invalid field raises ``ValueError`` naming the field, before any work is d
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 
@@ -11,6 +12,10 @@ from dataclasses import dataclass, fields
 def _check(cond: bool, name: str, msg: str, value) -> None:
     if not cond:
         raise ValueError(f"{name} {msg}, got {value!r}")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def check_device(device, name: str = "device") -> None:
@@ -57,6 +62,13 @@ class SamplingParams:
     # log-probability); its text is cut before the string (engine/stop_strings.py). Needs the
     # model's tokenizer files
     stop: list[str] | None = None
+    # vLLM's logit processing (engine/logits_process.py): which token is drawn, never the
+    # log-probability reported (that stays log_softmax(logits / T), what a trainer recomputes)
+    repetition_penalty: float = 1.0  # > 0: logits of prompt and output tokens / it (x it where negative)
+    presence_penalty: float = 0.0    # subtracted from the logits of tokens the output holds
+    frequency_penalty: float = 0.0   # subtracted once per occurrence in the output
+    min_p: float = 0.0               # in [0, 1]: tokens less probable than min_p x the top token's dropped
+    min_tokens: int = 0              # EOS, stop tokens and stop strings cannot end the output before this many
 
     def __post_init__(self) -> None:
         _check(isinstance(self.n, int) and self.n >= 1, "n", "must be an integer >= 1", self.n)
@@ -76,6 +88,20 @@ class SamplingParams:
                "stop", "must be a non-empty string or a list of them", self.stop)
         if self.stop is not None:
             self.stop = list(self.stop) or None
+        _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+               "must be a number > 0", self.repetition_penalty)
+        _check(_finite(self.presence_penalty), "presence_penalty", "must be a finite number", self.presence_penalty)
+        _check(_finite(self.frequency_penalty), "frequency_penalty", "must be a finite number",
+               self.frequency_penalty)
+        _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]", self.min_p)
+        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+               "must be an integer in [0, max_tokens]", self.min_tokens)
+
+    @property
+    def processes(self) -> bool:
+        """Whether its logits are processed before a token is drawn (engine/logits_process.py)."""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.min_p > 0 or self.min_tokens > 0)
 
     @property
     def greedy(self) -> bool:

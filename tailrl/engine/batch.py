@@ -17,6 +17,7 @@ import torch
 
 from tailrl.engine.graphs import Key, StepGraphs
 from tailrl.engine.kv import KVCache
+from tailrl.engine.logits_process import positions
 from tailrl.engine.request import Request
 from tailrl.engine.sampler import Fetched, for_sampling, graph_mode, sample_async
 from tailrl.kernels import AttentionMeta
@@ -87,13 +88,16 @@ class Batch:
 
 
 def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: StepGraphs | None = None,
-                follow: dict | None = None) -> Batch:
+                follow: dict | None = None, processed: bool = False) -> Batch:
     """``rows``: (request, committed tokens to compute) in row order (request ``rows[r]`` holds
     row r of ``kv``'s block table); ``drafts``: request id -> Draft to verify; ``follow``:
     request id -> ``FollowUps`` of a row with nothing to compute. With ``graphs``, a step
-    without prefill goes to the static inputs of its graph's bucket (``Batch.graph``)."""
+    without prefill goes to the static inputs of its graph's bucket (``Batch.graph``), which
+    samples in the graph where its rows allow (never with ``processed``: some row may process
+    its logits, engine/logits_process.py)."""
     if not follow and len(rows) > (CHAIN_ROWS if drafts else FEW_TOKENS):
-        batch = _chain_batch(rows, drafts, kv, graphs) if drafts else _decode_batch(rows, kv, graphs)
+        batch = _chain_batch(rows, drafts, kv, graphs, processed) if drafts else _decode_batch(rows, kv, graphs,
+                                                                                                processed)
         if batch is not None:
             return batch
     ids: list[int] = []
@@ -229,11 +233,12 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     longs, ints = [ids, pos, sample_idx, slots], [wrow, prefix, estart, ecount]
     u = uniforms(keys, upos)
     key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, (temps, topk, topp), len(rows),
-                                                 kv_len, reads, work, kv, graphs)
+                                                 kv_len, reads, work, kv, graphs, processed)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead)
 
 
-def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGraphs | None) -> Batch | None:
+def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGraphs | None,
+                  processed: bool = False) -> Batch | None:
     """``build_batch`` of a step whose every row is a plain decode row or has nothing to compute
     (waiting for room, or sitting out a step after a verification: engine/ahead_drafts.py):
     most steps of a rollout's bulk, hundreds of rows. One pass over the rows for what is their
@@ -273,12 +278,12 @@ def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGrap
     u = uniforms(list(keys), list(upos))
     key, (ids_t, pos_t, sample_t, meta) = _place([list(ids), pos, index, slots], [wrow, prefix, zeros, zeros], [0],
                                                  u, (temps, topk, topp), len(rows), int(pos.max()) + 1, reads, reads,
-                                                 kv, graphs)
+                                                 kv, graphs, processed)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, 0, [], key, ahead)
 
 
 def _chain_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache,
-                 graphs: StepGraphs | None) -> Batch | None:
+                 graphs: StepGraphs | None, processed: bool = False) -> Batch | None:
     """``build_batch`` of a step whose every row is a plain decode row, a decode row verifying a
     chain (its root and nodes at consecutive positions, each seeing [0, its position], all
     sampled) or a row with nothing to compute: a verify step of a rollout's tail. One pass over
@@ -327,7 +332,7 @@ def _chain_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache,
     work = int((counts * (starts_a + 1) + d_a * counts // 2).sum())
     key, (ids_t, pos_t, sample_t, meta) = _place([flat_ids, pos, index, kv.slots(wrow, pos)],
                                                  [wrow, pos + 1, zeros, zeros], [0], u, (temps, topk, topp),
-                                                 len(rows), int(pos.max()) + 1, reads, work, kv, graphs)
+                                                 len(rows), int(pos.max()) + 1, reads, work, kv, graphs, processed)
     return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, int(d_a.sum()), [], key, ahead)
 
 
@@ -356,13 +361,14 @@ def _slots(kv: KVCache, rows: list[int], positions: list[int]) -> tuple[list[int
 
 
 def _place(longs: list, ints: list, extra: list, u: np.ndarray, sampling: tuple, rows: int, kv_len: int,
-           reads: int, work: int, kv: KVCache, graphs: StepGraphs | None) -> tuple[Key | None, tuple]:
+           reads: int, work: int, kv: KVCache, graphs: StepGraphs | None,
+           processed: bool = False) -> tuple[Key | None, tuple]:
     """A step's inputs on the device: (its graph bucket or None, (ids, positions, sample index,
     attention meta)). A step where every position samples (no prefill chunk) goes to its
     bucket's static inputs (with ``u``, the uniforms, where its graph samples: ``sampling``, the
-    rows' temperatures, top-k and top-p, decide); any other step, or one without graphs, to
-    fresh tensors."""
-    key = graphs.key(len(longs[0]), len(extra), graph_mode(*sampling)) \
+    rows' temperatures, top-k and top-p, decide, and ``processed`` forbids); any other step, or
+    one without graphs, to fresh tensors."""
+    key = graphs.key(len(longs[0]), len(extra), None if processed else graph_mode(*sampling)) \
         if graphs is not None and len(longs[2]) == len(longs[0]) else None
     if key is not None:
         return key, graphs.place(key, longs, ints, extra, u, rows, kv_len, reads, work)
@@ -424,8 +430,9 @@ class ModelRunner:
         self.kv = kv
         self.graphs = graphs
 
-    def build(self, rows: list[tuple[Request, int]], drafts: dict, follow: dict | None = None) -> Batch:
-        return build_batch(rows, drafts, self.kv, self.graphs, follow)
+    def build(self, rows: list[tuple[Request, int]], drafts: dict, follow: dict | None = None,
+              processed: bool = False) -> Batch:
+        return build_batch(rows, drafts, self.kv, self.graphs, follow, processed)
 
     def run(self, batch: Batch, return_hidden: bool = False):
         """Returns logits [M, V] of the sampled positions (float32 where the model is bfloat16),
@@ -448,8 +455,11 @@ class ModelRunner:
         return (logits, h, hidden) if return_hidden else logits
 
     @staticmethod
-    def sample(batch: Batch, out) -> Fetched:
+    def sample(batch: Batch, out, eos_token_ids: tuple[int, ...] | None = None) -> Fetched:
         """The step's tokens and log-probabilities, not waited for: those its graph sampled, or
-        the sampler's on ``run``'s logits."""
-        return out if isinstance(out, Fetched) else sample_async(out, batch.temperature, batch.top_k, batch.top_p,
-                                                                 batch.u)
+        the sampler's on ``run``'s logits; with ``eos_token_ids`` (a batch built ``processed``),
+        each row's logits processed where its request asks (logits_process.py)."""
+        if isinstance(out, Fetched):
+            return out
+        procs = None if eos_token_ids is None else positions(batch.plans, len(batch.temperature), eos_token_ids)
+        return sample_async(out, batch.temperature, batch.top_k, batch.top_p, batch.u, procs)

@@ -91,6 +91,7 @@ class LLMEngine:
         # (the simulator's calibration format: `tailrl simulate --step-times`, benchmarks/pool.py)
         self.step_log: list[dict] | None = None
         self._stops: StopStrings | None = None      # requests' stop strings (loaded on first use)
+        self._processing: set[str] = set()          # requests whose logits are processed (logits_process.py)
         self._rollout_start = self.metrics.snapshot()
         self._graphs_start = self._graph_stats()
 
@@ -142,6 +143,8 @@ class LLMEngine:
         req.max_model_len = self.max_model_len
         if req.params.stop:
             req.stop_check = self._stop_strings()
+        if req.params.processes:
+            self._processing.add(req.request_id)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         if self.speculator is not None:
@@ -238,6 +241,11 @@ class LLMEngine:
     def _step(self) -> list[Request]:
         if self.threads is not None:
             self.threads.tick()
+        if self._processing:                      # a request's logits processed on its history: one at a time
+            if self._launched is not None:
+                step, self._launched = self._launched, None
+                return self._settle(step)
+            return self._step_one()
         if self.ahead or self._bulk():
             return self._step_ahead()
         if self._tail() and self.tail.plain():
@@ -260,7 +268,8 @@ class LLMEngine:
         plain = self.choice is not None and self.choice.plain()           # the way measured faster
         drafts = {} if plain else self._propose(sched)                     # 2. propose drafts
         clock.append(time.perf_counter())
-        batch = self.runner.build(sched.rows, drafts)                      # 3. one batched forward
+        processed = bool(self._processing)
+        batch = self.runner.build(sched.rows, drafts, processed=processed)  # 3. one batched forward
         clock.append(time.perf_counter())
         # hidden states only when a source or collector reads them at this batch size (no extra forward)
         keep = self.speculator is not None and self.speculator.wants_hidden(len(sched.rows))
@@ -269,7 +278,8 @@ class LLMEngine:
         clock.append(time.perf_counter())
         for req, n in sched.rows:                                          # the forward wrote their K/V
             req.num_computed_tokens += n
-        tokens, logprobs = self.runner.sample(batch, logits).lists()                 # 4. sample
+        tokens, logprobs = self.runner.sample(batch, logits, self.args.eos_token_ids if processed  # 4. sample
+                                              else None).lists()
         clock.append(time.perf_counter())
         spans = prefill_spans(batch) if computed is not None else None   # before commit: a prefill
         if spans:                                                          # span ends where sampling starts
@@ -296,7 +306,8 @@ class LLMEngine:
                                          batch.meta.work, prefill=not typical, reads=batch.meta.reads)
             spec += time.perf_counter() - clock[-1]             # what it learned from the step: observe_s too
         stages.append(spec)
-        ways = self.tail if self._tail() else self.choice      # what the step's way measured (tail_choice.py)
+        # what the step's way measured (tail_choice.py; a tail's ways are not what a processed step runs)
+        ways = (None if processed else self.tail) if self._tail() else self.choice
         if ways is not None:
             ways.record("plain" if plain else "speculate", clock[-1] - clock[0], [len(t) for t, _ in emitted if t])
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
@@ -515,6 +526,7 @@ class LLMEngine:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.scheduler.remove(req)
+        self._processing.discard(req.request_id)
         req.status = status
         req.finish_time = time.perf_counter()
         if self.speculator is not None:
@@ -533,6 +545,7 @@ class LLMEngine:
         if req.row >= 0 and req.num_computed_tokens > 0:
             kv = self.kv.export_row(req.row, req.num_computed_tokens)
         self.scheduler.remove(req)
+        self._processing.discard(req.request_id)
         spec = None
         if self.speculator is not None:
             spec = self.speculator.export_state(req)     # its drafts continue where it goes

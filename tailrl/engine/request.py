@@ -50,6 +50,9 @@ class Request:
     pending_kv: object = None            # imported K/V waiting for a row (see engine.import_request)
     pending_spec: object = None          # imported drafting state waiting for the speculator's start
     stop_check: object = None            # the engine's StopStrings where params.stop is set
+    # its output's distinct tokens and their counts (and its prompt's, counted 0, under a repetition
+    # penalty), kept up to date as its output grows (logits_process.py)
+    penalty_counts: object = None
     num_preemptions: int = 0
     spec_draft_tokens: int = 0           # draft tokens this request verified,
     spec_accepted_tokens: int = 0        # of them accepted (bonus tokens excluded),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tailrl.engine import logits_process
 from tailrl.kernels import host_to_device, select
 from tailrl.noise import splitmix64, splitmix64_np
 
@@ -169,12 +170,12 @@ def _in_chunks(fn, logits: torch.Tensor, *per_row: list) -> Fetched:
 
 
 def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
-           u: list[float] | np.ndarray) -> tuple[list[int], list[float]]:
+           u: list[float] | np.ndarray, procs: list | None = None) -> tuple[list[int], list[float]]:
     """logits [M, V] -> (token per row, logprob of it under log_softmax(logits / T)).
-    Temperature 0 is greedy (argmax, logprob at T = 1). Filtered rows (top-k / top-p) sample
-    from the filtered distribution; their logprob is still the unfiltered tempered one (what a
-    trainer recomputes for importance ratios)."""
-    return sample_async(logits, temperature, top_k, top_p, u).lists()
+    Temperature 0 is greedy (argmax, logprob at T = 1). Filtered rows (top-k / top-p, and the
+    rows of ``procs``: logits_process.py) sample from the filtered distribution; their logprob
+    is still the unfiltered tempered one (what a trainer recomputes for importance ratios)."""
+    return sample_async(logits, temperature, top_k, top_p, u, procs).lists()
 
 
 GRAPH_LOGITS_BYTES = 8 << 20     # a step graph samples in it where its float32 logits take at most this
@@ -205,10 +206,11 @@ def for_sampling(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample_async(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
-                 u: list[float] | np.ndarray) -> Fetched:
+                 u: list[float] | np.ndarray, procs: list | None = None) -> Fetched:
     """``sample`` without waiting for the device: its tokens stay readable there
-    (``Fetched.tensors[0]``, int64 [M]) and come back with ``lists()``."""
-    return _in_chunks(_sample_rows, logits, temperature, top_k, top_p, u)
+    (``Fetched.tensors[0]``, int64 [M]) and come back with ``lists()``. ``procs``: per row, its
+    ``logits_process.Position`` or None (None: no row processes its logits)."""
+    return _in_chunks(_sample_rows, logits, temperature, top_k, top_p, u, *([procs] if procs else []))
 
 
 def _normaliser(scaled: torch.Tensor, temperature: list[float]):
@@ -230,14 +232,16 @@ def _normaliser(scaled: torch.Tensor, temperature: list[float]):
 
 
 def _sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
-                 u: list[float] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+                 u: list[float] | np.ndarray, procs: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     dev = logits.device
     m = logits.shape[0]
     scaled = _scale(logits, temperature)
-    lse, greedy, sampled, sums = _normaliser(scaled, temperature)
+    # the logits tokens are drawn from: the processed ones where a row asks (logits_process.py)
+    draw = scaled if procs is None else logits_process.apply(logits, scaled, temperature, procs)
+    lse, greedy, sampled, sums = _normaliser(draw, temperature)
     tokens = torch.empty(m, dtype=torch.long, device=dev)
     if greedy:
-        tokens[_index(greedy, m, dev)] = scaled[_index(greedy, m, dev)].argmax(dim=-1)
+        tokens[_index(greedy, m, dev)] = draw[_index(greedy, m, dev)].argmax(dim=-1)
     if sampled:
         cdf, total, mx = sums
         if isinstance(u, torch.Tensor):          # float32 on the device already (a step graph's, graph_mode)
@@ -253,14 +257,17 @@ def _sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int
             by_k = [j for j, i in enumerate(sampled) if top_k[i] == k]
             at = host_to_device(dev, [sampled[j] for j in by_k])
             p = host_to_device(dev, [top_p[sampled[j]] for j in by_k], logits.dtype)
-            vals, idx = _top_k_filter(scaled[at], k, p)
+            vals, idx = _top_k_filter(draw[at], k, p)
             pick, _ = _inverse_cdf(vals, host_to_device(dev, uu[by_k]))
             tokens[at] = idx.gather(1, pick[:, None]).squeeze(1)
         if by_p:                                 # (every row: slices, not copies of [M, V] tensors)
             at = _index([sampled[j] for j in by_p], m, dev)
             j = _index(by_p, len(sampled), dev)
             p = host_to_device(dev, [top_p[sampled[i]] for i in by_p], logits.dtype)
-            tokens[at] = _nucleus(scaled[at], mx[j], cdf[j], total[j], tokens[at], p, uu[by_p])
+            tokens[at] = _nucleus(draw[at], mx[j], cdf[j], total[j], tokens[at], p, uu[by_p])
+    if draw is not scaled:                       # processed rows report the unprocessed log-probability
+        rows = [i for i, q in enumerate(procs) if q is not None]
+        lse[_index(rows, m, dev)] = _normaliser(scaled[_index(rows, m, dev)], [temperature[i] for i in rows])[0]
     # log p(token) = scaled[token] - logsumexp(scaled): the target's log-softmax, never a draft's
     lp = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
     return tokens, lp

@@ -63,7 +63,9 @@ def stop_string(plan: "RowPlan", n0: int, r0: int, emitted: list[int],
     ``r0`` on) completes one of its request's stop strings: the request ends with that token
     (FINISHED_STOPPED), the tokens after it dropped. Returns (tokens kept, status)."""
     req = plan.req
-    j = req.stop_check.first_end(req.output_token_ids, n0, req.params.stop) if emitted else None
+    # (min_tokens: no token before that index ends the output)
+    j = req.stop_check.first_end(req.output_token_ids, max(n0, req.params.min_tokens), req.params.stop) \
+        if emitted else None
     if j is None:
         return emitted, status
     keep = j + 1 - n0

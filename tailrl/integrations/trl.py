@@ -110,11 +110,9 @@ class TailRLRollout:
 
     @staticmethod
     def sampling_params(trainer, n: int) -> SamplingParams:
-        """The trainer's generation settings; ones the engine cannot honour are an error, not ignored."""
-        if trainer.repetition_penalty not in (None, 1.0):
-            raise ValueError("GRPOConfig.repetition_penalty is not supported by tailrl (use 1.0)")
-        if trainer.min_p not in (None, 0.0):
-            raise ValueError("GRPOConfig.min_p is not supported by tailrl (use None)")
+        """The trainer's generation settings (its repetition penalty and min_p too)."""
         return SamplingParams(n=n, temperature=float(trainer.temperature), top_p=float(trainer.top_p),
                               top_k=trainer.top_k if trainer.top_k and trainer.top_k > 0 else -1,
-                              max_tokens=trainer.max_completion_length)
+                              max_tokens=trainer.max_completion_length,
+                              repetition_penalty=float(getattr(trainer, "repetition_penalty", None) or 1.0),
+                              min_p=float(getattr(trainer, "min_p", None) or 0.0))

@@ -26,8 +26,10 @@ def _checker(tokenizer) -> StopStrings:
 
 
 class ChoiceState:
-    def __init__(self, index: int, tokenizer, stop: list[str] | None = None, incremental: bool = True) -> None:
+    def __init__(self, index: int, tokenizer, stop: list[str] | None = None, incremental: bool = True,
+                 min_tokens: int = 0) -> None:
         self.index = index
+        self.min_tokens = min_tokens        # no stop string ends the output before this many tokens
         self.incremental = incremental      # keep ``text`` current after every update (streaming)
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
@@ -61,7 +63,7 @@ class ChoiceState:
         self.token_ids += token_ids
         self.logprobs += logprobs
         if self.stop:
-            j = _checker(self.tokenizer).first_end(self.token_ids, n0, self.stop)
+            j = _checker(self.tokenizer).first_end(self.token_ids, max(n0, self.min_tokens), self.stop)
             if j is not None:
                 del self.token_ids[j + 1:]
                 del self.logprobs[j + 1:]

@@ -38,7 +38,11 @@ def sampling_params(req, max_tokens: int, cfg: ServeConfig, inputs) -> SamplingP
     try:
         params = SamplingParams(n=req.n, temperature=float(req.temperature), top_p=float(req.top_p),
                                 top_k=req.top_k, max_tokens=max_tokens, seed=req.seed,
-                                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)
+                                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+                                presence_penalty=float(req.presence_penalty),
+                                frequency_penalty=float(req.frequency_penalty),
+                                repetition_penalty=float(req.repetition_penalty), min_p=float(req.min_p),
+                                min_tokens=req.min_tokens)
         return inputs.sampling_params(params, 1)[0]
     except ValueError as e:
         field = str(e).split(" ", 1)[0]
@@ -67,7 +71,8 @@ class GenerationRun:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = loop
         self.requests = [r for g in groups for r in g]
-        self.choices = [ChoiceState(i, tokenizer, stop, incremental=stream) for i in range(len(self.requests))]
+        self.choices = [ChoiceState(i, tokenizer, stop, incremental=stream, min_tokens=r.params.min_tokens)
+                        for i, r in enumerate(self.requests)]
         self._by_id = {r.request_id: c for r, c in zip(self.requests, self.choices)}
         for g in groups:
             loop.submit(g, self._sink, final_only=not stream and not stop)

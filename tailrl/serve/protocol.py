@@ -33,16 +33,18 @@ class _Sampling(BaseModel):
     ignore_eos: StrictBool = False
     stream: StrictBool = False
     stream_options: dict | None = None
-    # ignored-if-default OpenAI fields
     presence_penalty: Number = 0
     frequency_penalty: Number = 0
+    # vLLM's extra sampling fields (engine/logits_process.py)
+    repetition_penalty: Number = 1.0
+    min_p: Number = 0.0
+    min_tokens: StrictInt = 0
+    # ignored-if-default OpenAI fields
     logit_bias: dict | None = None
     best_of: StrictInt | None = None
 
     def unsupported(self) -> str | None:
         """The name of a set field the engine cannot honour, if any."""
-        if self.presence_penalty or self.frequency_penalty:
-            return "presence_penalty" if self.presence_penalty else "frequency_penalty"
         if self.logit_bias:
             return "logit_bias"
         if self.best_of not in (None, self.n):

@@ -79,3 +79,16 @@ def test_two_grpo_steps_match_engine_output(model_dir, tmp_path, monkeypatch):
         assert out["prompt_ids"] == [o.prompt_token_ids for o in want for _ in o.outputs]
         got_lp = [lp for seq in out["logprobs"] for lp in seq]
         assert got_lp == pytest.approx([lp for o in want for c in o.outputs for lp in c.logprobs], abs=1e-4)
+
+
+def test_the_trainers_repetition_penalty_and_min_p_reach_the_engine():
+    from types import SimpleNamespace
+    trainer = SimpleNamespace(temperature=0.9, top_p=0.95, top_k=0, max_completion_length=64, repetition_penalty=1.1,
+                              min_p=0.05)
+    p = TailRLRollout.sampling_params(trainer, 4)
+    assert (p.n, p.repetition_penalty, p.min_p, p.top_k, p.max_tokens) == (4, 1.1, 0.05, -1, 64)
+    p = TailRLRollout.sampling_params(SimpleNamespace(**{**vars(trainer), "repetition_penalty": None,
+                                                         "min_p": None}), 4)
+    assert (p.repetition_penalty, p.min_p) == (1.0, 0.0) and not p.processes
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        TailRLRollout.sampling_params(SimpleNamespace(**{**vars(trainer), "repetition_penalty": -1.0}), 4)

@@ -199,7 +199,7 @@ def test_server_groups_siblings_and_records_their_history(server):
     assert 0 == server.llm.engine.kv.bytes < kv                      # given back while asleep
 
 
-@pytest.mark.parametrize("params,field", [({"repetition_penalty": 1.2}, "repetition_penalty"),
+@pytest.mark.parametrize("params,field", [({"repetition_penalty": 0.0}, "repetition_penalty"), ({"n": 2}, "'n'"),
                                           ({"best_of": 2}, "best_of"), ({"top_p": 0.0}, "top_p"),
                                           ({"temperature": -1.0}, "temperature")])
 def test_server_rejects_what_it_does_not_take_and_stays_usable(server, params, field):
@@ -266,3 +266,15 @@ def test_engine_kwargs_take_verls_memory_share_and_tailrls_own_on_top(model_dir)
     cfg.engine_kwargs = {"tailrl": {"gpu_memory_utilization": 0.3, "device": "cuda"}}
     assert engine_kwargs(cfg)["gpu_memory_utilization"] == 0.3 and engine_kwargs(cfg)["device"] == "cuda"
 
+
+
+def test_verls_penalties_min_p_and_min_tokens_reach_the_engine():
+    from types import SimpleNamespace
+
+    from tailrl.integrations.verl.server import to_sampling_params
+    config = SimpleNamespace(response_length=32, prompt_length=16, ignore_eos=False)
+    sp, _ = to_sampling_params({**SAMPLE, "repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": 0.1,
+                                "min_p": 0.05, "min_tokens": 4}, config, 5, 48)
+    assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty, sp.min_p, sp.min_tokens) == (
+        1.2, 0.5, 0.1, 0.05, 4)
+    assert not to_sampling_params(dict(SAMPLE), config, 5, 48)[0].processes

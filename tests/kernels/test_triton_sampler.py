@@ -95,6 +95,36 @@ def test_the_sampler_through_the_gpu_sums(small_blocks, monkeypatch):
     assert {(True, True), (True, False), (False, True)} <= set(launches)   # every sum went through scan.py
 
 
+def test_processed_rows_through_the_gpu_sums(small_blocks, monkeypatch):
+    """Rows with penalties, min_p and min_tokens (engine/logits_process.py) on the GPU
+    backend: a row alone equals the row in the batch, and the tokens are the CPU sums'."""
+    from tailrl.config import SamplingParams
+    from tailrl.engine.batch import RowPlan
+    from tailrl.engine.logits_process import positions
+    from tailrl.engine.request import Request
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(12, 700, generator=g) * 3).to(DEVICE)
+    kinds = [dict(repetition_penalty=1.5), dict(min_p=0.1, temperature=0.7), dict(frequency_penalty=0.8, top_k=40),
+             dict(min_tokens=9, presence_penalty=1.0, top_p=0.5), dict(temperature=0.0, repetition_penalty=2.0), {}]
+    params = [SamplingParams(max_tokens=50, **kinds[i % len(kinds)]) for i in range(12)]
+    plans = []
+    for i, p in enumerate(params):
+        req = Request(str(i), [1, 2, 3, 500 + i], p, seed_key=i)
+        req.output_token_ids = [7, 7, 8, 100 + i, 3][: i % 6]
+        plans.append(RowPlan(req, 1, [], [], i))
+    procs = positions(plans, 12, (3,))
+    temp, top_k, top_p = [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params]
+    u = [uniform(7, i) for i in range(12)]
+    cpu = sampler.sample(logits.cpu(), temp, top_k, top_p, u, procs)
+    monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    together = sampler.sample(logits, temp, top_k, top_p, u, procs)
+    alone = [sampler.sample(logits[i:i + 1], temp[i:i + 1], top_k[i:i + 1], top_p[i:i + 1], u[i:i + 1],
+                            procs[i:i + 1] if procs[i] else None) for i in range(12)]
+    assert together == ([a[0][0] for a in alone], [a[1][0] for a in alone])
+    assert together[0] == cpu[0]
+    assert sampler.token_logprobs(logits, temp, together[0]) == together[1]
+
+
 @pytest.mark.parametrize("k", [1, 20, 300])
 def test_top_k_keeps_and_orders_ties_by_column(k):
     """Values on a coarse grid (bfloat16 logits tie near the top): each row keeps its k largest,

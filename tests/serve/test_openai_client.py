@@ -30,12 +30,14 @@ def test_completion_n_and_logprobs(client):
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9),
-                                dict(temperature=0.0), dict(temperature=1.2, top_k=5)])
+                                dict(temperature=0.0), dict(temperature=1.2, top_k=5),
+                                dict(temperature=1.0, presence_penalty=0.8, frequency_penalty=0.4),
+                                dict(temperature=0.9, repetition_penalty=1.3, min_p=0.1, min_tokens=10)])
 def test_seed_reproduces_llm_generate(client, reference, kw):
-    top_k = kw.pop("top_k", -1)
+    extra = {k: kw.pop(k) for k in ("top_k", "repetition_penalty", "min_p", "min_tokens") if k in kw}
     r = client.completions.create(model=MODEL, prompt=["abc", "x = 1"], max_tokens=20, n=2, seed=7, logprobs=1,
-                                  extra_body={"top_k": top_k}, **kw)
-    outs = reference.generate(["abc", "x = 1"], SamplingParams(n=2, max_tokens=20, seed=7, top_k=top_k, **kw))
+                                  extra_body=extra, **kw)
+    outs = reference.generate(["abc", "x = 1"], SamplingParams(n=2, max_tokens=20, seed=7, **extra, **kw))
     want = [c for o in outs for c in o.outputs]
     assert [c.model_extra["token_ids"] for c in r.choices] == [c.token_ids for c in want]
     assert [c.text for c in r.choices] == [c.text for c in want]

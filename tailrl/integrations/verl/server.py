@@ -32,8 +32,11 @@ log = logging.getLogger(__name__)
 
 # verl's sampling parameters tailrl takes, and those it takes only at their neutral value
 TAKEN = {"temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "logprobs", "seed",
-         "stop_token_ids", "ignore_eos"}
-NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0, "n": 1}
+         "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_p",
+         "min_tokens"}
+NEUTRAL = {"n": 1}
+PROCESSING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
+              "min_tokens": 0}       # (engine/logits_process.py) and the type each is taken as
 DETERMINISTIC_ID = re.compile(r"det-(\d+)$")
 
 
@@ -66,7 +69,8 @@ def to_sampling_params(params: dict, config, prompt_len: int, max_model_len: int
                         top_k=int(params.get("top_k", -1)),
                         max_tokens=max(1, min(int(max_tokens), max_model_len - prompt_len)),
                         seed=params.get("seed"), stop_token_ids=params.get("stop_token_ids"),
-                        ignore_eos=bool(params.get("ignore_eos", config.ignore_eos)))
+                        ignore_eos=bool(params.get("ignore_eos", config.ignore_eos)),
+                        **{k: type(v)(params[k]) for k, v in PROCESSING.items() if params.get(k) is not None})
     return sp, bool(params.get("logprobs"))
 
 

@@ -1,0 +1,166 @@
+"""vLLM's logit processing: repetition, presence and frequency penalties, ``min_p`` and ``min_tokens``.
+
+What a ``SamplingParams`` asks (config.py), in vLLM's order, on the logits of one sampled
+position whose output so far (its history) is the request's committed output tokens, then, at
+a draft node, the draft's tokens on its path:
+
+1. ``repetition_penalty`` r: the logit x of every token in the prompt or the history becomes
+   x / r where x > 0, else x * r;
+2. ``frequency_penalty`` f and ``presence_penalty`` q: x - f * c - q * [c > 0], c the token's
+   count in the history;
+3. the temperature, as the sampler scales every row (x * (1 / T));
+4. ``min_tokens`` m: while the history holds fewer than m tokens, EOS (unless ``ignore_eos``)
+   and the stop tokens are masked (and stop strings do not end the output: verify.py);
+5. ``min_p`` p: tokens whose probability is under p times the top token's are masked, tested
+   as x - max(x) < log(p) (a subtraction and a comparison: the same bits on every device and
+   in every batch, where exp's vector and scalar forms may differ in the last bit);
+
+then top-k and top-p, and the draw at the position's uniform (sampler.py). A token is drawn
+from the processed logits; the log-probability reported is still log_softmax(logits / T) of
+the drawn token, as for top-k and top-p: what a trainer recomputes (vLLM's default reports
+logits before any processing too). Every step is a function of the position's own logits and
+history, so a token is the same alone or in any batch, and with or without speculation: a
+draft node's history is its path, as plain decoding's would be had it emitted those tokens
+(tests/engine/test_logits_process.py).
+
+The history is read on the host, so an engine steps one step at a time while any request it
+holds processes its logits (no step launched ahead: engine.py), and such steps sample outside
+their CUDA graphs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from tailrl.config import SamplingParams
+from tailrl.kernels import host_to_device
+
+if TYPE_CHECKING:
+    from tailrl.engine.batch import RowPlan
+    from tailrl.engine.request import Request
+
+
+@dataclass(slots=True)
+class Position:
+    """One sampled position's processing: its params, the penalised columns (prompt and history
+    tokens with a repetition penalty, history tokens else) with their counts in the history, and
+    the columns ``min_tokens`` masks there."""
+    params: SamplingParams
+    cols: np.ndarray          # int64
+    counts: np.ndarray        # float64, aligned with cols
+    banned: tuple[int, ...]
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def positions(plans: "list[RowPlan]", m: int, eos_token_ids: tuple[int, ...]) -> list[Position | None] | None:
+    """Per sampled position of a step (``m`` of them), its ``Position`` where its request
+    processes its logits, else None; None where no position does. Reads each request's
+    committed output on the host (``plans``: the step's rows, before commit)."""
+    out: list[Position | None] = [None] * m
+    found = False
+    for plan in plans:
+        p = plan.req.params
+        if not p.processes:
+            continue
+        hist = plan.req.output_token_ids
+        penalised = p.repetition_penalty != 1 or p.presence_penalty != 0 or p.frequency_penalty != 0
+        cols, counts = _history_counts(plan.req) if penalised else (_EMPTY, _EMPTY)
+        stops = tuple(() if p.ignore_eos else eos_token_ids) + tuple(p.stop_token_ids or ())
+        by_p = p.min_p > 0 and p.temperature != 0
+        for k, path in enumerate(_paths(plan.parents, plan.draft_tokens)):
+            c, n = _merged(cols, counts, path) if penalised and path else (cols, counts)
+            banned = stops if len(hist) + len(path) < p.min_tokens else ()
+            if len(c) or banned or by_p:               # else nothing to do here (min_tokens reached)
+                out[plan.entry + k] = Position(p, c, n, banned)
+                found = True
+    return out if found else None
+
+
+def _paths(parents: list[int], tokens: list[int]) -> list[list[int]]:
+    """The draft tokens each sampled position of a row has after its committed output: none at
+    its root, then node j's path (its ancestors and itself, root first)."""
+    paths: list[list[int]] = [[]]
+    for j, (par, tok) in enumerate(zip(parents, tokens)):
+        paths.append(paths[par + 1] + [tok])
+    return paths
+
+
+def _history_counts(req: "Request") -> tuple[np.ndarray, np.ndarray]:
+    """The distinct tokens of a request's output (with its prompt's, counted 0, under a
+    repetition penalty) and their counts: kept on the request (``penalty_counts``) and brought up
+    to date with the tokens it gained since (one or a few a step: each found by bisection),
+    counted afresh where its output is shorter than what was counted (cut by a stop string)."""
+    hist = req.output_token_ids
+    state = req.penalty_counts
+    if state is None or state[0] > len(hist):
+        cols, inv = np.unique(np.asarray(hist, dtype=np.int64), return_inverse=True)
+        counts = np.bincount(inv, minlength=len(cols)).astype(np.float64)
+        if req.params.repetition_penalty != 1:
+            cols, counts = _merged(cols, counts, np.unique(np.asarray(req.prompt_token_ids, dtype=np.int64)), 0.0)
+        state = (0, cols, counts)
+        seen = len(hist)
+    else:
+        seen, cols, counts = state
+        for tok in hist[seen:]:
+            at = int(np.searchsorted(cols, tok))
+            if at < len(cols) and cols[at] == tok:
+                counts = counts.copy() if counts is state[2] else counts
+                counts[at] += 1
+            else:
+                cols, counts = np.insert(cols, at, tok), np.insert(counts, at, 1.0)
+        seen = len(hist)
+    req.penalty_counts = (seen, cols, counts)
+    return cols, counts
+
+
+def _merged(cols: np.ndarray, counts: np.ndarray, more, weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """``cols`` with ``counts``, and the tokens ``more`` counted ``weight`` each."""
+    extra = np.asarray(more, dtype=np.int64)
+    c, inv = np.unique(np.concatenate([cols, extra]), return_inverse=True)
+    return c, np.bincount(inv, weights=np.concatenate([counts, np.full(len(extra), weight)]), minlength=len(c))
+
+
+def apply(logits: torch.Tensor, scaled: torch.Tensor, temperature: list[float],
+          procs: list[Position | None]) -> torch.Tensor:
+    """The logits a token is drawn from: ``scaled`` (logits x 1/T per row, sampler._scale) with
+    the rows of ``procs`` processed as the module docstring says (a new tensor; ``scaled`` is
+    left as it is, for the reported log-probabilities)."""
+    rows = [i for i, q in enumerate(procs) if q is not None]
+    if not rows:
+        return scaled
+    dev, dtype = logits.device, logits.dtype
+    draw = scaled.clone()
+    pen = [i for i in rows if len(procs[i].cols)]
+    if pen:                                            # 1-3: penalties on the raw logits, then 1/T
+        sizes = [len(procs[i].cols) for i in pen]
+        ri = host_to_device(dev, np.repeat(np.asarray(pen, dtype=np.int64), sizes))
+        ci = host_to_device(dev, np.concatenate([procs[i].cols for i in pen]))
+
+        def each(values: list[float], counts: bool = False) -> torch.Tensor:
+            per = np.concatenate([procs[i].counts for i in pen]) if counts else np.repeat(values, sizes)
+            return host_to_device(dev, per, dtype)
+        rep = each([procs[i].params.repetition_penalty for i in pen])
+        cnt = each([], counts=True)
+        x = logits[ri, ci]
+        x = torch.where(x > 0, x / rep, x * rep)
+        x = x - each([procs[i].params.frequency_penalty for i in pen]) * cnt
+        x = x - each([procs[i].params.presence_penalty for i in pen]) * (cnt > 0).to(dtype)
+        draw[ri, ci] = x * each([1.0 / temperature[i] if temperature[i] else 1.0 for i in pen])
+    banned = [(i, c) for i in rows for c in procs[i].banned]
+    if banned:                                         # 4: min_tokens
+        at = host_to_device(dev, np.asarray(banned, dtype=np.int64).T.copy())
+        draw[at[0], at[1]] = float("-inf")
+    by_p = [i for i in rows if procs[i].params.min_p > 0 and temperature[i] != 0]
+    if by_p:                                           # 5: min_p, after the rest
+        at = host_to_device(dev, by_p)
+        sub = draw[at]
+        floor = host_to_device(dev, [math.log(procs[i].params.min_p) for i in by_p], dtype)
+        sub.masked_fill_(sub - sub.max(dim=1, keepdim=True).values < floor[:, None], float("-inf"))
+        draw[at] = sub
+    return draw
