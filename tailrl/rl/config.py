@@ -60,6 +60,8 @@ class TrainConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_tokens: int = 512                 # response length cap
+    repetition_penalty: float = 1.0       # vLLM's logit processing (engine/logits_process.py): which
+    min_p: float = 0.0                    # token is drawn; the log-probabilities stay the policy's
     # ---- engine ----
     speculative: bool | dict | None = True   # True = SpeculativeConfig() defaults; dict = its fields; False/None = off
     dtype: str = "bfloat16"               # engine dtype (spec on/off runs are identical in all three)
@@ -145,6 +147,9 @@ class TrainConfig:
         _check(self.temperature > 0, "temperature", "must be > 0 (GRPO needs sampled groups)", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (disabled) or >= 1", self.top_k)
+        _check(isinstance(self.repetition_penalty, (int, float)) and self.repetition_penalty > 0,
+               "repetition_penalty", "must be a number > 0", self.repetition_penalty)
+        _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]", self.min_p)
         _check(self.dtype in ("bfloat16", "float32", "float64"), "dtype",
                "must be 'bfloat16', 'float32' or 'float64'", self.dtype)
         _check(self.train_dtype in ("float32", "float64"), "train_dtype", "must be 'float32' or 'float64'",

@@ -162,7 +162,8 @@ class Trainer:
         cfg = self.cfg
         ids = [self.encode(p) for p in batch]
         params = [SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                 max_tokens=cfg.max_tokens, seed=prompt_seed(cfg.seed, step, p.uid)) for p in batch]
+                                 max_tokens=cfg.max_tokens, seed=prompt_seed(cfg.seed, step, p.uid),
+                                 repetition_penalty=cfg.repetition_penalty, min_p=cfg.min_p) for p in batch]
         outs = self.llm.generate(ids, params, prompt_ids=[p.uid for p in batch], use_tqdm=cfg.progress)
         return (ids, [[list(c.token_ids) for c in o.outputs] for o in outs],
                 [[list(c.logprobs) for c in o.outputs] for o in outs])
