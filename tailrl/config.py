@@ -273,6 +273,9 @@ class EngineConfig:
     cuda_graph_sample_mib: float = 8.0            # a graph runs the LM head and sampler too where its
                                                   # bucket's float32 logits take at most this (MiB; a
                                                   # 152k vocabulary: 8 -> 13 tokens, 64 -> 110)
+    enable_prefix_caching: bool = True            # a request takes the K/V blocks of its longest prefix
+                                                  # computed before (engine/kv/prefix.py; off with a
+                                                  # learned drafter, whose past needs every position)
     async_scheduling: bool | None = None          # launch a plain decoding step before the previous one's
                                                   # tokens are back (engine/ahead.py); None: with CUDA graphs
     num_threads: int | None = None                # torch threads; None = as many cores as other
@@ -296,6 +299,8 @@ class EngineConfig:
         _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]",
                self.gpu_memory_utilization)
         _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", "must be true or false", self.cuda_graphs)
+        _check(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching", "must be true or false",
+               self.enable_prefix_caching)
         _check(isinstance(self.cuda_graph_max_tokens, int) and self.cuda_graph_max_tokens >= 1,
                "cuda_graph_max_tokens", "must be an integer >= 1", self.cuda_graph_max_tokens)
         _check(self.cuda_graph_gib >= 0, "cuda_graph_gib", "must be >= 0", self.cuda_graph_gib)

@@ -56,7 +56,8 @@ class LLMEngine:
         if torch.device(config.device).type == "cuda":
             torch.cuda.empty_cache()            # what deciding that took, back before the K/V pool
         self.args = self.model.args
-        self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len)
+        self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len,
+                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         graphs = self._graphs(dtype, grouped=speculative is not None or speculator is not None)
         self.runner = ModelRunner(self.model, self.kv, graphs)
@@ -67,6 +68,8 @@ class LLMEngine:
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
             speculator = Speculator(speculative, history, target=self.model)
         self.speculator = speculator
+        if speculator is not None and speculator.reads_hidden:
+            self.kv.prefix = None               # a learned drafter's past needs every position's hidden state
         # plain decoding steps launched before the previous step's tokens are back (ahead.py)
         ahead = config.async_scheduling if config.async_scheduling is not None else graphs is not None
         self.ahead = ahead and speculator is None
@@ -87,6 +90,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.metrics = EngineMetrics()
         self._rollout_allocations = self.kv.allocations
+        self._rollout_prefix = (0, 0)
         # set to a list to record every step as {"batch", "new_tokens", "kv_tokens", "seconds"}
         # (the simulator's calibration format: `tailrl simulate --step-times`, benchmarks/pool.py)
         self.step_log: list[dict] | None = None
@@ -192,6 +196,7 @@ class LLMEngine:
         self.metrics.trace.clear()
         self._rollout_start = self.metrics.snapshot()
         self._rollout_allocations = self.kv.allocations
+        self._rollout_prefix = self._prefix_counts()
         self.kv.reset_peaks()
         if self.speculator is not None:
             self.speculator.reset_metrics()
@@ -207,7 +212,13 @@ class LLMEngine:
         kv = self.kv
         out.kv_blocks, out.kv_blocks_peak, out.kv_shared_peak = kv.num_blocks, kv.peak_used, kv.peak_shared
         out.kv_allocations = kv.allocations - self._rollout_allocations
+        out.prefix_query_tokens, out.prefix_hit_tokens = (a - b for a, b in zip(self._prefix_counts(),
+                                                                                  self._rollout_prefix))
         return out
+
+    def _prefix_counts(self) -> tuple[int, int]:
+        p = self.kv.prefix
+        return (p.query_tokens, p.hit_tokens) if p is not None else (0, 0)
 
     def spec_metrics(self) -> dict[str, float]:
         if self.speculator is None:
@@ -566,5 +577,6 @@ class LLMEngine:
         Cached K/V of running requests is stale afterwards; call between generate calls."""
         self.drain()
         self.model.load_hf_state_dict(hf_state_dict)
+        self.kv.clear_prefixes()                # the cached prefixes' K/V were the old weights'
         if self.speculator is not None:
             self.speculator.target_updated(self.model)

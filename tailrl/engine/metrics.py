@@ -28,6 +28,8 @@ class EngineMetrics:
     kv_blocks_peak: int = 0              # most blocks in use at once
     kv_shared_peak: int = 0              # most blocks held by more than one request at once
     kv_allocations: int = 0              # times the pool was allocated (0: it was there already)
+    prefix_query_tokens: int = 0         # positions admitted requests looked up in the prefix cache
+    prefix_hit_tokens: int = 0           # of them found there (their K/V not computed again)
     # per step (perf_counter at its end, batch size, verify rows, accepted tokens); the caller
     # clears it per rollout, so tail metrics can be computed after the fact
     trace: list[tuple[float, int, int, int]] = field(default_factory=list, repr=False)
@@ -82,6 +84,8 @@ def rollout_metrics(lengths: list[int], prompt_lengths: list[int], finish_times:
         "kv/blocks_used_peak": float(engine.kv_blocks_peak),
         "kv/blocks_shared_peak": float(engine.kv_shared_peak),
         "kv/allocations": float(engine.kv_allocations),
+        "kv/prefix_query_tokens": float(engine.prefix_query_tokens),
+        "kv/prefix_hit_tokens": float(engine.prefix_hit_tokens),
         **{f"timing_s/{name[:-2]}": getattr(engine, name) for name in EngineMetrics.STAGES},
     }
     for q in (50, 90, 99):

@@ -79,6 +79,7 @@ class Scheduler:
                 self._waiting_in_group[req.group_id] -= 1
             return
         row, last = req.row, self.running[-1]
+        self.kv.register(row, req.tokens, min(req.num_computed_tokens, req.num_tokens))   # its prefix stays cached
         self.kv.release(row)
         if last is not req:
             self.kv.move_row(last.row, row)
@@ -146,7 +147,10 @@ class Scheduler:
             return budget                               # nothing to admit (most steps)
         # a running sibling with the prompt (minus its last token) in cache can lend its K/V
         lenders: dict[str, Request] = {}
+        caching = self.kv.prefix is not None
         for r in self.running:
+            if caching:                                 # what the running rows computed, cached
+                self.kv.register(r.row, r.tokens, r.num_computed_tokens)
             best = lenders.get(r.group_id)
             if best is None or r.num_computed_tokens > best.num_computed_tokens:
                 lenders[r.group_id] = r
@@ -156,7 +160,7 @@ class Scheduler:
             if req in preempted:                        # not again in the step that evicted it
                 deferred.append(req)
                 continue
-            start, lender = 0, None
+            start, lender, found, queried = 0, None, [], 0
             shared = req.num_prompt_tokens - 1
             if req.pending_kv is not None:
                 start = req.pending_kv.shape[3]
@@ -170,9 +174,13 @@ class Scheduler:
                     lender = lender if start else None
                 else:
                     lender = None
+                if lender is None and caching:          # the longest prefix cached, less its last token
+                    queried = (req.num_tokens - 1) // BLOCK
+                    found = self.kv.lookup(req.tokens(0, queried * BLOCK), queried)
+                    start, queried = len(found) * BLOCK, queried * BLOCK
             self._waiting_in_group[req.group_id] -= 1
             n = self._prefill_chunk(req, start, budget)
-            if not self._place(req, len(self.running), lender, start, start + n):
+            if not self._place(req, len(self.running), lender, start, start + n, found, queried):
                 self._waiting_in_group[req.group_id] += 1
                 deferred.append(req)
                 break
@@ -191,13 +199,15 @@ class Scheduler:
         self.waiting.extendleft(reversed(deferred))
         return budget
 
-    def _place(self, req: Request, row: int, lender: Request | None, start: int, length: int) -> bool:
+    def _place(self, req: Request, row: int, lender: Request | None, start: int, length: int,
+               found: list | None = None, queried: int = 0) -> bool:
         """Give free row ``row`` the blocks of ``req``'s first ``length`` positions: the
-        lender's first ``start`` shared (its prompt), the rest new. False (no change) when the
-        pool lacks them."""
-        shared = start // BLOCK if lender is not None else 0
-        if num_blocks(length) - shared > self.kv.free_blocks:
+        lender's first ``start`` shared (its prompt), or the cached prefix ``found`` (kv/prefix.py),
+        the rest new. False (no change) when the pool lacks them."""
+        shared = start // BLOCK if lender is not None else len(found or ())
+        if num_blocks(length) - shared + (self.kv.cached_cost(found) if found else 0) > self.kv.free_blocks:
             return False
+        self.kv.take_cached(row, found or [], queried)
         if lender is not None:
             self.kv.share(lender.row, row, start)
         return self.kv.grow(row, length)

@@ -210,6 +210,10 @@ class SampleServer:
         self._reject = False
         self._gate_event().set()
 
+    async def clear_prefixes(self) -> None:
+        """Forget the engine's cached prefixes (between two engine steps)."""
+        await asyncio.wrap_future(self.loop.call(self.llm.engine.kv.clear_prefixes))
+
     async def sleep(self) -> None:
         """Wait until nothing runs, then give back the KV cache's memory (it grows on demand)."""
         while self.loop.live_sequences:

@@ -116,6 +116,11 @@ class Speculator:
         collector keeps them)."""
         return self.collector is not None or self._drafts_from_hidden
 
+    @property
+    def reads_hidden(self) -> bool:
+        """Whether any step may hand it hidden states (a learned drafter's source or collector)."""
+        return self._drafts_from_hidden or self.collector is not None
+
     def wants_hidden(self, batch_size: int) -> bool:
         """Whether a step of ``batch_size`` rows hands out its hidden states: always for a
         collector (the spot trainer learns from every position); for a drafter up to twice

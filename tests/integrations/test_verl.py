@@ -278,3 +278,10 @@ def test_verls_penalties_min_p_and_min_tokens_reach_the_engine():
     assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty, sp.min_p, sp.min_tokens) == (
         1.2, 0.5, 0.1, 0.05, 4)
     assert not to_sampling_params(dict(SAMPLE), config, 5, 48)[0].processes
+
+
+def test_clear_kv_cache_forgets_the_cached_prefixes(server):
+    asyncio.run(server.generate(list(range(3, 43)), dict(SAMPLE), "long"))    # a full block of prompt
+    assert server.llm.engine.kv.prefix.by_key
+    asyncio.run(server.clear_kv_cache())
+    assert server.llm.engine.kv.prefix.by_key == {}

@@ -18,6 +18,11 @@ only one it will write (``share``): a group of n samples holds its prompt once, 
 partial blocks. A shared block is never written: a request writes only its positions from
 its computed count on, which lie past the blocks it shares.
 
+Prefix caching (``prefix_caching``, prefix.py): full blocks of computed tokens are kept under a
+key naming their prefix; a block no row holds stays, idle, counted free, until the free list
+runs out (``_take``), and an admitted request takes the blocks of its longest cached prefix
+(``lookup``, ``take_cached``).
+
 Exports and imports use the plain [L, 2, KV, n, D] layout.
 
 One block past the budget is never handed out: ``scratch_slot``, where the padding tokens of
@@ -28,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tailrl.engine.kv.prefix import PrefixCache
 from tailrl.kernels import BLOCK, blocks
 from tailrl.model.args import ModelArgs
 
@@ -38,7 +44,7 @@ def num_blocks(positions: int) -> int:
 
 class KVCache:
     def __init__(self, args: ModelArgs, dtype: torch.dtype, device: str | torch.device,
-                 budget_tokens: int, max_rows: int, max_len: int):
+                 budget_tokens: int, max_rows: int, max_len: int, prefix_caching: bool = False):
         if budget_tokens < blocks(max_len):
             raise ValueError(f"kv_cache_tokens must be >= max_model_len rounded up to whole blocks of {BLOCK} "
                              f"({blocks(max_len)}) so one request always fits, got {budget_tokens}")
@@ -54,6 +60,7 @@ class KVCache:
         self.allocations = 0                                       # times the pool was allocated
         self.peak_used = self.peak_shared = 0
         self.scratch_slot = self.num_blocks * BLOCK                 # lane 0 of the block past the budget
+        self.prefix = PrefixCache(max_rows) if prefix_caching else None
         self._data: torch.Tensor | None = self._allocate()
 
     # ---- the pool ---------------------------------------------------------------------------
@@ -76,7 +83,14 @@ class KVCache:
         training); it is allocated again at the next use."""
         if self.used:
             raise RuntimeError("KVCache.free_memory: rows still hold blocks")
+        self.clear_prefixes()
         self._data = None
+
+    def clear_prefixes(self) -> None:
+        """Forget the cached prefixes (new weights: their K/V were the old ones'); idle blocks
+        go back to the free list."""
+        if self.prefix is not None:
+            self._free += self.prefix.clear()
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (keys [blocks, KV, BLOCK * D], values [blocks, KV, BLOCK, D]): what the model
@@ -93,11 +107,12 @@ class KVCache:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a row can take: free, or cached and idle."""
+        return len(self._free) + (len(self.prefix.idle) if self.prefix is not None else 0)
 
     @property
     def used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.free_blocks
 
     def reset_peaks(self) -> None:
         self.peak_used, self.peak_shared = self.used, self.shared
@@ -119,7 +134,7 @@ class KVCache:
             if n > 0:
                 needs.append((row, n))
                 total += n
-        if total > len(self._free):
+        if total > len(self._free) and total > self.free_blocks:
             return False
         for row, n in needs:
             h = held[row]
@@ -131,7 +146,7 @@ class KVCache:
         return True
 
     def _take(self) -> int:
-        b = self._free.pop()
+        b = self._free.pop() if self._free else self.prefix.evict()
         self.refs[b] = 1
         return b
 
@@ -140,21 +155,55 @@ class KVCache:
             self.refs[b] -= 1
             if self.refs[b] == 1:
                 self.shared -= 1
-            elif self.refs[b] == 0:
+            elif self.refs[b] == 0 and (self.prefix is None or not self.prefix.released(b)):
                 self._free.append(b)
 
     def release(self, row: int) -> None:
-        """The row's blocks go back (a shared one when its last holder lets go)."""
+        """The row's blocks go back (a shared one when its last holder lets go; a cached one
+        stays, idle)."""
         h = self.held[row]
         self._drop(self._table[row, :h][::-1].copy())     # reversed: the first block is reused first
         self.held[row] = 0
+        if self.prefix is not None:
+            self.prefix.reset_row(row)
+
+    # ---- cached prefixes (prefix.py) -------------------------------------------------------------
+    def register(self, row: int, tokens, length: int) -> None:
+        """Cache row ``row``'s full blocks of its first ``length`` positions (computed;
+        ``tokens(start, stop)``: their tokens)."""
+        if self.prefix is not None and length // BLOCK > self.prefix.done[row]:
+            self.prefix.register(row, self._table[row], tokens, length)
+
+    def lookup(self, tokens: list[int], max_blocks: int) -> list[tuple[int, int]]:
+        """The cached blocks of ``tokens``' longest prefix in whole blocks (at most ``max_blocks``)."""
+        return self.prefix.lookup(tokens, max_blocks) if self.prefix is not None and max_blocks > 0 else []
+
+    def cached_cost(self, found: list[tuple[int, int]]) -> int:
+        """Free blocks taking ``found`` uses up: its idle ones."""
+        return sum(1 for b, _ in found if self.refs[b] == 0)
+
+    def take_cached(self, row: int, found: list[tuple[int, int]], queried: int = 0) -> None:
+        """Empty row ``row`` takes ``found`` (``lookup``'s, possibly none, for ``queried``
+        positions) as its leading blocks."""
+        if self.prefix is None:
+            return
+        self.prefix.took(row, found, queried)
+        for i, (b, _) in enumerate(found):
+            self._table[row, i] = b
+            self.refs[b] += 1
+            if self.refs[b] == 2:
+                self.shared += 1
+        self.held[row] = len(found)
+        if found:
+            self.peak_used = max(self.peak_used, self.used)
+            self.peak_shared = max(self.peak_shared, self.shared)
 
     def share(self, src: int, dst: int, length: int) -> bool:
         """Empty row ``dst`` gets ``src``'s first ``length`` positions: the full blocks by
         reference, the partial last one copied (``dst`` writes its next positions there).
         False (no change) when the copy finds no free block."""
         full, part = divmod(length, BLOCK)
-        if part and not self._free:
+        if part and not self.free_blocks:
             return False
         ids = self._table[src, :full]
         self._table[dst, :full] = ids
@@ -177,6 +226,8 @@ class KVCache:
         h = self.held[src]
         self._table[dst, :h] = self._table[src, :h]
         self.held[dst], self.held[src] = h, 0
+        if self.prefix is not None:
+            self.prefix.move_row(src, dst)
 
     # ---- positions ----------------------------------------------------------------------------
     def slots(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:

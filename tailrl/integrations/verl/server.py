@@ -130,7 +130,8 @@ class TailRLServer:
         """Nothing to restore: the weights stay in memory and the cache grows when samples come."""
 
     async def clear_kv_cache(self) -> None:
-        """tailrl keeps no prefix cache between requests: nothing to clear."""
+        """Forget the cached prefixes (engine/kv/prefix.py; new weights forget them anyway)."""
+        await self.samples.clear_prefixes()
 
     async def release_kv_cache(self) -> None:
         await self.samples.sleep()
