@@ -130,6 +130,14 @@ class LLM:
         else:
             self.engine.load_weights(hf_state_dict)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached prefixes (engine/kv/prefix.py), as vLLM's: the next requests
+        compute their prompts afresh. New weights (``load_weights``) forget them anyway."""
+        if self.pool is not None:
+            self.pool.reset_prefix_cache()
+        else:
+            self.engine.kv.clear_prefixes()
+
     def close(self) -> None:
         """Stop the pool's worker processes or actors (an in-process engine needs nothing)."""
         if self.pool is not None:

@@ -142,6 +142,10 @@ class RolloutPool:
         """New policy weights to every live instance."""
         self._each("load_weights", hf_state_dict)
 
+    def reset_prefix_cache(self) -> None:
+        """Every live instance forgets its cached prefixes."""
+        self._each("reset_prefix_cache", None)
+
     def spot(self, method: str, *args) -> list:
         """Every live instance's drafter spot trainer: ``spot("setup", factory, *fargs)`` builds
         one per instance with ``factory(engine, *fargs)`` (then instances with nothing to run

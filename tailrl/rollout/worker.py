@@ -117,6 +117,9 @@ class EngineWorker:
         if op == "load_weights":
             self.engine.load_weights(payload)
             return None
+        if op == "reset_prefix_cache":
+            self.engine.kv.clear_prefixes()
+            return None
         if op == "spot":
             return self._spot(*payload)
         raise ValueError(f"unknown worker op {op!r}")

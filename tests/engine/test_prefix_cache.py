@@ -107,3 +107,14 @@ def test_keys_name_whole_prefixes_and_idle_blocks_go_oldest_first():
 def test_enable_prefix_caching_is_checked(model):
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         LLM(model, enable_prefix_caching="yes")
+
+
+@pytest.mark.parametrize("kw", [{}, {"instances": 2, "pool": {"processes": False}}], ids=["engine", "pool"])
+def test_reset_prefix_cache_forgets_what_was_cached(model, kw):
+    llm = LLM(model, **kw)
+    run(llm, PROMPTS)
+    run(llm, PROMPTS)
+    assert llm.last_metrics["kv/prefix_hit_tokens"] > 0
+    llm.reset_prefix_cache()
+    run(llm, PROMPTS)
+    assert llm.last_metrics["kv/prefix_hit_tokens"] == 0 and llm.last_metrics["kv/prefix_query_tokens"] > 0
