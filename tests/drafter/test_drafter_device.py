@@ -55,6 +55,7 @@ def test_drafting_makes_no_tensor_on_the_host_by_default(monkeypatch, request, m
     spec = LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", method="drafter",
                drafter=drafter_dir, max_tree_paths=paths, min_token_prob=0.0))
     spec.engine.speculator.choice.always = True
+    assert spec.engine.kv.prefix is None           # no prefix caching: the drafter's past needs every position
     src = next(s for s in spec.engine.speculator.sources if s.name == "drafter")
     if layout == "gpu":
         src.use_graphs(GraphPool(1 << 30, eager_capture))
