@@ -69,6 +69,14 @@ class SamplingParams:
     frequency_penalty: float = 0.0   # subtracted once per occurrence in the output
     min_p: float = 0.0               # in [0, 1]: tokens less probable than min_p x the top token's dropped
     min_tokens: int = 0              # EOS, stop tokens and stop strings cannot end the output before this many
+    # vLLM's output settings: the sampled token's log-probability is always returned (``logprobs``
+    # None, 0 or 1; top-N alternatives are not computed); the text decoded (``detokenize``) without
+    # special tokens (``skip_special_tokens``), cut before a stop string that ended it unless
+    # ``include_stop_str_in_output``
+    logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         _check(isinstance(self.n, int) and self.n >= 1, "n", "must be an integer >= 1", self.n)
@@ -96,6 +104,12 @@ class SamplingParams:
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]", self.min_p)
         _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                "must be an integer in [0, max_tokens]", self.min_tokens)
+        _check(self.logprobs in (None, 0, 1) and not isinstance(self.logprobs, bool), "logprobs",
+               "must be None, 0 or 1 (the sampled token's log-probability is always returned; top-N "
+               "alternatives are not computed)", self.logprobs)
+        for name in ("detokenize", "skip_special_tokens", "include_stop_str_in_output"):
+            _check(isinstance(getattr(self, name), bool), name, "must be true or false", getattr(self, name))
+        _check(self.detokenize or not self.stop, "stop", "stop strings need detokenize=True", self.stop)
 
     @property
     def processes(self) -> bool:

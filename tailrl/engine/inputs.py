@@ -164,9 +164,11 @@ class InputProcessor:
                group: list[Request]) -> RequestOutput:
         out = RequestOutput(group_id, text, list(ids), prompt_id)
         for r in group:
-            decoded = self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True) if self.tokenizer else ""
-            if r.params.stop and r.finish_reason == "stop":
-                decoded = cut_text(decoded, r.params.stop)
+            p = r.params
+            decoded = self.tokenizer.decode(r.output_token_ids, skip_special_tokens=p.skip_special_tokens) \
+                if self.tokenizer and p.detokenize else ""
+            if p.stop and r.finish_reason == "stop":
+                decoded = cut_text(decoded, p.stop, keep=p.include_stop_str_in_output)
             out.outputs.append(CompletionOutput(r.index, decoded, list(r.output_token_ids),
                                                 list(r.output_logprobs), r.finish_reason))
         return out

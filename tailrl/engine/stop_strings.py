@@ -55,7 +55,10 @@ class StopStrings:
         return None
 
 
-def cut_text(text: str, stops: list[str]) -> str:
-    """A response's text without the stop string that ended it, nor anything after it."""
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return text[:min(hits)] if hits else text
+def cut_text(text: str, stops: list[str], keep: bool = False) -> str:
+    """A response's text without the stop string that ended it (with it where ``keep``: vLLM's
+    ``include_stop_str_in_output``), nor anything after it."""
+    hits = [(i, i + len(s)) for i, s in ((text.find(s), s) for s in stops) if i >= 0]
+    if not hits:
+        return text
+    return text[:min(end for _, end in hits)] if keep else text[:min(start for start, _ in hits)]

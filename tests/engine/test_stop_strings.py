@@ -93,3 +93,28 @@ def test_stop_strings_need_a_tokenizer(tmp_path):
     with pytest.raises(ValueError, match="stop"):
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, stop=["a"]))
     assert llm.engine.metrics.num_forward == before
+
+
+def test_vllms_output_settings(model):
+    """``include_stop_str_in_output`` keeps the stop string in the text (the tokens as without
+    it), ``detokenize=False`` returns the tokens without text, ``logprobs`` 0 or 1 is taken (the
+    sampled token's is always returned) and more is refused, as are stop strings without text."""
+    llm = LLM(model)
+    full = run(llm)
+    stops = [[t for g in full for *_, t in g][0][10:12]]
+    cut = run(llm, stops)
+    sp = SamplingParams(n=3, temperature=1.0, max_tokens=60, ignore_eos=True, seed=7, stop=stops,
+                        include_stop_str_in_output=True, logprobs=1)
+    kept = [[(c.token_ids, c.text) for c in o.outputs] for o in llm.generate(PROMPTS, sp)]
+    assert any(reason == "stop" for g in cut for *_, reason, _ in g)
+    for gk, gc in zip(kept, cut):
+        for (ids, text), (ids_cut, _, reason, text_cut) in zip(gk, gc):
+            assert ids == ids_cut and text == (text_cut + stops[0] if reason == "stop" else text_cut)
+    bare = llm.generate(PROMPTS, SamplingParams(n=3, temperature=1.0, max_tokens=60, ignore_eos=True, seed=7,
+                                                detokenize=False, logprobs=0))
+    assert [[c.token_ids for c in o.outputs] for o in bare] == [[ids for ids, *_ in g] for g in full]
+    assert all(c.text == "" for o in bare for c in o.outputs)
+    with pytest.raises(ValueError, match="stop"):
+        SamplingParams(stop=["a"], detokenize=False)
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=5)
