@@ -91,14 +91,18 @@ engine() {
     # the tests whose code changed since the last GPU run first: the drafter's depths on the
     # engine's kernels replayed from graphs (stop 53) and its states handed out by steps launched
     # ahead and the spot trainer's side stream (stop 54), the measured tail's (stop 46) in test_ahead.py, rows drafting inside steps
-    # launched ahead (stop 47), the trainer's bits with tensor-core attention; test_triton.py
-    # last (all 28 passed at stop 45; every attention test with tensor cores at stop 46)
+    # launched ahead (stop 47), the trainer's bits with tensor-core attention, processed logits
+    # and cached prefixes through graphs and steps ahead (stop 57); test_triton.py last (all 28
+    # passed at stop 45; every attention test with tensor cores at stop 46)
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py tests/drafter/test_side_stream.py \
             tests/engine/test_ahead.py tests/engine/test_ahead_drafts.py tests/rl/test_device.py \
             tests/kernels/test_launches.py tests/kernels/test_stock.py tests/kernels/test_triton_sampler.py \
-            tests/engine/test_engine_device.py tests/kernels/test_triton.py
+            tests/engine/test_engine_device.py \
+            tests/engine/test_logits_process.py::test_on_a_gpu_processed_requests_give_eager_steppings_outputs \
+            tests/engine/test_prefix_cache.py::test_on_a_gpu_cached_prefixes_change_no_token \
+            tests/kernels/test_triton.py
     else
         echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"
     fi

@@ -195,3 +195,20 @@ def test_min_tokens_keeps_eos_and_stop_tokens_away_until_its_length(model):
 def test_bad_processing_settings_name_their_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(max_tokens=50, **{field: value})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, steps launched ahead")
+def test_on_a_gpu_processed_requests_give_eager_steppings_outputs(model):
+    """Through real graphs (sampling outside them for processed steps) and an engine that
+    launches steps ahead otherwise, plain and with a speculative tail: the tokens and
+    log-probabilities of an eager engine stepping one step at a time, bfloat16."""
+    kw = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.15)
+    want = LLM(model, cuda_graphs=False, async_scheduling=False, **kw)
+    for spec in (None, SpeculativeConfig(policy="fixed", ahead_above=4, tail="speculate")):
+        llm = LLM(model, speculative=spec, **kw)
+        for kw_p in SETTINGS:
+            for _ in range(2):
+                assert run(llm, **kw_p) == run(want, **kw_p), kw_p
+        assert llm.last_metrics["graphs/replayed_steps"] > 0
+        assert run(llm) == run(want)                                 # and steps launched ahead again
+        del llm

@@ -118,3 +118,19 @@ def test_reset_prefix_cache_forgets_what_was_cached(model, kw):
     llm.reset_prefix_cache()
     run(llm, PROMPTS)
     assert llm.last_metrics["kv/prefix_hit_tokens"] == 0 and llm.last_metrics["kv/prefix_query_tokens"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, steps launched ahead")
+def test_on_a_gpu_cached_prefixes_change_no_token(model):
+    """Through real graphs, copies and steps launched ahead (the GPU's defaults), plain and with
+    a speculative tail: every token and log-probability of second calls and conversations equals
+    an engine's without the cache, and prefixes were found."""
+    kw = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.15)
+    want = LLM(model, enable_prefix_caching=False, **kw)
+    for spec in (None, SpeculativeConfig(policy="fixed", ahead_above=4, tail="speculate")):
+        llm = LLM(model, speculative=spec, **kw)
+        for seed in (7, 8):
+            assert run(llm, PROMPTS, seed) == run(want, PROMPTS, seed)
+        assert llm.last_metrics["kv/prefix_hit_tokens"] > 0 and llm.last_metrics["graphs/replayed_steps"] > 0
+        assert conversation(llm) == conversation(want)
+        del llm
