@@ -27,9 +27,11 @@ def _checker(tokenizer) -> StopStrings:
 
 class ChoiceState:
     def __init__(self, index: int, tokenizer, stop: list[str] | None = None, incremental: bool = True,
-                 min_tokens: int = 0) -> None:
+                 min_tokens: int = 0, keep_stop: bool = False, skip_special_tokens: bool = True) -> None:
         self.index = index
         self.min_tokens = min_tokens        # no stop string ends the output before this many tokens
+        self.keep_stop = keep_stop          # the stop string stays in the text (vLLM's include_stop_str_in_output)
+        self.skip_special_tokens = skip_special_tokens
         self.incremental = incremental      # keep ``text`` current after every update (streaming)
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
@@ -47,7 +49,8 @@ class ChoiceState:
         return self.finish_reason is not None
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) \
+            if self.tokenizer is not None else ""
 
     def token_text(self, tok: int) -> str:
         """How one token is shown in logprobs (a token-id model shows ``token_id:N``, as vLLM)."""
@@ -67,7 +70,8 @@ class ChoiceState:
             if j is not None:
                 del self.token_ids[j + 1:]
                 del self.logprobs[j + 1:]
-                self.text, self.finish_reason = cut_text(self.decode(self.token_ids), self.stop), "stop"
+                self.text = cut_text(self.decode(self.token_ids), self.stop, keep=self.keep_stop)
+                self.finish_reason = "stop"
                 return True
         if finish_reason is not None:      # the whole text, decoded once
             self.text = self.decode(self.token_ids)

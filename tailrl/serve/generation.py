@@ -42,7 +42,8 @@ def sampling_params(req, max_tokens: int, cfg: ServeConfig, inputs) -> SamplingP
                                 presence_penalty=float(req.presence_penalty),
                                 frequency_penalty=float(req.frequency_penalty),
                                 repetition_penalty=float(req.repetition_penalty), min_p=float(req.min_p),
-                                min_tokens=req.min_tokens)
+                                min_tokens=req.min_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
+                                skip_special_tokens=req.skip_special_tokens)
         return inputs.sampling_params(params, 1)[0]
     except ValueError as e:
         field = str(e).split(" ", 1)[0]
@@ -71,7 +72,9 @@ class GenerationRun:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._loop = loop
         self.requests = [r for g in groups for r in g]
-        self.choices = [ChoiceState(i, tokenizer, stop, incremental=stream, min_tokens=r.params.min_tokens)
+        self.choices = [ChoiceState(i, tokenizer, stop, incremental=stream, min_tokens=r.params.min_tokens,
+                                    keep_stop=r.params.include_stop_str_in_output,
+                                    skip_special_tokens=r.params.skip_special_tokens)
                         for i, r in enumerate(self.requests)]
         self._by_id = {r.request_id: c for r, c in zip(self.requests, self.choices)}
         for g in groups:

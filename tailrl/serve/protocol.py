@@ -39,6 +39,8 @@ class _Sampling(BaseModel):
     repetition_penalty: Number = 1.0
     min_p: Number = 0.0
     min_tokens: StrictInt = 0
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
     # ignored-if-default OpenAI fields
     logit_bias: dict | None = None
     best_of: StrictInt | None = None

@@ -45,6 +45,8 @@ CASES = [
     ("echo unsupported", "POST", "/v1/completions", body(echo=True), None, 400),
     ("repetition penalty zero", "POST", "/v1/completions", body(repetition_penalty=0), None, 400),
     ("min_p above one", "POST", "/v1/completions", body(min_p=1.5), None, 400),
+    ("include_stop_str_in_output wrong type", "POST", "/v1/completions", body(include_stop_str_in_output="y"),
+     None, 400),
     ("min_tokens above max_tokens", "POST", "/v1/completions", body(min_tokens=50, max_tokens=5), None, 400),
     ("prompt ids count", "POST", "/v1/completions", body(prompt=["a", "b"], prompt_id=["x"]), None, 400),
     ("oversized prompt", "POST", "/v1/completions", body(prompt="a" * 1100), None, 400),

@@ -93,14 +93,16 @@ def test_stop_string_truncates(client, reference):
     stop = text[3:5]
     cut = text.index(stop)
     for stream in (False, True):
-        kw = dict(model=MODEL, prompt="go", max_tokens=40, seed=2, stop=[stop], extra_body={"ignore_eos": True})
-        if stream:
-            got = "".join(ch.choices[0].text for ch in client.completions.create(stream=True, **kw))
-        else:
-            r = client.completions.create(**kw)
-            got = r.choices[0].text
-            assert r.choices[0].finish_reason == "stop"
-        assert got == text[:cut]
+        for keep in (False, True):                        # vLLM's include_stop_str_in_output
+            kw = dict(model=MODEL, prompt="go", max_tokens=40, seed=2, stop=[stop],
+                      extra_body={"ignore_eos": True, "include_stop_str_in_output": keep})
+            if stream:
+                got = "".join(ch.choices[0].text for ch in client.completions.create(stream=True, **kw))
+            else:
+                r = client.completions.create(**kw)
+                got = r.choices[0].text
+                assert r.choices[0].finish_reason == "stop"
+            assert got == text[:cut + len(stop) if keep else cut]
 
 
 def test_metrics_exposes_engine_keys(server, client):
