@@ -29,7 +29,8 @@ checkpoint directory). Then, on ``--device``:
    ``best_fixed``, ``default_over_best_fixed``: #34 asks the default within 10%), the
    default with CUDA graphs up to 2048 tokens (``cuda_graph_max_tokens``; 2 GiB of graphs), the
    default with verify steps of up to 110 tokens sampling inside their graphs (``sample_graphs_64``:
-   ``cuda_graph_sample_mib=64``; the default 8 MiB: 13 tokens at the 0.5b's vocabulary),
+   ``cuda_graph_sample_mib=64``; the default 8 MiB: 13 tokens at the 0.5b's vocabulary), the
+   default with suffix trees of up to 4 paths (``trees_4``: ``max_tree_paths=4``),
    the default with every step one at a time (``ahead_above=0``: no plain steps launched ahead
    in the bulk) or the bulk's plain steps launched ahead above 16 or 256 rows (``ahead_16``,
    ``ahead_256``; the default 64), the tail always speculating (``tail_speculate``: the default
@@ -288,7 +289,7 @@ def main() -> None:
                     help="each engine's share of the GPU (up to three are alive at once)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     ap.add_argument("--variants", default="drafts_ahead_64_all_always,drafts_ahead_64_all,sample_graphs_64,"
-                                          "drafts_ahead_16,"
+                                          "trees_4,drafts_ahead_16,"
                                           "drafts_ahead_16_all,drafts_ahead_16_all_always,tail_speculate,fixed_12",
                     help="speculation's variants to run (comma-separated; '' for none)")
     ap.add_argument("--train-steps", type=int, default=3, help="GRPO steps of configs/demo.yaml (0: skip)")
@@ -485,6 +486,10 @@ def main() -> None:
                     "graphs_2048": (SpeculativeConfig(), {"cuda_graph_max_tokens": 2048, "cuda_graph_gib": 2.0}),
                     # verify steps of up to 110 tokens sampling inside their graphs (the default: 13)
                     "sample_graphs_64": (SpeculativeConfig(), {"cuda_graph_sample_mib": 64.0}),
+                    # the priced default with suffix trees of up to 4 paths (the allocator takes a
+                    # side branch's nodes only where the measured curve makes them pay: a GPU's flat
+                    # one should; on the CPU they did not, docs/speculation.md)
+                    "trees_4": (SpeculativeConfig(max_tree_paths=4), {}),
                     "one_at_a_time": (SpeculativeConfig(ahead_above=0), {}),
                     # the tail always speculating (its steps not chosen by measurement: engine/tail_choice.py)
                     "tail_speculate": (SpeculativeConfig(tail="speculate"), {}),
