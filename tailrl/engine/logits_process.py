@@ -112,8 +112,9 @@ def _history_counts(req: "Request") -> tuple[np.ndarray, np.ndarray]:
             if at < len(cols) and cols[at] == tok:
                 counts = counts.copy() if counts is state[2] else counts
                 counts[at] += 1
-            else:
-                cols, counts = np.insert(cols, at, tok), np.insert(counts, at, 1.0)
+            else:                                      # (np.insert's own overhead is ~10 us a call)
+                cols = np.concatenate((cols[:at], (tok,), cols[at:]))
+                counts = np.concatenate((counts[:at], (1.0,), counts[at:]))
         seen = len(hist)
     req.penalty_counts = (seen, cols, counts)
     return cols, counts
