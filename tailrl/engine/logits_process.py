@@ -86,7 +86,7 @@ def _paths(parents: list[int], tokens: list[int]) -> list[list[int]]:
     """The draft tokens each sampled position of a row has after its committed output: none at
     its root, then node j's path (its ancestors and itself, root first)."""
     paths: list[list[int]] = [[]]
-    for j, (par, tok) in enumerate(zip(parents, tokens)):
+    for par, tok in zip(parents, tokens):
         paths.append(paths[par + 1] + [tok])
     return paths
 
@@ -103,8 +103,6 @@ def _history_counts(req: "Request") -> tuple[np.ndarray, np.ndarray]:
         counts = np.bincount(inv, minlength=len(cols)).astype(np.float64)
         if req.params.repetition_penalty != 1:
             cols, counts = _merged(cols, counts, np.unique(np.asarray(req.prompt_token_ids, dtype=np.int64)), 0.0)
-        state = (0, cols, counts)
-        seen = len(hist)
     else:
         seen, cols, counts = state
         for tok in hist[seen:]:
@@ -115,8 +113,7 @@ def _history_counts(req: "Request") -> tuple[np.ndarray, np.ndarray]:
             else:                                      # (np.insert's own overhead is ~10 us a call)
                 cols = np.concatenate((cols[:at], (tok,), cols[at:]))
                 counts = np.concatenate((counts[:at], (1.0,), counts[at:]))
-        seen = len(hist)
-    req.penalty_counts = (seen, cols, counts)
+    req.penalty_counts = (len(hist), cols, counts)
     return cols, counts
 
 
