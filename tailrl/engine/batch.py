@@ -461,5 +461,8 @@ class ModelRunner:
         each row's logits processed where its request asks (logits_process.py)."""
         if isinstance(out, Fetched):
             return out
-        procs = None if eos_token_ids is None else positions(batch.plans, len(batch.temperature), eos_token_ids)
+        procs = None
+        if eos_token_ids is not None:              # a row's last token fed on the device: its input there
+            pending = {id(req): batch.input_ids[i] for i, req, k in batch.ahead if k == 0}
+            procs = positions(batch.plans, len(batch.temperature), eos_token_ids, pending)
         return sample_async(out, batch.temperature, batch.top_k, batch.top_p, batch.u, procs)

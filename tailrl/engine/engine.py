@@ -252,8 +252,8 @@ class LLMEngine:
     def _step(self) -> list[Request]:
         if self.threads is not None:
             self.threads.tick()
-        if self._processing:                      # a request's logits processed on its history: one at a time
-            if self._launched is not None:
+        if self._processing and self.ahead_drafts is not None:   # processed logits, rows drafting ahead:
+            if self._launched is not None:                         # one step at a time
                 step, self._launched = self._launched, None
                 return self._settle(step)
             return self._step_one()
@@ -353,7 +353,8 @@ class LLMEngine:
             return []
         drafts = self._drafts_ahead(sched, sched.token_budget_left - sum(len(f.lengths) for f in follow.values()))
         drafted = time.perf_counter()
-        batch = self.runner.build(sched.rows, drafts, follow)
+        processed = bool(self._processing)
+        batch = self.runner.build(sched.rows, drafts, follow, processed=processed)
         if prev is not None:
             feed(batch, prev)                         # its tokens, on the device, as this step's inputs
         built = time.perf_counter()
@@ -366,7 +367,7 @@ class LLMEngine:
         for req, n in sched.rows:
             req.num_computed_tokens += n
         launched = time.perf_counter()
-        sampled = self.runner.sample(batch, logits)
+        sampled = self.runner.sample(batch, logits, self.args.eos_token_ids if processed else None)
         self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
                                          [scheduled - start, drafted - scheduled, built - drafted,
                                           launched - built, time.perf_counter() - launched], start, tail,

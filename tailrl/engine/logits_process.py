@@ -23,9 +23,13 @@ history, so a token is the same alone or in any batch, and with or without specu
 draft node's history is its path, as plain decoding's would be had it emitted those tokens
 (tests/engine/test_logits_process.py).
 
-The history is read on the host, so an engine steps one step at a time while any request it
-holds processes its logits (no step launched ahead: engine.py), and such steps sample outside
-their CUDA graphs.
+The history is read on the host, but for one token: in a step launched ahead (engine/ahead.py)
+a decode row's last token is sampled by the step still in flight, a placeholder on the host;
+its id is on the device, in the row's input (fed there), and the penalties count it there:
+the value of the logit at that token is computed again with its count one higher, and written
+over the host's (``Position.pending``). Such steps sample outside their CUDA graphs; an engine
+drafting inside steps launched ahead (``ahead_drafts``) steps one step at a time instead while
+a request processes its logits (engine.py).
 """
 from __future__ import annotations
 
@@ -53,15 +57,19 @@ class Position:
     cols: np.ndarray          # int64
     counts: np.ndarray        # float64, aligned with cols
     banned: tuple[int, ...]
+    pending: torch.Tensor | None = None   # the last history token, on the device (a step in flight sampled it)
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
-def positions(plans: "list[RowPlan]", m: int, eos_token_ids: tuple[int, ...]) -> list[Position | None] | None:
+def positions(plans: "list[RowPlan]", m: int, eos_token_ids: tuple[int, ...],
+              pending: dict[int, torch.Tensor] | None = None) -> list[Position | None] | None:
     """Per sampled position of a step (``m`` of them), its ``Position`` where its request
     processes its logits, else None; None where no position does. Reads each request's
-    committed output on the host (``plans``: the step's rows, before commit)."""
+    committed output on the host (``plans``: the step's rows, before commit); ``pending``:
+    id(request) -> its last token on the device, for the rows whose last token a step in
+    flight samples (a placeholder on the host: plain decode rows only)."""
     out: list[Position | None] = [None] * m
     found = False
     for plan in plans:
@@ -69,15 +77,20 @@ def positions(plans: "list[RowPlan]", m: int, eos_token_ids: tuple[int, ...]) ->
         if not p.processes:
             continue
         hist = plan.req.output_token_ids
+        ahead = pending.get(id(plan.req)) if pending and hist and hist[-1] < 0 else None
+        if hist and hist[-1] < 0 and (ahead is None or plan.draft_tokens or plan.follow is not None):
+            raise RuntimeError("logits_process: a row whose last token is in flight, not a plain decode row "
+                               "fed on the device")
         penalised = p.repetition_penalty != 1 or p.presence_penalty != 0 or p.frequency_penalty != 0
         cols, counts = _history_counts(plan.req) if penalised else (_EMPTY, _EMPTY)
         stops = tuple(() if p.ignore_eos else eos_token_ids) + tuple(p.stop_token_ids or ())
         by_p = p.min_p > 0 and p.temperature != 0
+        pend = ahead if penalised else None
         for k, path in enumerate(_paths(plan.parents, plan.draft_tokens)):
             c, n = _merged(cols, counts, path) if penalised and path else (cols, counts)
             banned = stops if len(hist) + len(path) < p.min_tokens else ()
-            if len(c) or banned or by_p:               # else nothing to do here (min_tokens reached)
-                out[plan.entry + k] = Position(p, c, n, banned)
+            if len(c) or banned or by_p or pend is not None:   # else nothing to do here (min_tokens reached)
+                out[plan.entry + k] = Position(p, c, n, banned, pend)
                 found = True
     return out if found else None
 
@@ -97,6 +110,8 @@ def _history_counts(req: "Request") -> tuple[np.ndarray, np.ndarray]:
     to date with the tokens it gained since (one or a few a step: each found by bisection),
     counted afresh where its output is shorter than what was counted (cut by a stop string)."""
     hist = req.output_token_ids
+    if hist and hist[-1] < 0:                          # a placeholder: counted on the device (Position.pending)
+        hist = hist[:-1]
     state = req.penalty_counts
     if state is None or state[0] > len(hist):
         cols, inv = np.unique(np.asarray(hist, dtype=np.int64), return_inverse=True)
@@ -135,6 +150,8 @@ def apply(logits: torch.Tensor, scaled: torch.Tensor, temperature: list[float],
     dev, dtype = logits.device, logits.dtype
     draw = scaled.clone()
     pen = [i for i in rows if len(procs[i].cols)]
+    inv_t = [1.0 / temperature[i] if temperature[i] else 1.0 for i in range(len(procs))]
+    ri = ci = cnt = None
     if pen:                                            # 1-3: penalties on the raw logits, then 1/T
         sizes = [len(procs[i].cols) for i in pen]
         ri = host_to_device(dev, np.repeat(np.asarray(pen, dtype=np.int64), sizes))
@@ -145,11 +162,12 @@ def apply(logits: torch.Tensor, scaled: torch.Tensor, temperature: list[float],
             return host_to_device(dev, per, dtype)
         rep = each([procs[i].params.repetition_penalty for i in pen])
         cnt = each([], counts=True)
-        x = logits[ri, ci]
-        x = torch.where(x > 0, x / rep, x * rep)
-        x = x - each([procs[i].params.frequency_penalty for i in pen]) * cnt
-        x = x - each([procs[i].params.presence_penalty for i in pen]) * (cnt > 0).to(dtype)
-        draw[ri, ci] = x * each([1.0 / temperature[i] if temperature[i] else 1.0 for i in pen])
+        x = _penalised(logits[ri, ci], cnt, rep, each([procs[i].params.frequency_penalty for i in pen]),
+                       each([procs[i].params.presence_penalty for i in pen]))
+        draw[ri, ci] = x * each([inv_t[i] for i in pen])
+    ahead = [i for i in rows if procs[i].pending is not None]
+    if ahead:                                          # the in-flight token's logit, counted once more
+        _pending(logits, draw, procs, ahead, inv_t, ri, ci, cnt)
     banned = [(i, c) for i in rows for c in procs[i].banned]
     if banned:                                         # 4: min_tokens
         at = host_to_device(dev, np.asarray(banned, dtype=np.int64).T.copy())
@@ -162,3 +180,37 @@ def apply(logits: torch.Tensor, scaled: torch.Tensor, temperature: list[float],
         sub.masked_fill_(sub - sub.max(dim=1, keepdim=True).values < floor[:, None], float("-inf"))
         draw[at] = sub
     return draw
+
+
+def _penalised(x: torch.Tensor, cnt: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor,
+               pres: torch.Tensor) -> torch.Tensor:
+    """Logits ``x`` of tokens counted ``cnt`` times in the history (0: the prompt's only) under
+    the repetition, frequency and presence penalties (elementwise: the same bits for a value
+    wherever it is computed)."""
+    x = torch.where(x > 0, x / rep, x * rep)
+    x = x - freq * cnt
+    return x - pres * (cnt > 0).to(x.dtype)
+
+
+def _pending(logits: torch.Tensor, draw: torch.Tensor, procs: list, ahead: list[int], inv_t: list[float],
+             ri: torch.Tensor | None, ci: torch.Tensor | None, cnt: torch.Tensor | None) -> None:
+    """Rows ``ahead`` whose last history token is on the device only (``Position.pending``):
+    its count is the host's count of it (``ri``, ``ci``, ``cnt``: the penalised entries, each
+    row's columns distinct) plus one, and its logit is penalised with that count and written
+    over the host's entry for it, if any. Device operations only: nothing waits for the step
+    in flight."""
+    dev, dtype = logits.device, logits.dtype
+    rows = host_to_device(dev, ahead)
+    tok = torch.stack([procs[i].pending for i in ahead]).to(torch.long)
+    base = torch.zeros(logits.shape[0], dtype=dtype, device=dev)
+    if ri is not None:                                 # the host's count of the in-flight token, per row
+        owner = torch.full((logits.shape[0],), -1, dtype=torch.long, device=dev)
+        owner[rows] = tok
+        base.index_add_(0, ri, cnt * (ci == owner[ri]).to(dtype))   # one match at most a row: exact
+
+    def each(values: list[float]) -> torch.Tensor:
+        return host_to_device(dev, values, dtype)
+    x = _penalised(logits[rows, tok], base[rows] + 1, each([procs[i].params.repetition_penalty for i in ahead]),
+                   each([procs[i].params.frequency_penalty for i in ahead]),
+                   each([procs[i].params.presence_penalty for i in ahead]))
+    draw[rows, tok] = x * each([inv_t[i] for i in ahead])

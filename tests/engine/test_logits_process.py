@@ -145,13 +145,19 @@ def run(llm, prompts=PROMPTS, **kw):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
-def test_speculation_and_steps_ahead_leave_processed_outputs_as_they_are(model, dtype):
+def test_speculation_and_steps_ahead_leave_processed_outputs_as_they_are(model, dtype, fed):
+    """Steps launched ahead (``fed``: from a step in flight) count a row's in-flight token on
+    the device (``Position.pending``)."""
     plain = LLM(model, dtype=dtype)
     engines = [LLM(model, dtype=dtype, async_scheduling=True),
                LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=8)),
                LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=8,
                                                                      max_tree_paths=3)),
-               LLM(model, dtype=dtype, instances=2, pool={"processes": False, "chunk_tokens": 16})]
+               LLM(model, dtype=dtype, instances=2, pool={"processes": False, "chunk_tokens": 16}),
+               # rows drafting inside steps launched ahead: one step at a time while requests process
+               LLM(model, dtype=dtype, async_scheduling=True,
+                   speculative=SpeculativeConfig(policy="fixed", ahead_drafts=8, ahead_above=1,
+                                                 ahead_drafts_gate="always"))]
     base = run(plain)
     for kw in SETTINGS:
         want = run(plain, **kw)
@@ -161,7 +167,8 @@ def test_speculation_and_steps_ahead_leave_processed_outputs_as_they_are(model, 
                 assert run(llm, **kw) == want, (kw, llm)
             if getattr(llm, "engine", None) is not None and llm.engine.speculator is not None:
                 assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0
-    assert run(engines[0]) == base                                   # and steps launched ahead come back
+    assert fed[0] > 100                                              # processed steps were launched ahead
+    assert run(engines[0]) == base
 
 
 def test_a_processed_request_alone_equals_it_among_plain_ones(model):
@@ -199,9 +206,9 @@ def test_bad_processing_settings_name_their_field(field, value):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, steps launched ahead")
 def test_on_a_gpu_processed_requests_give_eager_steppings_outputs(model):
-    """Through real graphs (sampling outside them for processed steps) and an engine that
-    launches steps ahead otherwise, plain and with a speculative tail: the tokens and
-    log-probabilities of an eager engine stepping one step at a time, bfloat16."""
+    """Through real graphs (sampling outside them for processed steps) and steps launched ahead
+    (a row's in-flight token counted on the device), plain and with a speculative tail: the
+    tokens and log-probabilities of an eager engine stepping one step at a time, bfloat16."""
     kw = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.15)
     want = LLM(model, cuda_graphs=False, async_scheduling=False, **kw)
     for spec in (None, SpeculativeConfig(policy="fixed", ahead_above=4, tail="speculate")):

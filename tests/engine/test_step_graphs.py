@@ -130,19 +130,22 @@ def test_graphs_that_sample_give_the_eager_sampler_bits(model, temperature, spec
                          else {None}), modes
 
 
-@pytest.mark.parametrize("spec", SPECS[:2], ids=["plain", "chains"])
-def test_graph_steps_of_processed_requests_sample_outside_their_graphs(model, spec):
+@pytest.mark.parametrize("spec,ahead", [(SPECS[0], False), (SPECS[1], False), (None, True)],
+                         ids=["plain", "chains", "ahead"])
+def test_graph_steps_of_processed_requests_sample_outside_their_graphs(model, spec, ahead, fed):
     """A step with a request whose logits are processed (engine/logits_process.py: here a
     repetition penalty and min_p, at T = 1, a graph-sampling rollout otherwise) replays its
-    graph up to the final norm and samples eagerly: eager decoding's bits, bfloat16."""
+    graph up to the final norm and samples eagerly: eager decoding's bits, bfloat16; launched
+    ahead, each row's in-flight token read from the graph's static input."""
     params = SamplingParams(n=3, max_tokens=30, seed=11, repetition_penalty=1.3, min_p=0.05)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(PROMPTS, params)]  # noqa: E731
     want = run(LLM(model, dtype="bfloat16"))
-    llm = LLM(model, dtype="bfloat16", speculative=spec)
+    llm = LLM(model, dtype="bfloat16", speculative=spec, async_scheduling=ahead)
     graphs = with_graphs(llm)
     for _ in range(2):
         assert run(llm) == want
     assert llm.last_metrics["graphs/replayed_steps"] > 0 and {key[2] for key in graphs._static} == {None}
+    assert (fed[0] > 10) == ahead
 
 
 def test_only_buckets_whose_logits_fit_cuda_graph_sample_mib_sample_inside_their_graph(model):
