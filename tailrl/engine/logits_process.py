@@ -77,8 +77,9 @@ def positions(plans: "list[RowPlan]", m: int, eos_token_ids: tuple[int, ...],
         if not p.processes:
             continue
         hist = plan.req.output_token_ids
-        ahead = pending.get(id(plan.req)) if pending and hist and hist[-1] < 0 else None
-        if hist and hist[-1] < 0 and (ahead is None or plan.draft_tokens or plan.follow is not None):
+        in_flight = bool(hist) and hist[-1] < 0
+        ahead = pending.get(id(plan.req)) if in_flight and pending else None
+        if in_flight and (ahead is None or plan.draft_tokens or plan.follow is not None):
             raise RuntimeError("logits_process: a row whose last token is in flight, not a plain decode row "
                                "fed on the device")
         penalised = p.repetition_penalty != 1 or p.presence_penalty != 0 or p.frequency_penalty != 0
@@ -150,24 +151,16 @@ def apply(logits: torch.Tensor, scaled: torch.Tensor, temperature: list[float],
     dev, dtype = logits.device, logits.dtype
     draw = scaled.clone()
     pen = [i for i in rows if len(procs[i].cols)]
-    inv_t = [1.0 / temperature[i] if temperature[i] else 1.0 for i in range(len(procs))]
     ri = ci = cnt = None
     if pen:                                            # 1-3: penalties on the raw logits, then 1/T
         sizes = [len(procs[i].cols) for i in pen]
         ri = host_to_device(dev, np.repeat(np.asarray(pen, dtype=np.int64), sizes))
         ci = host_to_device(dev, np.concatenate([procs[i].cols for i in pen]))
-
-        def each(values: list[float], counts: bool = False) -> torch.Tensor:
-            per = np.concatenate([procs[i].counts for i in pen]) if counts else np.repeat(values, sizes)
-            return host_to_device(dev, per, dtype)
-        rep = each([procs[i].params.repetition_penalty for i in pen])
-        cnt = each([], counts=True)
-        x = _penalised(logits[ri, ci], cnt, rep, each([procs[i].params.frequency_penalty for i in pen]),
-                       each([procs[i].params.presence_penalty for i in pen]))
-        draw[ri, ci] = x * each([inv_t[i] for i in pen])
+        cnt = host_to_device(dev, np.concatenate([procs[i].counts for i in pen]), dtype)
+        draw[ri, ci] = _penalised(logits[ri, ci], cnt, *_settings(procs, temperature, pen, sizes, logits))
     ahead = [i for i in rows if procs[i].pending is not None]
     if ahead:                                          # the in-flight token's logit, counted once more
-        _pending(logits, draw, procs, ahead, inv_t, ri, ci, cnt)
+        _pending(logits, draw, procs, temperature, ahead, ri, ci, cnt)
     banned = [(i, c) for i in rows for c in procs[i].banned]
     if banned:                                         # 4: min_tokens
         at = host_to_device(dev, np.asarray(banned, dtype=np.int64).T.copy())
@@ -182,17 +175,27 @@ def apply(logits: torch.Tensor, scaled: torch.Tensor, temperature: list[float],
     return draw
 
 
+def _settings(procs: list, temperature: list[float], rows: list[int], sizes: list[int],
+              like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per entry, its row's repetition, frequency and presence penalties and 1/T (row
+    ``rows[k]``'s repeated ``sizes[k]`` times), in one copy to ``like``'s device and dtype."""
+    per = np.array([[procs[i].params.repetition_penalty, procs[i].params.frequency_penalty,
+                     procs[i].params.presence_penalty, 1.0 / temperature[i] if temperature[i] else 1.0]
+                    for i in rows], dtype=np.float64)
+    return host_to_device(like.device, np.repeat(per, sizes, axis=0), like.dtype).unbind(1)
+
+
 def _penalised(x: torch.Tensor, cnt: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor,
-               pres: torch.Tensor) -> torch.Tensor:
+               pres: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
     """Logits ``x`` of tokens counted ``cnt`` times in the history (0: the prompt's only) under
-    the repetition, frequency and presence penalties (elementwise: the same bits for a value
-    wherever it is computed)."""
+    the repetition, frequency and presence penalties, then 1/T (elementwise: the same bits for
+    a value wherever it is computed)."""
     x = torch.where(x > 0, x / rep, x * rep)
     x = x - freq * cnt
-    return x - pres * (cnt > 0).to(x.dtype)
+    return (x - pres * (cnt > 0).to(x.dtype)) * inv_t
 
 
-def _pending(logits: torch.Tensor, draw: torch.Tensor, procs: list, ahead: list[int], inv_t: list[float],
+def _pending(logits: torch.Tensor, draw: torch.Tensor, procs: list, temperature: list[float], ahead: list[int],
              ri: torch.Tensor | None, ci: torch.Tensor | None, cnt: torch.Tensor | None) -> None:
     """Rows ``ahead`` whose last history token is on the device only (``Position.pending``):
     its count is the host's count of it (``ri``, ``ci``, ``cnt``: the penalised entries, each
@@ -207,10 +210,5 @@ def _pending(logits: torch.Tensor, draw: torch.Tensor, procs: list, ahead: list[
         owner = torch.full((logits.shape[0],), -1, dtype=torch.long, device=dev)
         owner[rows] = tok
         base.index_add_(0, ri, cnt * (ci == owner[ri]).to(dtype))   # one match at most a row: exact
-
-    def each(values: list[float]) -> torch.Tensor:
-        return host_to_device(dev, values, dtype)
-    x = _penalised(logits[rows, tok], base[rows] + 1, each([procs[i].params.repetition_penalty for i in ahead]),
-                   each([procs[i].params.frequency_penalty for i in ahead]),
-                   each([procs[i].params.presence_penalty for i in ahead]))
-    draw[rows, tok] = x * each([inv_t[i] for i in ahead])
+    draw[rows, tok] = _penalised(logits[rows, tok], base[rows] + 1,
+                                 *_settings(procs, temperature, ahead, [1] * len(ahead), logits))
