@@ -85,6 +85,7 @@ class Batch:
     # samples: the request's root there plus offset (a placeholder here; engine/ahead.py fills
     # it in on the device)
     ahead: list[tuple[int, Request, int]] = field(default_factory=list)
+    processed: bool = False         # some row may process its logits (logits_process.py): sampled outside graphs
 
 
 def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: StepGraphs | None = None,
@@ -99,6 +100,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
         batch = _chain_batch(rows, drafts, kv, graphs, processed) if drafts else _decode_batch(rows, kv, graphs,
                                                                                                 processed)
         if batch is not None:
+            batch.processed = processed
             return batch
     ids: list[int] = []
     pos: list[int] = []
@@ -234,7 +236,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     u = uniforms(keys, upos)
     key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, (temps, topk, topp), len(rows),
                                                  kv_len, reads, work, kv, graphs, processed)
-    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead, processed)
 
 
 def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGraphs | None,
@@ -454,15 +456,14 @@ class ModelRunner:
         logits = for_sampling(self.model.logits(h))
         return (logits, h, hidden) if return_hidden else logits
 
-    @staticmethod
-    def sample(batch: Batch, out, eos_token_ids: tuple[int, ...] | None = None) -> Fetched:
+    def sample(self, batch: Batch, out) -> Fetched:
         """The step's tokens and log-probabilities, not waited for: those its graph sampled, or
-        the sampler's on ``run``'s logits; with ``eos_token_ids`` (a batch built ``processed``),
-        each row's logits processed where its request asks (logits_process.py)."""
+        the sampler's on ``run``'s logits; in a batch built ``processed``, each row's logits
+        processed where its request asks (logits_process.py)."""
         if isinstance(out, Fetched):
             return out
         procs = None
-        if eos_token_ids is not None:              # a row's last token fed on the device: its input there
+        if batch.processed:                        # a row's last token fed on the device: its input there
             pending = {id(req): batch.input_ids[i] for i, req, k in batch.ahead if k == 0}
-            procs = positions(batch.plans, len(batch.temperature), eos_token_ids, pending)
+            procs = positions(batch.plans, len(batch.temperature), self.model.args.eos_token_ids, pending)
         return sample_async(out, batch.temperature, batch.top_k, batch.top_p, batch.u, procs)

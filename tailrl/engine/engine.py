@@ -279,8 +279,7 @@ class LLMEngine:
         plain = self.choice is not None and self.choice.plain()           # the way measured faster
         drafts = {} if plain else self._propose(sched)                     # 2. propose drafts
         clock.append(time.perf_counter())
-        processed = bool(self._processing)
-        batch = self.runner.build(sched.rows, drafts, processed=processed)  # 3. one batched forward
+        batch = self.runner.build(sched.rows, drafts, processed=bool(self._processing))  # 3. one batched forward
         clock.append(time.perf_counter())
         # hidden states only when a source or collector reads them at this batch size (no extra forward)
         keep = self.speculator is not None and self.speculator.wants_hidden(len(sched.rows))
@@ -289,8 +288,7 @@ class LLMEngine:
         clock.append(time.perf_counter())
         for req, n in sched.rows:                                          # the forward wrote their K/V
             req.num_computed_tokens += n
-        tokens, logprobs = self.runner.sample(batch, logits, self.args.eos_token_ids if processed  # 4. sample
-                                              else None).lists()
+        tokens, logprobs = self.runner.sample(batch, logits).lists()                 # 4. sample
         clock.append(time.perf_counter())
         spans = prefill_spans(batch) if computed is not None else None   # before commit: a prefill
         if spans:                                                          # span ends where sampling starts
@@ -318,7 +316,7 @@ class LLMEngine:
             spec += time.perf_counter() - clock[-1]             # what it learned from the step: observe_s too
         stages.append(spec)
         # what the step's way measured (tail_choice.py; a tail's ways are not what a processed step runs)
-        ways = (None if processed else self.tail) if self._tail() else self.choice
+        ways = (None if batch.processed else self.tail) if self._tail() else self.choice
         if ways is not None:
             ways.record("plain" if plain else "speculate", clock[-1] - clock[0], [len(t) for t, _ in emitted if t])
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
@@ -353,8 +351,7 @@ class LLMEngine:
             return []
         drafts = self._drafts_ahead(sched, sched.token_budget_left - sum(len(f.lengths) for f in follow.values()))
         drafted = time.perf_counter()
-        processed = bool(self._processing)
-        batch = self.runner.build(sched.rows, drafts, follow, processed=processed)
+        batch = self.runner.build(sched.rows, drafts, follow, processed=bool(self._processing))
         if prev is not None:
             feed(batch, prev)                         # its tokens, on the device, as this step's inputs
         built = time.perf_counter()
@@ -367,7 +364,7 @@ class LLMEngine:
         for req, n in sched.rows:
             req.num_computed_tokens += n
         launched = time.perf_counter()
-        sampled = self.runner.sample(batch, logits, self.args.eos_token_ids if processed else None)
+        sampled = self.runner.sample(batch, logits)
         self._launched = step = Launched(batch, len(sched.rows), len(sched.preempted), sampled,
                                          [scheduled - start, drafted - scheduled, built - drafted,
                                           launched - built, time.perf_counter() - launched], start, tail,
