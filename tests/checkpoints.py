@@ -11,6 +11,12 @@ ARCH_CONFIGS = {
     "llama": ("LlamaConfig", dict(attention_bias=False, mlp_bias=False)),
     "mistral": ("MistralConfig", dict(head_dim=16, sliding_window=None)),
     "mistral_window": ("MistralConfig", dict(head_dim=16, sliding_window=32)),   # Mistral-7B-v0.1's kind
+    # mixtures of experts: 8 experts, 3 a token; Qwen3-MoE's second layer dense (mlp_only_layers)
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, attention_bias=False, num_experts=8, num_experts_per_tok=3,
+                                         moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1])),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
+                                         shared_expert_intermediate_size=80, norm_topk_prob=False)),
+    "mixtral": ("MixtralConfig", dict(head_dim=16, sliding_window=None, num_local_experts=8, num_experts_per_tok=2)),
 }
 
 

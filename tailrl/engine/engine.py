@@ -122,9 +122,10 @@ class LLMEngine:
         if torch.device(config.device).type != "cuda" or not config.cuda_graphs:
             return None
         kernels = select(config.device, dtype)
-        if not kernels.capturable:
-            log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step)",
-                     config.dtype, config.device, kernels.name)
+        if not kernels.capturable or (self.model.args.num_experts and not kernels.captures_experts):
+            log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step%s)",
+                     config.dtype, config.device, kernels.name, ": a mixture of experts' grouping"
+                     if kernels.capturable else "")
             return None
         pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
         max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)

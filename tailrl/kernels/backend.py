@@ -36,6 +36,15 @@ class Rope:
     sin: torch.Tensor
 
 
+def combine_experts(ys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each token's expert outputs ``ys`` [T, k, H] weighted by ``weights`` [T, k] and added in
+    order, one term at a time, each term and each sum rounded to ``ys``'s dtype."""
+    acc = (ys[:, 0] * weights[:, :1]).to(ys.dtype)
+    for j in range(1, ys.shape[1]):
+        acc = acc + (ys[:, j] * weights[:, j:j + 1]).to(ys.dtype)
+    return acc
+
+
 class Backend:
     name = "base"
     # a step through these kernels can be captured into a CUDA graph (no host-device
@@ -92,6 +101,32 @@ class Backend:
         """``linear(silu_mul(gate_up), weight, bias)`` (a backend may compute the activation as
         the product reads it, never storing it)."""
         return self.linear(self.silu_mul(gate_up), weight, bias)
+
+    # a step through ``experts`` can be captured into a CUDA graph (this one groups a step's
+    # tokens by expert on the host, so it waits for the device)
+    captures_experts = False
+
+    def experts(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+        """A mixture of experts' routed MLPs (model/moe.py): ``x`` [T, H], the experts' [gate | up]
+        weights [E, 2I, H] and down projections [E, H, I], each token's experts ``ids`` [T, k] in
+        ascending order and their ``weights`` [T, k]. Row t: the sum over j, in order, of
+        ``weights[t, j]`` times expert ``ids[t, j]``'s ``silu_mul_linear(linear(x[t], gate_up[e]),
+        down[e])``, each term rounded to x's dtype and added in it. Here: the tokens routed to an
+        expert gathered, its two products on them (``linear``'s row invariance makes a token's
+        result its own), the outputs scattered back to their (token, j) place and summed."""
+        t, k = ids.shape
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+        ys = x.new_empty(t * k, x.shape[1])
+        start = 0
+        for e, c in enumerate(counts):
+            if c:
+                pairs = order[start:start + c]
+                ys[pairs] = self.silu_mul_linear(self.linear(x[pairs // k], gate_up[e]), down[e])
+                start += c
+        return combine_experts(ys.view(t, k, -1), weights)
 
     # ---- the sampler's row sums (engine/sampler.py): each row's sums in one order -----------
     def softmax_cdf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -9,7 +9,13 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": dict(qkv_bias=None, qk_norm=True),   # None: read attention_bias
     "LlamaForCausalLM": dict(qkv_bias=None, qk_norm=False),
     "MistralForCausalLM": dict(qkv_bias=False, qk_norm=False),   # its sliding window: see parse_config
+    # mixtures of experts (moe.py): Qwen3-MoE (Qwen3-30B-A3B), Qwen2-MoE (a shared expert beside
+    # the routed ones), Mixtral (every layer sparse, routing weights kept in float32)
+    "Qwen3MoeForCausalLM": dict(qkv_bias=None, qk_norm=True),
+    "Qwen2MoeForCausalLM": dict(qkv_bias=True, qk_norm=False),
+    "MixtralForCausalLM": dict(qkv_bias=False, qk_norm=False),
 }
+SLIDING_WINDOW_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,14 @@ class ModelArgs:
     eos_token_ids: tuple[int, ...]
     # Llama 3.1 rope scaling: (factor, low_freq_factor, high_freq_factor, original context); None: plain
     rope_llama3: tuple[float, float, float, int] | None = None
+    # mixture of experts (moe.py); num_experts 0: a dense model
+    num_experts: int = 0                    # routed experts of a sparse layer
+    experts_per_token: int = 0              # top-k
+    moe_intermediate_size: int = 0          # a routed expert's MLP width
+    norm_topk_prob: bool = False            # the top-k routing weights renormalised to sum to 1
+    sparse_layers: tuple[int, ...] = ()     # the layers whose MLP is the mixture (the others dense)
+    shared_expert_size: int = 0             # Qwen2-MoE: a shared expert's width, gated by a sigmoid (0: none)
+    router_float32: bool = False            # Mixtral: routing weights stay float32 in the weighted sum
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -44,11 +58,23 @@ class ModelArgs:
         """Weights of our module (fused projections, biases and norms included), in elements."""
         h, d = self.hidden_size, self.head_dim
         q, kv = self.num_heads * d, self.num_kv_heads * d
-        layer = (h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
-                 + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0)
-                 + (2 * self.intermediate_size + h if self.mlp_bias else 0) + (q + kv if self.qk_norm else 0))
+        attention = (h * (q + 2 * kv) + q * h + 2 * h + (q + 2 * kv if self.qkv_bias else 0)
+                     + (h if self.o_bias else 0) + (q + kv if self.qk_norm else 0))
+        dense = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h if self.mlp_bias else 0)
+        sparse = (self.num_experts * (h + 3 * h * self.moe_intermediate_size)
+                  + (3 * h * self.shared_expert_size + h if self.shared_expert_size else 0))
+        mlps = (self.num_layers - len(self.sparse_layers)) * dense + len(self.sparse_layers) * sparse
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.vocab_size * h + head + h + self.num_layers * layer
+        return self.vocab_size * h + head + h + self.num_layers * attention + mlps
+
+    @property
+    def widest_mlp(self) -> int:
+        """The most elements a layer's MLP computes per token at once: a dense layer's or the
+        shared expert's [gate | up] row, or a token's routed experts' rows (their [gate | up]
+        rows, then their outputs before the weighted sum)."""
+        dense = self.intermediate_size if len(self.sparse_layers) < self.num_layers else 0
+        routed = self.experts_per_token * max(2 * self.moe_intermediate_size, self.hidden_size)
+        return max(2 * dense, 2 * self.shared_expert_size, routed)
 
 
 def _eos_ids(value) -> tuple[int, ...]:
@@ -57,6 +83,34 @@ def _eos_ids(value) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,)
     return tuple(int(v) for v in value)
+
+
+def _moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
+    """A mixture of experts' ModelArgs fields from its config (nothing for a dense model)."""
+    # the experts' count: "num_experts" in Qwen's published configs, "num_local_experts" in
+    # Mixtral's and in what transformers 5 saves for either
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if arch == "MixtralForCausalLM":
+        experts, width, normalise, sparse = int(cfg["num_local_experts"]), int(cfg["intermediate_size"]), True, \
+            tuple(range(layers))
+    elif arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
+        if experts is None:
+            raise KeyError("num_experts")
+        experts, width = int(experts), int(cfg["moe_intermediate_size"])
+        normalise = bool(cfg.get("norm_topk_prob", False))
+        step, dense = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or ())
+        if step < 1:
+            raise ValueError(f"model: decoder_sparse_step must be >= 1 in {source}, got {step}")
+        sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
+    else:
+        return {}
+    k = int(cfg["num_experts_per_tok"])
+    if sparse and not 1 <= k <= experts:
+        raise ValueError(f"model: num_experts_per_tok must be in [1, {experts}] (the experts) in {source}, got {k}")
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
+    return dict(num_experts=experts if sparse else 0, experts_per_token=k if sparse else 0,
+                moe_intermediate_size=width if sparse else 0, norm_topk_prob=normalise, sparse_layers=sparse,
+                shared_expert_size=shared if sparse else 0, router_float32=arch == "MixtralForCausalLM")
 
 
 def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
@@ -84,7 +138,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
         if cfg.get("use_sliding_window"):
             raise ValueError(f"model: use_sliding_window=true in {source} is not supported")
         max_pos = int(cfg.get("max_position_embeddings", 2048))
-        window = cfg.get("sliding_window") if arch == "MistralForCausalLM" else None
+        window = cfg.get("sliding_window") if arch in SLIDING_WINDOW_ARCHITECTURES else None
         if window is not None and 0 < int(window) < max_pos:
             # Mistral attends over its last ``sliding_window`` positions; within that many
             # positions that is full causal attention, so the context is capped there (exact)
@@ -113,6 +167,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             qk_norm=flags["qk_norm"],
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
             rope_llama3=llama3,
+            **_moe_fields(arch, cfg, int(cfg["num_hidden_layers"]), source),
         )
     except KeyError as e:
         raise ValueError(f"model: {source} is missing the field {e.args[0]!r}") from None

@@ -1,4 +1,5 @@
-"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral) over flattened tokens and a row KV cache.
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral, and their mixtures of experts:
+moe.py) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
@@ -11,11 +12,12 @@ from torch import nn
 
 from tailrl.kernels import AttentionMeta, Backend, Rope, RopeTables, select
 from tailrl.model.args import ModelArgs
+from tailrl.model.moe import SparseMoe
 from tailrl.model.rope import rope_table
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelArgs, sparse: bool = False):
         super().__init__()
         self.a = a
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
@@ -25,8 +27,9 @@ class DecoderLayer(nn.Module):
         # q/k norm weights stacked per head: [H + KV, D] (Qwen3); None elsewhere.
         self.qk_norm = nn.Parameter(torch.ones(a.num_heads + a.num_kv_heads, a.head_dim)) if a.qk_norm else None
         self.post_norm = nn.Parameter(torch.ones(a.hidden_size))
-        self.gate_up = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
-        self.down = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
+        self.moe = SparseMoe(a) if sparse else None          # a mixture of experts' layer, else the dense MLP
+        self.gate_up = None if sparse else nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
+        self.down = None if sparse else nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None, kernels: Backend, rope: Rope, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,6 +54,8 @@ class DecoderLayer(nn.Module):
             qkv = torch.cat([qk.view(n, -1), qkv[:, nqk * a.head_dim:]], dim=1)
             att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
         x, h = kernels.add_rms_norm(x, kernels.linear(att, self.o.weight, self.o.bias), self.post_norm, a.rms_norm_eps)
+        if self.moe is not None:
+            return x, self.moe(h, kernels)
         gate_up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias)   # [N, 2I]
         return x, kernels.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
 
@@ -60,7 +65,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = a
         self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(a) for _ in range(a.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers) for i in range(a.num_layers))
         self.norm = nn.Parameter(torch.ones(a.hidden_size))
         self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
         self.to(dtype)
@@ -96,8 +101,12 @@ class Transformer(nn.Module):
     def linears(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(weight, bias) of every product ``forward`` and ``logits`` compute."""
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return [(m.weight, m.bias) for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] \
-            + [(head, None)]
+        out = []
+        for layer in self.layers:
+            out += [(m.weight, m.bias) for m in (layer.qkv, layer.o, layer.gate_up, layer.down) if m is not None]
+            if layer.moe is not None:
+                out += layer.moe.linears()
+        return out + [(head, None)]
 
     def prepare_kernels(self) -> None:
         """Let the backend decide per weight now what it would decide in the first step."""
@@ -132,6 +141,9 @@ class Transformer(nn.Module):
             if layer.qk_norm is not None:
                 layer.qk_norm[:a.num_heads] = get(att + "q_norm.weight")
                 layer.qk_norm[a.num_heads:] = get(att + "k_norm.weight")
+            if layer.moe is not None:
+                layer.moe.load_hf(sd, p)
+                continue
             mlp = p + "mlp."
             layer.gate_up.weight.copy_(torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]))
             layer.down.weight.copy_(get(mlp + "down_proj.weight"))

@@ -15,6 +15,9 @@ VARIANTS = {
     "qwen3": ("qwen3", {}),
     "llama_mha": ("llama", dict(num_kv_heads=4)),
     "mistral": ("mistral", {}),
+    "qwen3_moe": ("qwen3_moe", {}),
+    "qwen2_moe": ("qwen2_moe", {}),
+    "mixtral": ("mixtral", {}),
 }
 
 

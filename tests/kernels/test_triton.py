@@ -21,6 +21,8 @@ from tailrl.model.rope import rope_table  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL_POOL = dict(kv_cache_gib=0.25)         # a small pool: several engines share one GPU in a test
 H, KV, D = 4, 2, 32
+# slow under the interpreter (a mixture of experts' graph steps: ~2 min), quick on a GPU
+SLOW_HERE = pytest.mark.slow if DEVICE == "cpu" else ()
 
 
 def step(rows_queries, n_blocks: int, seed: int):
@@ -258,10 +260,13 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch)
 
 
 @pytest.mark.parametrize("arch,kw", [("qwen3", {}), ("llama", {}),
-                                     ("qwen2", dict(tie=True, num_heads=8, num_kv_heads=2))])
+                                     ("qwen2", dict(tie=True, num_heads=8, num_kv_heads=2)),
+                                     ("qwen3_moe", {}), ("mixtral", {}),
+                                     pytest.param("qwen2_moe", {}, marks=SLOW_HERE)])
 def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arch, kw):
-    """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases)
-    and a tied Qwen2 with 4 queries per K/V head: float32 sampled tokens through the Triton
+    """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases),
+    a tied Qwen2 with 4 queries per K/V head, and mixtures of experts (their products grouped by
+    expert on the device: kernels/gpu/experts.py): float32 sampled tokens through the Triton
     kernels equal the native CPU kernels', as the Qwen2 checkpoint's above."""
     from tailrl import LLM, SamplingParams
     path = ckpt_dir(arch, init_std=1.0, **kw)
@@ -300,8 +305,10 @@ def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(ckpt_di
     assert m["rollout/spec_accepted_tokens"] > 0 and m["rollout/ahead_follow_hits"] > 0
 
 
-def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkeypatch):
-    """bfloat16 through the Triton kernels (the batch-invariant matmul included): speculation
+@pytest.mark.parametrize("arch", ["qwen2", pytest.param("qwen3_moe", marks=SLOW_HERE)])
+def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkeypatch, arch):
+    """bfloat16 through the Triton kernels (the batch-invariant matmul included; a mixture of
+    experts' products grouped on the device): speculation
     gives plain decoding's tokens and logprobs bit for bit, and a rollout whose decode and
     verify steps replay graphs (CUDA graphs on a GPU; on a CPU the same static, padded inputs
     run eagerly) gives the eager rollout's;
@@ -314,7 +321,7 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkey
     from tailrl.engine.graph_pool import GraphPool, cuda_capture, eager_capture
     from tailrl.engine.graphs import StepGraphs
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
-    path = ckpt_dir("qwen2", init_std=3.0)
+    path = ckpt_dir(arch, init_std=3.0)
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
@@ -331,6 +338,35 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkey
     e.begin_rollout()
     assert run(llm) == want
     assert llm.last_metrics["graphs/replayed_steps"] > 0 and llm.last_metrics["graphs/eager_steps"] == 0
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_experts_grouped_on_the_device_match_the_reference_and_a_token_alone(dtype, tol):
+    """The routed products grouped by expert (kernels/gpu/experts.py): every (token, j) pair in
+    exactly one used block of its expert, the result the definition's (float64 reference,
+    relative to the output's scale) and a token's bits alone equal to its bits among 40 tokens."""
+    from tailrl.kernels.gpu import experts as ex
+    from tailrl.model.moe import route
+    g = torch.Generator().manual_seed(0)
+    e, h, i, k = 8, 64, 48, 3
+    x = torch.randn(40, h, generator=g).to(dtype=dtype, device=DEVICE)
+    router = (0.3 * torch.randn(e, h, generator=g)).to(dtype=dtype, device=DEVICE)
+    gate_up = (0.2 * torch.randn(e, 2 * i, h, generator=g)).to(dtype=dtype, device=DEVICE)
+    down = (0.2 * torch.randn(e, h, i, generator=g)).to(dtype=dtype, device=DEVICE)
+    ids, w = route(TRITON.linear(x, router), k, True, False)
+    pairs, expert, start, count = (t.cpu() for t in ex.expert_blocks(ids, e))
+    flat, seen = ids.reshape(-1).cpu(), []
+    for b in range(len(count)):
+        got = pairs[start[b]:start[b] + count[b]].tolist()
+        assert all(flat[p] == expert[b] for p in got)
+        seen += got
+    assert sorted(seen) == list(range(len(flat))) and len(count) == -(-len(flat) // ex.BM) + e
+    got = TRITON.experts(x, gate_up, down, ids, w).cpu()
+    ref = REFERENCE.experts(*(t.double().cpu() for t in (x, gate_up, down)), ids.cpu(), w.double().cpu())
+    assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
+    for t in (0, 7, 39):
+        ids1, w1 = route(TRITON.linear(x[t:t + 1], router), k, True, False)
+        assert torch.equal(TRITON.experts(x[t:t + 1], gate_up, down, ids1, w1).cpu()[0], got[t])
 
 
 @pytest.mark.parametrize("k,n", [(96, 80), (1280, 40), (130, 33)])

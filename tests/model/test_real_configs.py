@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 import transformers
-from real_configs import REAL_CONFIGS, make_real_checkpoint
+from real_configs import REAL_CONFIGS, REAL_MOE_CONFIGS, make_real_checkpoint
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.config import EngineConfig
@@ -132,3 +132,30 @@ def test_parameter_count_is_the_modules(name):
     args = parse_config(dict(REAL_CONFIGS[name], num_hidden_layers=2, vocab_size=1000))
     model = Transformer(args, 16, dtype=torch.bfloat16)
     assert args.num_parameters == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(REAL_MOE_CONFIGS))
+def test_a_mixture_of_experts_counts_its_published_size_and_its_gpu_budget(name, monkeypatch):
+    """Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B and Mixtral-8x7B's published configs: the parameter count
+    (what a GPU budget subtracts) is our module's (its layers built on the meta device: no memory;
+    untied embedding and head, the final norm) and the published total; on an 80 GiB device
+    (faked) at gpu_memory_utilization 0.9 the first two leave the KV cache what the weights
+    leave, and Mixtral-8x7B (93 GB of bfloat16 weights) is a ValueError naming the knob, not an
+    out-of-memory error later."""
+    from tailrl.model.transformer import DecoderLayer
+    cfg, billions = REAL_MOE_CONFIGS[name]
+    args = parse_config(cfg)
+    assert args.num_experts > 0 and len(args.sparse_layers) == args.num_layers
+    assert args.num_parameters == pytest.approx(billions * 1e9, rel=0.01)
+    with torch.device("meta"):
+        layer = sum(p.numel() for p in DecoderLayer(args, sparse=True).parameters())
+    assert args.num_parameters == args.num_layers * layer + (2 * args.vocab_size + 1) * args.hidden_size
+    monkeypatch.setattr(kv_budget, "device_memory", lambda device: (80 * GiB, 80 * GiB))
+    cfg_gpu = EngineConfig(model="unused", device="cuda", gpu_memory_utilization=0.9)
+    if args.num_parameters * 2 > 72 * GiB:
+        with pytest.raises(ValueError, match="gpu_memory_utilization"):
+            size_kv(args, cfg_gpu, 2)
+        return
+    spare = 72 * GiB - args.num_parameters * 2 - kv_budget.step_activation_bytes(args, cfg_gpu, 2) \
+        - cfg_gpu.cuda_graph_gib * GiB
+    assert size_kv(args, cfg_gpu, 2)[0] == int(spare // (args.kv_bytes_per_token * 2)) > 0

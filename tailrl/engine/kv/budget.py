@@ -43,7 +43,7 @@ def device_memory(device: str) -> tuple[int, int] | None:
 def step_activation_bytes(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> int:
     """A generous bound on one step's activations: per token of ``max_num_batched_tokens``, the
     float32 logits row and eight of the widest hidden rows in the model's dtype."""
-    widest = max(args.hidden_size, 2 * args.intermediate_size, (args.num_heads + 2 * args.num_kv_heads) * args.head_dim)
+    widest = max(args.hidden_size, args.widest_mlp, (args.num_heads + 2 * args.num_kv_heads) * args.head_dim)
     return config.max_num_batched_tokens * (4 * args.vocab_size + 8 * widest * elem_bytes)
 
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from tailrl.kernels.backend import Backend, Rope, RopeTables
-from tailrl.kernels.gpu import matmul, stock
+from tailrl.kernels.backend import Backend, Rope, RopeTables, combine_experts
+from tailrl.kernels.gpu import experts, matmul, stock
 from tailrl.kernels.gpu.activation import silu_mul_kernel
 from tailrl.kernels.gpu.arrivals import counters
 from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
@@ -212,6 +212,22 @@ class TritonBackend(Backend):
                 or self._product(gate_up, weight) != "triton":
             return super().silu_mul_linear(gate_up, weight, bias)
         return matmul.linear(gate_up, weight, bias, act=True)
+
+    captures_experts = True
+
+    def experts(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+        """Grouped by expert on the device (experts.py: no host synchronisation, so graph steps
+        capture it): the [gate | up] products of each (token, j) pair, the activation, the down
+        products, then the weighted sum in order (``combine_experts``)."""
+        if x.dim() != 2 or x.dtype not in DTYPES or x.stride(-1) != 1 or gate_up.dtype != x.dtype \
+                or not (gate_up.is_contiguous() and down.is_contiguous()):
+            return super().experts(x, gate_up, down, ids, weights)
+        t, k = ids.shape
+        blocks = experts.expert_blocks(ids, gate_up.shape[0])
+        gu = experts.expert_products(x, gate_up, blocks, t * k, k)
+        ys = experts.expert_products(self.silu_mul(gu), down, blocks, t * k, 1)
+        return combine_experts(ys.view(t, k, -1), weights)
 
     # ---- the sampler's row sums: one program per row, in order (scan.py) ----------------------
     def _scan(self, x: torch.Tensor, exp: bool, write: bool, out: torch.Tensor | None = None):
