@@ -87,30 +87,31 @@ def _eos_ids(value) -> tuple[int, ...]:
 
 def _moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
     """A mixture of experts' ModelArgs fields from its config (nothing for a dense model)."""
+    if arch not in ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
+        return {}
+    mixtral = arch == "MixtralForCausalLM"
     # the experts' count: "num_experts" in Qwen's published configs, "num_local_experts" in
     # Mixtral's and in what transformers 5 saves for either
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))
-    if arch == "MixtralForCausalLM":
-        experts, width, normalise, sparse = int(cfg["num_local_experts"]), int(cfg["intermediate_size"]), True, \
-            tuple(range(layers))
-    elif arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
-        if experts is None:
-            raise KeyError("num_experts")
-        experts, width = int(experts), int(cfg["moe_intermediate_size"])
+    if experts is None:
+        raise KeyError("num_local_experts" if mixtral else "num_experts")
+    experts = int(experts)
+    if mixtral:
+        width, normalise, sparse = int(cfg["intermediate_size"]), True, tuple(range(layers))
+    else:
+        width = int(cfg["moe_intermediate_size"])
         normalise = bool(cfg.get("norm_topk_prob", False))
         step, dense = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or ())
         if step < 1:
             raise ValueError(f"model: decoder_sparse_step must be >= 1 in {source}, got {step}")
         sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
-    else:
-        return {}
     k = int(cfg["num_experts_per_tok"])
     if sparse and not 1 <= k <= experts:
         raise ValueError(f"model: num_experts_per_tok must be in [1, {experts}] (the experts) in {source}, got {k}")
     shared = int(cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
     return dict(num_experts=experts if sparse else 0, experts_per_token=k if sparse else 0,
                 moe_intermediate_size=width if sparse else 0, norm_topk_prob=normalise, sparse_layers=sparse,
-                shared_expert_size=shared if sparse else 0, router_float32=arch == "MixtralForCausalLM")
+                shared_expert_size=shared if sparse else 0, router_float32=mixtral)
 
 
 def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:

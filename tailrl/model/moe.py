@@ -14,6 +14,8 @@ time.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -71,16 +73,12 @@ class SparseMoe(nn.Module):
         return out
 
     @torch.no_grad()
-    def load_hf(self, sd: dict[str, torch.Tensor], p: str) -> None:
+    def load_hf(self, sd: dict[str, torch.Tensor], get: Callable[[str], torch.Tensor], p: str) -> None:
         """From a layer's Hugging Face tensors (prefix ``p``: "model.layers.{i}."): as saved on
         disk (one tensor per expert and projection: ``mlp.experts.{e}.gate_proj.weight``, Mixtral's
         ``block_sparse_moe.experts.{e}.w1.weight``) or as a trainer's module holds them
-        (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj``)."""
-        def get(name: str) -> torch.Tensor:
-            if name not in sd:
-                raise ValueError(f"model: weights are missing the tensor {name!r}")
-            return sd[name]
-
+        (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj``). ``get``: the
+        tensor of a name, or a ValueError naming it (``Transformer.load_hf_state_dict``'s)."""
         mixtral = p + "block_sparse_moe.gate.weight" in sd
         mlp = p + ("block_sparse_moe." if mixtral else "mlp.")
         self.router.copy_(get(mlp + "gate.weight"))

@@ -142,7 +142,7 @@ class Transformer(nn.Module):
                 layer.qk_norm[:a.num_heads] = get(att + "q_norm.weight")
                 layer.qk_norm[a.num_heads:] = get(att + "k_norm.weight")
             if layer.moe is not None:
-                layer.moe.load_hf(sd, p)
+                layer.moe.load_hf(sd, get, p)
                 continue
             mlp = p + "mlp."
             layer.gate_up.weight.copy_(torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]))

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tailrl.kernels.gpu.matmul import WIDEN
+from tailrl.kernels.gpu.matmul import WIDEN, dot_add
 
 BM, BN, BK, WARPS, STAGES = 16, 64, 128, 4, 3
 
@@ -47,12 +47,7 @@ def expert_rows_kernel(x_ptr, w_ptr, y_ptr, pairs_ptr, expert_ptr, start_ptr, co
             x = tl.load(x_ptr + src[:, None] * x_s0 + kk[None, :], mask=ok_m[:, None] & (kk[None, :] < K), other=0.0)
             w = tl.load(w_ptr + e * w_se + rn[None, :] * w_s0 + kk[:, None],
                         mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
-            if WIDEN:
-                acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-            elif IEEE:
-                acc += tl.dot(x, w, input_precision="ieee")
-            else:
-                acc += tl.dot(x, w)
+            acc = dot_add(acc, x, w, IEEE, WIDEN)
         tl.store(y_ptr + pair[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=ok_m[:, None] & (rn[None, :] < N))
 

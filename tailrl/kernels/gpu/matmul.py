@@ -95,12 +95,21 @@ def range_sum(x_ptr, w_ptr, rm, rn, M, N, K, k0, k1, x_s0, w_s0,
             up = tl.load(x_ptr + rm[:, None] * x_s0 + K + kk[None, :], mask=xmask, other=0.0)
             x = silu_times(x, up, x_ptr.dtype.element_ty)
         w = tl.load(w_ptr + rn[None, :] * w_s0 + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < k1), other=0.0)
-        if WIDEN:
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        elif IEEE:
-            acc += tl.dot(x, w, input_precision="ieee")
-        else:
-            acc += tl.dot(x, w)
+        acc = dot_add(acc, x, w, IEEE, WIDEN)
+    return acc
+
+
+@triton.jit
+def dot_add(acc, x, w, IEEE: tl.constexpr, WIDEN: tl.constexpr):
+    """acc + x @ w, float32 sums: float32 FMA dots where ``IEEE`` (float32 operands), the tiles
+    widened first under the interpreter (``WIDEN``), else the dtype's tensor-core dot. Inlined
+    where it is called: the same instructions as the add written there."""
+    if WIDEN:
+        acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        acc += tl.dot(x, w, input_precision="ieee")
+    else:
+        acc += tl.dot(x, w)
     return acc
 
 
