@@ -37,7 +37,8 @@ def train_main(argv: list[str]) -> int:
         return 2
     spec = trainer.llm.speculative              # with an online drafter: hybrid
     print(f"model {trainer.model_dir} | {len(trainer.prompts)} prompts | batch {cfg.batch_size} x {cfg.group_size} | "
-          f"speculation {'on (' + spec.method + ', ' + spec.policy + ')' if spec else 'off'} | out {cfg.output_dir}")
+          f"speculation {'on (' + spec.method + ', ' + spec.policy + ')' if spec else 'off'} | "
+          f"update {cfg.train_dtype}{' in bfloat16 autocast' if trainer.autocast else ''} | out {cfg.output_dir}")
     trainer.train(log_fn=print)
     from tailrl.rl.report import load_metrics
     rows = load_metrics(cfg.output_dir)

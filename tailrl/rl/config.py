@@ -68,7 +68,8 @@ class TrainConfig:
     device: str = "cpu"                   # the engine's, the scorer's and the update's: "cpu", "cuda" or "cuda:N"
     gpu_memory_utilization: float = 0.5   # on a GPU: the engine's share (weights, K/V, graphs); the rest trains
     train_dtype: str = "float32"          # policy dtype for the update (weights, gradients, AdamW)
-    autocast: bool = True                 # the update's forward and backward in bfloat16 autocast (float32 policy)
+    autocast: bool | str = "auto"         # the update's forward and backward in bfloat16 autocast (float32 policy):
+                                          # true, false or "auto" (on a GPU and an AVX512 CPU; off where emulated)
     num_threads: int | None = None        # torch threads (None = as many as other processes leave free)
     # ---- learned drafter (TLT): trained online by the spot trainer, drafts next to suffix drafts ----
     drafter: bool = False                 # on: speculative method becomes hybrid (drafter: stays drafter)
@@ -139,8 +140,9 @@ class TrainConfig:
                self.loss_agg_mode)
         _check(self.old_logprobs in ("recompute", "engine"), "old_logprobs", "must be 'recompute' or 'engine'",
                self.old_logprobs)
-        for key in ("exact_logprobs", "autocast"):
-            _check(isinstance(getattr(self, key), bool), key, "must be true or false", getattr(self, key))
+        _check(isinstance(self.exact_logprobs, bool), "exact_logprobs", "must be true or false", self.exact_logprobs)
+        _check(isinstance(self.autocast, bool) or self.autocast == "auto", "autocast", "must be true, false or 'auto'",
+               self.autocast)
 
     def _check_run(self) -> None:
         """Sampling, the engine, the pool, checkpoints, speculation."""

@@ -13,6 +13,28 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
+def native_bf16(device: torch.device | str) -> bool:
+    """Whether bfloat16 matmuls run at least as fast as float32 on ``device``: on a GPU, and on
+    an x86 CPU with AVX512 (oneDNN's bfloat16 kernels; AVX512-BF16 and AMX among them). On an
+    AVX2-only CPU PyTorch's bfloat16 matmul was 6-8x slower than float32 (2,048 x 256 x 1,024:
+    87 vs 13 ms, AMD EPYC znver3, torch 2.13), and the demo's update 40-85 s a step against
+    1-4 s without autocast; elsewhere (ARM, other CPUs) it has not been measured: off."""
+    if torch.device(device).type != "cpu":
+        return True
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+def resolve_autocast(setting: bool | str, device: torch.device | str) -> bool:
+    """The config's ``autocast`` (true, false or "auto") as a decision for ``device``; "auto"
+    is on where bfloat16 is native (``native_bf16``). Logged, since it shapes the update."""
+    on = native_bf16(device) if setting == "auto" else bool(setting)
+    why = "" if setting != "auto" else (" (bfloat16 native here)" if on else
+                                         f" (CPU capability {torch.backends.cpu.get_cpu_capability()}: "
+                                         "bfloat16 matmuls are emulated, slower than float32)")
+    log.info("policy update: bfloat16 autocast %s%s", "on" if on else "off", why)
+    return on
+
+
 def load_policy(model_dir: str, dtype: str = "float32", attn_implementation: str = "eager") -> torch.nn.Module:
     """Eager attention: for the update's short sequences it is the fastest on CPU (the demo's
     update, bfloat16 autocast: SDPA's CPU flash kernel 0.21 s forward + 0.52 s backward, eager

@@ -29,7 +29,7 @@ from tailrl.rl.config import RESUMABLE_CHANGES, TrainConfig
 from tailrl.rl.data import Prompt, RewardFn, batch_indices, compute_rewards, load_dataset, resolve_reward
 from tailrl.rl.grpo import group_advantages, grpo_loss
 from tailrl.rl.metrics import MetricsLogger, console_line
-from tailrl.rl.policy import frozen_copy, hf_state_dict, load_policy, response_logprobs, with_values
+from tailrl.rl.policy import frozen_copy, hf_state_dict, load_policy, resolve_autocast, response_logprobs, with_values
 from tailrl.threads import use_threads
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class Trainer:
             raise ValueError(f"--resume: no checkpoint under {Path(cfg.output_dir) / 'checkpoints'}")
         self.policy = load_policy(str(start_dir or self.model_dir), cfg.train_dtype).to(cfg.device)
         self.ref = frozen_copy(self.policy) if cfg.kl_coef > 0 else None
+        self.autocast = resolve_autocast(cfg.autocast, cfg.device)   # "auto": where bfloat16 is native
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # a pool when configured: weights go to every instance after each update (load_weights),
         # and the history policy reads the lengths that each generate records in llm.history
@@ -186,7 +187,7 @@ class Trainer:
         now: bit for bit what the rollout reported in bfloat16) and their gradient the policy's
         own forward's."""
         cfg = self.cfg
-        logp, mask = response_logprobs(self.policy, prompts, responses, cfg.temperature, self.pad_id, cfg.autocast)
+        logp, mask = response_logprobs(self.policy, prompts, responses, cfg.temperature, self.pad_id, self.autocast)
         if self.scorer is None:
             return logp, mask
         if exact is None:
@@ -276,7 +277,7 @@ class Trainer:
             return None
         with torch.no_grad():
             return response_logprobs(self.ref, prompts, responses, self.cfg.temperature, self.pad_id,
-                                     self.cfg.autocast)[0]
+                                     self.autocast)[0]
 
     def _exact_values(self, first: bool, rows: list[int], prompts: list[list[int]], responses: list[list[int]],
                       old_logp: list[list[float]]) -> tuple[dict[int, list[float]] | None, float | None]:
@@ -310,7 +311,7 @@ class Trainer:
         with torch.no_grad():
             for mb in self.micro_batches(list(range(len(responses))), lengths):
                 lp, _ = response_logprobs(self.policy, [prompts[i] for i in mb], [responses[i] for i in mb],
-                                          cfg.temperature, self.pad_id, cfg.autocast)
+                                          cfg.temperature, self.pad_id, self.autocast)
                 for k, i in enumerate(mb):
                     before[i] = lp[k, : len(responses[i])].tolist()
         return before

@@ -24,7 +24,7 @@ def test_unknown_yaml_key_is_named(tmp_path):
                                        ("train_size", 2), ("ppo_minibatches", 3), ("task_family", "chess"),
                                        ("dataset", "data.csv"), ("reward", "nope"), ("gpu_memory_utilization", 0),
                                        ("gpu_memory_utilization", 1.5), ("drafter_spot_stream", "beside"),
-                                       ("repetition_penalty", 0), ("min_p", 2)])
+                                       ("repetition_penalty", 0), ("min_p", 2), ("autocast", "maybe")])
 def test_bad_value_names_the_key(tmp_path, key, value):
     cfg = write(tmp_path / "c.yaml", f"batch_size: 4\n{key}: {json.dumps(value)}\n")
     with pytest.raises(ValueError, match=f"'{key}'"):

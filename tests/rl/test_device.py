@@ -12,7 +12,7 @@ from tailrl import LLM, EngineConfig
 from tailrl.config import require_device
 from tailrl.rl.config import TrainConfig
 from tailrl.rl.grpo import grpo_loss
-from tailrl.rl.policy import frozen_copy, load_policy, response_logprobs
+from tailrl.rl.policy import frozen_copy, load_policy, resolve_autocast, response_logprobs
 from tailrl.rl.trainer import pad_rows
 
 NO_CUDA = not torch.cuda.is_available()
@@ -48,3 +48,16 @@ def test_device_values_are_checked():
         with pytest.raises(ValueError, match="device"):
             TrainConfig(device=bad)
     assert TrainConfig(device="cuda", drafter=True).drafter      # the learned drafter follows the device
+
+
+@pytest.mark.parametrize("capability,on", [("AVX512", True), ("AVX512_BF16", True), ("AVX2", False),
+                                           ("DEFAULT", False), ("NO AVX", False)])
+def test_auto_autocast_is_on_where_bfloat16_is_native(monkeypatch, capability, on):
+    """``autocast: auto`` (the default): the update in bfloat16 autocast on a GPU and on an
+    AVX512 CPU; off where PyTorch emulates bfloat16 matmuls (AVX2-only: 6-8x slower than
+    float32). An explicit true or false is kept on every device."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert resolve_autocast("auto", "cpu") is on
+    assert resolve_autocast("auto", "cuda") is True
+    assert resolve_autocast(True, "cpu") is True and resolve_autocast(False, "cuda") is False
+    assert TrainConfig(autocast="auto").autocast == "auto"
