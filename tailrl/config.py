@@ -8,6 +8,8 @@ import math
 import os
 from dataclasses import dataclass, fields
 
+MAX_LOGPROBS = 20       # vLLM's default max_logprobs: the most alternatives per output token
+
 
 def _check(cond: bool, name: str, msg: str, value) -> None:
     if not cond:
@@ -69,10 +71,11 @@ class SamplingParams:
     frequency_penalty: float = 0.0   # subtracted once per occurrence in the output
     min_p: float = 0.0               # in [0, 1]: tokens less probable than min_p x the top token's dropped
     min_tokens: int = 0              # EOS, stop tokens and stop strings cannot end the output before this many
-    # vLLM's output settings: the sampled token's log-probability is always returned (``logprobs``
-    # None, 0 or 1; top-N alternatives are not computed); the text decoded (``detokenize``) without
-    # special tokens (``skip_special_tokens``), cut before a stop string that ended it unless
-    # ``include_stop_str_in_output``
+    # vLLM's output settings: the sampled token's log-probability is always returned; ``logprobs``
+    # N in 1..20 adds, per output token, its N most probable tokens and the sampled one, ranked
+    # (``CompletionOutput.top_logprobs``; engine/top_logprobs.py); the text decoded (``detokenize``)
+    # without special tokens (``skip_special_tokens``), cut before a stop string that ended it
+    # unless ``include_stop_str_in_output``
     logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
@@ -104,9 +107,9 @@ class SamplingParams:
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]", self.min_p)
         _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                "must be an integer in [0, max_tokens]", self.min_tokens)
-        _check(self.logprobs in (None, 0, 1) and not isinstance(self.logprobs, bool), "logprobs",
-               "must be None, 0 or 1 (the sampled token's log-probability is always returned; top-N "
-               "alternatives are not computed)", self.logprobs)
+        _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                         and 0 <= self.logprobs <= MAX_LOGPROBS), "logprobs",
+               f"must be None or an integer in [0, {MAX_LOGPROBS}] (alternatives per output token)", self.logprobs)
         for name in ("detokenize", "skip_special_tokens", "include_stop_str_in_output"):
             _check(isinstance(getattr(self, name), bool), name, "must be true or false", getattr(self, name))
         _check(self.detokenize or not self.stop, "stop", "stop strings need detokenize=True", self.stop)

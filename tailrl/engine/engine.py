@@ -14,6 +14,7 @@ import time
 import torch
 
 from tailrl.config import AHEAD_ABOVE, EngineConfig, SpeculativeConfig, device_scope, require_device
+from tailrl.engine import top_logprobs
 from tailrl.engine.ahead import HandOut, Launched, feed, placeholders, settle
 from tailrl.engine.ahead_drafts import AheadDrafts
 from tailrl.engine.batch import Batch, ModelRunner
@@ -96,6 +97,7 @@ class LLMEngine:
         self.step_log: list[dict] | None = None
         self._stops: StopStrings | None = None      # requests' stop strings (loaded on first use)
         self._processing: set[str] = set()          # requests whose logits are processed (logits_process.py)
+        self._alternatives: set[str] = set()        # requests that ask for top logprobs (top_logprobs.py)
         self._rollout_start = self.metrics.snapshot()
         self._graphs_start = self._graph_stats()
 
@@ -150,6 +152,8 @@ class LLMEngine:
             req.stop_check = self._stop_strings()
         if req.params.processes:
             self._processing.add(req.request_id)
+        if top_logprobs.wants(req.params):
+            self._alternatives.add(req.request_id)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         if self.speculator is not None:
@@ -253,8 +257,10 @@ class LLMEngine:
     def _step(self) -> list[Request]:
         if self.threads is not None:
             self.threads.tick()
-        if self._processing and self.ahead_drafts is not None:   # processed logits, rows drafting ahead:
-            if self._launched is not None:                         # one step at a time
+        # processed logits with rows drafting ahead, or top logprobs (read from a step's logits
+        # after its commit): one step at a time
+        if (self._processing and self.ahead_drafts is not None) or self._alternatives:
+            if self._launched is not None:
                 step, self._launched = self._launched, None
                 return self._settle(step)
             return self._step_one()
@@ -280,7 +286,8 @@ class LLMEngine:
         plain = self.choice is not None and self.choice.plain()           # the way measured faster
         drafts = {} if plain else self._propose(sched)                     # 2. propose drafts
         clock.append(time.perf_counter())
-        batch = self.runner.build(sched.rows, drafts, processed=bool(self._processing))  # 3. one batched forward
+        # 3. one batched forward (sampled outside a graph where some row reads its logits after)
+        batch = self.runner.build(sched.rows, drafts, processed=bool(self._processing or self._alternatives))
         clock.append(time.perf_counter())
         # hidden states only when a source or collector reads them at this batch size (no extra forward)
         keep = self.speculator is not None and self.speculator.wants_hidden(len(sched.rows))
@@ -296,6 +303,8 @@ class LLMEngine:
             self.speculator.observe_hidden(computed, spans)
         handed = time.perf_counter()
         finished, accepted, emitted = self._commit(batch, tokens, logprobs)   # 5. verify, commit
+        if self._alternatives:
+            top_logprobs.attach(batch, logits)
         committed = time.perf_counter()
         if self.speculator is not None:                                    # 6. what the speculator learns
             self._observe(batch, emitted, hidden)
@@ -537,6 +546,7 @@ class LLMEngine:
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.scheduler.remove(req)
         self._processing.discard(req.request_id)
+        self._alternatives.discard(req.request_id)
         req.status = status
         req.finish_time = time.perf_counter()
         if self.speculator is not None:
@@ -556,6 +566,7 @@ class LLMEngine:
             kv = self.kv.export_row(req.row, req.num_computed_tokens)
         self.scheduler.remove(req)
         self._processing.discard(req.request_id)
+        self._alternatives.discard(req.request_id)
         spec = None
         if self.speculator is not None:
             spec = self.speculator.export_state(req)     # its drafts continue where it goes

@@ -17,7 +17,7 @@ import hashlib
 import os
 
 from tailrl.config import SamplingParams
-from tailrl.engine.outputs import CompletionOutput, RequestOutput
+from tailrl.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from tailrl.engine.request import Request
 from tailrl.engine.stop_strings import cut_text
 from tailrl.noise import mix
@@ -170,5 +170,17 @@ class InputProcessor:
             if p.stop and r.finish_reason == "stop":
                 decoded = cut_text(decoded, p.stop, keep=p.include_stop_str_in_output)
             out.outputs.append(CompletionOutput(r.index, decoded, list(r.output_token_ids),
-                                                list(r.output_logprobs), r.finish_reason))
+                                                list(r.output_logprobs), r.finish_reason, self.alternatives(r)))
         return out
+
+    def alternatives(self, r: Request) -> list[dict[int, Logprob]] | None:
+        """``CompletionOutput.top_logprobs`` of a finished request (None where it asked none)."""
+        if r.output_top_logprobs is None:
+            return [] if r.params.logprobs else None
+        text = self.tokenizer is not None and r.params.detokenize
+        names: dict[int, str | None] = {}
+        for entry in r.output_top_logprobs:
+            for t in entry:
+                if t not in names:
+                    names[t] = self.tokenizer.decode([t]) if text else None
+        return [{t: Logprob(lp, rank, names[t]) for t, (lp, rank) in entry.items()} for entry in r.output_top_logprobs]

@@ -42,6 +42,9 @@ class Request:
     length_prior: tuple = ()             # lengths its length is drawn from (speculative/critical.py)
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    # per output token, {token id: (log-probability, rank)} of its top ``params.logprobs`` and the
+    # sampled token, where the request asks (engine/top_logprobs.py); else None
+    output_top_logprobs: list[dict[int, tuple[float, int]]] | None = None
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0         # tokens whose K/V is in the cache
     row: int = -1                        # cache row while running, else -1

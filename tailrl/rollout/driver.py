@@ -173,6 +173,10 @@ class Rollout:
             req = self.reqs[self.index[d.request_id]]
             req.output_token_ids.extend(d.tokens)
             req.output_logprobs.extend(d.logprobs)
+            if d.top_logprobs is not None:
+                if req.output_top_logprobs is None:
+                    req.output_top_logprobs = []
+                req.output_top_logprobs.extend(d.top_logprobs)
             self.tokens += len(d.tokens)
             if d.finish_reason is not None:
                 req.status, req.finish_time = STATUS[d.finish_reason], time.perf_counter()

@@ -63,6 +63,7 @@ class Delta:
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str | None = None   # set when the engine finished it ("stop", "length")
+    top_logprobs: list[dict] | None = None   # where the request asks for them (engine/top_logprobs.py)
 
 
 @dataclass
@@ -215,6 +216,8 @@ class EngineWorker:
                 d = deltas.setdefault(rid, Delta(rid, [], []))
                 d.tokens.extend(out[seen:])
                 d.logprobs.extend(req.output_logprobs[seen:])
+                if req.output_top_logprobs is not None:
+                    d.top_logprobs = (d.top_logprobs or []) + req.output_top_logprobs[seen:]   # one report's
                 self.reported[rid] = len(out)
             if req.status.finished:
                 deltas.setdefault(rid, Delta(rid, [], [])).finish_reason = req.finish_reason

@@ -37,6 +37,7 @@ class ChoiceState:
         self.stop = [s for s in (stop or []) if s]
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
+        self.top: list[dict[int, tuple[float, int]]] = []   # per token, its alternatives (when asked)
         self.text = ""
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -57,7 +58,7 @@ class ChoiceState:
         return self.tokenizer.decode([tok]) if self.tokenizer is not None else f"token_id:{tok}"
 
     def feed(self, token_ids: list[int], logprobs: list[float], finish_reason: str | None,
-             error: str | None = None) -> bool:
+             error: str | None = None, top: list[dict] | None = None) -> bool:
         """Take an engine update. Returns True when a stop string ended this choice just now
         (the caller then aborts the engine request)."""
         if self.finished:
@@ -65,11 +66,13 @@ class ChoiceState:
         n0 = len(self.token_ids)
         self.token_ids += token_ids
         self.logprobs += logprobs
+        self.top += top or []
         if self.stop:
             j = _checker(self.tokenizer).first_end(self.token_ids, max(n0, self.min_tokens), self.stop)
             if j is not None:
                 del self.token_ids[j + 1:]
                 del self.logprobs[j + 1:]
+                del self.top[j + 1:]
                 self.text = cut_text(self.decode(self.token_ids), self.stop, keep=self.keep_stop)
                 self.finish_reason = "stop"
                 return True
@@ -91,8 +94,9 @@ class ChoiceState:
             self.text += now[len(before):]
             self._prefix, self._read = self._read, len(ids)
 
-    def take_delta(self) -> tuple[str, list[int], list[float]]:
-        """Text, tokens and logprobs not streamed yet (text held back as the module docstring says)."""
+    def take_delta(self) -> tuple[str, list[int], list[float], list[dict]]:
+        """Text, tokens, logprobs and alternatives not streamed yet (text held back as the module
+        docstring says)."""
         end = len(self.text)
         if not self.finished:
             if self.stop:
@@ -102,5 +106,6 @@ class ChoiceState:
         end = max(end, self.sent_text)
         delta = self.text[self.sent_text:end]
         toks, lps = self.token_ids[self.sent_tokens:], self.logprobs[self.sent_tokens:]
+        top = self.top[self.sent_tokens:]
         self.sent_text, self.sent_tokens = end, len(self.token_ids)
-        return delta, toks, lps
+        return delta, toks, lps, top

@@ -20,8 +20,9 @@ from tailrl.serve.loop import EngineLoop, Update
 _calls = itertools.count(1)
 
 
-def sampling_params(req, max_tokens: int, cfg: ServeConfig, inputs) -> SamplingParams:
-    """Engine ``SamplingParams`` from a request, with the server's limits; a 400 names the field."""
+def sampling_params(req, max_tokens: int, cfg: ServeConfig, inputs, alternatives: int = 0) -> SamplingParams:
+    """Engine ``SamplingParams`` from a request, with the server's limits; a 400 names the field.
+    ``alternatives``: the top logprobs asked per token (0: the sampled token's only)."""
     if not 1 <= req.n <= cfg.max_n:
         raise APIError(400, f"field 'n' must be in [1, {cfg.max_n}], got {req.n}", param="n")
     if not 1 <= max_tokens <= cfg.max_tokens_limit:
@@ -43,7 +44,7 @@ def sampling_params(req, max_tokens: int, cfg: ServeConfig, inputs) -> SamplingP
                                 frequency_penalty=float(req.frequency_penalty),
                                 repetition_penalty=float(req.repetition_penalty), min_p=float(req.min_p),
                                 min_tokens=req.min_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
-                                skip_special_tokens=req.skip_special_tokens)
+                                skip_special_tokens=req.skip_special_tokens, logprobs=alternatives or None)
         return inputs.sampling_params(params, 1)[0]
     except ValueError as e:
         field = str(e).split(" ", 1)[0]
@@ -102,7 +103,7 @@ class GenerationRun:
         stopped = []
         for u in updates:
             c = self._by_id[u.request_id]
-            if c.feed(u.token_ids, u.logprobs, u.finish_reason, u.error):
+            if c.feed(u.token_ids, u.logprobs, u.finish_reason, u.error, u.top_logprobs):
                 stopped.append(u.request_id)
             changed[c.index] = c
         self._loop.abort(stopped)

@@ -45,6 +45,7 @@ class Update:
     logprobs: list[float]
     finish_reason: str | None = None        # set once, on the sequence's last update
     error: str | None = None                # the engine failed; the sequence was aborted
+    top_logprobs: list[dict] | None = None  # per token, its alternatives (SamplingParams.logprobs >= 1)
 
 
 Sink = Callable[[list[Update]], None]
@@ -204,8 +205,10 @@ class EngineLoop:
                 if g.final_only and not done:
                     continue
                 if n > g.sent[j] or (done and not g.reported[j]):
+                    top = r.output_top_logprobs
                     updates.append(Update(r.request_id, r.output_token_ids[g.sent[j]:n],
-                                          r.output_logprobs[g.sent[j]:n], r.finish_reason if done else None))
+                                          r.output_logprobs[g.sent[j]:n], r.finish_reason if done else None,
+                                          top_logprobs=None if top is None else top[g.sent[j]:n]))
                     g.sent[j], g.reported[j] = n, done
             if all(g.reported):              # before the sink: a caller that got its last update
                 self._retire(g)              # finds the history recorded and the KV released

@@ -63,7 +63,7 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
     max_tokens: StrictInt = 16                      # OpenAI's default for completions
-    logprobs: StrictInt | None = None              # 0 or 1: only the sampled token's logprob exists
+    logprobs: StrictInt | None = None              # alternatives per token, 0..20 (0: the sampled token's only)
     echo: StrictBool = False
     suffix: StrictStr | None = None
     prompt_id: StrictStr | list[StrictStr] | None = None

@@ -2,8 +2,12 @@
 
 Each choice also carries ``token_ids`` (vLLM's extension): RL clients need the exact tokens,
 and text does not round-trip through a tokenizer. The logprob of every token is the target
-model's log-probability at the sampling temperature (see DESIGN.md); only the sampled token's
-logprob exists, so ``top_logprobs`` holds just that token.
+model's log-probability at the sampling temperature (see DESIGN.md). Asked for N alternatives
+(completions ``logprobs`` N, chat ``top_logprobs`` N, up to 20), a token's ``top_logprobs``
+hold its N most probable tokens under that distribution (engine/top_logprobs.py): in a
+completion a dict of text -> logprob with the sampled token too, as vLLM's; in a chat the N
+entries in rank order, as OpenAI's. Without alternatives a completion's dict holds the sampled
+token alone and a chat's list is empty.
 """
 from __future__ import annotations
 
@@ -22,38 +26,43 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-def completion_logprobs(c: ChoiceState, toks: list[int], lps: list[float], offset: int) -> dict:
+def completion_logprobs(c: ChoiceState, toks: list[int], lps: list[float], offset: int, top: list[dict]) -> dict:
     texts = [c.token_text(t) for t in toks]
     offsets, pos = [], offset
     for t in texts:
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": texts, "token_logprobs": list(lps), "top_logprobs": [{t: lp} for t, lp in zip(texts, lps)],
-            "text_offset": offsets}
+    alts = [{c.token_text(t): lp for t, (lp, _) in sorted(e.items(), key=lambda kv: kv[1][1])} for e in top] \
+        if top else [{t: lp} for t, lp in zip(texts, lps)]
+    return {"tokens": texts, "token_logprobs": list(lps), "top_logprobs": alts, "text_offset": offsets}
 
 
-def chat_logprobs(c: ChoiceState, toks: list[int], lps: list[float]) -> dict:
+def _chat_entry(c: ChoiceState, tok: int, lp: float) -> dict:
+    text = c.token_text(tok)
+    return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+
+def chat_logprobs(c: ChoiceState, toks: list[int], lps: list[float], top: list[dict], n: int) -> dict:
     content = []
-    for t, lp in zip(toks, lps):
-        text = c.token_text(t)
-        entry = {"token": text, "logprob": lp, "bytes": list(text.encode())}
-        content.append({**entry, "top_logprobs": [entry]})
+    for k, (t, lp) in enumerate(zip(toks, lps)):
+        ranked = sorted(top[k].items(), key=lambda kv: kv[1][1])[:n] if top else []
+        content.append({**_chat_entry(c, t, lp), "top_logprobs": [_chat_entry(c, a, v) for a, (v, _) in ranked]})
     return {"content": content}
 
 
 def completion_body(rid: str, model: str, choices: list[ChoiceState], usage: dict, logprobs: bool) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
-                         "logprobs": completion_logprobs(c, c.token_ids, c.logprobs, 0) if logprobs else None,
+                         "logprobs": completion_logprobs(c, c.token_ids, c.logprobs, 0, c.top) if logprobs else None,
                          "token_ids": c.token_ids} for c in choices],
             "usage": usage}
 
 
-def chat_body(rid: str, model: str, choices: list[ChoiceState], usage: dict, logprobs: bool) -> dict:
+def chat_body(rid: str, model: str, choices: list[ChoiceState], usage: dict, logprobs: bool, n: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                          "finish_reason": c.finish_reason,
-                         "logprobs": chat_logprobs(c, c.token_ids, c.logprobs) if logprobs else None,
+                         "logprobs": chat_logprobs(c, c.token_ids, c.logprobs, c.top, n) if logprobs else None,
                          "token_ids": c.token_ids} for c in choices],
             "usage": usage}
 
@@ -61,23 +70,23 @@ def chat_body(rid: str, model: str, choices: list[ChoiceState], usage: dict, log
 def completion_chunk(rid: str, model: str, c: ChoiceState, logprobs: bool) -> dict | None:
     """The chunk streaming what ``c`` gained since its last chunk, or None if nothing to send."""
     offset = c.sent_text
-    delta, toks, lps = c.take_delta()
+    delta, toks, lps, top = c.take_delta()
     if not delta and not toks and not c.finished:
         return None
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": c.index, "text": delta, "token_ids": toks,
                          "finish_reason": c.finish_reason,
-                         "logprobs": completion_logprobs(c, toks, lps, offset) if logprobs else None}]}
+                         "logprobs": completion_logprobs(c, toks, lps, offset, top) if logprobs else None}]}
 
 
-def chat_chunk(rid: str, model: str, c: ChoiceState, logprobs: bool, first: bool) -> dict | None:
-    delta, toks, lps = c.take_delta()
+def chat_chunk(rid: str, model: str, c: ChoiceState, logprobs: bool, first: bool, n: int = 0) -> dict | None:
+    delta, toks, lps, top = c.take_delta()
     if not delta and not toks and not c.finished and not first:
         return None
     msg = {"role": "assistant", "content": delta} if first else {"content": delta}
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
             "choices": [{"index": c.index, "delta": msg, "token_ids": toks, "finish_reason": c.finish_reason,
-                         "logprobs": chat_logprobs(c, toks, lps) if logprobs else None}]}
+                         "logprobs": chat_logprobs(c, toks, lps, top, n) if logprobs else None}]}
 
 
 def usage_chunk(rid: str, model: str, obj: str, usage: dict) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from tailrl.config import MAX_LOGPROBS
 from tailrl.serve import require
 from tailrl.serve import responses as R
 from tailrl.serve.errors import APIError, error_body
@@ -39,9 +40,9 @@ def add_routes(app, server) -> None:
         server.check_auth(request)
         req = parse(CompletionRequest, await server.read_json(request))
         server.check_model(req.model)
-        _zero_or_one(req.logprobs, "logprobs")
+        _alternatives(req.logprobs, "logprobs")
         ids = server.prompt_tokens(req.prompt_list())
-        params = sampling_params(req, req.max_tokens, server.cfg, server.inputs)
+        params = sampling_params(req, req.max_tokens, server.cfg, server.inputs, req.logprobs or 0)
         pids = req.prompt_id if not isinstance(req.prompt_id, str) else [req.prompt_id] * len(ids)
         groups = make_groups(server.inputs, ids, params, pids)
         run = server.start(groups, req.stop_list(), req.stream)
@@ -52,12 +53,14 @@ def add_routes(app, server) -> None:
         server.check_auth(request)
         req = parse(ChatCompletionRequest, await server.read_json(request))
         server.check_model(req.model)
-        _zero_or_one(req.top_logprobs, "top_logprobs")
+        _alternatives(req.top_logprobs, "top_logprobs")
+        if req.top_logprobs and not req.logprobs:
+            raise APIError(400, "field 'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         ids = server.chat_tokens(req)
         room = server.inputs.max_model_len - len(ids)
         max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None),
                           min(server.cfg.max_tokens_limit, room))
-        params = sampling_params(req, max_tokens, server.cfg, server.inputs)
+        params = sampling_params(req, max_tokens, server.cfg, server.inputs, req.top_logprobs or 0)
         groups = make_groups(server.inputs, [ids], params, None if req.prompt_id is None else [req.prompt_id])
         run = server.start(groups, req.stop_list(), req.stream)
         return await _respond(server, request, run, req, "chatcmpl", req.logprobs)
@@ -78,7 +81,8 @@ async def _respond(server, request, run: GenerationRun, req, kind: str, logprobs
     server.finish(run)
     if run.error:
         raise APIError(500, run.error)
-    body = (R.completion_body if kind == "cmpl" else R.chat_body)(rid, model, run.choices, run.usage(), logprobs)
+    body = (R.completion_body(rid, model, run.choices, run.usage(), logprobs) if kind == "cmpl"
+            else R.chat_body(rid, model, run.choices, run.usage(), logprobs, req.top_logprobs or 0))
     return responses.JSONResponse(body)
 
 
@@ -89,11 +93,11 @@ async def _stream(server, run: GenerationRun, req, rid: str, kind: str, logprobs
     try:
         if kind == "chatcmpl":                 # OpenAI sends the role first, before any content
             for c in run.choices:
-                yield R.sse(R.chat_chunk(rid, model, c, logprobs, first=True))
+                yield R.sse(R.chat_chunk(rid, model, c, logprobs, first=True, n=req.top_logprobs or 0))
         while not run.done:
             for c in await run.next():
                 chunk = (R.completion_chunk(rid, model, c, logprobs) if kind == "cmpl"
-                         else R.chat_chunk(rid, model, c, logprobs, first=False))
+                         else R.chat_chunk(rid, model, c, logprobs, first=False, n=req.top_logprobs or 0))
                 if chunk is not None:
                     yield R.sse(chunk)
         if run.error:
@@ -106,8 +110,7 @@ async def _stream(server, run: GenerationRun, req, rid: str, kind: str, logprobs
         server.finish(run)
 
 
-def _zero_or_one(value: int | None, field: str) -> None:
-    """Only the sampled token's logprob exists: a request may ask for it (1) or not (0)."""
-    if value is not None and not 0 <= value <= 1:
-        raise APIError(400, f"field '{field}' must be 0 or 1: only the sampled token's logprob is available",
-                       param=field)
+def _alternatives(value: int | None, field: str) -> None:
+    """The alternatives a request may ask per token: 0 (the sampled token's logprob only) to 20."""
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise APIError(400, f"field '{field}' must be in [0, {MAX_LOGPROBS}], got {value}", param=field)

@@ -117,4 +117,4 @@ def test_vllms_output_settings(model):
     with pytest.raises(ValueError, match="stop"):
         SamplingParams(stop=["a"], detokenize=False)
     with pytest.raises(ValueError, match="logprobs"):
-        SamplingParams(logprobs=5)
+        SamplingParams(logprobs=21)

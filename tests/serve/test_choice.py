@@ -32,7 +32,7 @@ def test_stop_string_cuts_text_and_tokens(tok, burst):
 def test_streaming_holds_back_a_possible_stop_prefix(tok):
     c = ChoiceState(0, tok, stop=["END"])
     c.feed(tok.encode("abc EN"), [-1.0] * 6, None)
-    delta, toks, lps = c.take_delta()
+    delta, toks, lps, _ = c.take_delta()
     assert delta == "abc " and len(toks) == 6 and len(lps) == 6    # "EN" may start "END": held back
     c.feed(tok.encode("x"), [-1.0], "length")
     assert c.take_delta()[0] == "ENx"                         # not a stop after all: released at the end

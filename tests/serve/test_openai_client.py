@@ -70,6 +70,36 @@ def test_streaming_equals_non_streaming(client):
     assert finish == [c.finish_reason for c in full.choices]
 
 
+def test_top_logprobs_are_llm_generates_streamed_or_not(client, reference):
+    """Completions ``logprobs`` N: per token a dict of text -> logprob (its N best and the sampled
+    token), LLM.generate's ``top_logprobs`` exactly; the stream's equal the body's. Chat
+    ``top_logprobs`` N: the N best in rank order."""
+    kw = dict(model=MODEL, prompt="abc", max_tokens=16, n=2, seed=4, logprobs=3)
+    full = client.completions.create(**kw)
+    outs = reference.generate(["abc"], SamplingParams(n=2, max_tokens=16, seed=4, logprobs=3))[0].outputs
+    for got, exp in zip(full.choices, outs):
+        assert got.model_extra["token_ids"] == exp.token_ids
+        want = [{lp.decoded_token: lp.logprob for lp in sorted(e.values(), key=lambda x: x.rank)}
+                for e in exp.top_logprobs]
+        assert got.logprobs.top_logprobs == want and all(3 <= len(e) <= 4 for e in exp.top_logprobs)
+    streamed = [[], []]
+    for ch in client.completions.create(stream=True, **kw):
+        for c in ch.choices:
+            streamed[c.index] += c.logprobs.top_logprobs
+    assert streamed == [c.logprobs.top_logprobs for c in full.choices]
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=5, logprobs=True,
+                                       top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+                           for t in content)
+    assert all(t.logprob in [a.logprob for a in t.top_logprobs] or t.logprob <= t.top_logprobs[1].logprob
+               for t in content)
+    bare = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=5, logprobs=True)
+    assert [t.token for t in bare.choices[0].logprobs.content] == [t.token for t in content]
+    assert all(t.top_logprobs == [] for t in bare.choices[0].logprobs.content)
+
+
 def test_chat_and_chat_stream(client, reference):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, seed=5, logprobs=True)
