@@ -77,6 +77,9 @@ class SamplingParams:
     # without special tokens (``skip_special_tokens``), cut before a stop string that ended it
     # unless ``include_stop_str_in_output``
     logprobs: int | None = None
+    # vLLM's prompt_logprobs = N (0..20): per prompt token after the first, its log-probability and
+    # its position's N most probable tokens (``RequestOutput.prompt_logprobs``; one engine)
+    prompt_logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -110,6 +113,9 @@ class SamplingParams:
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                          and 0 <= self.logprobs <= MAX_LOGPROBS), "logprobs",
                f"must be None or an integer in [0, {MAX_LOGPROBS}] (alternatives per output token)", self.logprobs)
+        _check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and not isinstance(
+            self.prompt_logprobs, bool) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS), "prompt_logprobs",
+               f"must be None or an integer in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
         for name in ("detokenize", "skip_special_tokens", "include_stop_str_in_output"):
             _check(isinstance(getattr(self, name), bool), name, "must be true or false", getattr(self, name))
         _check(self.detokenize or not self.stop, "stop", "stop strings need detokenize=True", self.stop)

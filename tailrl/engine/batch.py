@@ -453,8 +453,12 @@ class ModelRunner:
         else:
             hidden = self.model(batch.input_ids, batch.positions, self.kv.layers(), batch.meta)
             h = hidden[batch.sample_index]
-        logits = for_sampling(self.model.logits(h))
+        logits = self.logits_of(h)
         return (logits, h, hidden) if return_hidden else logits
+
+    def logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits of normed states [R, H], as ``run`` hands them to the sampler."""
+        return for_sampling(self.model.logits(hidden))
 
     def sample(self, batch: Batch, out) -> Fetched:
         """The step's tokens and log-probabilities, not waited for: those its graph sampled, or

@@ -291,8 +291,13 @@ class LLMEngine:
         clock.append(time.perf_counter())
         # hidden states only when a source or collector reads them at this batch size (no extra forward)
         keep = self.speculator is not None and self.speculator.wants_hidden(len(sched.rows))
-        logits, hidden, computed = self.runner.run(batch, return_hidden=True) if keep else (
+        prompts = bool(self._alternatives) and any(r.prompt_logprobs_pending for r, _ in sched.rows)
+        logits, hidden, computed = self.runner.run(batch, return_hidden=True) if keep or prompts else (
             self.runner.run(batch), None, None)
+        if prompts:                        # prompt logprobs from the prefill's states (top_logprobs.py)
+            top_logprobs.attach_prompt(batch, computed, self.runner.logits_of)
+            if not keep:
+                hidden = computed = None
         clock.append(time.perf_counter())
         for req, n in sched.rows:                                          # the forward wrote their K/V
             req.num_computed_tokens += n

@@ -163,6 +163,9 @@ class InputProcessor:
     def output(self, group_id: str, text: str | None, ids: list[int], prompt_id: str,
                group: list[Request]) -> RequestOutput:
         out = RequestOutput(group_id, text, list(ids), prompt_id)
+        done = [r for r in group if r.params.prompt_logprobs is not None and not r.prompt_logprobs_pending]
+        if done:                             # the group's prompt, computed by the sample that prefilled it
+            out.prompt_logprobs = [None] + self._named(done[0].prompt_top_logprobs or [], done[0].params.detokenize)
         for r in group:
             p = r.params
             decoded = self.tokenizer.decode(r.output_token_ids, skip_special_tokens=p.skip_special_tokens) \
@@ -177,10 +180,14 @@ class InputProcessor:
         """``CompletionOutput.top_logprobs`` of a finished request (None where it asked none)."""
         if r.output_top_logprobs is None:
             return [] if r.params.logprobs else None
-        text = self.tokenizer is not None and r.params.detokenize
+        return self._named(r.output_top_logprobs, r.params.detokenize)
+
+    def _named(self, entries: list[dict], detokenize: bool) -> list[dict[int, Logprob]]:
+        """Engine entries {id: (logprob, rank)} as vLLM's {id: Logprob}, each token's text decoded once."""
+        text = self.tokenizer is not None and detokenize
         names: dict[int, str | None] = {}
-        for entry in r.output_top_logprobs:
+        for entry in entries:
             for t in entry:
                 if t not in names:
                     names[t] = self.tokenizer.decode([t]) if text else None
-        return [{t: Logprob(lp, rank, names[t]) for t, (lp, rank) in entry.items()} for entry in r.output_top_logprobs]
+        return [{t: Logprob(lp, rank, names[t]) for t, (lp, rank) in entry.items()} for entry in entries]

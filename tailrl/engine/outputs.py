@@ -31,3 +31,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     prompt_id: str                  # stable id (RL uid) used for history
     outputs: list[CompletionOutput] = field(default_factory=list)
+    # with SamplingParams.prompt_logprobs = N: per prompt token, None for the first, then {token id:
+    # Logprob} of that token and its position's N most probable (vLLM's); else None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

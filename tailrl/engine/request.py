@@ -45,6 +45,8 @@ class Request:
     # per output token, {token id: (log-probability, rank)} of its top ``params.logprobs`` and the
     # sampled token, where the request asks (engine/top_logprobs.py); else None
     output_top_logprobs: list[dict[int, tuple[float, int]]] | None = None
+    # the same for prompt tokens 1, 2, ... where ``params.prompt_logprobs`` asks (computed by its prefill)
+    prompt_top_logprobs: list[dict[int, tuple[float, int]]] | None = None
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0         # tokens whose K/V is in the cache
     row: int = -1                        # cache row while running, else -1
@@ -82,6 +84,14 @@ class Request:
     @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def prompt_logprobs_pending(self) -> bool:
+        """Whether it asks for prompt logprobs that its prefill has not all given yet (it takes
+        no cached prefix then: its positions must be computed; engine/top_logprobs.py)."""
+        if self.params.prompt_logprobs is None:
+            return False
+        return len(self.prompt_top_logprobs or ()) < len(self.prompt_token_ids) - 1
 
     @property
     def is_decoding(self) -> bool:

@@ -174,7 +174,8 @@ class Scheduler:
                     lender = lender if start else None
                 else:
                     lender = None
-                if lender is None and caching:          # the longest prefix cached, less its last token
+                if lender is None and caching and not req.prompt_logprobs_pending:   # the longest prefix cached,
+                    # less its last token (none for a request whose prompt logprobs its prefill gives)
                     queried = (req.num_tokens - 1) // BLOCK
                     found = self.kv.lookup(req.tokens(0, queried * BLOCK), queried)
                     start, queried = len(found) * BLOCK, queried * BLOCK

@@ -8,6 +8,9 @@ token's entry equals its ``logprobs`` float bit for bit, and because every row o
 computed on its own, a request's alternatives are the same with and without speculation, alone
 or in a batch (bfloat16 and float64; tests/engine/test_top_logprobs.py).
 
+vLLM's ``prompt_logprobs = N`` the same way for the prompt: position p's logits, computed by the
+request's own prefill (so it takes no cached prefix), give prompt token p + 1's entry.
+
 Ties go to the lower token id, whatever the batch, and ranks count from 1 in that order; a
 sampled token outside the top N gets 1 + the number of tokens strictly more probable.
 A step computes them only for the rows of requests that ask (``RowPlan.rows``: the rows that
@@ -25,8 +28,9 @@ if TYPE_CHECKING:
     from tailrl.engine.batch import Batch
 
 def wants(params) -> bool:
-    """Whether a request with these SamplingParams asks for alternatives (``logprobs`` >= 1)."""
-    return bool(params.logprobs)
+    """Whether a request with these SamplingParams asks for alternatives (``logprobs`` >= 1 or
+    ``prompt_logprobs`` set): it is stepped one step at a time, its logits read after sampling."""
+    return bool(params.logprobs) or params.prompt_logprobs is not None
 
 
 def top_entries(logits: torch.Tensor, temperature: list[float], tokens: list[int], n: int
@@ -37,6 +41,11 @@ def top_entries(logits: torch.Tensor, temperature: list[float], tokens: list[int
     scaled = _scale(logits, temperature)
     logp = scaled - _normaliser(scaled, temperature)[0][:, None]
     m, v = logp.shape
+    tok = torch.tensor(tokens, device=logp.device)[:, None]
+    tok_lp = logp.gather(1, tok)                                # [M, 1]
+    tok_rank = (logp > tok_lp).sum(dim=1) + 1
+    if n == 0:                                                  # the token alone, with its rank
+        return [{t: (lp, r)} for t, lp, r in zip(tokens, tok_lp[:, 0].tolist(), tok_rank.tolist())]
     n = min(n, v)
     k = min(n + 1, v)
     vals, ids = logp.topk(k, dim=-1)                            # [M, k], by value (ties: any order)
@@ -44,9 +53,6 @@ def top_entries(logits: torch.Tensor, temperature: list[float], tokens: list[int
     vals = vals.gather(1, by_id.indices)                        # stably by value
     order = vals.sort(dim=-1, descending=True, stable=True).indices
     vals, ids = vals.gather(1, order), by_id.values.gather(1, order)
-    tok = torch.tensor(tokens, device=logp.device)[:, None]
-    tok_lp = logp.gather(1, tok)                                # [M, 1]
-    tok_rank = (logp > tok_lp).sum(dim=1) + 1
     edge = (vals[:, n - 1] == vals[:, n]) if k > n else torch.zeros(m, dtype=torch.bool, device=logp.device)
     vals_l, ids_l = vals[:, :n].tolist(), ids[:, :n].tolist()
     tok_l, rank_l, edge_l = tok_lp[:, 0].tolist(), tok_rank.tolist(), edge.tolist()
@@ -71,7 +77,7 @@ def attach(batch: "Batch", logits: torch.Tensor) -> None:
     by_n: dict[int, list] = {}
     for plan in batch.plans:
         req = plan.req
-        if wants(req.params) and plan.rows:
+        if req.params.logprobs and plan.rows:
             by_n.setdefault(req.params.logprobs, []).append(plan)
     for n, plans in by_n.items():
         rows = [i for p in plans for i in p.rows]
@@ -84,3 +90,23 @@ def attach(batch: "Batch", logits: torch.Tensor) -> None:
                 p.req.output_top_logprobs = []
             p.req.output_top_logprobs += entries[k:k + len(p.rows)]
             k += len(p.rows)
+
+
+def attach_prompt(batch: "Batch", computed: torch.Tensor, logits_of) -> None:
+    """After a step's forward: for each prefill span of a request that asks for prompt logprobs,
+    the entries of the prompt tokens its positions predict (position p predicts token p + 1),
+    from ``computed`` [N, H] (every computed position's normed state) through ``logits_of`` (the
+    LM head, float32 as sampled); positions recorded before (a preempted request's recompute)
+    are skipped. Entries go to ``prompt_top_logprobs``, in order."""
+    for req, start, flat0, n in batch.spans:
+        if not req.prompt_logprobs_pending:
+            continue
+        done = len(req.prompt_top_logprobs or ())
+        first, end = max(start, done), min(start + n, req.num_prompt_tokens - 1)
+        if first != done or end <= first:              # nothing new here (or a gap: positions before missing)
+            continue
+        rows = torch.arange(flat0 + first - start, flat0 + end - start, device=computed.device)
+        targets = req.prompt_token_ids[first + 1:end + 1]
+        entries = top_entries(logits_of(computed[rows]), [req.params.temperature] * len(targets), targets,
+                              req.params.prompt_logprobs)
+        req.prompt_top_logprobs = (req.prompt_top_logprobs or []) + entries

@@ -33,6 +33,7 @@ class RequestState:
     hidden: torch.Tensor | None = None   # [H]: the target's state that sampled the last token (drafter's root)
     speculation: dict[str, Any] | None = None   # ``Speculator.export_state``: drafter past, carried chain
     top_logprobs: list[dict] | None = None      # ``Request.output_top_logprobs`` (top_logprobs.py)
+    prompt_top_logprobs: list[dict] | None = None   # ``Request.prompt_top_logprobs``
 
     @property
     def kv_bytes(self) -> int:
@@ -54,7 +55,8 @@ class RequestState:
         return cls(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
                    list(req.output_logprobs), req.params, req.seed_key, req.group_id, req.prompt_id,
                    req.index, kv, None if hidden is None else hidden.to("cpu", copy=True), speculation,
-                   None if req.output_top_logprobs is None else list(req.output_top_logprobs))
+                   None if req.output_top_logprobs is None else list(req.output_top_logprobs),
+                   None if req.prompt_top_logprobs is None else list(req.prompt_top_logprobs))
 
     def to_request(self) -> Request:
         req = Request(self.request_id, list(self.prompt_token_ids), self.params, self.seed_key,
@@ -62,6 +64,7 @@ class RequestState:
                       output_token_ids=list(self.output_token_ids),
                       output_logprobs=list(self.output_logprobs), status=RequestStatus.WAITING,
                       output_top_logprobs=None if self.top_logprobs is None else list(self.top_logprobs),
+                      prompt_top_logprobs=None if self.prompt_top_logprobs is None else list(self.prompt_top_logprobs),
                       pending_kv=self.kv, pending_spec=self.speculation)
         if self.hidden is not None:
             req.keep_hidden(self.hidden)

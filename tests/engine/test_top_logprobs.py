@@ -40,7 +40,7 @@ def test_the_alternatives_are_hugging_faces_top_n(ckpt_dir):
         best = want.indices[:5].tolist()
         assert [t for t, e in sorted(entry.items(), key=lambda kv: kv[1].rank) if e.rank <= 5] == best
         assert [entry[t].rank for t in best] == [1, 2, 3, 4, 5]
-        assert np.allclose([entry[t].logprob for t in best], want.values[:5].tolist(), atol=1e-9)
+        assert np.allclose([entry[t].logprob for t in best], want.values[:5].tolist(), rtol=0, atol=1e-5)
         assert entry[tok].logprob == out.logprobs[j]
         assert entry[tok].rank == 1 + int((row > row[tok] + 1e-9).sum())
         assert len(entry) == 5 + (tok not in best)
@@ -128,3 +128,61 @@ def test_alternatives_carry_their_text_and_stop_strings_cut_them_with_the_tokens
 def test_bad_logprobs_are_named(value):
     with pytest.raises(ValueError, match="logprobs"):
         SamplingParams(logprobs=value)
+
+
+def test_prompt_logprobs_are_hugging_faces(ckpt_dir):
+    """float64, T = 0.7: per prompt token after the first, its value and rank and its position's
+    3 best tokens under HF's log_softmax(logits / T) (to 1e-5: HF's rotary tables are float32,
+    as the sampled tokens' logprobs are); the first is None."""
+    path = ckpt_dir("qwen2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    prompt = [4, 8, 15, 16, 23, 42, 7, 7, 30, 2, 11, 60]
+    out = LLM(path, dtype="float64").generate([prompt], SamplingParams(temperature=0.7, max_tokens=4,
+                                                                       prompt_logprobs=3))[0]
+    with torch.no_grad():
+        lp = (hf(torch.tensor([prompt])).logits[0] / 0.7).log_softmax(-1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for p in range(1, len(prompt)):
+        entry, row, tok = out.prompt_logprobs[p], lp[p - 1], prompt[p]
+        best = torch.sort(row, descending=True, stable=True).indices[:3].tolist()
+        assert [t for t, e in sorted(entry.items(), key=lambda kv: kv[1].rank) if e.rank <= 3] == best
+        assert entry[tok].logprob == pytest.approx(row[tok].item(), abs=1e-5)   # HF's RoPE is float32
+        assert entry[tok].rank == 1 + int((row > row[tok] + 1e-9).sum())
+        assert len(entry) == 3 + (tok not in best)
+
+
+def test_prompt_logprobs_ignore_cached_prefixes_chunks_siblings_and_speculation(model):
+    """bfloat16: the prompt's entries are the same from a first prefill, a second call whose
+    prefix is cached (the request computes it anyway), prefill in chunks of 16 tokens, with
+    speculation, for n = 3 siblings (one computes, the others share its K/V); asking changes no
+    output token; 0 gives the prompt token's entry alone; a pool refuses with a ValueError."""
+    prompts = [list(range(5, 45)), [9, 10, 11, 12], [3]]
+    sp = dict(n=3, max_tokens=20, seed=2, prompt_logprobs=2)
+
+    def prompt_lps(llm, **kw):
+        outs = llm.generate(prompts, SamplingParams(**{**sp, **kw}))
+        return [o.prompt_logprobs for o in outs], [[c.token_ids for c in o.outputs] for o in outs]
+
+    plain = LLM(model, dtype="bfloat16")
+    want, tokens = prompt_lps(plain)
+    assert [len(w) for w in want] == [40, 4, 1] and want[2] == [None]
+    assert all(2 <= len(e) <= 3 for w in want for e in w[1:])
+    assert prompt_lps(plain) == (want, tokens)                       # its prefix cached now: not taken
+    assert plain.last_metrics["kv/prefix_hit_tokens"] == 0
+    assert prompt_lps(plain, prompt_logprobs=None) == ([None] * 3, tokens)
+    assert plain.last_metrics["kv/prefix_hit_tokens"] > 0            # taken without prompt logprobs
+    assert prompt_lps(LLM(model, dtype="bfloat16", max_num_batched_tokens=16)) == (want, tokens)
+    spec = LLM(model, dtype="bfloat16", speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=6))
+    for _ in range(2):
+        assert prompt_lps(spec) == (want, tokens)
+    bare, _ = prompt_lps(plain, prompt_logprobs=0)
+    assert all(len(e) == 1 and e[p] == w[k][p] for b, w, q in zip(bare, want, prompts)
+               for k, (e, p) in enumerate(zip(b, q)) if k > 0)
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        LLM(model, instances=2, pool={"processes": False}).generate(prompts, SamplingParams(**sp))
+
+
+@pytest.mark.parametrize("value", [21, -1, True, 2.0])
+def test_bad_prompt_logprobs_are_named(value):
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=value)
