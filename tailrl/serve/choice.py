@@ -38,6 +38,8 @@ class ChoiceState:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.top: list[dict[int, tuple[float, int]]] = []   # per token, its alternatives (when asked)
+        self.prompt_ids: list[int] = []                     # its prompt, and per prompt token after the
+        self.prompt_top: list[dict] | None = None           # first its entry (an echo with logprobs)
         self.text = ""
         self.finish_reason: str | None = None
         self.error: str | None = None

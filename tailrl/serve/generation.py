@@ -20,9 +20,11 @@ from tailrl.serve.loop import EngineLoop, Update
 _calls = itertools.count(1)
 
 
-def sampling_params(req, max_tokens: int, cfg: ServeConfig, inputs, alternatives: int = 0) -> SamplingParams:
+def sampling_params(req, max_tokens: int, cfg: ServeConfig, inputs, alternatives: int = 0,
+                    prompt: int | None = None) -> SamplingParams:
     """Engine ``SamplingParams`` from a request, with the server's limits; a 400 names the field.
-    ``alternatives``: the top logprobs asked per token (0: the sampled token's only)."""
+    ``alternatives``: the top logprobs asked per token (0: the sampled token's only); ``prompt``:
+    those asked per prompt token (an echo with logprobs), None for none."""
     if not 1 <= req.n <= cfg.max_n:
         raise APIError(400, f"field 'n' must be in [1, {cfg.max_n}], got {req.n}", param="n")
     if not 1 <= max_tokens <= cfg.max_tokens_limit:
@@ -44,7 +46,8 @@ def sampling_params(req, max_tokens: int, cfg: ServeConfig, inputs, alternatives
                                 frequency_penalty=float(req.frequency_penalty),
                                 repetition_penalty=float(req.repetition_penalty), min_p=float(req.min_p),
                                 min_tokens=req.min_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
-                                skip_special_tokens=req.skip_special_tokens, logprobs=alternatives or None)
+                                skip_special_tokens=req.skip_special_tokens, logprobs=alternatives or None,
+                                prompt_logprobs=prompt)
         return inputs.sampling_params(params, 1)[0]
     except ValueError as e:
         field = str(e).split(" ", 1)[0]
@@ -77,6 +80,8 @@ class GenerationRun:
                                     keep_stop=r.params.include_stop_str_in_output,
                                     skip_special_tokens=r.params.skip_special_tokens)
                         for i, r in enumerate(self.requests)]
+        for r, c in zip(self.requests, self.choices):
+            c.prompt_ids = r.prompt_token_ids
         self._by_id = {r.request_id: c for r, c in zip(self.requests, self.choices)}
         for g in groups:
             loop.submit(g, self._sink, final_only=not stream and not stop)
@@ -103,6 +108,8 @@ class GenerationRun:
         stopped = []
         for u in updates:
             c = self._by_id[u.request_id]
+            if u.prompt_top_logprobs is not None:
+                c.prompt_top = u.prompt_top_logprobs
             if c.feed(u.token_ids, u.logprobs, u.finish_reason, u.error, u.top_logprobs):
                 stopped.append(u.request_id)
             changed[c.index] = c

@@ -46,9 +46,16 @@ class Update:
     finish_reason: str | None = None        # set once, on the sequence's last update
     error: str | None = None                # the engine failed; the sequence was aborted
     top_logprobs: list[dict] | None = None  # per token, its alternatives (SamplingParams.logprobs >= 1)
+    prompt_top_logprobs: list[dict] | None = None   # on the last update: its prompt's (prompt_logprobs)
 
 
 Sink = Callable[[list[Update]], None]
+
+
+def _prompt_entries(group: list[Request]) -> list[dict] | None:
+    """The group's prompt logprobs: those of the sample that prefilled its prompt (None if none asked)."""
+    return next((r.prompt_top_logprobs for r in group if r.params.prompt_logprobs is not None
+                 and not r.prompt_logprobs_pending), None)
 
 
 @dataclass(eq=False)
@@ -208,7 +215,8 @@ class EngineLoop:
                     top = r.output_top_logprobs
                     updates.append(Update(r.request_id, r.output_token_ids[g.sent[j]:n],
                                           r.output_logprobs[g.sent[j]:n], r.finish_reason if done else None,
-                                          top_logprobs=None if top is None else top[g.sent[j]:n]))
+                                          top_logprobs=None if top is None else top[g.sent[j]:n],
+                                          prompt_top_logprobs=_prompt_entries(g.requests) if done else None))
                     g.sent[j], g.reported[j] = n, done
             if all(g.reported):              # before the sink: a caller that got its last update
                 self._retire(g)              # finds the history recorded and the KV released

@@ -69,8 +69,8 @@ class CompletionRequest(_Sampling):
     prompt_id: StrictStr | list[StrictStr] | None = None
 
     def unsupported(self) -> str | None:
-        if self.echo:
-            return "echo"
+        if self.echo and self.stream:
+            return "echo"                               # (echoed prompts are returned whole, not streamed)
         if self.suffix:
             return "suffix"
         return super().unsupported()

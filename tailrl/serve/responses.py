@@ -50,12 +50,33 @@ def chat_logprobs(c: ChoiceState, toks: list[int], lps: list[float], top: list[d
     return {"content": content}
 
 
-def completion_body(rid: str, model: str, choices: list[ChoiceState], usage: dict, logprobs: bool) -> dict:
+def completion_body(rid: str, model: str, choices: list[ChoiceState], usage: dict, logprobs: bool,
+                    echo: bool = False) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+            "choices": [_echoed(c, logprobs) if echo else
+                        {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
                          "logprobs": completion_logprobs(c, c.token_ids, c.logprobs, 0, c.top) if logprobs else None,
                          "token_ids": c.token_ids} for c in choices],
             "usage": usage}
+
+
+def _echoed(c: ChoiceState, logprobs: bool) -> dict:
+    """A completion choice with ``echo``: its prompt's text, tokens and (asked for) logprobs before
+    its own, the first prompt token's logprob None (nothing predicts it), as vLLM's."""
+    prompt = c.decode(c.prompt_ids)
+    out = {"index": c.index, "text": prompt + c.text, "finish_reason": c.finish_reason,
+           "token_ids": c.prompt_ids + c.token_ids, "logprobs": None}
+    if logprobs:
+        entries = c.prompt_top or []
+        head = completion_logprobs(c, c.prompt_ids[1:], [e[t][0] for e, t in zip(entries, c.prompt_ids[1:])],
+                                   len(c.token_text(c.prompt_ids[0])), entries)
+        tail = completion_logprobs(c, c.token_ids, c.logprobs, len(prompt), c.top)
+        first = c.token_text(c.prompt_ids[0])
+        out["logprobs"] = {"tokens": [first] + head["tokens"] + tail["tokens"],
+                           "token_logprobs": [None] + head["token_logprobs"] + tail["token_logprobs"],
+                           "top_logprobs": [None] + head["top_logprobs"] + tail["top_logprobs"],
+                           "text_offset": [0] + head["text_offset"] + tail["text_offset"]}
+    return out
 
 
 def chat_body(rid: str, model: str, choices: list[ChoiceState], usage: dict, logprobs: bool, n: int = 0) -> dict:

@@ -42,7 +42,8 @@ def add_routes(app, server) -> None:
         server.check_model(req.model)
         _alternatives(req.logprobs, "logprobs")
         ids = server.prompt_tokens(req.prompt_list())
-        params = sampling_params(req, req.max_tokens, server.cfg, server.inputs, req.logprobs or 0)
+        params = sampling_params(req, req.max_tokens, server.cfg, server.inputs, req.logprobs or 0,
+                                 req.logprobs if req.echo else None)
         pids = req.prompt_id if not isinstance(req.prompt_id, str) else [req.prompt_id] * len(ids)
         groups = make_groups(server.inputs, ids, params, pids)
         run = server.start(groups, req.stop_list(), req.stream)
@@ -81,7 +82,7 @@ async def _respond(server, request, run: GenerationRun, req, kind: str, logprobs
     server.finish(run)
     if run.error:
         raise APIError(500, run.error)
-    body = (R.completion_body(rid, model, run.choices, run.usage(), logprobs) if kind == "cmpl"
+    body = (R.completion_body(rid, model, run.choices, run.usage(), logprobs, req.echo) if kind == "cmpl"
             else R.chat_body(rid, model, run.choices, run.usage(), logprobs, req.top_logprobs or 0))
     return responses.JSONResponse(body)
 

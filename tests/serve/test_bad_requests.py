@@ -43,7 +43,7 @@ CASES = [
     ("logprobs too many", "POST", "/v1/completions", body(logprobs=21), None, 400),
     ("logprobs negative", "POST", "/v1/completions", body(logprobs=-1), None, 400),
     ("stop token out of vocab", "POST", "/v1/completions", body(stop_token_ids=[1000]), None, 400),
-    ("echo unsupported", "POST", "/v1/completions", body(echo=True), None, 400),
+    ("echo with stream", "POST", "/v1/completions", body(echo=True, stream=True), None, 400),
     ("repetition penalty zero", "POST", "/v1/completions", body(repetition_penalty=0), None, 400),
     ("min_p above one", "POST", "/v1/completions", body(min_p=1.5), None, 400),
     ("include_stop_str_in_output wrong type", "POST", "/v1/completions", body(include_stop_str_in_output="y"),

@@ -100,6 +100,27 @@ def test_top_logprobs_are_llm_generates_streamed_or_not(client, reference):
     assert all(t.top_logprobs == [] for t in bare.choices[0].logprobs.content)
 
 
+def test_echo_returns_the_prompt_with_its_logprobs(client, reference):
+    """Completions ``echo`` (lm-eval's loglikelihood request): the prompt's text and tokens before
+    the completion's, the first prompt token's logprob None, the others LLM.generate's
+    ``prompt_logprobs`` (their top 2 too); without logprobs, the text alone."""
+    ids = reference.tokenizer.encode("sum 3 and 4")
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    out = reference.generate([ids], SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=2, logprobs=2))[0]
+    c, gen = r.choices[0], out.outputs[0]
+    assert c.model_extra["token_ids"] == ids + gen.token_ids
+    assert c.text == reference.tokenizer.decode(ids, skip_special_tokens=True) + gen.text
+    lp = c.logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:len(ids)] == [e[t].logprob for e, t in zip(out.prompt_logprobs[1:], ids[1:])]
+    assert lp.token_logprobs[len(ids):] == gen.logprobs
+    assert lp.top_logprobs[1:len(ids)] == [{x.decoded_token: x.logprob for x in sorted(e.values(), key=lambda x: x.rank)}
+                                           for e in out.prompt_logprobs[1:]]
+    assert len(lp.tokens) == len(lp.text_offset) == len(ids) + len(gen.token_ids)
+    plain = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, echo=True)
+    assert plain.choices[0].text == c.text and plain.choices[0].logprobs is None
+
+
 def test_chat_and_chat_stream(client, reference):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, seed=5, logprobs=True)
