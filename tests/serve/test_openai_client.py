@@ -114,8 +114,8 @@ def test_echo_returns_the_prompt_with_its_logprobs(client, reference):
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert lp.token_logprobs[1:len(ids)] == [e[t].logprob for e, t in zip(out.prompt_logprobs[1:], ids[1:])]
     assert lp.token_logprobs[len(ids):] == gen.logprobs
-    assert lp.top_logprobs[1:len(ids)] == [{x.decoded_token: x.logprob for x in sorted(e.values(), key=lambda x: x.rank)}
-                                           for e in out.prompt_logprobs[1:]]
+    ranked = [sorted(e.values(), key=lambda x: x.rank) for e in out.prompt_logprobs[1:]]
+    assert lp.top_logprobs[1:len(ids)] == [{x.decoded_token: x.logprob for x in e} for e in ranked]
     assert len(lp.tokens) == len(lp.text_offset) == len(ids) + len(gen.token_ids)
     plain = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, echo=True)
     assert plain.choices[0].text == c.text and plain.choices[0].logprobs is None
