@@ -14,34 +14,21 @@ The last line is one JSON object.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from rollout_setup import rollout_args, task_prompts
+
 SETTINGS = {"none": {}, "repetition_penalty": {"repetition_penalty": 1.1},
             "presence_frequency": {"presence_penalty": 0.5, "frequency_penalty": 0.2},
             "min_p": {"min_p": 0.05}, "min_tokens": {"min_tokens": 64}}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(REPO / "models" / "small"))
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=3)
-    a = ap.parse_args()
-
-    from transformers import AutoTokenizer
-
+    a = rollout_args(__doc__)
     from tailrl import LLM, SamplingParams, SpeculativeConfig
-    from tailrl.tasks import mixture
-    tok = AutoTokenizer.from_pretrained(a.model)
-    prompts = [tok.encode(ex.prompt) for ex in mixture.heldout_examples(a.prompts)]
-    pids = [f"p{i}" for i in range(len(prompts))]
+    prompts, pids = task_prompts(a.model, a.prompts)
     engines = {"plain": LLM(a.model), "default": LLM(a.model, speculative=SpeculativeConfig())}
 
     def params(kw: dict, seed: int) -> list:
