@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import make_checkpoint
+from mixed_requests import lossless_engines
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.engine import logits_process
@@ -149,15 +150,7 @@ def test_speculation_and_steps_ahead_leave_processed_outputs_as_they_are(model, 
     """Steps launched ahead (``fed``: from a step in flight) count a row's in-flight token on
     the device (``Position.pending``)."""
     plain = LLM(model, dtype=dtype)
-    engines = [LLM(model, dtype=dtype, async_scheduling=True),
-               LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=8)),
-               LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=8,
-                                                                     max_tree_paths=3)),
-               LLM(model, dtype=dtype, instances=2, pool={"processes": False, "chunk_tokens": 16}),
-               # rows drafting inside steps launched ahead: one step at a time while requests process
-               LLM(model, dtype=dtype, async_scheduling=True,
-                   speculative=SpeculativeConfig(policy="fixed", ahead_drafts=8, ahead_above=1,
-                                                 ahead_drafts_gate="always"))]
+    engines = lossless_engines(model, dtype)   # the last: one step at a time while requests ask
     base = run(plain)
     for kw in SETTINGS:
         want = run(plain, **kw)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import transformers
 from checkpoints import make_checkpoint
+from mixed_requests import lossless_engines
 from text_tokenizer import save_char_tokenizer
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
@@ -68,14 +69,7 @@ def test_speculation_steps_ahead_and_a_pool_leave_the_alternatives_as_they_are(m
                for g in want for ids, _, top, _ in g)
     assert all(e[t] == Logprob(lp, e[t].rank) for g in want for ids, lps, top, _ in g
                for t, lp, e in zip(ids, lps, top))
-    engines = [LLM(model, dtype=dtype, async_scheduling=True),
-               LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=8)),
-               LLM(model, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=8,
-                                                                     max_tree_paths=3)),
-               LLM(model, dtype=dtype, instances=2, pool={"processes": False, "chunk_tokens": 16}),
-               LLM(model, dtype=dtype, async_scheduling=True,
-                   speculative=SpeculativeConfig(policy="fixed", ahead_drafts=8, ahead_above=1,
-                                                 ahead_drafts_gate="always"))]
+    engines = lossless_engines(model, dtype)   # the last: one step at a time while requests ask
     for llm in engines:
         for _ in range(2):                                     # speculation drafts from the first round
             assert run(llm) == want, llm
