@@ -296,6 +296,9 @@ class LLMEngine:
             self.runner.run(batch), None, None)
         if prompts:                        # prompt logprobs from the prefill's states (top_logprobs.py)
             top_logprobs.attach_prompt(batch, computed, self.runner.logits_of)
+            for r, _ in sched.rows:        # its prompt given and no output alternatives: the fast path again
+                if not r.params.logprobs and not r.prompt_logprobs_pending:
+                    self._alternatives.discard(r.request_id)
             if not keep:
                 hidden = computed = None
         clock.append(time.perf_counter())

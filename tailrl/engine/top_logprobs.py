@@ -27,6 +27,7 @@ from tailrl.engine.sampler import _normaliser, _scale
 if TYPE_CHECKING:
     from tailrl.engine.batch import Batch
 
+
 def wants(params) -> bool:
     """Whether a request with these SamplingParams asks for alternatives (``logprobs`` >= 1 or
     ``prompt_logprobs`` set): it is stepped one step at a time, its logits read after sampling."""
