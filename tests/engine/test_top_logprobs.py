@@ -180,3 +180,23 @@ def test_prompt_logprobs_ignore_cached_prefixes_chunks_siblings_and_speculation(
 def test_bad_prompt_logprobs_are_named(value):
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU: CUDA graphs, steps launched ahead")
+def test_on_a_gpu_alternatives_are_an_eager_engines(model):
+    """Through real graphs (an asking request's steps sampled outside them, one at a time) and a
+    speculative tail: the tokens, logprobs, alternatives and prompt entries of an eager engine,
+    bfloat16; a request that asks nothing keeps replaying graphs."""
+    kw = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.15)
+    want = LLM(model, cuda_graphs=False, async_scheduling=False, **kw)
+    for spec in (None, SpeculativeConfig(policy="fixed", ahead_above=4, tail="speculate")):
+        llm = LLM(model, speculative=spec, **kw)
+        for extra in ({}, {"prompt_logprobs": 3}):
+            outs = [e.generate(PROMPTS, SamplingParams(n=3, max_tokens=40, seed=7, logprobs=4, **extra))
+                    for e in (llm, want)]
+            assert [[(c.token_ids, c.logprobs, c.top_logprobs) for c in o.outputs] for o in outs[0]] == \
+                [[(c.token_ids, c.logprobs, c.top_logprobs) for c in o.outputs] for o in outs[1]]
+            assert [o.prompt_logprobs for o in outs[0]] == [o.prompt_logprobs for o in outs[1]]
+        assert run(llm, logprobs=None) == run(want, logprobs=None)
+        assert llm.last_metrics["graphs/replayed_steps"] > 0
+        del llm
