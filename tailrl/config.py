@@ -110,12 +110,10 @@ class SamplingParams:
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]", self.min_p)
         _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                "must be an integer in [0, max_tokens]", self.min_tokens)
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
-                                         and 0 <= self.logprobs <= MAX_LOGPROBS), "logprobs",
-               f"must be None or an integer in [0, {MAX_LOGPROBS}] (alternatives per output token)", self.logprobs)
-        _check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and not isinstance(
-            self.prompt_logprobs, bool) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS), "prompt_logprobs",
-               f"must be None or an integer in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
+        for name in ("logprobs", "prompt_logprobs"):      # alternatives per output / prompt token
+            v = getattr(self, name)
+            _check(v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LOGPROBS), name,
+                   f"must be None or an integer in [0, {MAX_LOGPROBS}]", v)
         for name in ("detokenize", "skip_special_tokens", "include_stop_str_in_output"):
             _check(isinstance(getattr(self, name), bool), name, "must be true or false", getattr(self, name))
         _check(self.detokenize or not self.stop, "stop", "stop strings need detokenize=True", self.stop)

@@ -294,11 +294,8 @@ class LLMEngine:
         prompts = bool(self._alternatives) and any(r.prompt_logprobs_pending for r, _ in sched.rows)
         logits, hidden, computed = self.runner.run(batch, return_hidden=True) if keep or prompts else (
             self.runner.run(batch), None, None)
-        if prompts:                        # prompt logprobs from the prefill's states (top_logprobs.py)
-            top_logprobs.attach_prompt(batch, computed, self.runner.logits_of)
-            for r, _ in sched.rows:        # its prompt given and no output alternatives: the fast path again
-                if not r.params.logprobs and not r.prompt_logprobs_pending:
-                    self._alternatives.discard(r.request_id)
+        if prompts:
+            self._prompt_logprobs(batch, sched, computed)
             if not keep:
                 hidden = computed = None
         clock.append(time.perf_counter())
@@ -514,6 +511,14 @@ class LLMEngine:
         preemption: without them, no drafts)."""
         reqs = self.requests
         return self.kv.grow_rows([(reqs[rid].row, reqs[rid].num_tokens + len(d.tokens)) for rid, d in drafts.items()])
+
+    def _prompt_logprobs(self, batch: Batch, sched: SchedulerOutput, computed: torch.Tensor) -> None:
+        """Prompt logprobs from a step's prefill states (top_logprobs.py); a request whose prompt
+        is given and that asks no output alternatives goes back to the fast path."""
+        top_logprobs.attach_prompt(batch, computed, self.runner.logits_of)
+        for r, _ in sched.rows:
+            if not r.params.logprobs and not r.prompt_logprobs_pending:
+                self._alternatives.discard(r.request_id)
 
     def _commit(self, batch: Batch, tokens: list[int], logprobs: list[float]
                 ) -> tuple[list[Request], int, list[tuple[list[int], int]]]:

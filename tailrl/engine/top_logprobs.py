@@ -37,7 +37,8 @@ def wants(params) -> bool:
 def top_entries(logits: torch.Tensor, temperature: list[float], tokens: list[int], n: int
                 ) -> list[dict[int, tuple[float, int]]]:
     """logits [M, V] of the rows that sampled ``tokens`` -> per row {token id: (log-probability,
-    rank)} of its ``n`` most probable tokens and its sampled token. All rows in a few passes;
+    rank)} of its ``n`` most probable tokens and its sampled token, in rank order (the sampled
+    token last where it is not among them). All rows in a few passes;
     a row whose n-th and (n+1)-th values tie (rare) picks its n by id on its own."""
     scaled = _scale(logits, temperature)
     logp = scaled - _normaliser(scaled, temperature)[0][:, None]

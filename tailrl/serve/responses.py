@@ -32,8 +32,8 @@ def completion_logprobs(c: ChoiceState, toks: list[int], lps: list[float], offse
     for t in texts:
         offsets.append(pos)
         pos += len(t)
-    alts = [{c.token_text(t): lp for t, (lp, _) in sorted(e.items(), key=lambda kv: kv[1][1])} for e in top] \
-        if top else [{t: lp} for t, lp in zip(texts, lps)]
+    alts = [{c.token_text(t): lp for t, (lp, _) in e.items()} for e in top] if top else \
+        [{t: lp} for t, lp in zip(texts, lps)]         # (engine entries come in rank order)
     return {"tokens": texts, "token_logprobs": list(lps), "top_logprobs": alts, "text_offset": offsets}
 
 
@@ -45,7 +45,7 @@ def _chat_entry(c: ChoiceState, tok: int, lp: float) -> dict:
 def chat_logprobs(c: ChoiceState, toks: list[int], lps: list[float], top: list[dict], n: int) -> dict:
     content = []
     for k, (t, lp) in enumerate(zip(toks, lps)):
-        ranked = sorted(top[k].items(), key=lambda kv: kv[1][1])[:n] if top else []
+        ranked = list(top[k].items())[:n] if top else []          # in rank order: the n best
         content.append({**_chat_entry(c, t, lp), "top_logprobs": [_chat_entry(c, a, v) for a, (v, _) in ranked]})
     return {"content": content}
 
@@ -68,10 +68,10 @@ def _echoed(c: ChoiceState, logprobs: bool) -> dict:
            "token_ids": c.prompt_ids + c.token_ids, "logprobs": None}
     if logprobs:
         entries = c.prompt_top or []
-        head = completion_logprobs(c, c.prompt_ids[1:], [e[t][0] for e, t in zip(entries, c.prompt_ids[1:])],
-                                   len(c.token_text(c.prompt_ids[0])), entries)
-        tail = completion_logprobs(c, c.token_ids, c.logprobs, len(prompt), c.top)
         first = c.token_text(c.prompt_ids[0])
+        head = completion_logprobs(c, c.prompt_ids[1:], [e[t][0] for e, t in zip(entries, c.prompt_ids[1:])],
+                                   len(first), entries)
+        tail = completion_logprobs(c, c.token_ids, c.logprobs, len(prompt), c.top)
         out["logprobs"] = {"tokens": [first] + head["tokens"] + tail["tokens"],
                            "token_logprobs": [None] + head["token_logprobs"] + tail["token_logprobs"],
                            "top_logprobs": [None] + head["top_logprobs"] + tail["top_logprobs"],
