@@ -11,7 +11,10 @@ tokens/s (target >= 0.8). The last line is one JSON object with these figures.
 Like for like: the server's engine runs in a worker thread, so the baseline does too. On this
 shared 2-core machine the same ``generate`` took ~3x longer from the main thread than from a
 worker thread (torch intra-op threads fighting other load), which would flatter the server.
+``--api sglang`` sends each request as SGLang's native ``POST /generate`` (``sampling_seed`` i,
+as slime sends its samples) instead of ``/v1/completions``.
 Usage: python benchmarks/serve_load.py [--requests 200] [--max-tokens 128] [--speculative suffix]
+                                       [--api openai|sglang]
 """
 from __future__ import annotations
 
@@ -89,14 +92,14 @@ def start_server(a, port: int) -> subprocess.Popen:
     raise RuntimeError("server did not come up in 300 s")
 
 
-async def post(port: int, body: dict, timeout: float) -> dict:
+async def post(port: int, body: dict, timeout: float, path: str = "/v1/completions"):
     """One HTTP/1.1 POST on its own loopback connection. A bare asyncio client rather than the
     ``openai`` one: on a shared 2-core machine the client's own parsing competes with the server
     for CPU, and the benchmark should time the server (the tests use the real ``openai`` client)."""
     data = json.dumps(body).encode()
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
     try:
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
                      + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), timeout)
@@ -117,6 +120,11 @@ async def load(a, port: int, texts: list[str]):
         async with gate:
             t0 = time.perf_counter()
             try:
+                if a.api == "sglang":
+                    r = await post(port, {"text": texts[i], "sampling_params": {
+                        "max_new_tokens": a.max_tokens, "temperature": 1.0, "sampling_seed": i}}, a.timeout,
+                        "/generate")
+                    return time.perf_counter() - t0, r["output_ids"]
                 r = await post(port, {"model": "small", "prompt": texts[i], "max_tokens": a.max_tokens,
                                       "temperature": 1.0, "seed": i, "prompt_id": f"load-{i}"}, a.timeout)
                 return time.perf_counter() - t0, r["choices"][0]["token_ids"]
@@ -140,6 +148,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--speculative", choices=["off", "suffix"], default="off")
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--api", choices=["openai", "sglang"], default="openai",
+                    help="/v1/completions, or SGLang's native /generate")
     a = ap.parse_args()
     texts = prompts(a.requests)
     llm = make_llm(a)
@@ -158,7 +168,7 @@ def main() -> None:
     base_tokens = sum(len(x) for x in base_ids)
     srv_tokens = sum(len(x) for x in ids if x is not None)
     fig = {"requests": a.requests, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
-           "speculative": a.speculative, "lost": lost, "tokens_differ": differ,
+           "speculative": a.speculative, "api": a.api, "lost": lost, "tokens_differ": differ,
            "baseline_s": round(base_s, 3), "baseline_tokens_per_s": round(base_tokens / base_s, 1),
            "server_s": round(wall, 3), "server_tokens_per_s": round(srv_tokens / wall, 1),
            "ratio": round((srv_tokens / wall) / (base_tokens / base_s), 3),

@@ -10,6 +10,7 @@ import logging
 import os
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from tailrl.model.args import ModelArgs, parse_config
@@ -59,6 +60,35 @@ def load_state_dict(path: str) -> dict[str, torch.Tensor]:
     for f in weight_files(path):
         sd.update(load_file(f))
     return sd
+
+
+def load_matching_state_dict(path: str, like: str) -> dict[str, torch.Tensor]:
+    """The weights at ``path``, checked to fit the model served from ``like`` before any is read:
+    the same config (architecture and shapes) and the same tensor names and shapes. A mismatch
+    is a ValueError naming it (new weights are copied in place: a partial copy would mix models)."""
+    new, old = read_args(path), read_args(like)
+    if new != old:
+        diff = [f"{k}: {getattr(old, k)!r} -> {getattr(new, k)!r}" for k in old.__dict__
+                if getattr(old, k) != getattr(new, k)]
+        raise ValueError(f"model_path: {path!r} is not the served model's architecture ({'; '.join(diff)})")
+
+    def shapes(p: str) -> dict[str, tuple[int, ...]]:
+        out = {}
+        for f in weight_files(p):
+            with safe_open(f, "pt") as g:
+                out.update({k: tuple(g.get_slice(k).get_shape()) for k in g.keys()})
+        return out
+
+    have, want = shapes(path), shapes(like)
+    missing = sorted(set(want) - set(have))
+    if missing:
+        raise ValueError(f"model_path: {path!r} lacks {len(missing)} tensor(s) of the served model, "
+                         f"e.g. {missing[0]!r}")
+    wrong = [k for k in sorted(want) if have[k] != want[k]]
+    if wrong:
+        raise ValueError(f"model_path: {path!r} has {wrong[0]!r} of shape {list(have[wrong[0]])}, "
+                         f"the served model {list(want[wrong[0]])}")
+    return load_state_dict(path)
 
 
 def load_model(path: str, dtype: str = "float32", device: str = "cpu",

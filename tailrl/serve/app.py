@@ -99,6 +99,7 @@ def build_app(llm, cfg: ServeConfig, loop: EngineLoop | None = None):
     """The ASGI app; starts the engine loop (unless given one) when the app starts."""
     fastapi = require("fastapi")
     from tailrl.serve.routes import add_routes
+    from tailrl.serve.sglang_routes import add_sglang_routes
     loop = loop or EngineLoop(llm)
     server = Server(llm, loop, cfg)
 
@@ -112,5 +113,6 @@ def build_app(llm, cfg: ServeConfig, loop: EngineLoop | None = None):
                           lifespan=lifespan)
     install_handlers(app)
     add_routes(app, server)
+    add_sglang_routes(app, server)              # SGLang's native /generate and control routes
     app.state.server = server
     return app

@@ -1,4 +1,5 @@
-"""`tailrl serve --model DIR`: the OpenAI-compatible server (needs the ``serve`` extra).
+"""`tailrl serve --model DIR`: the OpenAI-compatible server, with SGLang's native ``/generate``
+and control routes beside it (needs the ``serve`` extra).
 
 Binds to 127.0.0.1 unless ``--host`` says otherwise; ``--api-key`` (or ``TAILRL_API_KEY``)
 makes /v1/* and /metrics require ``Authorization: Bearer <key>``.

@@ -63,6 +63,7 @@ class _Group:
     requests: list[Request]
     sink: Sink
     final_only: bool = False                            # report each request once, when it finished
+    on_retire: Callable[[list[Request]], None] | None = None    # None: the loop's own
     sent: list[int] = field(default_factory=list)       # tokens already reported, per request
     reported: list[bool] = field(default_factory=list)  # finish already reported, per request
 
@@ -105,14 +106,16 @@ class EngineLoop:
     def live_sequences(self) -> int:
         return self._live
 
-    def submit(self, group: list[Request], sink: Sink, final_only: bool = False) -> None:
+    def submit(self, group: list[Request], sink: Sink, final_only: bool = False,
+               on_retire: Callable[[list[Request]], None] | None = None) -> None:
         """Queue one prompt's requests (a group: group drafts see the siblings); ``sink`` gets
         lists of ``Update`` from the loop thread and must not block. ``final_only``: a caller
         that neither streams nor watches stop strings gets one update per request, at its end
-        (per-step updates of 200 requests would cost the engine thread the GIL for nothing)."""
+        (per-step updates of 200 requests would cost the engine thread the GIL for nothing).
+        ``on_retire``: this group's own, in place of the loop's (the per-sample front's groups)."""
         with self._live_lock:
             self._live += len(group)
-        self._inbox.put(("add", _Group(group, sink, final_only, [0] * len(group), [False] * len(group))))
+        self._inbox.put(("add", _Group(group, sink, final_only, on_retire, [0] * len(group), [False] * len(group))))
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort unfinished requests (a client left, or a stop string matched): their KV is freed."""
@@ -232,7 +235,7 @@ class EngineLoop:
         aborted = sum(r.finish_reason == "abort" for r in g.requests)
         self.aborted_sequences += aborted
         if not aborted:
-            self._on_retire(g.requests)
+            (g.on_retire or self._on_retire)(g.requests)
         with self._live_lock:
             self._live -= len(g.requests)
 

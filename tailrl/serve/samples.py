@@ -1,7 +1,8 @@
 """One sample per call: the token-in, token-out front RL frameworks' rollout servers call.
 
-verl's agent loop (and frameworks like it) send every sample as its own request: ``n``
-siblings with the same prompt tokens, each under its own request id, with no uid or group.
+verl's agent loop and SGLang clients such as slime (``sglang_routes.py``) send every sample as
+its own request: ``n`` siblings with the same prompt tokens, each under its own request id, with
+no uid or group.
 ``SampleServer`` rebuilds from the tokens what the engine needs, and runs every call in the
 shared ``EngineLoop`` (one continuously batched engine, tailrl's speculation and scheduling):
 
@@ -59,6 +60,9 @@ class Sample:
     spec_draft_tokens: int
     spec_accepted_tokens: int
     spec_verify_steps: int
+    finish_reason: str | None = None                # "stop", "length" or "abort"
+    top_logprobs: list[dict] | None = None          # per token, its alternatives (SamplingParams.logprobs)
+    prompt_top_logprobs: list[dict] | None = None   # per prompt token (SamplingParams.prompt_logprobs)
 
 
 class SampleGroups:
@@ -128,18 +132,19 @@ class SampleGroups:
 
 
 class SampleServer:
-    """``generate`` one sample per call over ``llm``'s engine; call from one asyncio loop."""
+    """``generate`` one sample per call over ``llm``'s engine; call from one asyncio loop.
+    ``loop``: an engine loop to share (the HTTP server's, started by its app), else its own."""
 
-    def __init__(self, llm) -> None:
+    def __init__(self, llm, loop: EngineLoop | None = None) -> None:
         if llm.engine is None:
             raise ValueError("SampleServer runs one engine: build the LLM without instances / scheduler / "
                              "backend (for more engines, run more servers: verl's replicas)")
         self.llm = llm
         self.groups = SampleGroups(llm.seed)
-        self.loop = EngineLoop(llm, on_retire=self._retire).start()
+        self.loop = loop or EngineLoop(llm).start()
         self._gate: asyncio.Event | None = None          # set = admitting (made on the caller's loop)
         self._reject = False
-        self._live: set[str] = set()
+        self._live: dict[str, str] = {}                  # running calls: engine request id -> call id
 
     async def generate(self, call_id: str, prompt_ids: list[int], params: SamplingParams,
                        index: int | None = None) -> Sample:
@@ -161,18 +166,19 @@ class SampleServer:
         def sink(updates: list[Update]) -> None:                # the engine-loop thread
             aloop.call_soon_threadsafe(lambda: done.done() or done.set_result(updates[-1]))
 
-        self._live.add(req.request_id)
+        self._live[req.request_id] = call_id
         try:
-            self.loop.submit([req], sink, final_only=True)
+            self.loop.submit([req], sink, final_only=True, on_retire=self._retire)
             u: Update = await done
         finally:
-            self._live.discard(req.request_id)
+            self._live.pop(req.request_id, None)
         if u.error or u.finish_reason == "abort":
             self.groups.forget(req)
         if u.error:
             raise RuntimeError(f"tailrl engine: {u.error}")
         return Sample(list(u.token_ids), list(u.logprobs), u.finish_reason == "abort", req.num_preemptions,
-                      req.spec_draft_tokens, req.spec_accepted_tokens, req.spec_verify_steps)
+                      req.spec_draft_tokens, req.spec_accepted_tokens, req.spec_verify_steps, u.finish_reason,
+                      u.top_logprobs, u.prompt_top_logprobs)
 
     def _retire(self, requests: list[Request]) -> None:        # the engine-loop thread
         for prompt_id, responses in self.groups.retire(requests):
@@ -200,11 +206,26 @@ class SampleServer:
     async def abort_all(self, reject: bool = False) -> int:
         """Close admission (new calls wait for ``resume``, or end at once as aborted with
         ``reject``) and end every running call with what it generated. Returns how many."""
-        self._gate_event().clear()
-        self._reject = reject
+        self.hold(reject)
         ids = list(self._live)
         self.loop.abort(ids)
         return len(ids)
+
+    def abort(self, call_ids: set[str]) -> int:
+        """End the running calls with these ids with what they generated; returns how many."""
+        ids = [rid for rid, call in self._live.items() if call in call_ids]
+        self.loop.abort(ids)
+        return len(ids)
+
+    @property
+    def running(self) -> int:
+        """Calls submitted and not yet answered."""
+        return len(self._live)
+
+    def hold(self, reject: bool = False) -> None:
+        """Close admission: new calls wait for ``resume`` (or end at once as aborted with ``reject``)."""
+        self._gate_event().clear()
+        self._reject = reject
 
     async def resume(self) -> None:
         self._reject = False
