@@ -52,3 +52,13 @@ def model(ckpt_dir):
     """A random target with sharp next-token distributions (drafts get both accepted and
     rejected); test modules that need another define their own ``model``."""
     return ckpt_dir("qwen2", init_std=3.0, max_pos=1024)
+
+
+@pytest.fixture(scope="session")
+def triton_model(ckpt_dir):
+    """``model`` for the engine tests through the Triton kernels: under the interpreter (no GPU)
+    one layer, since every program of every launch runs in Python there (a second layer doubles
+    those tests' time and adds nothing the kernel tests and the two-layer architectures'
+    end-to-end tests do not cover); on a GPU the same two layers as ``model``."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return ckpt_dir("qwen2", init_std=3.0, max_pos=1024, num_layers=1 if interpreted else 2)

@@ -87,6 +87,8 @@ class NativeFront:
             s = await self.samples.generate(sid, call.input_ids, params, index)
         except ValueError as e:
             raise APIError(400, str(e)) from None
+        except RuntimeError as e:                     # the engine failed; the server stays up
+            raise APIError(500, str(e)) from None
         finally:
             live = self.calls.get(rid)
             if live is not None:

@@ -209,7 +209,7 @@ def test_an_engine_with_a_speculator_or_on_a_cpu_by_default_does_not_step_ahead(
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device itself checks")
-def test_steps_launched_ahead_make_no_tensor_on_the_host_by_default(model, monkeypatch, fed):
+def test_steps_launched_ahead_make_no_tensor_on_the_host_by_default(triton_model, monkeypatch, fed):
     """Through the Triton kernels (interpreted) and the graphs' static inputs, each step under
     ``tests/device_guard.py``: the same outputs as stepping one step at a time."""
     from device_guard import guard
@@ -218,7 +218,7 @@ def test_steps_launched_ahead_make_no_tensor_on_the_host_by_default(model, monke
               SamplingParams(n=2, temperature=0.0, max_tokens=9, stop_token_ids=[7])]
 
     def run(ahead: bool):
-        llm = LLM(model, async_scheduling=ahead)
+        llm = LLM(triton_model, async_scheduling=ahead)
         e = llm.engine
         e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64))
         return [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(PROMPTS[:2], params)]

@@ -23,10 +23,10 @@ def test_the_scorer_makes_no_tensor_on_the_host_by_default(monkeypatch, model):
         assert scorer.logprobs(prompts, responses, [1.0, 0.7]) == want
 
 
-def test_a_migrating_request_makes_no_tensor_on_the_host_by_default(monkeypatch, model):
+def test_a_migrating_request_makes_no_tensor_on_the_host_by_default(monkeypatch, triton_model):
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
     guard(monkeypatch, LLMEngine, "step", "export_request", "import_request", "release")
-    engines = [LLMEngine(EngineConfig(model=model, dtype="bfloat16"), SpeculativeConfig(policy="fixed"))
+    engines = [LLMEngine(EngineConfig(model=triton_model, dtype="bfloat16"), SpeculativeConfig(policy="fixed"))
                for _ in range(2)]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     ref = Request("x", [5, 6, 7, 8], params, seed_key=11)

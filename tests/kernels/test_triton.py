@@ -23,6 +23,9 @@ SMALL_POOL = dict(kv_cache_gib=0.25)         # a small pool: several engines sha
 H, KV, D = 4, 2, 32
 # slow under the interpreter (a mixture of experts' graph steps: ~2 min), quick on a GPU
 SLOW_HERE = pytest.mark.slow if DEVICE == "cpu" else ()
+# under the interpreter every program of every launch runs in Python: one layer (a second
+# doubles the end-to-end tests' time; ``triton_model`` in tests/conftest.py)
+INTERPRETED_LAYERS = dict(num_layers=1) if DEVICE == "cpu" else {}
 
 
 def step(rows_queries, n_blocks: int, seed: int):
@@ -96,13 +99,14 @@ def test_rope_attend_matches_the_reference(dtype, tol):
     assert (kg.float() - kr.float()).abs().max().item() < tol * 4 and torch.equal(vg, vr)
 
 
-@pytest.mark.parametrize("lanes,keys", [(16, 32), (16, 16), (4, 64)])
+@pytest.mark.parametrize("lanes,keys", [(16, 32), pytest.param(16, 16, marks=SLOW_HERE), (4, 64)])
 def test_attention_lanes_merged_in_one_program_or_by_a_second_kernel_give_the_same_bits(monkeypatch, lanes, keys):
     """Long rows (up to 600 positions: several chunks of keys per lane) and short ones, chains
     and trees: every lane in one program (a step with programs enough to fill a GPU) and one
     program per lane, merged by the last lane to finish (few tokens), compute the same bits; both near
     float64. Lanes and keys per step of a lane's walk: the defaults (tests/conftest.py sets 2
-    lanes under the interpreter), one pool block per step, and four lanes of 64-key chunks."""
+    lanes under the interpreter), one pool block per step (with ``-m slow`` there: ~50 s), and
+    four lanes of 64-key chunks."""
     from tailrl.kernels.gpu import backend
     monkeypatch.setattr(backend, "LANES", lanes)
     monkeypatch.setattr(backend, "KEYS", keys)
@@ -234,7 +238,7 @@ def test_select_picks_triton_for_cuda_and_when_forced(monkeypatch):
         select("cpu", torch.float32)
 
 
-def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch):
+def test_a_tiny_model_end_to_end_under_the_triton_kernels(triton_model, monkeypatch):
     """float32 greedy tokens and sampled tokens through the Triton kernels equal the native CPU
     kernels' (the matmuls are the same PyTorch ones; attention and norms differ in rounding
     only), with and without speculation; the step runs every tensor on the engine's device
@@ -244,7 +248,7 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(ckpt_dir, monkeypatch)
 
     from tailrl import LLM, SamplingParams, SpeculativeConfig
     from tailrl.engine.engine import LLMEngine
-    path = ckpt_dir("qwen2", init_std=3.0)
+    path = triton_model
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
     want = [[c.token_ids for c in o.outputs] for o in LLM(path, dtype="float32").generate(prompts, sp)]
@@ -269,7 +273,7 @@ def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arc
     expert on the device: kernels/gpu/experts.py): float32 sampled tokens through the Triton
     kernels equal the native CPU kernels', as the Qwen2 checkpoint's above."""
     from tailrl import LLM, SamplingParams
-    path = ckpt_dir(arch, init_std=1.0, **kw)
+    path = ckpt_dir(arch, init_std=1.0, **kw, **INTERPRETED_LAYERS)
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True, seed=4)
     want = [[c.token_ids for c in o.outputs] for o in LLM(path, dtype="float32").generate(prompts, sp)]
@@ -278,7 +282,7 @@ def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arc
     assert [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, sp)] == want
 
 
-def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(ckpt_dir, monkeypatch):
+def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(triton_model, monkeypatch):
     """Rows drafting inside steps launched ahead (engine/ahead_drafts.py) through the Triton
     kernels and the graphs' static inputs: the follow-up queries (their own K/V at scratch
     positions read through ``extra``, moved into place where they hit) and the chains give
@@ -288,7 +292,7 @@ def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(ckpt_di
     from tailrl.engine.graph_pool import GraphPool, cuda_capture, eager_capture
     from tailrl.engine.graphs import StepGraphs
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
-    path = ckpt_dir("qwen2", init_std=3.0)
+    path = triton_model
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, ignore_eos=True, seed=4)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
@@ -306,7 +310,7 @@ def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(ckpt_di
 
 
 @pytest.mark.parametrize("arch", ["qwen2", pytest.param("qwen3_moe", marks=SLOW_HERE)])
-def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkeypatch, arch):
+def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, triton_model, monkeypatch, arch):
     """bfloat16 through the Triton kernels (the batch-invariant matmul included; a mixture of
     experts' products grouped on the device): speculation
     gives plain decoding's tokens and logprobs bit for bit, and a rollout whose decode and
@@ -321,7 +325,7 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkey
     from tailrl.engine.graph_pool import GraphPool, cuda_capture, eager_capture
     from tailrl.engine.graphs import StepGraphs
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
-    path = ckpt_dir(arch, init_std=3.0)
+    path = triton_model if arch == "qwen2" else ckpt_dir(arch, init_std=3.0)
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
