@@ -47,7 +47,8 @@ def prompts(count: int) -> list[str]:
 
 def make_llm(a):
     from tailrl import LLM, SamplingParams
-    llm = LLM(a.model, speculative=None if a.speculative == "off" else {"method": a.speculative}, seed=0)
+    llm = LLM(a.model, speculative=None if a.speculative == "off" else {"method": a.speculative}, seed=0,
+              dtype=a.dtype)
     warm = prompts(8)                        # first calls pay one-time costs; the server is warmed too
     llm.generate(warm, SamplingParams(temperature=1.0, max_tokens=a.max_tokens, seed=10**6), use_tqdm=False)
     return llm
@@ -77,7 +78,7 @@ def baseline(llm, a, texts: list[str]) -> tuple[float, list[list[int]]]:
 def start_server(a, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tailrl.cli", "serve", "--model", a.model, "--port", str(port),
            "--served-model-name", "small", "--speculative", a.speculative, "--log-level", "warning",
-           "--max-tokens-limit", str(a.max_tokens)]
+           "--max-tokens-limit", str(a.max_tokens), "--dtype", a.dtype]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -148,6 +149,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--speculative", choices=["off", "suffix"], default="off")
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="both sides'")
     ap.add_argument("--api", choices=["openai", "sglang"], default="openai",
                     help="/v1/completions, or SGLang's native /generate")
     a = ap.parse_args()
@@ -167,7 +169,7 @@ def main() -> None:
     differ = sum(x is not None and x != b for x, b in zip(ids, base_ids))
     base_tokens = sum(len(x) for x in base_ids)
     srv_tokens = sum(len(x) for x in ids if x is not None)
-    fig = {"requests": a.requests, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
+    fig = {"requests": a.requests, "concurrency": a.concurrency, "max_tokens": a.max_tokens, "dtype": a.dtype,
            "speculative": a.speculative, "api": a.api, "lost": lost, "tokens_differ": differ,
            "baseline_s": round(base_s, 3), "baseline_tokens_per_s": round(base_tokens / base_s, 1),
            "server_s": round(wall, 3), "server_tokens_per_s": round(srv_tokens / wall, 1),

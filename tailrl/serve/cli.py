@@ -24,7 +24,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", default=os.environ.get("TAILRL_API_KEY"))
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "float64", "bfloat16"],
+                    help="as LLM's (default bfloat16), so a seeded request samples what LLM.generate does")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--device", default="cpu", help="where the engine runs: cpu, cuda or cuda:N")

@@ -111,6 +111,16 @@ def test_server_binds_loopback_by_default():
     assert parse_args(["--model", "m"]).host == "127.0.0.1" and ServeConfig().host == "127.0.0.1"
 
 
+def test_serve_dtype_defaults_to_llms():
+    """`tailrl serve` computes in LLM's default dtype, so a seeded request samples what
+    `LLM(model).generate` does with that seed."""
+    import inspect
+
+    from tailrl import LLM
+    from tailrl.serve.cli import parse_args
+    assert parse_args(["--model", "m"]).dtype == inspect.signature(LLM).parameters["dtype"].default == "bfloat16"
+
+
 def test_serve_device_options_are_checked_before_any_work(capsys):
     """`tailrl serve --device cuda` puts the engine on a GPU with `--gpu-memory-utilization` of
     it; a malformed device, an absent one or a share outside (0, 1] is an argument error naming
