@@ -13,8 +13,10 @@ control routes RL frameworks drive between rollouts:
   (or are aborted with ``abort_all_requests``), then the weights are swapped between two engine
   steps; a new weight version starts new sample groups and noise, and ``weight_version`` labels
   every later answer;
+- ``/release_memory_occupation`` (the K/V cache's memory, once nothing runs; the weights stay)
+  and ``/resume_memory_occupation``;
 - ``/flush_cache``, ``/v1/loads``, ``/server_info``, ``/model_info`` (and their ``get_`` names),
-  ``/health_generate`` (a real one-token generation through the engine loop).
+  ``/get_weight_version``, ``/health_generate`` (a real one-token generation through the engine loop).
 
 With ``--api-key`` every route but the health ones needs ``Authorization: Bearer <key>``.
 Imported only by ``app.build_app`` once the ``serve`` extra is known to be installed.
@@ -161,9 +163,17 @@ class NativeFront:
         return {"loads": [{"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": max(total - running, 0),
                            "num_total_reqs": total}]}
 
+    async def release_memory(self, tags) -> dict:
+        """SGLang's release: here the K/V cache's memory (it grows back on demand), once nothing
+        runs; weights stay where they are (a named ``weights`` tag is refused)."""
+        _memory_tags(tags)
+        await self.samples.sleep()
+        return {"success": True, "released": ["kv_cache"]}
+
     def server_info(self) -> dict:
-        llm, engine = self.server.llm, self.server.llm.engine
-        return {"model_path": engine.config.model, "served_model_name": self.server.cfg.model_name,
+        llm, engine, cfg = self.server.llm, self.server.llm.engine, self.server.cfg
+        return {"model_path": engine.config.model, "served_model_name": cfg.model_name, "host": cfg.host,
+                "port": cfg.port, "nnodes": 1, "node_rank": 0, "ep_size": 1,
                 "engine": "tailrl", "version": tailrl.__version__, "tp_size": 1, "dp_size": 1, "pp_size": 1,
                 "num_gpus": 0 if engine.config.device == "cpu" else 1, "device": engine.config.device,
                 "dtype": engine.config.dtype, "context_length": self.server.inputs.max_model_len,
@@ -175,6 +185,16 @@ class NativeFront:
         path = self.server.llm.engine.config.model
         return {"model_path": path, "tokenizer_path": path if self.server.llm.tokenizer is not None else None,
                 "is_generation": True, "weight_version": self.weight_version}
+
+
+def _memory_tags(tags) -> None:
+    if tags is None:
+        return
+    if not isinstance(tags, list) or any(t not in ("kv_cache", "weights") for t in tags):
+        raise APIError(400, f"field 'tags' must be a list of 'kv_cache' / 'weights', got {tags!r}", param="tags")
+    if "weights" in tags:
+        raise APIError(400, "field 'tags': this server keeps its weights in memory (only 'kv_cache' is released)",
+                       param="tags")
 
 
 async def _disconnected(request) -> None:
@@ -258,6 +278,20 @@ def add_sglang_routes(app, server) -> None:
         async def model_info(request: Request):
             server.check_auth(request)
             return front.model_info()
+
+    @app.get("/get_weight_version")
+    async def weight_version(request: Request):
+        server.check_auth(request)
+        return {"weight_version": front.weight_version}
+
+    @app.post("/release_memory_occupation")
+    async def release_memory(request: Request):
+        return await front.release_memory((await body_of(request)).get("tags"))
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(request: Request):
+        _memory_tags((await body_of(request)).get("tags"))
+        return {"success": True}                # the K/V cache is allocated again by the next request
 
     @app.get("/health_generate")
     async def health_generate():

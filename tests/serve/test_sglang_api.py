@@ -234,5 +234,13 @@ def test_info_health_loads_flush_and_auth(srv):
     assert call(srv.port, "/get_server_info", method="GET")[1] == info
     assert call(srv.port, "/v1/loads", method="GET")[1]["loads"][0]["num_total_reqs"] == 0
     assert call(srv.port, "/flush_cache", {})[0] == 200
+    assert call(srv.port, "/get_weight_version", method="GET") == (200, {"weight_version": "default"})
+    engine = srv.app.state.server.llm.engine
+    assert call(srv.port, "/release_memory_occupation", {}) == (200, {"success": True, "released": ["kv_cache"]})
+    assert engine.kv.bytes == 0                                   # given back
+    assert call(srv.port, "/release_memory_occupation", {"tags": ["weights"]})[0] == 400
+    assert call(srv.port, "/resume_memory_occupation", {"tags": ["kv_cache"]})[0] == 200
+    assert len(gen(srv.port, {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 3,
+                                                                        "ignore_eos": True}})["output_ids"]) == 3
     assert call(srv.port, "/generate", {"input_ids": [1, 2]}, key=None)[0] == 401
     assert call(srv.port, "/abort_request", {"abort_all": True}, key="wrong")[0] == 401
