@@ -149,6 +149,19 @@ class SampleServer:
     async def generate(self, call_id: str, prompt_ids: list[int], params: SamplingParams,
                        index: int | None = None) -> Sample:
         """One sample. Bad input raises ``ValueError`` naming the field before anything runs."""
+        sample = None
+        async for sample in self._run(call_id, prompt_ids, params, index, final_only=True):
+            pass
+        return sample
+
+    def stream(self, call_id: str, prompt_ids: list[int], params: SamplingParams, index: int | None = None):
+        """``generate`` as the sample grows: the sample so far after each engine update that
+        added tokens (``finish_reason`` None), then the finished one. Closing it early aborts
+        the call (a client that left)."""
+        return self._run(call_id, prompt_ids, params, index, final_only=False)
+
+    async def _run(self, call_id: str, prompt_ids: list[int], params: SamplingParams, index: int | None,
+                   final_only: bool):
         if not isinstance(call_id, str) or not call_id:
             raise ValueError(f"request_id must be a non-empty string, got {call_id!r}")
         prompt_ids = [int(t) for t in prompt_ids]
@@ -159,26 +172,46 @@ class SampleServer:
         req = self.groups.make(call_id, prompt_ids, params, index)
         if not await self._admitted():
             self.groups.forget(req)
-            return Sample([], [], True, 0, 0, 0, 0)
+            yield Sample([], [], True, 0, 0, 0, 0, "abort")
+            return
         aloop = asyncio.get_running_loop()
-        done: asyncio.Future = aloop.create_future()
+        inbox: asyncio.Queue = asyncio.Queue()
 
         def sink(updates: list[Update]) -> None:                # the engine-loop thread
-            aloop.call_soon_threadsafe(lambda: done.done() or done.set_result(updates[-1]))
+            aloop.call_soon_threadsafe(inbox.put_nowait, updates)
 
+        toks: list[int] = []
+        lps: list[float] = []
+        top = prompt_top = finish = error = None
         self._live[req.request_id] = call_id
         try:
-            self.loop.submit([req], sink, final_only=True, on_retire=self._retire)
-            u: Update = await done
+            self.loop.submit([req], sink, final_only=final_only, on_retire=self._retire)
+            while finish is None:
+                for u in await inbox.get():
+                    toks += u.token_ids
+                    lps += u.logprobs
+                    if u.top_logprobs is not None:
+                        top = (top or []) + u.top_logprobs
+                    prompt_top = u.prompt_top_logprobs or prompt_top
+                    finish, error = u.finish_reason, u.error
+                if finish is None:
+                    yield self._sample(req, toks, lps, None, top, prompt_top)
         finally:
             self._live.pop(req.request_id, None)
-        if u.error or u.finish_reason == "abort":
+            if finish is None:                                  # closed early: nobody reads it
+                self.loop.abort([req.request_id])
+                self.groups.forget(req)
+        if error or finish == "abort":
             self.groups.forget(req)
-        if u.error:
-            raise RuntimeError(f"tailrl engine: {u.error}")
-        return Sample(list(u.token_ids), list(u.logprobs), u.finish_reason == "abort", req.num_preemptions,
-                      req.spec_draft_tokens, req.spec_accepted_tokens, req.spec_verify_steps, u.finish_reason,
-                      u.top_logprobs, u.prompt_top_logprobs)
+        if error:
+            raise RuntimeError(f"tailrl engine: {error}")
+        yield self._sample(req, toks, lps, finish, top, prompt_top)
+
+    @staticmethod
+    def _sample(req: Request, toks, lps, finish, top, prompt_top) -> Sample:
+        return Sample(list(toks), list(lps), finish == "abort", req.num_preemptions, req.spec_draft_tokens,
+                      req.spec_accepted_tokens, req.spec_verify_steps, finish, None if top is None else list(top),
+                      prompt_top)
 
     def _retire(self, requests: list[Request]) -> None:        # the engine-loop thread
         for prompt_id, responses in self.groups.retire(requests):

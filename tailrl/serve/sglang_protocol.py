@@ -8,6 +8,10 @@ sample is one call of the per-sample front (``samples.SampleServer``): the same 
 history and noise as verl's path, so ``sampling_seed`` s gives exactly
 ``LLM.generate(ids, SamplingParams(seed=s, n=N))``'s samples.
 
+With ``stream`` (one prompt, one sample) the answer is server-sent events, each chunk the
+whole answer so far (SGLang's default, cumulative: ``text``, ``output_ids`` and the logprobs
+lists grow; ``finish_reason`` is null until the last), then ``data: [DONE]``.
+
 Every field is checked before anything runs; a field we do not implement (grammars, LoRA,
 images, ...) with a non-default value is a 400 naming it, never ignored. Log-probabilities
 are tailrl's (and SGLang's default): of the tempered distribution, T = 1 for greedy.
@@ -30,7 +34,7 @@ _SAMPLING = {"max_new_tokens": 128, "temperature": 1.0, "top_p": 1.0, "top_k": -
              "spaces_between_special_tokens": True,
              # accepted: SGLang hands them to a custom logit processor only, and there is none here
              "custom_params": None,
-             # SGLang's streaming granularity: /generate does not stream here (``stream`` is refused)
+             # SGLang's streaming granularity: here a chunk per engine update that added tokens
              "stream_interval": None}
 _SAMPLING_UNSUPPORTED = ("json_schema", "regex", "ebnf", "structural_tag", "logit_bias", "stop_regex")
 # top-level fields: accepted ones, and those refused unless absent / false / default
@@ -105,7 +109,7 @@ def _sampling(d, inputs, cfg, logprobs: int, prompt_logprobs: int | None) -> Sam
             raise APIError(400, f"unknown field 'sampling_params.{k}'", param=k)
     p = {**_SAMPLING, **{k: v for k, v in d.items() if v is not None or k in ("stop", "stop_token_ids")}}
     if p["stream_interval"] is not None:
-        raise APIError(400, "field 'sampling_params.stream_interval': /generate does not stream here",
+        raise APIError(400, "field 'sampling_params.stream_interval' is not supported (a chunk per engine update)",
                        param="stream_interval")
     n, max_new = p["n"], p["max_new_tokens"]
     if not isinstance(n, int) or not 1 <= n <= cfg.max_n:
@@ -137,8 +141,9 @@ def _sampling(d, inputs, cfg, logprobs: int, prompt_logprobs: int | None) -> Sam
         raise APIError(400, f"field 'sampling_params.{field}': {e}", param=field) from None
 
 
-def parse_generate(body, inputs, cfg) -> tuple[list[PromptCall], bool]:
-    """A /generate body -> its prompts' calls (every field checked), and whether it was a batch."""
+def parse_generate(body, inputs, cfg) -> tuple[list[PromptCall], bool, bool]:
+    """A /generate body -> its prompts' calls (every field checked), whether it was a batch, and
+    whether it streams (one prompt, one sample: slime's streaming rollout)."""
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
     for k, v in body.items():
@@ -146,8 +151,6 @@ def parse_generate(body, inputs, cfg) -> tuple[list[PromptCall], bool]:
             raise APIError(400, f"field '{k}' is not supported by this server", param=k)
         if k not in _TOP and k not in _TOP_UNSUPPORTED:
             raise APIError(400, f"unknown field '{k}'", param=k)
-    if body.get("stream"):
-        raise APIError(400, "field 'stream': /generate does not stream here (use /v1/completions)", param="stream")
     if body.get("data_parallel_rank") not in (None, 0):
         raise APIError(400, "field 'data_parallel_rank' must be 0 or absent (one engine per server)",
                        param="data_parallel_rank")
@@ -180,11 +183,20 @@ def parse_generate(body, inputs, cfg) -> tuple[list[PromptCall], bool]:
                            top if want and start >= 0 else None)
         calls.append(PromptCall(rid, ids, params, want, top if want else 0, start if want else -1,
                                 bool(columns["return_text_in_logprobs"][i])))
-    return calls, batch
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise APIError(400, f"field 'stream' must be true or false, got {stream!r}", param="stream")
+    if stream and (batch or calls[0].params.n != 1):
+        raise APIError(400, "field 'stream': streams one prompt's one sample (send each sample as its own call)",
+                       param="stream")
+    return calls, batch, stream
 
 
 def finish_reason(call: PromptCall, s: Sample, text: str, eos: tuple[int, ...]) -> dict:
-    """SGLang's ``finish_reason``: what matched (a token id or a stop string), the length, or abort."""
+    """SGLang's ``finish_reason``: what matched (a token id or a stop string), the length, or abort
+    (None while the sample is still growing)."""
+    if s.finish_reason is None:
+        return None
     if s.finish_reason == "length":
         return {"type": "length", "length": len(s.token_ids)}
     if s.finish_reason == "stop":

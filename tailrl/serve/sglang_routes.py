@@ -1,6 +1,7 @@
 """SGLang's native HTTP API beside the OpenAI one, as SGLang's own server has both.
 
-``POST /generate`` (sglang_protocol.py) runs each sample as a call of the per-sample front
+``POST /generate`` (sglang_protocol.py; ``stream`` as SGLang's cumulative server-sent events)
+runs each sample as a call of the per-sample front
 (``SampleServer``) over the server's one engine loop, so it batches with /v1/* traffic. The
 control routes RL frameworks drive between rollouts:
 
@@ -35,6 +36,7 @@ from tailrl.config import SamplingParams
 from tailrl.engine.request import Request as EngineRequest
 from tailrl.model.loader import load_matching_state_dict
 from tailrl.serve import require
+from tailrl.serve import responses as R
 from tailrl.serve.errors import APIError, error_body
 from tailrl.serve.samples import SampleServer
 from tailrl.serve.sglang_protocol import PromptCall, answer, parse_generate
@@ -100,6 +102,29 @@ class NativeFront:
         self.server.counters.generation_tokens += len(s.token_ids)
         return answer(call, s, sid, llm.tokenizer, llm.engine.args.eos_token_ids, self.weight_version,
                       time.monotonic() - t0)
+
+    async def stream(self, call: PromptCall):
+        """Server-sent events: the answer so far after each engine update, then ``[DONE]``. A
+        client that leaves closes this generator, and closing the sample's stream aborts it."""
+        llm, t0 = self.server.llm, time.monotonic()
+        rid = call.rid or f"tailrl-{next(self._ids)}"
+        self.calls.setdefault(rid, set()).add(rid)
+        try:
+            index = None if call.params.seed is None else 0
+            async for s in self.samples.stream(rid, call.input_ids, call.params, index):
+                if s.finish_reason is not None:
+                    self.server.counters.generation_tokens += len(s.token_ids)
+                yield R.sse(answer(call, s, rid, llm.tokenizer, llm.engine.args.eos_token_ids, self.weight_version,
+                                   time.monotonic() - t0))
+        except RuntimeError as e:                     # the engine failed; the server stays up
+            yield R.sse(error_body(500, str(e)))
+        finally:
+            live = self.calls.get(rid)
+            if live is not None:
+                live.discard(rid)
+                if not live:
+                    del self.calls[rid]
+        yield R.sse("[DONE]")
 
     def abort(self, rid: str | None) -> int:
         ids = {sid for sids in self.calls.values() for sid in sids} if rid is None else self.calls.get(rid, set())
@@ -217,10 +242,12 @@ def add_sglang_routes(app, server) -> None:
     @app.post("/generate")
     async def generate(request: Request):
         server.check_auth(request)
-        calls, batch = parse_generate(await server.read_json(request), server.inputs, server.cfg)
+        calls, batch, stream = parse_generate(await server.read_json(request), server.inputs, server.cfg)
         server.check_capacity(sum(c.params.n for c in calls))
         server.counters.requests += 1
         server.counters.prompt_tokens += sum(len(c.input_ids) * c.params.n for c in calls)
+        if stream:
+            return responses.StreamingResponse(front.stream(calls[0]), media_type="text/event-stream")
         try:
             outs = await front.generate(request, calls)
         except ConnectionError:

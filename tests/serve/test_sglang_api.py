@@ -162,6 +162,61 @@ def test_abort_returns_the_partial_response_a_prefix_of_the_full_one(srv):
     assert res["b"]["meta_info"]["finish_reason"] == {"type": "length", "length": 200}
 
 
+def stream(port: int, payload: dict, stop_after: int | None = None) -> list:
+    """The chunks of a streamed /generate (the JSON ones; "[DONE]" as the string), or the first
+    ``stop_after`` of them before hanging up."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/generate", json.dumps({**payload, "stream": True}),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    r = conn.getresponse()
+    assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream")
+    chunks = []
+    for line in r:
+        line = line.decode().strip()
+        if line.startswith("data: "):
+            data = line[6:]
+            chunks.append(data if data == "[DONE]" else json.loads(data))
+            if stop_after is not None and len(chunks) >= stop_after:
+                break
+    conn.close()
+    return chunks
+
+
+def test_a_stream_grows_to_the_answer_and_a_client_that_leaves_aborts_it(srv):
+    """slime's streaming rollout reads SGLang's cumulative chunks: each the answer so far."""
+    body = {"input_ids": [5, 9, 14], "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 30, "sampling_seed": 21, "ignore_eos": True}}
+    whole = gen(srv.port, body)
+    chunks = stream(srv.port, body)
+    assert chunks[-1] == "[DONE]" and len(chunks) > 3
+    last = chunks[-2]
+    assert last["output_ids"] == whole["output_ids"] and last["text"] == whole["text"]
+    assert last["meta_info"]["output_token_logprobs"] == whole["meta_info"]["output_token_logprobs"]
+    assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 30}
+    for a, b in zip(chunks[:-2], chunks[1:-1]):
+        assert a["meta_info"]["finish_reason"] is None
+        assert b["output_ids"][:len(a["output_ids"])] == a["output_ids"] and len(b["output_ids"]) > len(a["output_ids"])
+        assert [x[1] for x in a["meta_info"]["output_token_logprobs"]] == a["output_ids"]
+    # aborted by id while streaming: the last chunk says so, with the tokens so far
+    out: list = []
+    t = threading.Thread(target=lambda: out.extend(stream(srv.port, {
+        "input_ids": [8, 9], "rid": "s1", "sampling_params": {"max_new_tokens": LONG, "ignore_eos": True}})))
+    t.start()
+    deadline = time.monotonic() + 30
+    while call(srv.port, "/v1/loads", method="GET")[1]["loads"][0]["num_running_reqs"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert call(srv.port, "/abort_request", {"rid": "s1"})[1]["num_aborted"] == 1
+    t.join(60)
+    assert out[-1] == "[DONE]" and out[-2]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 0 < len(out[-2]["output_ids"]) < LONG
+    # a client that hangs up: its request is aborted, nothing keeps running
+    assert len(stream(srv.port, {"input_ids": [8, 9], "sampling_params": {"max_new_tokens": LONG,
+                                                                          "ignore_eos": True}}, stop_after=3)) == 3
+    wait_idle(srv.port)
+
+
 def test_pause_holds_new_requests_until_continue(srv):
     assert call(srv.port, "/pause_generation", {"mode": "abort"})[0] == 200
     out: dict = {}
@@ -212,7 +267,9 @@ def test_update_weights_from_disk(srv, chat_model, tmp_path):
     ({"input_ids": [1, 2], "sampling_params": {"bogus": 1}}, "bogus"),
     ({"input_ids": [1, 500]}, "input_ids"),
     ({"input_ids": [1, 2], "text": "a"}, "input_ids"),
-    ({"input_ids": [1, 2], "stream": True}, "stream"),
+    ({"input_ids": [[1, 2], [3]], "stream": True}, "stream"),
+    ({"input_ids": [1, 2], "stream": True, "sampling_params": {"n": 2}}, "stream"),
+    ({"input_ids": [1, 2], "stream": "yes"}, "stream"),
     ({"input_ids": [1, 2], "lora_path": "x"}, "lora_path"),
     ({"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
     ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
