@@ -94,11 +94,7 @@ class NativeFront:
         except RuntimeError as e:                     # the engine failed; the server stays up
             raise APIError(500, str(e)) from None
         finally:
-            live = self.calls.get(rid)
-            if live is not None:
-                live.discard(sid)
-                if not live:
-                    del self.calls[rid]
+            self._left(rid, sid)
         self.server.counters.generation_tokens += len(s.token_ids)
         return answer(call, s, sid, llm.tokenizer, llm.engine.args.eos_token_ids, self.weight_version,
                       time.monotonic() - t0)
@@ -119,12 +115,16 @@ class NativeFront:
         except RuntimeError as e:                     # the engine failed; the server stays up
             yield R.sse(error_body(500, str(e)))
         finally:
-            live = self.calls.get(rid)
-            if live is not None:
-                live.discard(rid)
-                if not live:
-                    del self.calls[rid]
+            self._left(rid, rid)
         yield R.sse("[DONE]")
+
+    def _left(self, rid: str, sid: str) -> None:
+        """Call ``sid`` of ``rid`` ended: no abort reaches it any more."""
+        live = self.calls.get(rid)
+        if live is not None:
+            live.discard(sid)
+            if not live:
+                del self.calls[rid]
 
     def abort(self, rid: str | None) -> int:
         ids = {sid for sids in self.calls.values() for sid in sids} if rid is None else self.calls.get(rid, set())

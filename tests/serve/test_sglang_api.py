@@ -43,6 +43,15 @@ def gen(port: int, payload: dict):
     return body
 
 
+def wait_running(port: int, count: int = 1, timeout: float = 30.0) -> None:
+    """Until ``count`` requests are running in the engine, then a little longer (tokens flow)."""
+    deadline = time.monotonic() + timeout
+    while call(port, "/v1/loads", method="GET")[1]["loads"][0]["num_running_reqs"] < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.2)
+
+
 def wait_idle(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while call(port, "/v1/loads", method="GET")[1]["loads"][0]["num_total_reqs"]:
@@ -131,11 +140,7 @@ def test_abort_returns_the_partial_response_a_prefix_of_the_full_one(srv):
     t = threading.Thread(target=lambda: out.update(gen(srv.port, {"input_ids": [8, 9], "rid": "r1",
                                                                   "sampling_params": sp, "return_logprob": True})))
     t.start()
-    deadline = time.monotonic() + 30
-    while call(srv.port, "/v1/loads", method="GET")[1]["loads"][0]["num_running_reqs"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.2)
+    wait_running(srv.port)
     assert call(srv.port, "/abort_request", {"abort_all": True}) == (200, {"success": True, "num_aborted": 1})
     t.join(60)
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
@@ -151,10 +156,7 @@ def test_abort_returns_the_partial_response_a_prefix_of_the_full_one(srv):
         for k in ("a", "b")]
     for x in ts:
         x.start()
-    deadline = time.monotonic() + 30
-    while call(srv.port, "/v1/loads", method="GET")[1]["loads"][0]["num_running_reqs"] < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_running(srv.port, 2)
     assert call(srv.port, "/abort_request", {"rid": "a"})[1]["num_aborted"] == 1
     for x in ts:
         x.join(60)
@@ -202,11 +204,7 @@ def test_a_stream_grows_to_the_answer_and_a_client_that_leaves_aborts_it(srv):
     t = threading.Thread(target=lambda: out.extend(stream(srv.port, {
         "input_ids": [8, 9], "rid": "s1", "sampling_params": {"max_new_tokens": LONG, "ignore_eos": True}})))
     t.start()
-    deadline = time.monotonic() + 30
-    while call(srv.port, "/v1/loads", method="GET")[1]["loads"][0]["num_running_reqs"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.2)
+    wait_running(srv.port)
     assert call(srv.port, "/abort_request", {"rid": "s1"})[1]["num_aborted"] == 1
     t.join(60)
     assert out[-1] == "[DONE]" and out[-2]["meta_info"]["finish_reason"]["type"] == "abort"
