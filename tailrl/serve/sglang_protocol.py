@@ -192,7 +192,7 @@ def parse_generate(body, inputs, cfg) -> tuple[list[PromptCall], bool, bool]:
     return calls, batch, stream
 
 
-def finish_reason(call: PromptCall, s: Sample, text: str, eos: tuple[int, ...]) -> dict:
+def finish_reason(call: PromptCall, s: Sample, text: str, eos: tuple[int, ...]) -> dict | None:
     """SGLang's ``finish_reason``: what matched (a token id or a stop string), the length, or abort
     (None while the sample is still growing)."""
     if s.finish_reason is None:

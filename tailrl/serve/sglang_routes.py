@@ -82,6 +82,8 @@ class NativeFront:
             self.samples.abort(mine)
             work.cancel()
             raise ConnectionError("client disconnected")
+        if work.exception() is not None:              # one call failed: its siblings' answers go nowhere
+            self.samples.abort(mine)
         return work.result()
 
     async def _one(self, call: PromptCall, params: SamplingParams, rid: str, sid: str, t0: float,
