@@ -78,7 +78,7 @@ class SamplingParams:
     # unless ``include_stop_str_in_output``
     logprobs: int | None = None
     # vLLM's prompt_logprobs = N (0..20): per prompt token after the first, its log-probability and
-    # its position's N most probable tokens (``RequestOutput.prompt_logprobs``; one engine)
+    # its position's N most probable tokens (``RequestOutput.prompt_logprobs``)
     prompt_logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True

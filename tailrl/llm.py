@@ -60,8 +60,6 @@ class LLM:
         texts, ids, pids, groups = self.inputs.requests(self._calls + 1, prompts, sampling_params, prompt_ids)
         self._calls += 1
         reqs = [r for g in groups for r in g]
-        if self.pool is not None and any(g[0].params.prompt_logprobs is not None for g in groups):
-            raise ValueError("prompt_logprobs: a rollout pool does not return them; use one engine")
         start = time.perf_counter()
         if self.pool is not None:
             counters, spec, extra = self.pool.run(reqs, self.history, _by_request(groups, true_lengths))

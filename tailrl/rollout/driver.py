@@ -177,6 +177,8 @@ class Rollout:
                 if req.output_top_logprobs is None:
                     req.output_top_logprobs = []
                 req.output_top_logprobs.extend(d.top_logprobs)
+            if d.prompt_top_logprobs is not None:
+                req.prompt_top_logprobs = d.prompt_top_logprobs
             self.tokens += len(d.tokens)
             if d.finish_reason is not None:
                 req.status, req.finish_time = STATUS[d.finish_reason], time.perf_counter()

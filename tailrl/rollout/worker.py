@@ -64,6 +64,7 @@ class Delta:
     logprobs: list[float]
     finish_reason: str | None = None   # set when the engine finished it ("stop", "length")
     top_logprobs: list[dict] | None = None   # where the request asks for them (engine/top_logprobs.py)
+    prompt_top_logprobs: list[dict] | None = None   # its prompt's, once its prefill gave them all
 
 
 @dataclass
@@ -96,6 +97,7 @@ class EngineWorker:
         self.reported: dict[str, int] = {}           # output tokens already reported
         self.ended: set[str] = set()                 # chunk ended, still in the engine
         self.parked: dict[str, RequestState] = {}    # chunk ended, out of the engine with its K/V
+        self.prompt_sent: set[str] = set()           # prompt logprobs already reported
         self.spot = None                             # the drafter's spot trainer ("spot" op), if set up
 
     def handle(self, op: str, payload=None):
@@ -152,6 +154,7 @@ class EngineWorker:
         self.reported.clear()
         self.ended.clear()
         self.parked.clear()
+        self.prompt_sent.clear()
         self.engine.begin_rollout()
 
     def run(self, cmd: Command) -> Report:
@@ -219,6 +222,10 @@ class EngineWorker:
                 if req.output_top_logprobs is not None:
                     d.top_logprobs = (d.top_logprobs or []) + req.output_top_logprobs[seen:]   # one report's
                 self.reported[rid] = len(out)
+            if req.params.prompt_logprobs is not None and not req.prompt_logprobs_pending \
+                    and rid not in self.prompt_sent:
+                deltas.setdefault(rid, Delta(rid, [], [])).prompt_top_logprobs = list(req.prompt_top_logprobs or [])
+                self.prompt_sent.add(rid)
             if req.status.finished:
                 deltas.setdefault(rid, Delta(rid, [], [])).finish_reason = req.finish_reason
                 del self.targets[rid], self.reported[rid]

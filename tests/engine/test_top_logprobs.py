@@ -149,7 +149,8 @@ def test_prompt_logprobs_ignore_cached_prefixes_chunks_siblings_and_speculation(
     """bfloat16: the prompt's entries are the same from a first prefill, a second call whose
     prefix is cached (the request computes it anyway), prefill in chunks of 16 tokens, with
     speculation, for n = 3 siblings (one computes, the others share its K/V); asking changes no
-    output token; 0 gives the prompt token's entry alone; a pool refuses with a ValueError."""
+    output token; 0 gives the prompt token's entry alone; a pool's instances (requests moving
+    between them in chunks of 4 tokens) give the same."""
     prompts = [list(range(5, 45)), [9, 10, 11, 12], [3]]
     sp = dict(n=3, max_tokens=20, seed=2, prompt_logprobs=2)
 
@@ -172,8 +173,9 @@ def test_prompt_logprobs_ignore_cached_prefixes_chunks_siblings_and_speculation(
     bare, _ = prompt_lps(plain, prompt_logprobs=0)
     assert all(len(e) == 1 and e[p] == w[k][p] for b, w, q in zip(bare, want, prompts)
                for k, (e, p) in enumerate(zip(b, q)) if k > 0)
-    with pytest.raises(ValueError, match="prompt_logprobs"):
-        LLM(model, instances=2, pool={"processes": False}).generate(prompts, SamplingParams(**sp))
+    pool = LLM(model, dtype="bfloat16", instances=2, pool={"processes": False, "chunk_tokens": 4})
+    assert prompt_lps(pool) == (want, tokens)
+    assert pool.last_metrics["pool/migrations"] > 0
 
 
 @pytest.mark.parametrize("value", [21, -1, True, 2.0])
