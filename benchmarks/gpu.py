@@ -446,9 +446,10 @@ def main() -> None:
                 print(f"synchronising operations of the plain rollout: {json.dumps(roll['plain_sync_sites'])}",
                       flush=True)
                 if fresh_s < 0.8 * plain_s:     # the first engine is slow: its graphs, or the rest of it?
+                    from tailrl.engine.graphs import warm_up
                     e = plain.engine
                     e.runner.graphs.pool.clear()
-                    e._warm_up(e.runner.graphs, False)      # captured again, now that every kernel is loaded
+                    warm_up(e.runner.graphs, e.config, False)   # captured again, now that every kernel is loaded
                     _, again_s, steps["plain_recaptured"] = timed(plain)
                     roll["plain_recaptured_s"] = round(again_s, 3)
                     print(f"rollout: plain, the first engine with its graphs captured again {again_s:.2f} s",

@@ -18,8 +18,8 @@ from tailrl.engine import top_logprobs
 from tailrl.engine.ahead import HandOut, Launched, feed, placeholders, settle
 from tailrl.engine.ahead_drafts import AheadDrafts
 from tailrl.engine.batch import Batch, ModelRunner
-from tailrl.engine.graph_pool import GraphPool, captures_made, cuda_capture
-from tailrl.engine.graphs import StepGraphs
+from tailrl.engine.graph_pool import captures_made
+from tailrl.engine.graphs import StepGraphs, engine_graphs, warm_up
 from tailrl.engine.hand_out import hand_out_states, prefill_spans
 from tailrl.engine.inputs import load_tokenizer
 from tailrl.engine.kv import KVCache, size_kv
@@ -30,7 +30,6 @@ from tailrl.engine.stop_strings import StopStrings
 from tailrl.engine.tail_choice import DRAFTER_METHODS, TailChoice
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
-from tailrl.kernels import select
 from tailrl.model.loader import DTYPES, load_model, read_args
 from tailrl.speculative.history import HistoryStore
 from tailrl.threads import use_threads
@@ -60,10 +59,11 @@ class LLMEngine:
         self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len,
                           prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        graphs = self._graphs(dtype, grouped=speculative is not None or speculator is not None)
+        drafts = speculative is not None or speculator is not None
+        graphs = engine_graphs(self.model, self.kv, config, dtype, grouped=drafts)
         self.runner = ModelRunner(self.model, self.kv, graphs)
         if graphs is not None and config.cuda_graph_warmup:
-            self._warm_up(graphs, speculative is not None or speculator is not None)
+            warm_up(graphs, config, drafts)
         if speculator is None and speculative is not None:
             from tailrl.speculative.speculator import Speculator
             # its cost model learns from real steps; the drafter (if any) shares our embedding and head
@@ -116,32 +116,6 @@ class LLMEngine:
         rows = getattr(cfg, "ahead_drafts", 0)
         gate = getattr(cfg, "ahead_drafts_gate", "") == "measured"
         self.ahead_drafts = AheadDrafts(speculator, rows, history, gate) if ahead and rows > 0 and suffix else None
-
-    def _graphs(self, dtype: torch.dtype, grouped: bool) -> StepGraphs | None:
-        """The decode and verify steps' CUDA graphs, on a GPU with ``cuda_graphs`` and kernels a
-        graph can capture (not float64's reference, which waits for the device inside a step)."""
-        config = self.config
-        if torch.device(config.device).type != "cuda" or not config.cuda_graphs:
-            return None
-        kernels = select(config.device, dtype)
-        if not kernels.capturable or (self.model.args.num_experts and not kernels.captures_experts):
-            log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step%s)",
-                     config.dtype, config.device, kernels.name, ": a mixture of experts' grouping"
-                     if kernels.capturable else "")
-            return None
-        pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
-        max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)
-        return StepGraphs(self.model, self.kv, pool, max_tokens, grouped=grouped,
-                          sample_bytes=int(config.cuda_graph_sample_mib * 2**20))
-
-    def _warm_up(self, graphs: StepGraphs, drafts: bool) -> None:
-        """Every graph a step may replay, captured now (a capture costs tens of milliseconds,
-        which inside a rollout would be the rollout's): up to ``max_num_seqs`` tokens, plain
-        decoding's steps; with drafts, up to the graphs' token cap."""
-        with device_scope(self.config.device):
-            made = graphs.warm_up(graphs.buckets[-1] if drafts else min(graphs.buckets[-1], self.config.max_num_seqs))
-        log.info("CUDA graphs: %d step shapes captured in %.2f s (%.0f MiB; cuda_graph_warmup=False captures "
-                 "each when a step first needs it)", made, graphs.warmup_s, graphs.pool.bytes / 2**20)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -273,15 +247,19 @@ class LLMEngine:
             return self._settle(step)
         return self._step_one()
 
+    def _nothing_scheduled(self) -> list[Request]:
+        """A step that scheduled nothing: done, or stuck (an error naming the knobs)."""
+        if self.scheduler.has_work():
+            raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
+        return []
+
     def _step_one(self) -> list[Request]:
         """A step the host waits for: scheduled, drafted, computed, sampled and committed."""
         clock = [time.perf_counter()]
         captures = captures_made()
         sched = self.scheduler.schedule()                                  # 1. schedule
         if sched.num_tokens == 0:
-            if self.scheduler.has_work():
-                raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
-            return []
+            return self._nothing_scheduled()
         clock.append(time.perf_counter())
         plain = self.choice is not None and self.choice.plain()           # the way measured faster
         drafts = {} if plain else self._propose(sched)                     # 2. propose drafts
@@ -289,15 +267,7 @@ class LLMEngine:
         # 3. one batched forward (sampled outside a graph where some row reads its logits after)
         batch = self.runner.build(sched.rows, drafts, processed=bool(self._processing or self._alternatives))
         clock.append(time.perf_counter())
-        # hidden states only when a source or collector reads them at this batch size (no extra forward)
-        keep = self.speculator is not None and self.speculator.wants_hidden(len(sched.rows))
-        prompts = bool(self._alternatives) and any(r.prompt_logprobs_pending for r, _ in sched.rows)
-        logits, hidden, computed = self.runner.run(batch, return_hidden=True) if keep or prompts else (
-            self.runner.run(batch), None, None)
-        if prompts:
-            self._prompt_logprobs(batch, sched, computed)
-            if not keep:
-                hidden = computed = None
+        logits, hidden, computed = self._forward(batch, sched)
         clock.append(time.perf_counter())
         for req, n in sched.rows:                                          # the forward wrote their K/V
             req.num_computed_tokens += n
@@ -337,9 +307,7 @@ class LLMEngine:
         verify_rows = sum(1 for p in batch.plans if p.draft_tokens)
         self.metrics.record_step(len(sched.rows), len(batch.input_ids), batch.num_draft_tokens,
                                  len(sched.preempted), stages, verify_rows, accepted)
-        if self.step_log is not None:
-            self.step_log.append({"batch": len(sched.rows), "new_tokens": len(batch.input_ids),
-                                  "kv_tokens": batch.meta.reads, "seconds": clock[-1] - clock[0]})
+        self._log_step(len(sched.rows), batch, clock[-1] - clock[0])
         if self.idle_work is not None:                 # a step boundary: nothing is mid-step
             self.idle_work.after_step(len(sched.rows))
         return finished
@@ -359,11 +327,7 @@ class LLMEngine:
         follow = self._follow_ups(prev, sched)
         scheduled = time.perf_counter()
         if sched.num_tokens == 0 and not follow:
-            if prev is not None:
-                return self._settle(prev)
-            if self.scheduler.has_work():
-                raise RuntimeError("engine: no request could be scheduled (KV budget or max_num_seqs too small)")
-            return []
+            return self._settle(prev) if prev is not None else self._nothing_scheduled()
         drafts = self._drafts_ahead(sched, sched.token_budget_left - sum(len(f.lengths) for f in follow.values()))
         drafted = time.perf_counter()
         batch = self.runner.build(sched.rows, drafts, follow, processed=bool(self._processing))
@@ -475,11 +439,15 @@ class LLMEngine:
             self.tail.record("plain", period, [len(p.rows) for p in b.plans if p.rows])
         if self.ahead_drafts is not None:
             self.ahead_drafts.settled(step.drafting, period, running, chosen)
-        if self.step_log is not None:
-            self.step_log.append({"batch": step.rows, "new_tokens": len(b.input_ids), "kv_tokens": b.meta.reads,
-                                  "seconds": period})
+        self._log_step(step.rows, b, period)
         self._settled_at = t2
         return finished
+
+    def _log_step(self, rows: int, batch: Batch, seconds: float) -> None:
+        """The step in ``step_log`` (where it is kept), the simulator's calibration format."""
+        if self.step_log is not None:
+            self.step_log.append({"batch": rows, "new_tokens": len(batch.input_ids), "kv_tokens": batch.meta.reads,
+                                  "seconds": seconds})
 
     def drain(self) -> list[Request]:
         """Settle the step in flight, if any (``async_scheduling``): afterwards every request's
@@ -511,6 +479,19 @@ class LLMEngine:
         preemption: without them, no drafts)."""
         reqs = self.requests
         return self.kv.grow_rows([(reqs[rid].row, reqs[rid].num_tokens + len(d.tokens)) for rid, d in drafts.items()])
+
+    def _forward(self, batch: Batch, sched: SchedulerOutput):
+        """A step's forward: (logits, hidden, computed), the hidden states only where a source
+        or collector reads them at this batch size (None else); a prefill's states give the
+        prompt logprobs asked for (no extra forward either way)."""
+        keep = self.speculator is not None and self.speculator.wants_hidden(len(sched.rows))
+        prompts = bool(self._alternatives) and any(r.prompt_logprobs_pending for r, _ in sched.rows)
+        if not keep and not prompts:
+            return self.runner.run(batch), None, None
+        logits, hidden, computed = self.runner.run(batch, return_hidden=True)
+        if prompts:
+            self._prompt_logprobs(batch, sched, computed)
+        return (logits, hidden, computed) if keep else (logits, None, None)
 
     def _prompt_logprobs(self, batch: Batch, sched: SchedulerOutput, computed: torch.Tensor) -> None:
         """Prompt logprobs from a step's prefill states (top_logprobs.py); a request whose prompt
@@ -557,11 +538,15 @@ class LLMEngine:
             hand_out_states(self.speculator, hidden, emitted_rows)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        req.finish_time = time.perf_counter()
+        self._leave(req)
+
+    def _leave(self, req: Request) -> None:
+        """The request leaves the schedule and every per-request set (finished or moved away)."""
         self.scheduler.remove(req)
         self._processing.discard(req.request_id)
         self._alternatives.discard(req.request_id)
-        req.status = status
-        req.finish_time = time.perf_counter()
         if self.speculator is not None:
             self.speculator.finish(req)
         if self.ahead_drafts is not None:
@@ -577,13 +562,8 @@ class LLMEngine:
         kv = req.pending_kv
         if req.row >= 0 and req.num_computed_tokens > 0:
             kv = self.kv.export_row(req.row, req.num_computed_tokens)
-        self.scheduler.remove(req)
-        self._processing.discard(req.request_id)
-        self._alternatives.discard(req.request_id)
-        spec = None
-        if self.speculator is not None:
-            spec = self.speculator.export_state(req)     # its drafts continue where it goes
-            self.speculator.finish(req)
+        spec = None if self.speculator is None else self.speculator.export_state(req)   # drafts continue there
+        self._leave(req)
         del self.requests[request_id]
         return RequestState.from_request(req, kv, spec)
 

@@ -26,17 +26,21 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from tailrl.engine.graph_pool import GraphPool
+from tailrl.config import EngineConfig, device_scope
+from tailrl.engine.graph_pool import GraphPool, cuda_capture
 from tailrl.engine.kv import KVCache
 from tailrl.engine.sampler import GRAPH_LOGITS_BYTES, for_sampling, sample_static
-from tailrl.kernels import BLOCK, AttentionMeta
+from tailrl.kernels import BLOCK, AttentionMeta, select
 from tailrl.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
 
 LONGS, INTS = 4, 4             # ids, positions, sample index, slots (int64); row, prefix, estart, ecount (int32)
 FLOATS = 1                     # the rows' uniforms (float32)
@@ -254,3 +258,31 @@ class StepGraphs:
     def stats(self) -> dict[str, float]:
         return {**self.pool.stats(), "graphs/replayed_steps": self.replays, "graphs/eager_steps": self.eager,
                 "graphs/warmup_captures": self.warmup_captures, "graphs/warmup_s": self.warmup_s}
+
+
+def engine_graphs(model: Transformer, kv: KVCache, config: EngineConfig, dtype: torch.dtype,
+                  grouped: bool) -> StepGraphs | None:
+    """An engine's decode and verify steps' CUDA graphs, on a GPU with ``cuda_graphs`` and kernels
+    a graph can capture (not float64's reference, which waits for the device inside a step)."""
+    if torch.device(config.device).type != "cuda" or not config.cuda_graphs:
+        return None
+    kernels = select(config.device, dtype)
+    if not kernels.capturable or (model.args.num_experts and not kernels.captures_experts):
+        log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step%s)",
+                 config.dtype, config.device, kernels.name, ": a mixture of experts' grouping"
+                 if kernels.capturable else "")
+        return None
+    pool = GraphPool(int(config.cuda_graph_gib * 2**30), cuda_capture)
+    max_tokens = min(config.cuda_graph_max_tokens, config.max_num_batched_tokens)
+    return StepGraphs(model, kv, pool, max_tokens, grouped=grouped,
+                      sample_bytes=int(config.cuda_graph_sample_mib * 2**20))
+
+
+def warm_up(graphs: StepGraphs, config: EngineConfig, drafts: bool) -> None:
+    """Every graph a step may replay, captured now (a capture costs tens of milliseconds, which
+    inside a rollout would be the rollout's): up to ``max_num_seqs`` tokens, plain decoding's
+    steps; with drafts, up to the graphs' token cap."""
+    with device_scope(config.device):
+        made = graphs.warm_up(graphs.buckets[-1] if drafts else min(graphs.buckets[-1], config.max_num_seqs))
+    log.info("CUDA graphs: %d step shapes captured in %.2f s (%.0f MiB; cuda_graph_warmup=False captures "
+             "each when a step first needs it)", made, graphs.warmup_s, graphs.pool.bytes / 2**20)

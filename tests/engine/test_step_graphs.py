@@ -13,7 +13,7 @@ from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.config import EngineConfig
 from tailrl.engine.batch import ModelRunner
 from tailrl.engine.graph_pool import GraphPool, eager_capture, error_chain
-from tailrl.engine.graphs import StepGraphs, token_buckets
+from tailrl.engine.graphs import StepGraphs, token_buckets, warm_up
 
 PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5], [(7 * i) % 89 + 1 for i in range(40)], [4, 4]]
 PARAMS = [SamplingParams(n=2, temperature=1.0, max_tokens=40, ignore_eos=True, seed=3),
@@ -200,7 +200,7 @@ def test_graphs_captured_at_start_up_serve_every_step_with_its_bits(model, spec)
     forms, forward = [], graphs.model.forward           # attention's forms the warm-up's forwards take
     graphs.model.forward = lambda ids, pos, layers, meta: forms.append((len(ids), meta.multi)) or forward(
         ids, pos, layers, meta)
-    llm.engine._warm_up(graphs, drafts=spec is not None)
+    warm_up(graphs, llm.engine.config, drafts=spec is not None)
     del graphs.model.forward
     top = 64 if spec is not None else 16
     keys = {graphs.key(n, 0, m) for n in graphs.buckets if n <= top for m in ("sample", None)}
