@@ -84,10 +84,14 @@ class Server:
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from None
 
-    def start(self, groups: list[list], stop: list[str], stream: bool) -> GenerationRun:
-        self.check_capacity(sum(len(g) for g in groups))
+    def admit(self, sequences: int, prompt_tokens: int) -> None:
+        """A request of this many sequences and prompt tokens (all samples'): room, then counted."""
+        self.check_capacity(sequences)
         self.counters.requests += 1
-        self.counters.prompt_tokens += sum(len(g[0].prompt_token_ids) * len(g) for g in groups)
+        self.counters.prompt_tokens += prompt_tokens
+
+    def start(self, groups: list[list], stop: list[str], stream: bool) -> GenerationRun:
+        self.admit(sum(len(g) for g in groups), sum(len(g[0].prompt_token_ids) * len(g) for g in groups))
         return GenerationRun(self.loop, groups, self.inputs.tokenizer, stop, stream)
 
     def finish(self, run: GenerationRun) -> None:

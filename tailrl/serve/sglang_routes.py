@@ -88,7 +88,6 @@ class NativeFront:
 
     async def _one(self, call: PromptCall, params: SamplingParams, rid: str, sid: str, t0: float,
                    index: int | None) -> dict:
-        llm = self.server.llm
         try:
             s = await self.samples.generate(sid, call.input_ids, params, index)
         except ValueError as e:
@@ -98,13 +97,17 @@ class NativeFront:
         finally:
             self._left(rid, sid)
         self.server.counters.generation_tokens += len(s.token_ids)
+        return self._answer(call, s, sid, t0)
+
+    def _answer(self, call: PromptCall, s, sid: str, t0: float) -> dict:
+        llm = self.server.llm
         return answer(call, s, sid, llm.tokenizer, llm.engine.args.eos_token_ids, self.weight_version,
                       time.monotonic() - t0)
 
     async def stream(self, call: PromptCall):
         """Server-sent events: the answer so far after each engine update, then ``[DONE]``. A
         client that leaves closes this generator, and closing the sample's stream aborts it."""
-        llm, t0 = self.server.llm, time.monotonic()
+        t0 = time.monotonic()
         rid = call.rid or f"tailrl-{next(self._ids)}"
         self.calls.setdefault(rid, set()).add(rid)
         try:
@@ -112,8 +115,7 @@ class NativeFront:
             async for s in self.samples.stream(rid, call.input_ids, call.params, index):
                 if s.finish_reason is not None:
                     self.server.counters.generation_tokens += len(s.token_ids)
-                yield R.sse(answer(call, s, rid, llm.tokenizer, llm.engine.args.eos_token_ids, self.weight_version,
-                                   time.monotonic() - t0))
+                yield R.sse(self._answer(call, s, rid, t0))
         except RuntimeError as e:                     # the engine failed; the server stays up
             yield R.sse(error_body(500, str(e)))
         finally:
@@ -229,25 +231,30 @@ async def _disconnected(request) -> None:
         pass
 
 
+async def _body(server, request) -> dict:
+    """A control route's JSON object (an empty body is ``{}``), after the key check."""
+    server.check_auth(request)
+    raw = await server.read_json(request) if int(request.headers.get("content-length") or 0) else {}
+    if not isinstance(raw, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return raw
+
+
 def add_sglang_routes(app, server) -> None:
-    responses = require("fastapi.responses")
     front = NativeFront(server)
     app.state.sglang = front
+    responses = require("fastapi.responses")
+    _generation_routes(app, server, front, responses)
+    _control_routes(app, server, front, responses)
+    _info_routes(app, server, front, responses)
 
-    async def body_of(request: Request) -> dict:
-        server.check_auth(request)
-        raw = await server.read_json(request) if int(request.headers.get("content-length") or 0) else {}
-        if not isinstance(raw, dict):
-            raise APIError(400, "request body must be a JSON object")
-        return raw
 
+def _generation_routes(app, server, front: NativeFront, responses) -> None:
     @app.post("/generate")
     async def generate(request: Request):
         server.check_auth(request)
         calls, batch, stream = parse_generate(await server.read_json(request), server.inputs, server.cfg)
-        server.check_capacity(sum(c.params.n for c in calls))
-        server.counters.requests += 1
-        server.counters.prompt_tokens += sum(len(c.input_ids) * c.params.n for c in calls)
+        server.admit(sum(c.params.n for c in calls), sum(len(c.input_ids) * c.params.n for c in calls))
         if stream:
             return responses.StreamingResponse(front.stream(calls[0]), media_type="text/event-stream")
         try:
@@ -256,9 +263,11 @@ def add_sglang_routes(app, server) -> None:
             return responses.Response(status_code=499)
         return outs if batch or len(outs) > 1 else outs[0]
 
+
+def _control_routes(app, server, front: NativeFront, responses) -> None:
     @app.post("/abort_request")
     async def abort_request(request: Request):
-        body = await body_of(request)
+        body = await _body(server, request)
         rid, every = body.get("rid", ""), bool(body.get("abort_all", False))
         if not every and (not isinstance(rid, str) or not rid):
             raise APIError(400, "give 'rid' (a request id) or 'abort_all': true", param="rid")
@@ -266,7 +275,7 @@ def add_sglang_routes(app, server) -> None:
 
     @app.post("/pause_generation")
     async def pause(request: Request):
-        mode = (await body_of(request)).get("mode", "abort")
+        mode = (await _body(server, request)).get("mode", "abort")
         if mode != "abort":
             raise APIError(400, f"field 'mode' must be 'abort' (running requests end with what they generated), "
                            f"got {mode!r}", param="mode")
@@ -275,14 +284,14 @@ def add_sglang_routes(app, server) -> None:
 
     @app.post("/continue_generation")
     async def resume(request: Request):
-        await body_of(request)
+        await _body(server, request)
         front.paused = False
         await front.samples.resume()
         return {"success": True}
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request):
-        out = await front.update_from_disk(await body_of(request))
+        out = await front.update_from_disk(await _body(server, request))
         return responses.JSONResponse(out, status_code=200 if out["success"] else 400)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
@@ -291,6 +300,17 @@ def add_sglang_routes(app, server) -> None:
         await front.samples.clear_prefixes()
         return {"success": True, "message": "cache flushed"}
 
+    @app.post("/release_memory_occupation")
+    async def release_memory(request: Request):
+        return await front.release_memory((await _body(server, request)).get("tags"))
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(request: Request):
+        _memory_tags((await _body(server, request)).get("tags"))
+        return {"success": True}                # the K/V cache is allocated again by the next request
+
+
+def _info_routes(app, server, front: NativeFront, responses) -> None:
     @app.get("/v1/loads")
     async def loads(request: Request):
         server.check_auth(request)
@@ -312,15 +332,6 @@ def add_sglang_routes(app, server) -> None:
     async def weight_version(request: Request):
         server.check_auth(request)
         return {"weight_version": front.weight_version}
-
-    @app.post("/release_memory_occupation")
-    async def release_memory(request: Request):
-        return await front.release_memory((await body_of(request)).get("tags"))
-
-    @app.post("/resume_memory_occupation")
-    async def resume_memory(request: Request):
-        _memory_tags((await body_of(request)).get("tags"))
-        return {"success": True}                # the K/V cache is allocated again by the next request
 
     @app.get("/health_generate")
     async def health_generate():
