@@ -14,6 +14,7 @@ from tailrl.engine.inputs import InputProcessor, load_tokenizer
 from tailrl.engine.metrics import rollout_metrics
 from tailrl.engine.outputs import RequestOutput
 from tailrl.engine.request import Request
+from tailrl.model.hf_names import checkpoint_names, slots
 from tailrl.speculative.history import HistoryStore
 from tailrl.threads import release_pool
 
@@ -122,13 +123,22 @@ class LLM:
         for pid, responses in by_prompt.items():
             self.history.record(pid, responses)
 
-    def load_weights(self, hf_state_dict) -> None:
-        """Put new policy weights (Hugging Face names) into the engine, or every instance of
-        the pool, without touching disk."""
+    def load_weights(self, weights) -> set[str]:
+        """Put new policy weights (Hugging Face names) into the engine, or every instance of the
+        pool, without touching disk: a mapping of the whole model (every tensor; names and
+        shapes checked before any is copied), or an iterable of (name, tensor) pairs holding any
+        part of it (one bucket of a trainer's sync, as vLLM's ``load_weights``). Returns the
+        checkpoint names written: a trainer's fused expert tensor writes every expert's."""
         if self.pool is not None:
-            self.pool.load_weights(hf_state_dict)
-        else:
-            self.engine.load_weights(hf_state_dict)
+            return self.pool.load_weights(weights)
+        return self.engine.load_weights(weights)
+
+    def weight_names(self) -> list[str]:
+        """The Hugging Face names of a complete checkpoint of the model (what ``load_weights``
+        must write for a whole update)."""
+        if self.pool is not None:
+            return self.pool.weight_names()
+        return checkpoint_names(slots(self.engine.model))
 
     def reset_prefix_cache(self) -> None:
         """Forget the cached prefixes (engine/kv/prefix.py), as vLLM's: the next requests

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -30,6 +31,7 @@ from tailrl.engine.stop_strings import StopStrings
 from tailrl.engine.tail_choice import DRAFTER_METHODS, TailChoice
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
+from tailrl.model.hf_names import load_hf
 from tailrl.model.loader import DTYPES, load_model, read_args
 from tailrl.speculative.history import HistoryStore
 from tailrl.threads import use_threads
@@ -575,11 +577,15 @@ class LLMEngine:
         return req
 
     # ---- weights ----------------------------------------------------------------------------
-    def load_weights(self, hf_state_dict: dict[str, torch.Tensor]) -> None:
-        """In-place weight update from Hugging Face parameter names (e.g. after an RL step).
-        Cached K/V of running requests is stale afterwards; call between generate calls."""
+    def load_weights(self, weights) -> set[str]:
+        """In-place weight update under Hugging Face names (e.g. after an RL step): a mapping of
+        the whole model (names and shapes checked before anything is copied), or an iterable of
+        (name, tensor) pairs holding any part (a trainer's bucket). Running requests finish on the
+        old weights first. Returns the checkpoint names written (model/hf_names.py)."""
         self.drain()
-        self.model.load_hf_state_dict(hf_state_dict)
-        self.kv.clear_prefixes()                # the cached prefixes' K/V were the old weights'
-        if self.speculator is not None:
-            self.speculator.target_updated(self.model)
+        try:
+            return load_hf(self.model, weights, complete=isinstance(weights, Mapping))
+        finally:                                # whatever was copied before an error counts
+            self.kv.clear_prefixes()            # the cached prefixes' K/V were the old weights'
+            if self.speculator is not None:
+                self.speculator.target_updated(self.model)

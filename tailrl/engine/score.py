@@ -17,6 +17,8 @@ row-invariant).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from tailrl.config import SamplingParams, device_scope
@@ -25,6 +27,7 @@ from tailrl.engine.kv import KVCache
 from tailrl.engine.request import Request
 from tailrl.engine.sampler import token_logprobs
 from tailrl.kernels import blocks
+from tailrl.model.hf_names import load_hf
 from tailrl.model.loader import DTYPES, load_model, read_args
 from tailrl.speculative.draft import Draft
 
@@ -42,9 +45,10 @@ class Scorer:
         self.dtype, self.device = DTYPES[dtype], device
         self.max_batch_tokens = max_batch_tokens
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """New weights under Hugging Face names (cast to this scorer's dtype, as the engine's)."""
-        self.model.load_hf_state_dict(state_dict)
+    def load_weights(self, weights) -> set[str]:
+        """New weights under Hugging Face names (cast to this scorer's dtype, as the engine's):
+        as ``LLMEngine.load_weights``, a mapping of the whole model or pairs of any part."""
+        return load_hf(self.model, weights, complete=isinstance(weights, Mapping))
 
     @torch.inference_mode()
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]],

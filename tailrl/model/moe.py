@@ -14,8 +14,6 @@ time.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -71,28 +69,3 @@ class SparseMoe(nn.Module):
         if self.shared_gate_up is not None:
             out += [(self.shared_gate_up.weight, None), (self.shared_down.weight, None), (self.shared_gate, None)]
         return out
-
-    @torch.no_grad()
-    def load_hf(self, sd: dict[str, torch.Tensor], get: Callable[[str], torch.Tensor], p: str) -> None:
-        """From a layer's Hugging Face tensors (prefix ``p``: "model.layers.{i}."): as saved on
-        disk (one tensor per expert and projection: ``mlp.experts.{e}.gate_proj.weight``, Mixtral's
-        ``block_sparse_moe.experts.{e}.w1.weight``) or as a trainer's module holds them
-        (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj``). ``get``: the
-        tensor of a name, or a ValueError naming it (``Transformer.load_hf_state_dict``'s)."""
-        mixtral = p + "block_sparse_moe.gate.weight" in sd
-        mlp = p + ("block_sparse_moe." if mixtral else "mlp.")
-        self.router.copy_(get(mlp + "gate.weight"))
-        if mlp + "experts.gate_up_proj" in sd:
-            self.gate_up.copy_(get(mlp + "experts.gate_up_proj"))
-            self.down.copy_(get(mlp + "experts.down_proj"))
-        else:
-            names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
-            for e in range(self.a.num_experts):
-                x = f"{mlp}experts.{e}."
-                self.gate_up[e].copy_(torch.cat([get(x + names[0] + ".weight"), get(x + names[1] + ".weight")]))
-                self.down[e].copy_(get(x + names[2] + ".weight"))
-        if self.shared_gate_up is not None:
-            x = mlp + "shared_expert."
-            self.shared_gate_up.weight.copy_(torch.cat([get(x + "gate_proj.weight"), get(x + "up_proj.weight")]))
-            self.shared_down.weight.copy_(get(x + "down_proj.weight"))
-            self.shared_gate.copy_(get(mlp + "shared_expert_gate.weight"))

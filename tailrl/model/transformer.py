@@ -12,6 +12,7 @@ from torch import nn
 
 from tailrl.kernels import AttentionMeta, Backend, Rope, RopeTables, select
 from tailrl.model.args import ModelArgs
+from tailrl.model.hf_names import load_hf
 from tailrl.model.moe import SparseMoe
 from tailrl.model.rope import rope_table
 
@@ -112,41 +113,8 @@ class Transformer(nn.Module):
         """Let the backend decide per weight now what it would decide in the first step."""
         select(self.norm.device, self.norm.dtype).prepare(self.linears())
 
-    @torch.no_grad()
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face parameter names/layout into ours (fusing QKV and gate/up).
-        Used both at load time and for in-place weight updates from a trainer."""
-        a = self.args
-
-        def get(name: str) -> torch.Tensor:
-            if name not in sd:
-                raise ValueError(f"model: weights are missing the tensor {name!r}")
-            return sd[name]
-
-        self.embed.weight.copy_(get("model.embed_tokens.weight"))
-        self.norm.copy_(get("model.norm.weight"))
-        if self.lm_head is not None:
-            self.lm_head.weight.copy_(get("lm_head.weight"))
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            att = p + "self_attn."
-            layer.input_norm.copy_(get(p + "input_layernorm.weight"))
-            layer.post_norm.copy_(get(p + "post_attention_layernorm.weight"))
-            layer.qkv.weight.copy_(torch.cat([get(att + f"{x}_proj.weight") for x in "qkv"]))
-            if a.qkv_bias:
-                layer.qkv.bias.copy_(torch.cat([get(att + f"{x}_proj.bias") for x in "qkv"]))
-            layer.o.weight.copy_(get(att + "o_proj.weight"))
-            if a.o_bias:
-                layer.o.bias.copy_(get(att + "o_proj.bias"))
-            if layer.qk_norm is not None:
-                layer.qk_norm[:a.num_heads] = get(att + "q_norm.weight")
-                layer.qk_norm[a.num_heads:] = get(att + "k_norm.weight")
-            if layer.moe is not None:
-                layer.moe.load_hf(sd, get, p)
-                continue
-            mlp = p + "mlp."
-            layer.gate_up.weight.copy_(torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]))
-            layer.down.weight.copy_(get(mlp + "down_proj.weight"))
-            if a.mlp_bias:
-                layer.gate_up.bias.copy_(torch.cat([get(mlp + "gate_proj.bias"), get(mlp + "up_proj.bias")]))
-                layer.down.bias.copy_(get(mlp + "down_proj.bias"))
+        """Copy a complete set of Hugging Face tensors into ours (fusing QKV and gate/up), names
+        and shapes checked before anything is copied. Used at load time and for in-place weight
+        updates from a trainer (hf_names.py; ``load_hf`` for a part of the weights)."""
+        load_hf(self, sd, complete=True)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 from tailrl.config import EngineConfig, PoolConfig, SpeculativeConfig
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request
+from tailrl.model.hf_names import pairs_of
 from tailrl.rollout.backends import InstanceDied, LocalBackend
 from tailrl.rollout.buffer import BufferEntry, RequestBuffer
 from tailrl.rollout.driver import PoolCounters, Rollout
@@ -138,9 +140,22 @@ class RolloutPool:
         calibration format); ``record`` switches recording on (True) or off (False) from now."""
         return [self._call(h, "step_log", record) or [] for h in self.alive]
 
-    def load_weights(self, hf_state_dict) -> None:
-        """New policy weights to every live instance."""
-        self._each("load_weights", hf_state_dict)
+    def load_weights(self, weights) -> set[str]:
+        """New policy weights to every live instance (``LLMEngine.load_weights``'s: a mapping of
+        the whole model, or (name, tensor) pairs of any part), names and shapes checked by one
+        instance before any tensor is sent. Returns the checkpoint names written."""
+        complete = isinstance(weights, Mapping)
+        pairs = list(pairs_of(weights))
+        error, written = self._call(self.alive[0], "check_weights",
+                                    ([(n, tuple(t.shape)) for n, t in pairs], complete))
+        if error is not None:
+            raise ValueError(error)
+        self._each("load_weights", dict(pairs) if complete else pairs)
+        return written
+
+    def weight_names(self) -> list[str]:
+        """The Hugging Face names of a complete checkpoint of the model."""
+        return self._call(self.alive[0], "weight_names")
 
     def reset_prefix_cache(self) -> None:
         """Every live instance forgets its cached prefixes."""

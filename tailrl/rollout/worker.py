@@ -28,6 +28,7 @@ from tailrl.engine.engine import LLMEngine
 from tailrl.engine.heap import held_collections
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.transfer import RequestState
+from tailrl.model.hf_names import check, checkpoint_names, slots
 from tailrl.speculative.history import HistoryStore
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,14 @@ class EngineWorker:
             log, self.engine.step_log = self.engine.step_log or [], [] if payload else None
             return log
         if op == "load_weights":
-            self.engine.load_weights(payload)
-            return None
+            return self.engine.load_weights(payload)
+        if op == "weight_names":
+            return checkpoint_names(slots(self.engine.model))
+        if op == "check_weights":       # payload ((name, shape) pairs, complete): (error, names written)
+            try:
+                return None, check(self.engine.model, *payload)
+            except ValueError as e:
+                return str(e), None
         if op == "reset_prefix_cache":
             self.engine.kv.clear_prefixes()
             return None

@@ -6,6 +6,11 @@ finish or are aborted, so 200 concurrent HTTP requests cost one batched forward 
 not 200 ``generate`` calls. Handlers never touch the engine: they ``submit`` a group and get
 ``Update`` lists through a callback (the server turns it into an asyncio queue), and ``abort``
 puts an abort on the same FIFO inbox, so an abort can never overtake its own submission.
+
+New weights (``update_weights``, whole or a trainer's buckets) come through the same inbox: from
+the first bucket on, requests submitted wait outside the engine, requests running finish on the
+old weights, then every bucket is loaded between two steps, and the waiting requests join once
+the last one is in. No request runs on a mix of weights or on K/V computed by others.
 """
 from __future__ import annotations
 
@@ -88,6 +93,9 @@ class EngineLoop:
         self._live = 0                       # sequences submitted and not yet reported finished
         self.aborted_sequences = 0           # sequences that ended aborted (client left, stop string, error)
         self._live_lock = threading.Lock()
+        self._weights: list[tuple[object, bool, Future]] = []   # buckets waiting for running requests
+        self._updating = False               # between an update's first bucket and its last
+        self._parked: list[_Group] = []      # groups submitted during an update
 
     # ---- any thread -------------------------------------------------------------------------
     def start(self) -> "EngineLoop":
@@ -129,6 +137,15 @@ class EngineLoop:
         self._inbox.put(("call", (fn, done)))
         return done
 
+    def update_weights(self, weights, done: bool = True) -> Future:
+        """Load ``weights`` (``LLM.load_weights``'s: a mapping of the whole model, or a bucket of
+        (name, tensor) pairs, ``done`` on an update's last) once no request runs; requests
+        submitted from now on wait until the update's last bucket is in (or one failed). The
+        future gets the checkpoint names written, or the exception."""
+        done_future: Future = Future()
+        self._inbox.put(("weights", (weights, done, done_future)))
+        return done_future
+
     def stats(self) -> dict[str, float]:
         """The latest metrics snapshot (replaced whole by the loop thread, so reading it is safe)."""
         return self._stats
@@ -136,18 +153,24 @@ class EngineLoop:
     # ---- the loop thread --------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._load_weights()
             self._drain(block=not self.engine.has_unfinished())
+            self._load_weights()
             # a busy stretch: no full collection inside it
             with held_collections() if self.engine.has_unfinished() else nullcontext():
                 self._rounds()
         self._fail_all("server shutting down")
+        for g in self._parked:
+            self._report_error(g, "server shutting down")
+        for *_, future in self._weights:
+            future.set_exception(RuntimeError("the engine loop stopped"))
         while True:                          # calls queued behind the stop fail, not hang
             try:
                 kind, payload = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "call":
-                payload[1].set_exception(RuntimeError("the engine loop stopped"))
+            if kind in ("call", "weights"):
+                payload[-1].set_exception(RuntimeError("the engine loop stopped"))
 
     def _rounds(self) -> None:
         """The loop's round (take what came in, step if there is work, publish), repeated while
@@ -176,7 +199,10 @@ class EngineLoop:
         while True:
             kind, payload = item
             if kind == "add":
-                self._add(payload)
+                self._parked.append(payload) if self._updating else self._add(payload)
+            elif kind == "weights":
+                self._weights.append(payload)
+                self._updating = True
             elif kind == "call":
                 fn, done = payload
                 try:
@@ -190,6 +216,25 @@ class EngineLoop:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _load_weights(self) -> None:
+        """The buckets waiting, once no request runs; after an update's last (or a failed one),
+        the groups that waited join."""
+        if not self._weights or self._groups:
+            return
+        for weights, done, future in self._weights:
+            try:
+                future.set_result(self.llm.load_weights(weights))
+            except Exception as e:                      # the caller gets it; the update ends
+                future.set_exception(e)
+                done = True
+            if done:
+                self._updating = False
+        self._weights = []
+        if not self._updating:
+            parked, self._parked = self._parked, []
+            for g in parked:
+                self._add(g)
 
     def _add(self, group: _Group) -> None:
         added = []

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tailrl.config import SamplingParams
@@ -145,6 +146,7 @@ class SampleServer:
         self._gate: asyncio.Event | None = None          # set = admitting (made on the caller's loop)
         self._reject = False
         self._live: dict[str, str] = {}                  # running calls: engine request id -> call id
+        self._update: tuple[set[str], bool] | None = None   # a bucketed update: (names written, reopen)
 
     async def generate(self, call_id: str, prompt_ids: list[int], params: SamplingParams,
                        index: int | None = None) -> Sample:
@@ -169,11 +171,10 @@ class SampleServer:
         params = self.llm.inputs.sampling_params(params, 1)[0]
         if params.n != 1:
             raise ValueError(f"n must be 1 (one sample per call), got {params.n}")
-        req = self.groups.make(call_id, prompt_ids, params, index)
         if not await self._admitted():
-            self.groups.forget(req)
             yield Sample([], [], True, 0, 0, 0, 0, "abort")
             return
+        req = self.groups.make(call_id, prompt_ids, params, index)     # in the weight version it runs on
         aloop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
 
@@ -231,10 +232,39 @@ class SampleServer:
             self._gate.set()
         return self._gate
 
-    async def update_weights(self, state_dict: dict) -> None:
-        """New policy weights (Hugging Face names), loaded between two engine steps."""
-        await asyncio.wrap_future(self.loop.call(lambda: self.llm.load_weights(state_dict)))
-        self.groups.new_epoch()
+    async def update_weights(self, weights, done: bool = True) -> None:
+        """New policy weights (Hugging Face names), loaded between two engine steps once running
+        requests finished on the old weights (``EngineLoop.update_weights``): a mapping of the
+        whole model, or a trainer's buckets, each a list of (name, tensor) pairs with ``done`` on
+        the last. The first bucket closes admission (new calls wait, to be grouped in the new
+        weight version); the last checks that the buckets wrote every tensor of the model (a
+        ValueError naming a missing one otherwise: the weights are then a mix), starts a new
+        weight version and opens admission again (if the update closed it)."""
+        done = done or isinstance(weights, Mapping)
+        if self._update is None:
+            reopen = self._gate_event().is_set()
+            self._update = (set(), reopen)
+            if reopen:
+                self.hold()
+        written, reopen = self._update
+        failed = False
+        try:
+            written |= await asyncio.wrap_future(self.loop.update_weights(weights, done))
+        except BaseException:
+            failed = done = True                        # a bucket that fails ends the update
+            raise
+        finally:
+            if done:
+                self._update = None
+                if written or not failed:               # a weight changed: a new weight version
+                    self.groups.new_epoch()
+                if reopen:
+                    await self.resume()
+        if done:
+            missing = [n for n in self.llm.weight_names() if n not in written]
+            if missing:
+                raise ValueError(f"weights: the update wrote {len(written)} of the model's tensors and not "
+                                 f"{missing[0]!r} (and {len(missing) - 1} more): its weights are now a mix")
 
     async def abort_all(self, reject: bool = False) -> int:
         """Close admission (new calls wait for ``resume``, or end at once as aborted with

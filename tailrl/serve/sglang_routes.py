@@ -158,9 +158,7 @@ class NativeFront:
         try:
             if body.get("abort_all_requests"):
                 self.abort(None)
-            while self.server.loop.live_sequences:     # running requests finish on the old weights
-                await asyncio.sleep(0.02)
-            await self.samples.update_weights(weights)
+            await self.samples.update_weights(weights)     # once running requests finished
         finally:
             if not self.paused:
                 await self.samples.resume()

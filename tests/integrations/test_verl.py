@@ -90,7 +90,9 @@ def test_agent_loop_equals_llm_generate_and_weight_updates_apply(model_dir, ray_
     hf = AutoModelForCausalLM.from_pretrained(model_dir)
     torch.manual_seed(1)
     state = {k: v + 0.05 * torch.randn_like(v) for k, v in hf.state_dict().items()}
-    adapter = ServerAdapter(config.actor_rollout_ref.rollout, config.actor_rollout_ref.model)
+    rollout = config.actor_rollout_ref.rollout
+    rollout.checkpoint_engine.update_weights_bucket_megabytes = 0      # every tensor in a bucket of its own
+    adapter = ServerAdapter(rollout, config.actor_rollout_ref.model)
     asyncio.run(adapter.update_weights(iter(state.items()), global_steps=1))
     out = loops.generate_sequences(batch)
     second = rows(out)

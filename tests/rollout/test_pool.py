@@ -90,6 +90,19 @@ def test_weights_reach_every_instance(reference):
     single.load_weights(sd)
     pool.load_weights(sd)
     assert_same(pool.generate(PROMPTS, PARAMS), single.generate(PROMPTS, PARAMS))
+    # a trainer's buckets: (name, tensor) pairs of a part each; a bucket with a tensor that does
+    # not fit is refused (checked by one instance) before any instance copies any of it
+    sd = {k: v * 1.01 for k, v in sd.items()}
+    items = list(sd.items())
+    with pytest.raises(ValueError, match="'model.norm.weight' has shape"):
+        pool.load_weights(iter(items[:3] + [("model.norm.weight", sd["model.norm.weight"][:5])]))
+    assert_same(pool.generate(PROMPTS, PARAMS), single.generate(PROMPTS, PARAMS))
+    written = set()
+    for i in range(0, len(items), 4):
+        written |= pool.load_weights(iter(items[i:i + 4]))
+        single.load_weights(items[i:i + 4])
+    assert written == set(pool.weight_names()) and pool.weight_names() == single.weight_names()
+    assert_same(pool.generate(PROMPTS, PARAMS), single.generate(PROMPTS, PARAMS))
 
 
 def test_pool_config_is_validated():

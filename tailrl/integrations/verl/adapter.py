@@ -4,9 +4,10 @@ In verl's colocated ("naive") weight sync, each actor worker process builds
 ``get_rollout_class(name, "async")`` and, after every optimizer step, calls ``release()``
 (rollout asleep while training), ``update_weights(<(name, tensor) generator>)`` and
 ``resume()``. Every rank walks the generator (gathering a sharded tensor is collective); the
-first rank of each replica's rollout group copies the tensors to the CPU and sends them, in one
-object through Ray's object store (no disk), to its replica's ``TailRLServer``, which loads them
-between two engine steps. The rank arithmetic is verl's: replica = rank // rollout world size.
+first rank of each replica's rollout group copies the tensors to the CPU and sends them in
+buckets (verl's ``update_weights_bucket_megabytes``) through Ray's object store (no disk) to its
+replica's ``TailRLServer``, which loads each between two engine steps. The rank arithmetic is
+verl's: replica = rank // rollout world size.
 """
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import os
 import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.utils import ensure_async_iterator
 
 from tailrl.integrations.verl.replica import server_name
+
+DEFAULT_BUCKET_MB = 2048           # verl's own default
 
 
 class ServerAdapter(BaseRollout):
@@ -45,11 +49,26 @@ class ServerAdapter(BaseRollout):
     @torch.no_grad()
     async def update_weights(self, weights, global_steps: int | None = None,
                              wire_format: str = "named_tensors", **unused) -> None:
+        """Every rank walks ``weights`` (a generator or async iterator of (name, tensor));
+        the leader sends them in buckets of ``checkpoint_engine.update_weights_bucket_megabytes``
+        (verl's knob), each loaded as it arrives, so the host holds one bucket, not the model."""
         if wire_format != "named_tensors":
             raise ValueError(f"tailrl takes wire_format='named_tensors' only, got {wire_format!r}")
-        state = {}
-        for name, tensor in weights:
-            if self.is_leader_rank:
-                state[name] = tensor.detach().to("cpu", copy=True)
+        limit = bucket_bytes(self.config)
+        bucket, size = [], 0
+        async for name, tensor in ensure_async_iterator(weights):
+            if not self.is_leader_rank:
+                continue
+            if bucket and size + tensor.numel() * tensor.element_size() > limit:
+                await self.server().update_weights.remote(ray.put(bucket), global_steps, done=False)
+                bucket, size = [], 0
+            bucket.append((name, tensor.detach().to("cpu", copy=True)))
+            size += tensor.numel() * tensor.element_size()
         if self.is_leader_rank:
-            await self.server().update_weights.remote(ray.put(state), global_steps)
+            await self.server().update_weights.remote(ray.put(bucket), global_steps, done=True)
+
+
+def bucket_bytes(config) -> int:
+    """The bytes of one bucket of a weight update: verl's ``update_weights_bucket_megabytes``."""
+    engine = getattr(config, "checkpoint_engine", None)
+    return int(getattr(engine, "update_weights_bucket_megabytes", DEFAULT_BUCKET_MB)) << 20

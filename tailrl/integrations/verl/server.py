@@ -108,10 +108,12 @@ class TailRLServer:
                           "spec_num_accepted_tokens": s.spec_accepted_tokens,
                           "spec_num_verify_steps": s.spec_verify_steps})
 
-    async def update_weights(self, state_dict: dict, global_steps: int | None = None) -> None:
-        """New policy weights (Hugging Face names), loaded between two engine steps."""
-        await self.samples.update_weights(state_dict)
-        if global_steps is not None:
+    async def update_weights(self, weights, global_steps: int | None = None, done: bool = True) -> None:
+        """New policy weights (Hugging Face names), loaded between two engine steps: the whole
+        model (a dict), or one bucket of (name, tensor) pairs, ``done`` on the last
+        (``SampleServer.update_weights``)."""
+        await self.samples.update_weights(weights, done)
+        if done and global_steps is not None:
             self.global_steps = global_steps
 
     async def set_global_steps(self, global_steps: int) -> None:

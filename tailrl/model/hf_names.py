@@ -1,0 +1,163 @@
+"""Hugging Face tensor names -> the model's own tensors, for loads and weight updates.
+
+Every name a checkpoint or a trainer's module uses has a *slot*: the view of one of our tensors
+it is copied into (a row range of the fused QKV or gate/up projection, one expert of the experts'
+[E, ...] tensors), the shape it must have, and the checkpoint names it writes: itself, or, for a
+trainer's fused expert tensor (``mlp.experts.gate_up_proj`` [E, 2I, H]), every expert's names as
+a checkpoint saves them. The model is complete once every checkpoint name has been written.
+
+A complete set of weights (a mapping: ``load_hf``'s ``complete``) is checked whole, names and
+shapes, before anything is copied; a stream of (name, tensor) pairs (a trainer's buckets) is
+checked one tensor at a time, and may hold any part of the model.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+# names a checkpoint may hold that are not weights (rotary tables of old Llama checkpoints)
+NOT_WEIGHTS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+@dataclass(frozen=True)
+class Slot:
+    dest: torch.Tensor                  # the view of our tensor the name is copied into
+    shape: tuple[int, ...]              # the shape the name's tensor must have
+    writes: tuple[str, ...]             # the checkpoint names it writes
+
+
+def _own(table: dict[str, Slot], name: str, dest: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
+    table[name] = Slot(dest, tuple(dest.shape) if shape is None else shape, (name,))
+
+
+def _rows(table: dict[str, Slot], names: list[str], tensor: torch.Tensor, sizes: list[int]) -> None:
+    """Consecutive row ranges of a fused tensor (its first dimension), one per name."""
+    for name, part in zip(names, torch.split(tensor, sizes)):
+        _own(table, name, part)
+
+
+def _experts(table: dict[str, Slot], moe, mixtral: bool, p: str) -> None:
+    """A sparse layer's router and experts (moe.SparseMoe), under every layout that names them."""
+    a = moe.a
+    i, mlp = a.moe_intermediate_size, p + ("block_sparse_moe." if mixtral else "mlp.")
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    _own(table, mlp + "gate.weight", moe.router)
+    gates_ups, downs = [], []
+    for e in range(a.num_experts):
+        x = f"{mlp}experts.{e}."
+        _rows(table, [x + gate + ".weight", x + up + ".weight"], moe.gate_up[e], [i, i])
+        _own(table, x + down + ".weight", moe.down[e])
+        gates_ups += [x + gate + ".weight", x + up + ".weight"]
+        downs.append(x + down + ".weight")
+    fused = p + "mlp."                  # a trainer's module (transformers 5): fused experts under mlp.
+    if mixtral:
+        table[fused + "gate.weight"] = Slot(moe.router, tuple(moe.router.shape), (mlp + "gate.weight",))
+    table[fused + "experts.gate_up_proj"] = Slot(moe.gate_up, tuple(moe.gate_up.shape), tuple(gates_ups))
+    table[fused + "experts.down_proj"] = Slot(moe.down, tuple(moe.down.shape), tuple(downs))
+    if moe.shared_gate_up is not None:
+        x, s = mlp + "shared_expert.", a.shared_expert_size
+        _rows(table, [x + "gate_proj.weight", x + "up_proj.weight"], moe.shared_gate_up.weight, [s, s])
+        _own(table, x + "down_proj.weight", moe.shared_down.weight)
+        _own(table, mlp + "shared_expert_gate.weight", moe.shared_gate)
+
+
+def slots(model) -> dict[str, Slot]:
+    """Every Hugging Face name ``model`` (transformer.Transformer) takes, with its slot."""
+    a, table = model.args, {}
+    _own(table, "model.embed_tokens.weight", model.embed.weight)
+    _own(table, "model.norm.weight", model.norm)
+    if model.lm_head is not None:
+        _own(table, "lm_head.weight", model.lm_head.weight)
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        att = p + "self_attn."
+        _own(table, p + "input_layernorm.weight", layer.input_norm)
+        _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
+        _rows(table, [att + f"{x}_proj.weight" for x in "qkv"], layer.qkv.weight, [q, kv, kv])
+        if a.qkv_bias:
+            _rows(table, [att + f"{x}_proj.bias" for x in "qkv"], layer.qkv.bias, [q, kv, kv])
+        _own(table, att + "o_proj.weight", layer.o.weight)
+        if a.o_bias:
+            _own(table, att + "o_proj.bias", layer.o.bias)
+        if layer.qk_norm is not None:      # one [D] weight per projection, every head's
+            _own(table, att + "q_norm.weight", layer.qk_norm[:a.num_heads], (a.head_dim,))
+            _own(table, att + "k_norm.weight", layer.qk_norm[a.num_heads:], (a.head_dim,))
+        if layer.moe is not None:
+            _experts(table, layer.moe, a.architecture == "MixtralForCausalLM", p)
+            continue
+        mlp = p + "mlp."
+        _rows(table, [mlp + "gate_proj.weight", mlp + "up_proj.weight"], layer.gate_up.weight,
+              [a.intermediate_size] * 2)
+        _own(table, mlp + "down_proj.weight", layer.down.weight)
+        if a.mlp_bias:
+            _rows(table, [mlp + "gate_proj.bias", mlp + "up_proj.bias"], layer.gate_up.bias,
+                  [a.intermediate_size] * 2)
+            _own(table, mlp + "down_proj.bias", layer.down.bias)
+    return table
+
+
+def checkpoint_names(table: dict[str, Slot]) -> list[str]:
+    """The names a complete checkpoint holds (each written by itself), in the model's order."""
+    return [name for name, s in table.items() if s.writes == (name,)]
+
+
+def pairs_of(weights: Mapping | Iterable) -> Iterable[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of a mapping or an iterable of pairs, each checked to be one."""
+    for item in (weights.items() if isinstance(weights, Mapping) else weights):
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise ValueError(f"weights: expected (name, tensor) pairs, got {type(item).__name__}")
+        name, tensor = item
+        if not isinstance(name, str):
+            raise ValueError(f"weights: names must be strings, got {type(name).__name__}")
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"weights: {name!r} must be a torch.Tensor, got {type(tensor).__name__}")
+        yield name, tensor
+
+
+def _slot(table: dict[str, Slot], tied: bool, name: str, shape: tuple[int, ...]) -> Slot | None:
+    """The slot of a tensor of this name and shape, None for a name that is not a weight, or a
+    ValueError naming it."""
+    slot = table.get(name)
+    if slot is None:
+        if NOT_WEIGHTS.search(name) or (tied and name == "lm_head.weight"):   # tied: the embedding's
+            return None
+        raise ValueError(f"weights: the model has no tensor named {name!r}")
+    if tuple(shape) != slot.shape:
+        raise ValueError(f"weights: {name!r} has shape {tuple(shape)}, the model's is {slot.shape}")
+    return slot
+
+
+def check(model, shapes: Iterable[tuple[str, tuple[int, ...]]], complete: bool) -> set[str]:
+    """The checkpoint names tensors of these (name, shape) would write in ``model``, or a
+    ValueError naming the first that does not fit (or, where ``complete``, a missing one)."""
+    table, tied = slots(model), model.lm_head is None
+    written = {w for n, shape in shapes if (s := _slot(table, tied, n, shape)) is not None for w in s.writes}
+    missing = [n for n in checkpoint_names(table) if n not in written] if complete else []
+    if missing:
+        raise ValueError(f"model: weights are missing the tensor {missing[0]!r}"
+                         + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    return written
+
+
+@torch.no_grad()
+def load_hf(model, weights: Mapping | Iterable, complete: bool) -> set[str]:
+    """Copy Hugging Face tensors into ``model`` in place; returns the checkpoint names written.
+    ``complete``: ``weights`` must write every checkpoint name, and every name and shape is
+    checked before anything is copied. Otherwise any part (a mapping, or any iterable of (name,
+    tensor) pairs), each tensor checked before it is copied."""
+    table, tied = slots(model), model.lm_head is None
+    pairs = pairs_of(weights)
+    if complete:
+        pairs = list(pairs)
+        check(model, [(n, t.shape) for n, t in pairs], complete=True)
+    written = set()
+    for name, tensor in pairs:
+        slot = _slot(table, tied, name, tensor.shape)
+        if slot is not None:
+            slot.dest.copy_(tensor)
+            written.update(slot.writes)
+    return written

@@ -1,0 +1,41 @@
+"""New weights into a running engine: a whole set, or a trainer's stream of (name, tensor) pairs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tailrl import LLM, SamplingParams
+from tailrl.model.loader import load_state_dict
+
+PROMPTS = [[5, 17, 30, 8, 9, 5, 17, 30], [40, 41, 42, 40, 41], [3, 3, 3, 3]]
+PARAMS = SamplingParams(n=3, temperature=1.0, max_tokens=24, ignore_eos=True, seed=3)
+
+
+def pairs(outs):
+    return [(o.token_ids, o.logprobs) for r in outs for o in r.outputs]
+
+
+def test_a_stream_of_pairs_updates_a_speculative_engine_as_the_new_checkpoint_runs(ckpt_dir):
+    old, new = ckpt_dir("qwen2", init_std=1.0), ckpt_dir("qwen2", init_std=1.0, seed=1)
+    llm = LLM(old, dtype="bfloat16", speculative={"policy": "fixed"})
+    llm.generate(PROMPTS, PARAMS)                                   # history and cached prefixes of the old weights
+    items = list(load_state_dict(new).items())
+    stream = (item for item in reversed(items))                     # a generator, in the trainer's order
+    assert llm.load_weights(stream) == set(llm.weight_names())
+    assert pairs(llm.generate(PROMPTS, PARAMS)) == pairs(LLM(new, dtype="bfloat16").generate(PROMPTS, PARAMS))
+
+
+def test_a_tensor_that_does_not_fit_stops_a_stream_and_the_engine_stays_usable(ckpt_dir):
+    old, new = ckpt_dir("qwen2", init_std=1.0), ckpt_dir("qwen2", init_std=1.0, seed=1)
+    llm = LLM(old, dtype="bfloat16")
+    before = pairs(llm.generate(PROMPTS, PARAMS))
+    sd = load_state_dict(new)
+    with pytest.raises(ValueError, match="'model.layers.0.mlp.up_proj.weight' has shape"):
+        llm.load_weights(iter([("model.layers.0.mlp.up_proj.weight", torch.zeros(2, 2))]))
+    assert pairs(llm.generate(PROMPTS, PARAMS)) == before           # nothing was copied
+    with pytest.raises(ValueError, match="'lm_head.bias'"):          # the first pair was copied, then the error
+        llm.load_weights(iter([("model.norm.weight", sd["model.norm.weight"]),
+                               ("lm_head.bias", sd["model.norm.weight"])]))
+    assert pairs(llm.generate(PROMPTS, PARAMS)) != before           # the new norm (and no stale cached prefix)
+    llm.load_weights(sd)
+    assert pairs(llm.generate(PROMPTS, PARAMS)) == pairs(LLM(new, dtype="bfloat16").generate(PROMPTS, PARAMS))
