@@ -28,7 +28,7 @@ def test_a_migrating_request_makes_no_tensor_on_the_host_by_default(monkeypatch,
     guard(monkeypatch, LLMEngine, "step", "export_request", "import_request", "release")
     engines = [LLMEngine(EngineConfig(model=triton_model, dtype="bfloat16"), SpeculativeConfig(policy="fixed"))
                for _ in range(2)]
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    params = SamplingParams(max_tokens=14, ignore_eos=True)
     ref = Request("x", [5, 6, 7, 8], params, seed_key=11)
     engines[0].add_request(ref)
     while engines[0].has_unfinished():
@@ -36,7 +36,7 @@ def test_a_migrating_request_makes_no_tensor_on_the_host_by_default(monkeypatch,
     engines[0].release("x")
     req = Request("x", [5, 6, 7, 8], params, seed_key=11)
     engines[1].add_request(req)
-    while req.num_output_tokens < 10:
+    while req.num_output_tokens < 6:
         engines[1].step()
     moved = engines[0].import_request(engines[1].export_request("x"))
     while engines[0].has_unfinished():

@@ -114,7 +114,7 @@ def test_prepare_decides_before_the_first_step_and_says_so(fresh, caplog):
     assert len(lines) == 1 and "[13, 16] float32 cuBLAS" in lines[0] and "[12, 16] float32 Triton" in lines[0]
 
 
-def test_a_model_mixing_stock_and_triton_products_keeps_its_bits(ckpt_dir, fresh):
+def test_a_model_mixing_stock_and_triton_products_keeps_its_bits(triton_model, fresh):
     """bfloat16 through the Triton backend with the stock product where the probe allows it
     (rows probed up to 8, so steps of more rows run in pieces): graph steps equal eager steps,
     speculation equals plain, and a request alone equals it in the batch, bit for bit."""
@@ -125,9 +125,9 @@ def test_a_model_mixing_stock_and_triton_products_keeps_its_bits(ckpt_dir, fresh
     fresh.setenv("TAILRL_KERNELS", "triton")
     fresh.setattr(stock, "ROWS", 8)
     fresh.setattr(stock, "PRODUCT", lambda x, w: (rowwise if w.shape[0] % 2 else by_batch)(x, w))
-    path = ckpt_dir("qwen2", init_std=3.0)
+    path = triton_model
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
-    sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True, seed=4)
     run = lambda llm, ps=prompts: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(ps, sp)]   # noqa: E731,E501
     plain = LLM(path, device=DEVICE, cuda_graphs=False, kv_cache_gib=0.25)
     want = run(plain)

@@ -99,14 +99,15 @@ def test_rope_attend_matches_the_reference(dtype, tol):
     assert (kg.float() - kr.float()).abs().max().item() < tol * 4 and torch.equal(vg, vr)
 
 
-@pytest.mark.parametrize("lanes,keys", [(16, 32), pytest.param(16, 16, marks=SLOW_HERE), (4, 64)])
+@pytest.mark.parametrize("lanes,keys", [(16, 32), pytest.param(16, 16, marks=SLOW_HERE),
+                                        pytest.param(4, 64, marks=SLOW_HERE)])
 def test_attention_lanes_merged_in_one_program_or_by_a_second_kernel_give_the_same_bits(monkeypatch, lanes, keys):
     """Long rows (up to 600 positions: several chunks of keys per lane) and short ones, chains
     and trees: every lane in one program (a step with programs enough to fill a GPU) and one
     program per lane, merged by the last lane to finish (few tokens), compute the same bits; both near
     float64. Lanes and keys per step of a lane's walk: the defaults (tests/conftest.py sets 2
-    lanes under the interpreter), one pool block per step (with ``-m slow`` there: ~50 s), and
-    four lanes of 64-key chunks."""
+    lanes under the interpreter), and, on a GPU or with ``-m slow`` under the interpreter (~50 and
+    ~14 s), one pool block per step and four lanes of 64-key chunks."""
     from tailrl.kernels.gpu import backend
     monkeypatch.setattr(backend, "LANES", lanes)
     monkeypatch.setattr(backend, "KEYS", keys)
@@ -148,7 +149,7 @@ def test_a_rows_queries_walk_its_kv_together_with_the_bits_each_has_alone(monkey
         assert (alone.float() - want).abs().max().item() < (2e-5 if dtype == torch.float32 else 3e-2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, pytest.param(torch.float16, marks=SLOW_HERE)])
 def test_the_projection_bias_added_in_ropes_pass_gives_the_separate_adds_bits(dtype, monkeypatch):
     """Where cuBLAS computes the fused projection, RoPE's pass adds its bias (a launch fewer):
     attention, K and V equal, bit for bit, those of the product plus the bias added as PyTorch
@@ -250,7 +251,7 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(triton_model, monkeypa
     from tailrl.engine.engine import LLMEngine
     path = triton_model
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
-    sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True, seed=4)
     want = [[c.token_ids for c in o.outputs] for o in LLM(path, dtype="float32").generate(prompts, sp)]
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
     if DEVICE == "cpu":                                 # on a GPU the device itself checks
@@ -294,7 +295,7 @@ def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(triton_
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
     path = triton_model
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
-    sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, ignore_eos=True, seed=4)
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=8, ignore_eos=True, seed=4)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
     want = run(LLM(path, device=DEVICE, async_scheduling=False, **SMALL_POOL))
     spec = SpeculativeConfig(policy="fixed", ahead_above=1, ahead_drafts=4, ahead_drafts_gate="always")
@@ -327,7 +328,7 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, triton
     monkeypatch.setenv("TAILRL_KERNELS", "triton")
     path = triton_model if arch == "qwen2" else ckpt_dir(arch, init_std=3.0)
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
-    sp = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True, seed=4)
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True, seed=4)
     run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
     want = run(LLM(path, speculative=SpeculativeConfig(policy="fixed"), device=DEVICE, cuda_graphs=False, **SMALL_POOL))
     # lossless: plain decoding's steps (one query a row) and the verify steps (chains: query
