@@ -580,8 +580,9 @@ class LLMEngine:
     def load_weights(self, weights) -> set[str]:
         """In-place weight update under Hugging Face names (e.g. after an RL step): a mapping of
         the whole model (names and shapes checked before anything is copied), or an iterable of
-        (name, tensor) pairs holding any part (a trainer's bucket). Running requests finish on the
-        old weights first. Returns the checkpoint names written (model/hf_names.py)."""
+        (name, tensor) pairs holding any part (a trainer's bucket). Call it with no request
+        running (between ``generate`` calls; the server's engine loop waits for them): a running
+        request's K/V is the old weights'. Returns the checkpoint names written (model/hf_names.py)."""
         self.drain()
         try:
             return load_hf(self.model, weights, complete=isinstance(weights, Mapping))

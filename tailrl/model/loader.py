@@ -14,6 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from tailrl.model.args import ModelArgs, parse_config
+from tailrl.model.hf_names import check, load_hf
 from tailrl.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,15 @@ def weight_files(path: str) -> list[str]:
     return files
 
 
+def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a checkpoint's weight files, read from their headers alone."""
+    out = {}
+    for f in weight_files(path):
+        with safe_open(f, "pt") as g:
+            out.update({k: tuple(g.get_slice(k).get_shape()) for k in g.keys()})
+    return out
+
+
 def load_state_dict(path: str) -> dict[str, torch.Tensor]:
     sd: dict[str, torch.Tensor] = {}
     for f in weight_files(path):
@@ -72,14 +82,7 @@ def load_matching_state_dict(path: str, like: str) -> dict[str, torch.Tensor]:
                 if getattr(old, k) != getattr(new, k)]
         raise ValueError(f"model_path: {path!r} is not the served model's architecture ({'; '.join(diff)})")
 
-    def shapes(p: str) -> dict[str, tuple[int, ...]]:
-        out = {}
-        for f in weight_files(p):
-            with safe_open(f, "pt") as g:
-                out.update({k: tuple(g.get_slice(k).get_shape()) for k in g.keys()})
-        return out
-
-    have, want = shapes(path), shapes(like)
+    have, want = tensor_shapes(path), tensor_shapes(like)
     missing = sorted(set(want) - set(have))
     if missing:
         raise ValueError(f"model_path: {path!r} lacks {len(missing)} tensor(s) of the served model, "
@@ -93,13 +96,20 @@ def load_matching_state_dict(path: str, like: str) -> dict[str, torch.Tensor]:
 
 def load_model(path: str, dtype: str = "float32", device: str = "cpu",
                max_len: int | None = None) -> Transformer:
-    """Build our module from a checkpoint directory. max_len bounds the RoPE table."""
+    """Build our module from a checkpoint directory, on ``device``. max_len bounds the RoPE
+    table. Every tensor's name and shape is checked (from the files' headers) before the weights
+    are allocated; then the tensors are read one at a time and copied into place, so the host
+    holds one of them at a time, never the whole checkpoint."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     args = read_args(path)
-    sd = load_state_dict(path)                       # fails on missing weights before allocating
-    model = Transformer(args, max_len or args.max_position_embeddings, DTYPES[dtype])
-    model.load_hf_state_dict(sd)
+    files, shapes = weight_files(path), tensor_shapes(path)
+    with torch.device("meta"):                       # names and shapes, before any allocation
+        check(Transformer(args, 1, DTYPES[dtype], "meta"), shapes.items(), complete=True)
+    model = Transformer(args, max_len or args.max_position_embeddings, DTYPES[dtype], device)
+    for f in files:
+        with safe_open(f, "pt") as g:
+            load_hf(model, ((k, g.get_tensor(k)) for k in g.keys()), complete=False)
     log.info("loaded %s (%s, %.1fM params) from %s", args.architecture, dtype,
              sum(p.numel() for p in model.parameters()) / 1e6, path)
-    return model.to(device).eval()
+    return model.eval()

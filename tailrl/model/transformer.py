@@ -62,19 +62,25 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, a: ModelArgs, max_len: int, dtype: torch.dtype = torch.float32):
+    """Its weights are allocated on ``device`` in ``dtype`` and left as they were in memory: a
+    checkpoint fills them (``load_hf_state_dict``; loader.load_model), so none is initialised,
+    and none passes through float32 or another device first."""
+
+    def __init__(self, a: ModelArgs, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
         super().__init__()
         self.args = a
-        self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers) for i in range(a.num_layers))
-        self.norm = nn.Parameter(torch.ones(a.hidden_size))
-        self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
-        self.to(dtype)
-        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, dtype, llama3=a.rope_llama3)
+        with torch.device("meta"):
+            self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
+            self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers) for i in range(a.num_layers))
+            self.norm = nn.Parameter(torch.ones(a.hidden_size))
+            self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+        self.to(dtype).to_empty(device=device)
+        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, dtype, device, llama3=a.rope_llama3)
         self.register_buffer("cos", cos, persistent=False)                 # [max_len, D]
         self.register_buffer("sin", sin, persistent=False)
         acc = torch.float64 if dtype == torch.float64 else torch.float32   # the native kernels' accumulation type
-        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, acc, llama3=a.rope_llama3)
+        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, acc, device, llama3=a.rope_llama3)
         self.register_buffer("cos_acc", cos, persistent=False)
         self.register_buffer("sin_acc", sin, persistent=False)
 

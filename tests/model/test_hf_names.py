@@ -98,3 +98,31 @@ def test_what_does_not_fit_is_a_value_error_naming_it_and_a_whole_set_copies_not
     with pytest.raises(ValueError, match="missing the tensor 'model.layers.1.mlp.down_proj.weight'"):
         load_hf(model, missing, complete=True)
     assert same(model, before)
+
+
+def test_a_checkpoint_is_checked_by_its_headers_then_read_a_tensor_at_a_time(ckpt_dir, tmp_path, monkeypatch):
+    """``load_model`` gives every tensor of the checkpoint in the model's dtype; a checkpoint with
+    a tensor too many, too few or of another shape is a ValueError naming it before the
+    weights are allocated (on the meta device: no memory)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from tailrl.model import loader
+    path = ckpt_dir("qwen3")
+    sd = load_state_dict(path)
+    model = load_model(path, dtype="bfloat16")
+    table = slots(model)
+    assert all(torch.equal(table[n].dest, t.to(torch.bfloat16).expand(table[n].dest.shape)) for n, t in sd.items())
+    built = []
+    real = loader.Transformer
+    monkeypatch.setattr(loader, "Transformer", lambda *a: built.append(a[3]) or real(*a))
+    for change, field in [({"model.layers.0.mlp.extra.weight": torch.zeros(2)}, "no tensor named 'model.layers.0.mlp"),
+                          ({"model.norm.weight": torch.zeros(3)}, "'model.norm.weight' has shape"),
+                          ({"model.norm.weight": None}, "missing the tensor 'model.norm.weight'")]:
+        bad = tmp_path / str(len(built))
+        shutil.copytree(path, bad)
+        save_file({k: v for k, v in {**sd, **change}.items() if v is not None}, str(bad / "model.safetensors"))
+        with pytest.raises(ValueError, match=field):
+            load_model(str(bad), dtype="bfloat16")
+    assert set(built) == {"meta"}
