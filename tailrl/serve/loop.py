@@ -198,8 +198,10 @@ class EngineLoop:
             return
         while True:
             kind, payload = item
-            if kind == "add":
-                self._parked.append(payload) if self._updating else self._add(payload)
+            if kind == "add" and self._updating:
+                self._parked.append(payload)
+            elif kind == "add":
+                self._add(payload)
             elif kind == "weights":
                 self._weights.append(payload)
                 self._updating = True
