@@ -232,14 +232,15 @@ class SampleServer:
             self._gate.set()
         return self._gate
 
-    async def update_weights(self, weights, done: bool = True) -> None:
+    async def update_weights(self, weights, done: bool = True, complete: bool = True) -> None:
         """New policy weights (Hugging Face names), loaded between two engine steps once running
         requests finished on the old weights (``EngineLoop.update_weights``): a mapping of the
         whole model, or a trainer's buckets, each a list of (name, tensor) pairs with ``done`` on
         the last. The first bucket closes admission (new calls wait, to be grouped in the new
         weight version); the last checks that the buckets wrote every tensor of the model (a
         ValueError naming a missing one otherwise: the weights are then a mix), starts a new
-        weight version and opens admission again (if the update closed it)."""
+        weight version and opens admission again (if the update closed it). ``complete=False``:
+        an update that may hold a part of the model (SGLang's buckets while not paused)."""
         done = done or isinstance(weights, Mapping)
         if self._update is None:
             reopen = self._gate_event().is_set()
@@ -260,7 +261,7 @@ class SampleServer:
                     self.groups.new_epoch()
                 if reopen:
                     await self.resume()
-        if done:
+        if done and complete:
             missing = [n for n in self.llm.weight_names() if n not in written]
             if missing:
                 raise ValueError(f"weights: the update wrote {len(written)} of the model's tensors and not "

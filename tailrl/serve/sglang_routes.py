@@ -34,12 +34,14 @@ from fastapi import Request
 import tailrl
 from tailrl.config import SamplingParams
 from tailrl.engine.request import Request as EngineRequest
+from tailrl.model.hf_names import check
 from tailrl.model.loader import load_matching_state_dict
 from tailrl.serve import require
 from tailrl.serve import responses as R
 from tailrl.serve.errors import APIError, error_body
 from tailrl.serve.samples import SampleServer
 from tailrl.serve.sglang_protocol import PromptCall, answer, parse_generate
+from tailrl.serve.weight_group import WeightGroup
 
 HEALTH_TIMEOUT_S = 20.0
 _UPDATE_FIELDS = {"model_path": None, "load_format": None, "abort_all_requests": False, "weight_version": None,
@@ -58,6 +60,8 @@ class NativeFront:
         self.paused = False
         self.calls: dict[str, set[str]] = {}           # rid -> its running call ids
         self._ids = itertools.count(1)
+        self.group: WeightGroup | None = None          # a trainer's weights update group, once joined
+        self.open_update = False                       # buckets came while paused: continue ends the update
 
     async def generate(self, request, calls: list[PromptCall]) -> list[dict]:
         """Every sample of every prompt, concurrently; a client that leaves aborts them."""
@@ -165,6 +169,50 @@ class NativeFront:
         if version is not None:
             self.weight_version = version
         return {"success": True, "message": f"weights loaded from {path}", "num_paused_requests": 0}
+
+    async def join_group(self, body: dict) -> dict:
+        """``/init_weights_update_group``: join the trainer's process group (blocks until all joined)."""
+        device = self.server.llm.engine.model.norm.device
+        try:
+            self.group = await asyncio.to_thread(WeightGroup, body, device)
+        except (ValueError, RuntimeError) as e:
+            return {"success": False, "message": str(e)}
+        return {"success": True, "message": f"joined weights update group {self.group.name!r} as rank "
+                                            f"{self.group.rank}"}
+
+    async def update_from_distributed(self, body: dict) -> dict:
+        """One bucket: its tensors broadcast by the trainer, checked against the model, then
+        loaded between two engine steps once running requests finished. While paused (slime's
+        update: pause, buckets, continue) the buckets make one update, ended by
+        ``/continue_generation``, which checks that every tensor came; otherwise each bucket is
+        an update of its own."""
+        if self.group is None or body.get("group_name") != self.group.name:
+            raise APIError(400, f"field 'group_name': no weights update group {body.get('group_name')!r} was "
+                                "joined (/init_weights_update_group)", param="group_name")
+        if body.get("load_format") not in (None, "auto"):
+            raise APIError(400, "field 'load_format' is not supported by this server", param="load_format")
+        spec = self.group.bucket_spec(body)
+        pairs = await asyncio.to_thread(self.group.receive, spec)     # the trainer broadcasts them now
+        try:
+            check(self.server.llm.engine.model, [(n, t.shape) for n, t in pairs], complete=False)
+        except ValueError as e:
+            return {"success": False, "message": str(e)}
+        self.open_update = self.paused
+        await self.samples.update_weights(pairs, done=not self.paused, complete=False)
+        if isinstance(body.get("weight_version"), str):
+            self.weight_version = body["weight_version"]
+        return {"success": True, "message": f"{len(pairs)} tensors loaded"}
+
+    async def end_update(self) -> str | None:
+        """The open update's end (``/continue_generation``): None, or why it is incomplete."""
+        if not self.open_update:
+            return None
+        self.open_update = False
+        try:
+            await self.samples.update_weights([], done=True)
+        except ValueError as e:
+            return str(e)
+        return None
 
     async def healthy(self) -> bool:
         """A one-token greedy generation through the engine loop, outside any sample group."""
@@ -283,8 +331,32 @@ def _control_routes(app, server, front: NativeFront, responses) -> None:
     @app.post("/continue_generation")
     async def resume(request: Request):
         await _body(server, request)
+        incomplete = await front.end_update()
         front.paused = False
         await front.samples.resume()
+        if incomplete:
+            return responses.JSONResponse({"success": False, "message": incomplete}, status_code=400)
+        return {"success": True}
+
+    @app.post("/init_weights_update_group")
+    async def init_group(request: Request):
+        out = await front.join_group(await _body(server, request))
+        return responses.JSONResponse(out, status_code=200 if out["success"] else 400)
+
+    @app.post("/update_weights_from_distributed")
+    async def update_from_distributed(request: Request):
+        try:
+            out = await front.update_from_distributed(await _body(server, request))
+        except ValueError as e:
+            raise APIError(400, str(e)) from e
+        return responses.JSONResponse(out, status_code=200 if out["success"] else 400)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_group(request: Request):
+        await _body(server, request)
+        if front.group is not None:
+            front.group.close()
+            front.group = None
         return {"success": True}
 
     @app.post("/update_weights_from_disk")
