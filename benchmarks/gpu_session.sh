@@ -103,6 +103,7 @@ engine() {
             tests/engine/test_logits_process.py::test_on_a_gpu_processed_requests_give_eager_steppings_outputs \
             tests/engine/test_prefix_cache.py::test_on_a_gpu_cached_prefixes_change_no_token \
             tests/engine/test_top_logprobs.py::test_on_a_gpu_alternatives_are_an_eager_engines \
+            tests/engine/test_weight_updates.py \
             tests/kernels/test_triton.py
     else
         echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"

@@ -39,3 +39,20 @@ def test_a_tensor_that_does_not_fit_stops_a_stream_and_the_engine_stays_usable(c
     assert pairs(llm.generate(PROMPTS, PARAMS)) != before           # the new norm (and no stale cached prefix)
     llm.load_weights(sd)
     assert pairs(llm.generate(PROMPTS, PARAMS)) == pairs(LLM(new, dtype="bfloat16").generate(PROMPTS, PARAMS))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_host_tensors_in_buckets_update_the_engine_as_the_new_checkpoint_runs(ckpt_dir):
+    """The engine on the GPU (loaded there directly, CUDA graphs on), a trainer's buckets of host
+    tensors: the same tokens and log-probabilities as the new checkpoint loaded on the GPU."""
+    old, new = ckpt_dir("qwen2", init_std=1.0), ckpt_dir("qwen2", init_std=1.0, seed=1)
+    kw = dict(dtype="bfloat16", device="cuda", gpu_memory_utilization=0.2)
+    llm = LLM(old, speculative={"policy": "fixed"}, **kw)
+    llm.generate(PROMPTS, PARAMS)
+    assert llm.engine.model.norm.device.type == "cuda"
+    items = list(load_state_dict(new).items())
+    written = set()
+    for i in range(0, len(items), 4):
+        written |= llm.load_weights(items[i:i + 4])
+    assert written == set(llm.weight_names())
+    assert pairs(llm.generate(PROMPTS, PARAMS)) == pairs(LLM(new, **kw).generate(PROMPTS, PARAMS))
