@@ -6,9 +6,9 @@ it is copied into (a row range of the fused QKV or gate/up projection, one exper
 trainer's fused expert tensor (``mlp.experts.gate_up_proj`` [E, 2I, H]), every expert's names as
 a checkpoint saves them. The model is complete once every checkpoint name has been written.
 
-A complete set of weights (a mapping: ``load_hf``'s ``complete``) is checked whole, names and
-shapes, before anything is copied; a stream of (name, tensor) pairs (a trainer's buckets) is
-checked one tensor at a time, and may hold any part of the model.
+A complete set of weights (``load_hf``'s ``complete``) and a bucket (a mapping or a list of
+(name, tensor) pairs, any part of the model) are checked whole, names and shapes, before
+anything is copied; a stream (an iterator of pairs) is checked one tensor at a time.
 """
 from __future__ import annotations
 
@@ -134,7 +134,11 @@ def _slot(table: dict[str, Slot], tied: bool, name: str, shape: tuple[int, ...])
 def check(model, shapes: Iterable[tuple[str, tuple[int, ...]]], complete: bool) -> set[str]:
     """The checkpoint names tensors of these (name, shape) would write in ``model``, or a
     ValueError naming the first that does not fit (or, where ``complete``, a missing one)."""
-    table, tied = slots(model), model.lm_head is None
+    return _check(slots(model), model.lm_head is None, shapes, complete)
+
+
+def _check(table: dict[str, Slot], tied: bool, shapes: Iterable[tuple[str, tuple[int, ...]]],
+           complete: bool) -> set[str]:
     written = {w for n, shape in shapes if (s := _slot(table, tied, n, shape)) is not None for w in s.writes}
     missing = [n for n in checkpoint_names(table) if n not in written] if complete else []
     if missing:
@@ -146,14 +150,15 @@ def check(model, shapes: Iterable[tuple[str, tuple[int, ...]]], complete: bool) 
 @torch.no_grad()
 def load_hf(model, weights: Mapping | Iterable, complete: bool) -> set[str]:
     """Copy Hugging Face tensors into ``model`` in place; returns the checkpoint names written.
-    ``complete``: ``weights`` must write every checkpoint name, and every name and shape is
-    checked before anything is copied. Otherwise any part (a mapping, or any iterable of (name,
-    tensor) pairs), each tensor checked before it is copied."""
+    ``complete``: ``weights`` must write every checkpoint name. Otherwise any part: a mapping or
+    a sequence of (name, tensor) pairs (a bucket) has every name and shape checked before
+    anything is copied, as a complete set does; pairs from an iterator (a stream) are checked one
+    tensor at a time, before each is copied."""
     table, tied = slots(model), model.lm_head is None
     pairs = pairs_of(weights)
-    if complete:
+    if complete or isinstance(weights, (Mapping, list, tuple)):
         pairs = list(pairs)
-        check(model, [(n, t.shape) for n, t in pairs], complete=True)
+        _check(table, tied, [(n, t.shape) for n, t in pairs], complete)
     written = set()
     for name, tensor in pairs:
         slot = _slot(table, tied, name, tensor.shape)

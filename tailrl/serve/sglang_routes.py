@@ -34,7 +34,6 @@ from fastapi import Request
 import tailrl
 from tailrl.config import SamplingParams
 from tailrl.engine.request import Request as EngineRequest
-from tailrl.model.hf_names import check
 from tailrl.model.loader import load_matching_state_dict
 from tailrl.serve import require
 from tailrl.serve import responses as R
@@ -193,12 +192,11 @@ class NativeFront:
             raise APIError(400, "field 'load_format' is not supported by this server", param="load_format")
         spec = self.group.bucket_spec(body)
         pairs = await asyncio.to_thread(self.group.receive, spec)     # the trainer broadcasts them now
-        try:
-            check(self.server.llm.engine.model, [(n, t.shape) for n, t in pairs], complete=False)
+        self.open_update = self.paused
+        try:                                          # a bucket that does not fit is refused whole
+            await self.samples.update_weights(pairs, done=not self.paused, complete=False)
         except ValueError as e:
             return {"success": False, "message": str(e)}
-        self.open_update = self.paused
-        await self.samples.update_weights(pairs, done=not self.paused, complete=False)
         if isinstance(body.get("weight_version"), str):
             self.weight_version = body["weight_version"]
         return {"success": True, "message": f"{len(pairs)} tensors loaded"}
@@ -292,6 +290,7 @@ def add_sglang_routes(app, server) -> None:
     responses = require("fastapi.responses")
     _generation_routes(app, server, front, responses)
     _control_routes(app, server, front, responses)
+    _weight_group_routes(app, server, front, responses)
     _info_routes(app, server, front, responses)
 
 
@@ -338,6 +337,28 @@ def _control_routes(app, server, front: NativeFront, responses) -> None:
             return responses.JSONResponse({"success": False, "message": incomplete}, status_code=400)
         return {"success": True}
 
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        out = await front.update_from_disk(await _body(server, request))
+        return responses.JSONResponse(out, status_code=200 if out["success"] else 400)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache(request: Request):
+        server.check_auth(request)
+        await front.samples.clear_prefixes()
+        return {"success": True, "message": "cache flushed"}
+
+    @app.post("/release_memory_occupation")
+    async def release_memory(request: Request):
+        return await front.release_memory((await _body(server, request)).get("tags"))
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(request: Request):
+        _memory_tags((await _body(server, request)).get("tags"))
+        return {"success": True}                # the K/V cache is allocated again by the next request
+
+
+def _weight_group_routes(app, server, front: NativeFront, responses) -> None:
     @app.post("/init_weights_update_group")
     async def init_group(request: Request):
         out = await front.join_group(await _body(server, request))
@@ -358,26 +379,6 @@ def _control_routes(app, server, front: NativeFront, responses) -> None:
             front.group.close()
             front.group = None
         return {"success": True}
-
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request):
-        out = await front.update_from_disk(await _body(server, request))
-        return responses.JSONResponse(out, status_code=200 if out["success"] else 400)
-
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache(request: Request):
-        server.check_auth(request)
-        await front.samples.clear_prefixes()
-        return {"success": True, "message": "cache flushed"}
-
-    @app.post("/release_memory_occupation")
-    async def release_memory(request: Request):
-        return await front.release_memory((await _body(server, request)).get("tags"))
-
-    @app.post("/resume_memory_occupation")
-    async def resume_memory(request: Request):
-        _memory_tags((await _body(server, request)).get("tags"))
-        return {"success": True}                # the K/V cache is allocated again by the next request
 
 
 def _info_routes(app, server, front: NativeFront, responses) -> None:
