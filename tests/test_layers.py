@@ -9,7 +9,7 @@ import tailrl
 
 ROOT = pathlib.Path(tailrl.__file__).parent
 API = {"tailrl", "llm", "config"}          # the public API: the package root re-exports llm and config
-LEAVES = {"extras", "threads", "noise"}    # every layer may use them; they import no other layer
+LEAVES = {"extras", "threads", "noise", "programs"}   # every layer may use them; they import no other layer
 
 # layer -> the layers it may import. A layer is a subpackage of tailrl or a top-level module.
 ALLOWED: dict[str, set[str]] = {
@@ -17,6 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "extras": set(),                                              # optional imports
     "threads": set(),                                             # process-wide torch thread count
     "noise": set(),                                               # counter-based sampling noise, seed keys
+    "programs": set(),                                            # tailrl's own processes (python -m ...)
     "kernels": {"config"},                                        # one implementation per device of each hot op
     "model": {"config", "kernels"},
     "drafter": {"config", "kernels", "model"},                    # TLT's drafter: network, state, training

@@ -9,7 +9,7 @@ pool carries on without it. The Ray backend (one actor per instance) is in `ray_
 A local worker process runs ``python -m tailrl.rollout.process_worker``, not a
 `multiprocessing` fork or spawn: torch's thread pools do not survive a fork, and spawn re-runs
 the caller's main script in every worker, which breaks scripts without an
-``if __name__ == "__main__":`` guard (process_worker.py). Messages go over a socket pair as
+``if __name__ == "__main__":`` guard (tailrl/programs.py). Messages go over a socket pair as
 `multiprocessing.connection` messages, pickled by multiprocessing's pickler: torch tensors
 travel through shared memory, which the worker may open because it shares this process's
 `multiprocessing` authkey, as a spawned child would.
@@ -19,13 +19,11 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import signal
-import socket
 import subprocess
 import sys
-from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
 
+from tailrl import programs
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.rollout.worker import EngineWorker
 
@@ -73,35 +71,13 @@ class InProcessInstance:
 DEATH_WAIT_S = 5.0
 
 
-def describe_exit(code: int | None) -> str:
-    """A process's exit status in words (a negative code is the signal that killed it)."""
-    if code is None:
-        return "still running with its connection closed (killed now)"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 class ProcessInstance:
     """A worker in a local process of its own (its own torch threads)."""
 
     def __init__(self, index: int, config: EngineConfig, speculative: SpeculativeConfig | None) -> None:
         self.index, self.alive = index, True
-        ours, theirs = socket.socketpair()
-        # the tailrl the caller imported, whatever the worker's current directory holds
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # above tailrl/
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "tailrl.rollout.process_worker", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
-        finally:
-            theirs.close()
+        self.process, self.conn = programs.start("tailrl.rollout.process_worker")
         self.pid = self.process.pid
-        self.conn = Connection(ours.detach())
         # before any payload: the key tensors' shared memory is handed over with, and where
         # the classes it will unpickle come from
         self._send((bytes(mp.current_process().authkey), list(sys.path)))
@@ -142,7 +118,7 @@ class ProcessInstance:
             code = None
             self.process.kill()
             self.process.wait()
-        return InstanceDied(f"instance {self.index} (pid {self.pid}) died: {describe_exit(code)}")
+        return InstanceDied(f"instance {self.index} (pid {self.pid}) died: {programs.describe_exit(code)}")
 
     def close(self) -> None:
         if self.alive:

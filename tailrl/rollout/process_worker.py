@@ -20,6 +20,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from tailrl import programs
 from tailrl.rollout.worker import EngineWorker
 
 
@@ -60,9 +61,7 @@ def _send(conn: Connection, reply: tuple[bool, object]) -> bool:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 1 or not argv[0].isdigit():
-        raise SystemExit("usage: python -m tailrl.rollout.process_worker FD (started by the rollout pool)")
-    conn = Connection(int(argv[0]))
+    conn = programs.connect(argv, "python -m tailrl.rollout.process_worker FD (started by the rollout pool)")
     try:
         authkey, path = conn.recv()
     except (EOFError, OSError):

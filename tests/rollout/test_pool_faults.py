@@ -9,7 +9,7 @@ import pytest
 from pool_utils import PROMPTS, SEEDED, KillAt, assert_same, lengths, pool_ckpt
 
 from tailrl import LLM
-from tailrl.rollout.backends import describe_exit
+from tailrl.programs import describe_exit
 
 log = logging.getLogger(__name__)
 
