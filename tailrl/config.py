@@ -302,9 +302,14 @@ class EngineConfig:
     num_threads: int | None = None                # torch threads; None = as many cores as other
                                                   # processes leave free (bfloat16, float64; float32:
                                                   # torch's count, tailrl/threads.py says why)
+    tensor_parallel_size: int = 1                 # the model split over this many devices (CUDA: this
+                                                  # one and the next; a process each: engine/tensor_parallel.py)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and self.model != "", "model", "must be a checkpoint directory", self.model)
+        _check(isinstance(self.tensor_parallel_size, int) and not isinstance(self.tensor_parallel_size, bool)
+               and self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be an integer >= 1",
+               self.tensor_parallel_size)
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}", self.dtype)
         _check(isinstance(self.seed, int), "seed", "must be an int", self.seed)
         check_device(self.device)

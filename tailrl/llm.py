@@ -14,7 +14,6 @@ from tailrl.engine.inputs import InputProcessor, load_tokenizer
 from tailrl.engine.metrics import rollout_metrics
 from tailrl.engine.outputs import RequestOutput
 from tailrl.engine.request import Request
-from tailrl.model.hf_names import checkpoint_names, slots
 from tailrl.speculative.history import HistoryStore
 from tailrl.threads import release_pool
 
@@ -138,7 +137,7 @@ class LLM:
         must write for a whole update)."""
         if self.pool is not None:
             return self.pool.weight_names()
-        return checkpoint_names(slots(self.engine.model))
+        return self.engine.model.weight_names()
 
     def reset_prefix_cache(self) -> None:
         """Forget the cached prefixes (engine/kv/prefix.py), as vLLM's: the next requests
@@ -149,9 +148,12 @@ class LLM:
             self.engine.kv.clear_prefixes()
 
     def close(self) -> None:
-        """Stop the pool's worker processes or actors (an in-process engine needs nothing)."""
+        """Stop the pool's worker processes or actors, or the processes of an engine split over
+        devices (``tensor_parallel_size``)."""
         if self.pool is not None:
             self.pool.close()
+        else:
+            self.engine.close()
 
 
 def _pool_config(instances: int, scheduler: str | None, backend: str,

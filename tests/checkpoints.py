@@ -9,6 +9,7 @@ ARCH_CONFIGS = {
     "qwen2": ("Qwen2Config", dict()),
     "qwen3": ("Qwen3Config", dict(head_dim=16, attention_bias=False)),
     "llama": ("LlamaConfig", dict(attention_bias=False, mlp_bias=False)),
+    "llama_bias": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True)),     # every projection's bias
     "mistral": ("MistralConfig", dict(head_dim=16, sliding_window=None)),
     "mistral_window": ("MistralConfig", dict(head_dim=16, sliding_window=32)),   # Mistral-7B-v0.1's kind
     # mixtures of experts: 8 experts, 3 a token; Qwen3-MoE's second layer dense (mlp_only_layers)

@@ -29,9 +29,9 @@ from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.stop_strings import StopStrings
 from tailrl.engine.tail_choice import DRAFTER_METHODS, TailChoice
+from tailrl.engine.tensor_parallel import ParallelModel, parallel_args
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
-from tailrl.model.hf_names import load_hf
 from tailrl.model.loader import DTYPES, load_model, read_args
 from tailrl.speculative.history import HistoryStore
 from tailrl.threads import use_threads
@@ -52,14 +52,21 @@ class LLMEngine:
         dtype = DTYPES[config.dtype]
         # the KV budget and the context that fits it, before any weight is read
         elem = torch.tensor([], dtype=dtype).element_size()
-        budget, self.max_model_len = size_kv(read_args(config.model), config, elem)
-        self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
-        self.model.prepare_kernels()            # on a GPU: where cuBLAS may compute (kernels/gpu/stock.py)
+        args = read_args(config.model)
+        if config.tensor_parallel_size > 1:     # each device's part: its heads' K/V, its share of the weights
+            args = parallel_args(config, args, speculative)
+        budget, self.max_model_len = size_kv(args, config, elem)
+        if config.tensor_parallel_size > 1:
+            self.model = ParallelModel(config, self.max_model_len, budget)
+        else:
+            self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
+            self.model.prepare_kernels()        # on a GPU: where cuBLAS may compute (kernels/gpu/stock.py)
         if torch.device(config.device).type == "cuda":
             torch.cuda.empty_cache()            # what deciding that took, back before the K/V pool
         self.args = self.model.args
-        self.kv = KVCache(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len,
-                          prefix_caching=config.enable_prefix_caching)
+        pool = KVCache if config.tensor_parallel_size == 1 else self.model.kv_cache
+        self.kv = pool(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len,
+                       prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         drafts = speculative is not None or speculator is not None
         graphs = engine_graphs(self.model, self.kv, config, dtype, grouped=drafts)
@@ -554,6 +561,11 @@ class LLMEngine:
         if self.ahead_drafts is not None:
             self.ahead_drafts.finish(req)
 
+    def close(self) -> None:
+        """Stop the other ranks' processes of a model split over devices (nothing otherwise)."""
+        if isinstance(self.model, ParallelModel):
+            self.model.close()
+
     # ---- moving requests between instances ------------------------------------------------
     def export_request(self, request_id: str) -> RequestState:
         """Take an unfinished request out of this engine with its tokens, K/V and drafting state."""
@@ -585,7 +597,7 @@ class LLMEngine:
         request's K/V is the old weights'. Returns the checkpoint names written (model/hf_names.py)."""
         self.drain()
         try:
-            return load_hf(self.model, weights, complete=isinstance(weights, Mapping))
+            return self.model.load_weights(weights, complete=isinstance(weights, Mapping))
         finally:                                # whatever was copied before an error counts
             self.kv.clear_prefixes()            # the cached prefixes' K/V were the old weights'
             if self.speculator is not None:

@@ -266,6 +266,10 @@ def engine_graphs(model: Transformer, kv: KVCache, config: EngineConfig, dtype: 
     a graph can capture (not float64's reference, which waits for the device inside a step)."""
     if torch.device(config.device).type != "cuda" or not config.cuda_graphs:
         return None
+    if config.tensor_parallel_size > 1:
+        log.info("engine: no CUDA graphs with tensor_parallel_size %d (not captured across ranks yet)",
+                 config.tensor_parallel_size)
+        return None
     kernels = select(config.device, dtype)
     if not kernels.capturable or (model.args.num_experts and not kernels.captures_experts):
         log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step%s)",

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from tailrl.model.args import ModelArgs, parse_config
 from tailrl.model.hf_names import check, load_hf
+from tailrl.model.parallel import Shard, read_part, shard_args
 from tailrl.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -94,22 +95,33 @@ def load_matching_state_dict(path: str, like: str) -> dict[str, torch.Tensor]:
     return load_state_dict(path)
 
 
-def load_model(path: str, dtype: str = "float32", device: str = "cpu",
-               max_len: int | None = None) -> Transformer:
+def load_model(path: str, dtype: str = "float32", device: str = "cpu", max_len: int | None = None,
+               shard: Shard | None = None, reduce=None) -> Transformer:
     """Build our module from a checkpoint directory, on ``device``. max_len bounds the RoPE
     table. Every tensor's name and shape is checked (from the files' headers) before the weights
     are allocated; then the tensors are read one at a time and copied into place, so the host
-    holds one of them at a time, never the whole checkpoint."""
+    holds one of them at a time, never the whole checkpoint. ``shard``: one rank's part of the
+    model split over devices (parallel.py; ``reduce``: the sum across ranks), reading only the
+    bytes of that part; the LM head on rank 0 alone."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     args = read_args(path)
     files, shapes = weight_files(path), tensor_shapes(path)
     with torch.device("meta"):                       # names and shapes, before any allocation
         check(Transformer(args, 1, DTYPES[dtype], "meta"), shapes.items(), complete=True)
-    model = Transformer(args, max_len or args.max_position_embeddings, DTYPES[dtype], device)
+    max_len = max_len or args.max_position_embeddings
+    if shard is None:
+        model = Transformer(args, max_len, DTYPES[dtype], device)
+    else:
+        model = Transformer(shard_args(args, shard.size), max_len, DTYPES[dtype], device, reduce, shard.rank == 0)
     for f in files:
         with safe_open(f, "pt") as g:
-            load_hf(model, ((k, g.get_tensor(k)) for k in g.keys()), complete=False)
-    log.info("loaded %s (%s, %.1fM params) from %s", args.architecture, dtype,
-             sum(p.numel() for p in model.parameters()) / 1e6, path)
+            if shard is None:
+                tensors = ((k, g.get_tensor(k)) for k in g.keys())
+            else:
+                tensors = ((k, read_part(k, g.get_slice(k), args, shard)) for k in g.keys())
+            load_hf(model, tensors, complete=False)
+    log.info("loaded %s (%s, %.1fM params%s) from %s", args.architecture, dtype,
+             sum(p.numel() for p in model.parameters()) / 1e6,
+             "" if shard is None else f", rank {shard.rank} of {shard.size}", path)
     return model.eval()

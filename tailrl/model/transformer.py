@@ -12,7 +12,7 @@ from torch import nn
 
 from tailrl.kernels import AttentionMeta, Backend, Rope, RopeTables, select
 from tailrl.model.args import ModelArgs
-from tailrl.model.hf_names import load_hf
+from tailrl.model.hf_names import check, checkpoint_names, load_hf, slots
 from tailrl.model.moe import SparseMoe
 from tailrl.model.rope import rope_table
 
@@ -31,6 +31,9 @@ class DecoderLayer(nn.Module):
         self.moe = SparseMoe(a) if sparse else None          # a mixture of experts' layer, else the dense MLP
         self.gate_up = None if sparse else nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
         self.down = None if sparse else nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
+        # tensor parallelism: the sum over ranks of the output projection's and the MLP's partial
+        # products (parallel.OrderedSum); None: this layer is whole
+        self.reduce = None
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None, kernels: Backend, rope: Rope, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,27 +57,35 @@ class DecoderLayer(nn.Module):
                   * self.qk_norm)
             qkv = torch.cat([qk.view(n, -1), qkv[:, nqk * a.head_dim:]], dim=1)
             att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
-        x, h = kernels.add_rms_norm(x, kernels.linear(att, self.o.weight, self.o.bias), self.post_norm, a.rms_norm_eps)
+        out = kernels.linear(att, self.o.weight, self.o.bias)
+        x, h = kernels.add_rms_norm(x, out if self.reduce is None else self.reduce(out), self.post_norm,
+                                    a.rms_norm_eps)
         if self.moe is not None:
             return x, self.moe(h, kernels)
         gate_up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias)   # [N, 2I]
-        return x, kernels.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
+        y = kernels.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
+        return x, y if self.reduce is None else self.reduce(y)
 
 
 class Transformer(nn.Module):
     """Its weights are allocated on ``device`` in ``dtype`` and left as they were in memory: a
     checkpoint fills them (``load_hf_state_dict``; loader.load_model), so none is initialised,
-    and none passes through float32 or another device first."""
+    and none passes through float32 or another device first. One rank's part of a model split
+    over devices (parallel.py: ``a`` its shape, ``reduce`` the sum across ranks) computes no
+    logits unless it has the ``head``."""
 
     def __init__(self, a: ModelArgs, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", reduce=None, head: bool = True):
         super().__init__()
-        self.args = a
+        self.args, self.head = a, head
         with torch.device("meta"):
             self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
             self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers) for i in range(a.num_layers))
             self.norm = nn.Parameter(torch.ones(a.hidden_size))
-            self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+            untied = head and not a.tie_word_embeddings
+            self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False) if untied else None
+        for layer in self.layers:
+            layer.reduce = reduce
         self.to(dtype).to_empty(device=device)
         cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, dtype, device, llama3=a.rope_llama3)
         self.register_buffer("cos", cos, persistent=False)                 # [max_len, D]
@@ -102,6 +113,8 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[M, hidden] -> [M, vocab]."""
+        if not self.head:
+            raise RuntimeError("Transformer.logits: this rank's part of the model has no LM head")
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return select(hidden.device, hidden.dtype).linear(hidden, weight)
 
@@ -113,11 +126,23 @@ class Transformer(nn.Module):
             out += [(m.weight, m.bias) for m in (layer.qkv, layer.o, layer.gate_up, layer.down) if m is not None]
             if layer.moe is not None:
                 out += layer.moe.linears()
-        return out + [(head, None)]
+        return out + [(head, None)] if self.head else out
 
     def prepare_kernels(self) -> None:
         """Let the backend decide per weight now what it would decide in the first step."""
         select(self.norm.device, self.norm.dtype).prepare(self.linears())
+
+    def weight_names(self) -> list[str]:
+        """The Hugging Face names of a complete checkpoint of this model."""
+        return checkpoint_names(slots(self))
+
+    def check_weights(self, shapes, complete: bool) -> set[str]:
+        """``hf_names.check``: the checkpoint names tensors of these (name, shape) would write."""
+        return check(self, shapes, complete)
+
+    def load_weights(self, weights, complete: bool) -> set[str]:
+        """``load_hf``: Hugging Face tensors copied in place; the checkpoint names written."""
+        return load_hf(self, weights, complete)
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Copy a complete set of Hugging Face tensors into ours (fusing QKV and gate/up), names

@@ -41,19 +41,20 @@ def _backend(cfg: PoolConfig):
 
 def instance_configs(config: EngineConfig, cfg: PoolConfig, separate: bool) -> list[EngineConfig]:
     """One config per instance. Each instance in its own process gets its share of the cores
-    (torch threads). On one machine (not Ray, whose actors each get a GPU of their own),
-    ``device="cuda"`` spreads the instances over the visible GPUs (instance i on GPU i mod
-    their number); instances that share a GPU (more instances than GPUs, or ``cuda:N`` named)
-    split its ``gpu_memory_utilization``, so together they take what one would."""
+    (torch threads). On one machine (not Ray, whose actors each get GPUs of their own),
+    ``device="cuda"`` spreads the instances over the visible GPUs (instance i on GPUs
+    i * tensor_parallel_size onwards, mod their number); instances that share a GPU (more
+    instances than GPUs, or ``cuda:N`` named) split its ``gpu_memory_utilization``, so together
+    they take what one would."""
     threads = cfg.threads_per_instance or config.num_threads
     if threads is None and separate:
         threads = max(1, (os.cpu_count() or 1) // cfg.instances)
     devices, share = [config.device] * cfg.instances, {}
     if cfg.backend != "ray" and config.device.startswith("cuda"):
         import torch
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if config.device == "cuda" and count > 1:
-            devices = [f"cuda:{i % count}" for i in range(cfg.instances)]
+        count, tp = torch.cuda.device_count() if torch.cuda.is_available() else 0, config.tensor_parallel_size
+        if config.device == "cuda" and count >= 2 * tp:
+            devices = [f"cuda:{i * tp % (count - count % tp)}" for i in range(cfg.instances)]
         share = {d: devices.count(d) for d in devices}
     return [EngineConfig(**{**vars(config), "num_threads": threads, "device": d,
                             "gpu_memory_utilization": config.gpu_memory_utilization / share.get(d, 1)})

@@ -24,9 +24,9 @@ def _ray():
 
 
 def actor_options(config: EngineConfig) -> dict:
-    """Ray resources of one instance's actor: a GPU of its own when the engine runs on CUDA (CPU
+    """Ray resources of one instance's actor: ``tensor_parallel_size`` GPUs of its own when the engine runs on CUDA (CPU
     threads are set by ``EngineConfig.num_threads``, not reserved as Ray CPU slots)."""
-    return {"num_cpus": 0, "num_gpus": 1 if config.device.startswith("cuda") else 0}
+    return {"num_cpus": 0, "num_gpus": config.tensor_parallel_size if config.device.startswith("cuda") else 0}
 
 
 class _Actor:

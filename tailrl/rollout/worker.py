@@ -28,7 +28,6 @@ from tailrl.engine.engine import LLMEngine
 from tailrl.engine.heap import held_collections
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.transfer import RequestState
-from tailrl.model.hf_names import check, checkpoint_names, slots
 from tailrl.speculative.history import HistoryStore
 
 log = logging.getLogger(__name__)
@@ -121,10 +120,10 @@ class EngineWorker:
         if op == "load_weights":
             return self.engine.load_weights(payload)
         if op == "weight_names":
-            return checkpoint_names(slots(self.engine.model))
+            return self.engine.model.weight_names()
         if op == "check_weights":       # payload ((name, shape) pairs, complete): (error, names written)
             try:
-                return None, check(self.engine.model, *payload)
+                return None, self.engine.model.check_weights(*payload)
             except ValueError as e:
                 return str(e), None
         if op == "reset_prefix_cache":

@@ -31,6 +31,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="where the engine runs: cpu, cuda or cuda:N")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                     help="on a GPU: the engine's share of its memory (weights, K/V cache, CUDA graphs)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="the model split over this many devices (CUDA: --device and the next ones)")
     ap.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
     ap.add_argument("--max-request-bytes", type=int, default=1 << 20)
     ap.add_argument("--log-level", default="info")
@@ -41,6 +43,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         require_device(a.device, "--device")
         if not 0 < a.gpu_memory_utilization <= 1:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {a.gpu_memory_utilization}")
+        if a.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be >= 1, got {a.tensor_parallel_size}")
     except ValueError as e:
         ap.error(str(e))
     return a
@@ -60,6 +64,6 @@ def main(argv: list[str]) -> int:
         log.warning("serving on %s without --api-key: anyone who can reach it can use it", a.host)
     llm = LLM(a.model, speculative=None if a.speculative == "off" else {"method": a.speculative},
               dtype=a.dtype, seed=a.seed, max_num_seqs=a.max_num_seqs, device=a.device,
-              gpu_memory_utilization=a.gpu_memory_utilization)
+              gpu_memory_utilization=a.gpu_memory_utilization, tensor_parallel_size=a.tensor_parallel_size)
     uvicorn.run(build_app(llm, cfg), host=cfg.host, port=cfg.port, log_level=a.log_level)
     return 0

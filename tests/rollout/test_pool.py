@@ -41,6 +41,24 @@ def test_every_policy_matches_one_engine(reference, policy, instances):
     assert all(m[f"pool/busy_s/{i}"] > 0 for i in range(instances))
 
 
+@pytest.mark.parametrize("processes", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_instances_split_over_two_ranks_move_requests_k_v_between_them(reference, processes):
+    """Each instance an engine split over two ranks (tensor_parallel_size=2; in this process or
+    a worker process of its own, each starting its second rank): a request's K/V gathered from
+    both ranks of one instance and scattered over both of another, the single engine's outputs.
+    (Instances in processes run at once: whether a chunk moves then depends on their timing.)"""
+    path, ref = reference
+    llm = LLM(path, dtype="float64", instances=2, scheduler="context", tensor_parallel_size=2,
+              pool={"chunk_tokens": 7, "processes": processes})
+    try:
+        outs = llm.generate(PROMPTS, PARAMS)
+        m = llm.last_metrics
+    finally:
+        llm.close()
+    assert_same(outs, ref)
+    assert processes or (m["pool/migrations"] > 0 and m["pool/kv_bytes_moved"] > 0)
+
+
 def test_speculation_in_the_pool_matches_plain_decoding(reference):
     path, ref = reference
     llm = LLM(path, dtype="float64", instances=2, scheduler="context", speculative={"method": "suffix"},
@@ -135,3 +153,10 @@ def test_local_instances_spread_over_the_gpus_and_split_a_shared_one(monkeypatch
     assert [(c.device, c.gpu_memory_utilization) for c in ray] == [("cuda", 0.9), ("cuda", 0.9)]
     cpu = instance_configs(EngineConfig(model="m"), PoolConfig(instances=2), True)
     assert [(c.device, c.gpu_memory_utilization) for c in cpu] == [("cpu", 0.9), ("cpu", 0.9)]
+    split = EngineConfig(model="m", device="cuda", gpu_memory_utilization=0.9, tensor_parallel_size=2)
+    assert [(c.device, c.gpu_memory_utilization) for c in instance_configs(split, PoolConfig(instances=2), True)] == [
+        ("cuda", 0.45), ("cuda", 0.45)]                  # two GPUs: both instances on the same two
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert [c.device for c in instance_configs(split, PoolConfig(instances=3), True)] == ["cuda:0", "cuda:2", "cuda:0"]
+    from tailrl.rollout.ray_backend import actor_options
+    assert actor_options(split)["num_gpus"] == 2

@@ -123,14 +123,15 @@ def test_serve_dtype_defaults_to_llms():
 
 def test_serve_device_options_are_checked_before_any_work(capsys):
     """`tailrl serve --device cuda` puts the engine on a GPU with `--gpu-memory-utilization` of
-    it; a malformed device, an absent one or a share outside (0, 1] is an argument error naming
-    the flag, before the model is read."""
+    it (split over `--tensor-parallel-size` of them); a malformed device, an absent one, a share
+    outside (0, 1] or no rank is an argument error naming the flag, before the model is read."""
     import torch
 
     from tailrl.serve.cli import parse_args
-    a = parse_args(["--model", "m", "--device", "cpu", "--gpu-memory-utilization", "0.5"])
-    assert (a.device, a.gpu_memory_utilization) == ("cpu", 0.5)
-    bad = [["--device", "gpu"], ["--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization", "0"]]
+    a = parse_args(["--model", "m", "--device", "cpu", "--gpu-memory-utilization", "0.5", "--tensor-parallel-size", "2"])
+    assert (a.device, a.gpu_memory_utilization, a.tensor_parallel_size) == ("cpu", 0.5, 2)
+    bad = [["--device", "gpu"], ["--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization", "0"],
+           ["--tensor-parallel-size", "0"]]
     if not torch.cuda.is_available():
         bad.append(["--device", "cuda"])
     for args in bad:

@@ -214,7 +214,7 @@ class KVCache:
         self.held[dst] = full
         if part:
             b = self._take()
-            self.data[:, :, b] = self.data[:, :, int(self._table[src, full])]
+            self.copy_block(int(self._table[src, full]), b)
             self._table[dst, full] = b
             self.held[dst] = full + 1
         self.peak_used = max(self.peak_used, self.used)
@@ -250,7 +250,14 @@ class KVCache:
         rows = np.full(len(src), row, dtype=np.int64) if isinstance(row, int) else np.asarray(row, dtype=np.int64)
         slots = np.stack([self.slots(rows, np.asarray(src, dtype=np.int64)),
                           self.slots(rows, np.asarray(dst, dtype=np.int64))])
-        at = torch.from_numpy(np.concatenate([slots // BLOCK, slots % BLOCK]))    # from, to blocks; from, to lanes
+        self.move_slots(torch.from_numpy(np.concatenate([slots // BLOCK, slots % BLOCK])))
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block ``dst``'s K/V (every layer) become a copy of block ``src``'s."""
+        self.data[:, :, dst] = self.data[:, :, src]
+
+    def move_slots(self, at: torch.Tensor) -> None:
+        """``move_positions``'s copies: ``at`` [4, n] on the CPU, blocks and lanes from and to."""
         d = self.data
         if at.device != d.device:
             at = at.pin_memory().to(d.device, non_blocking=True)
@@ -261,14 +268,19 @@ class KVCache:
         keys[:, at[1], :, :, at[3]] = keys[:, at[0], :, :, at[2]]
         values[:, at[1], :, at[3]] = values[:, at[0], :, at[2]]
 
-    def _row_blocks(self, row: int, length: int) -> torch.Tensor:
-        return torch.from_numpy(self._table[row, :num_blocks(length)].astype(np.int64)).to(self.device)
+    def row_blocks(self, row: int, length: int) -> np.ndarray:
+        """The ids of the blocks that hold a row's first ``length`` positions."""
+        return self._table[row, :num_blocks(length)].astype(np.int64)
 
     def export_row(self, row: int, length: int) -> torch.Tensor:
         """[L, 2, KV, length, D], a copy on the CPU."""
+        return self.read_blocks(self.row_blocks(row, length), length)
+
+    def read_blocks(self, ids: np.ndarray, length: int) -> torch.Tensor:
+        """The first ``length`` positions held by blocks ``ids`` as [L, 2, KV, length, D] on the CPU."""
         a = self.args
-        nb, dim = num_blocks(length), a.head_dim
-        parts = self.data[:, :, self._row_blocks(row, length)]       # [L, 2, nb, KV, BLOCK * D]
+        nb, dim = len(ids), a.head_dim
+        parts = self.data[:, :, torch.from_numpy(ids).to(self.device)]     # [L, 2, nb, KV, BLOCK * D]
         layers, kv = a.num_layers, a.num_kv_heads
         # a block's keys are [D/2][BLOCK][2]; values [BLOCK][D]
         k = parts[:, 0].view(layers, nb, kv, dim // 2, BLOCK, 2).permute(0, 2, 1, 4, 3, 5)
@@ -276,23 +288,33 @@ class KVCache:
         v = parts[:, 1].view(layers, nb, kv, BLOCK, dim).transpose(1, 2).reshape(layers, kv, nb * BLOCK, dim)
         return torch.stack([k[:, :, :length], v[:, :, :length]], dim=1).to("cpu", copy=True)
 
+    @property
+    def kv_heads(self) -> int:
+        """The K/V heads of an exported or imported request."""
+        return self.args.num_kv_heads
+
     def check_shape(self, kv: torch.Tensor) -> None:
         a = self.args
-        want = (a.num_layers, 2, a.num_kv_heads, a.head_dim)
+        want = (a.num_layers, 2, self.kv_heads, a.head_dim)
         if kv.dim() != 5 or (kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[4]) != want:
             raise ValueError(f"kv: shape {tuple(kv.shape)} does not match this model (L, 2, KV, n, D) = {want}")
 
     def import_row(self, row: int, kv: torch.Tensor) -> None:
         """Write ``kv`` [L, 2, KV, n, D] as the row's first n positions (the row holds their blocks)."""
         self.check_shape(kv)
-        layers, _, kvh, n, dim = kv.shape
-        nb = num_blocks(n)
+        nb = num_blocks(kv.shape[3])
         if self.held[row] < nb:
             raise ValueError(f"import_row: row {row} holds {self.held[row]} blocks, {nb} needed")
+        self.write_blocks(self.row_blocks(row, kv.shape[3]), kv)
+
+    def write_blocks(self, ids: np.ndarray, kv: torch.Tensor) -> None:
+        """Write ``kv`` [L, 2, KV, n, D] as the positions held by blocks ``ids`` (n within them)."""
+        layers, _, kvh, n, dim = kv.shape
+        nb = len(ids)
         x = torch.nn.functional.pad(kv.to(device=self.device, dtype=self.dtype), (0, 0, 0, nb * BLOCK - n))
         k = x[:, 0].reshape(layers, kvh, nb, BLOCK, dim // 2, 2).permute(0, 2, 1, 4, 3, 5)
         k = k.reshape(layers, nb, kvh, BLOCK * dim)
         v = x[:, 1].reshape(layers, kvh, nb, BLOCK, dim).transpose(1, 2).reshape(layers, nb, kvh, BLOCK * dim)
-        ids = self._row_blocks(row, n)
-        self.data[:, 0, ids] = k
-        self.data[:, 1, ids] = v
+        at = torch.from_numpy(ids).to(self.device)
+        self.data[:, 0, at] = k
+        self.data[:, 1, at] = v
