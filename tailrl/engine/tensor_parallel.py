@@ -13,8 +13,8 @@ CPUs, NCCL on GPUs). A request's K/V leaving or joining the engine (a rollout po
 migrations) is gathered from or scattered over every rank's heads; a weight update is cut into
 every rank's parts by rank 0.
 
-Not yet: CUDA graphs (a split engine's forwards run eagerly), the learned drafter, mixtures of
-experts, a vocabulary-parallel LM head.
+Not yet: CUDA graphs (a split engine's forwards run eagerly), the learned drafter, a
+vocabulary-parallel LM head.
 """
 from __future__ import annotations
 

@@ -4,10 +4,11 @@ needs across ranks.
 A decoder layer split Megatron's way over ``size`` ranks: rank r holds query heads
 [r H/size, (r + 1) H/size) and K/V heads [r KV/size, ...) (the rows of the fused QKV projection
 that compute them, and the output projection's columns that read them), and the MLP's
-intermediate units [r I/size, ...) (rows of gate/up, columns of down). Norms and the embedding
-are whole on every rank; the LM head only where logits are computed (rank 0). A layer's
-attention output and its MLP output are then sums over ranks of partial products; a bias of
-those products is added by rank 0 alone.
+intermediate units [r I/size, ...) (rows of gate/up, columns of down): in a mixture of experts
+every expert's and the shared expert's, the router whole (every rank routes a token alike).
+Norms and the embedding are whole on every rank; the LM head only where logits are computed
+(rank 0). A layer's attention output and its MLP output are then sums over ranks of partial
+products; a bias of those products is added by rank 0 alone.
 
 ``OrderedSum`` adds the partials: every rank's gathered, then added in rank order in float32
 (float64 for a float64 model) and rounded once. An element's sum never depends on how many
@@ -32,66 +33,87 @@ class Shard:
 
 def check_split(args: ModelArgs, size: int) -> None:
     """A ValueError naming ``tensor_parallel_size`` where the model does not split over ``size``."""
+    widths = [("attention heads", args.num_heads), ("K/V heads", args.num_kv_heads)]
+    if len(args.sparse_layers) < args.num_layers:
+        widths.append(("MLP intermediate units", args.intermediate_size))
     if args.num_experts:
-        raise ValueError("tensor_parallel_size: mixtures of experts are not split over devices yet "
-                         f"({args.architecture}); use tensor_parallel_size=1")
-    for what, n in (("attention heads", args.num_heads), ("K/V heads", args.num_kv_heads),
-                    ("MLP intermediate units", args.intermediate_size)):
+        widths.append(("experts' intermediate units", args.moe_intermediate_size))
+    if args.shared_expert_size:
+        widths.append(("shared expert's intermediate units", args.shared_expert_size))
+    for what, n in widths:
         if n % size:
             raise ValueError(f"tensor_parallel_size: {size} does not divide the model's {n} {what}")
 
 
 def shard_args(args: ModelArgs, size: int) -> ModelArgs:
-    """The shape one rank's part of the model has (heads, K/V heads and MLP width divided)."""
+    """The shape one rank's part of the model has (heads, K/V heads and MLP widths divided)."""
     check_split(args, size)
     return replace(args, num_heads=args.num_heads // size, num_kv_heads=args.num_kv_heads // size,
-                   intermediate_size=args.intermediate_size // size)
+                   intermediate_size=args.intermediate_size // size,
+                   moe_intermediate_size=args.moe_intermediate_size // size,
+                   shared_expert_size=args.shared_expert_size // size)
 
 
-_HEADS = re.compile(r"self_attn\.(q|k|v)_proj\.(weight|bias)$")
-_MLP_IN = re.compile(r"mlp\.(gate|up)_proj\.(weight|bias)$")
-_OUT = re.compile(r"(self_attn\.o_proj|mlp\.down_proj)\.(weight|bias)$")
+# a Hugging Face name's part by rows (dimension 0) or columns (dimension 1) of a width: its pattern,
+# the dimension, and the ModelArgs width it divides (a per-head width times the head dimension)
+_SPLITS = [
+    (re.compile(r"self_attn\.q_proj\.(weight|bias)$"), 0, lambda a: a.num_heads * a.head_dim),
+    (re.compile(r"self_attn\.(k|v)_proj\.(weight|bias)$"), 0, lambda a: a.num_kv_heads * a.head_dim),
+    (re.compile(r"self_attn\.o_proj\.weight$"), 1, lambda a: a.num_heads * a.head_dim),
+    (re.compile(r"mlp\.(gate|up)_proj\.(weight|bias)$"), 0, lambda a: a.intermediate_size),
+    (re.compile(r"mlp\.down_proj\.weight$"), 1, lambda a: a.intermediate_size),
+    (re.compile(r"experts\.\d+\.(gate_proj|up_proj|w1|w3)\.weight$"), 0, lambda a: a.moe_intermediate_size),
+    (re.compile(r"experts\.\d+\.(down_proj|w2)\.weight$"), 1, lambda a: a.moe_intermediate_size),
+    (re.compile(r"shared_expert\.(gate|up)_proj\.weight$"), 0, lambda a: a.shared_expert_size),
+    (re.compile(r"shared_expert\.down_proj\.weight$"), 1, lambda a: a.shared_expert_size),
+    (re.compile(r"experts\.down_proj$"), 2, lambda a: a.moe_intermediate_size),    # a trainer's [E, H, I]
+]
+_FUSED_GATE_UP = re.compile(r"experts\.gate_up_proj$")                               # a trainer's [E, 2I, H]
+_OUT_BIAS = re.compile(r"(self_attn\.o_proj|mlp\.down_proj)\.bias$")
 
 
-def _range(name: str, args: ModelArgs, shard: Shard) -> tuple[int, int, int] | None:
-    """(dimension, start, length) of a Hugging Face tensor that ``shard`` holds, None: whole.
-    An output projection's bias is 'whole' here; ``takes_bias`` says who adds it."""
-    d = args.head_dim
-    if m := _HEADS.search(name):
-        n = (args.num_heads if m.group(1) == "q" else args.num_kv_heads) // shard.size * d
-        return 0, shard.rank * n, n
-    if _MLP_IN.search(name):
-        n = args.intermediate_size // shard.size
-        return 0, shard.rank * n, n
-    if (m := _OUT.search(name)) and m.group(2) == "weight":
-        n = (args.num_heads * d if m.group(1).startswith("self") else args.intermediate_size) // shard.size
-        return 1, shard.rank * n, n
+def _pieces(name: str, args: ModelArgs, shard: Shard) -> tuple[int, list[tuple[int, int]]] | None:
+    """(dimension, [(start, length)]) of a Hugging Face tensor (``args``: the whole model's) that
+    ``shard`` holds, its pieces put side by side along that dimension; None: the whole tensor.
+    An output projection's bias is 'whole' here (``_zeroed`` says who adds it)."""
+    if _FUSED_GATE_UP.search(name):                 # the gate's rows of the rank's units, then the up's
+        n = args.moe_intermediate_size // shard.size
+        return 1, [(shard.rank * n, n), (args.moe_intermediate_size + shard.rank * n, n)]
+    for pattern, dim, width in _SPLITS:
+        if pattern.search(name):
+            n = width(args) // shard.size
+            return dim, [(shard.rank * n, n)]
     return None
 
 
 def _zeroed(name: str, shard: Shard) -> bool:
     """An output projection's bias on a rank other than 0 (rank 0 adds it to the sum once)."""
-    return shard.rank > 0 and (m := _OUT.search(name)) is not None and m.group(2) == "bias"
+    return shard.rank > 0 and _OUT_BIAS.search(name) is not None
 
 
 def shard_tensor(name: str, tensor: torch.Tensor, args: ModelArgs, shard: Shard) -> torch.Tensor:
     """The part of a whole Hugging Face tensor (``args``: the whole model's) that ``shard``
-    holds: a view where it is a slice, zeros for a bias rank 0 adds."""
+    holds: a view where it is one slice, zeros for a bias rank 0 adds."""
     if _zeroed(name, shard):
         return torch.zeros_like(tensor)
-    at = _range(name, args, shard)
-    return tensor if at is None else tensor.narrow(*at)
+    at = _pieces(name, args, shard)
+    if at is None:
+        return tensor
+    dim, pieces = at
+    parts = [tensor.narrow(dim, start, n) for start, n in pieces]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 def read_part(name: str, part, args: ModelArgs, shard: Shard) -> torch.Tensor:
     """``shard``'s part of a tensor read from a safetensors file (``part``: its ``get_slice``),
     reading only those bytes."""
-    at = _range(name, args, shard)
+    at = _pieces(name, args, shard)
     if at is None:
         t = part[:]
         return torch.zeros_like(t) if _zeroed(name, shard) else t
-    dim, start, n = at
-    return part[start:start + n] if dim == 0 else part[:, start:start + n]
+    dim, pieces = at
+    parts = [part[(slice(None),) * dim + (slice(start, start + n),)] for start, n in pieces]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 class OrderedSum:

@@ -61,9 +61,10 @@ class DecoderLayer(nn.Module):
         x, h = kernels.add_rms_norm(x, out if self.reduce is None else self.reduce(out), self.post_norm,
                                     a.rms_norm_eps)
         if self.moe is not None:
-            return x, self.moe(h, kernels)
-        gate_up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias)   # [N, 2I]
-        y = kernels.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
+            y = self.moe(h, kernels)
+        else:
+            gate_up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias)   # [N, 2I]
+            y = kernels.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
         return x, y if self.reduce is None else self.reduce(y)
 
 

@@ -24,15 +24,16 @@ def assert_same_tokens_close_logprobs(a, b):
     assert max(abs(x - y) for (_, p), (_, q) in zip(a, b) for x, y in zip(p, q)) < 1e-9
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama_bias"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama_bias", "qwen2_moe", "mixtral"])
 def test_a_model_split_over_two_ranks_computes_the_whole_models_outputs_in_float64(ckpt_dir, arch):
     """Fused QKV rows by head (with their biases), Qwen3's per-head norms, output projections
-    whose bias only rank 0 adds: tokens equal, log-probabilities to float64 rounding (Qwen2:
-    test_weight_updates_reach_every_rank)."""
+    whose bias only rank 0 adds, every expert's and the shared expert's units: tokens equal,
+    log-probabilities to float64 rounding (Qwen2: test_weight_updates_reach_every_rank)."""
     path = ckpt_dir(arch, init_std=1.0)
     split = LLM(path, dtype="float64", tensor_parallel_size=2)
     try:
-        assert split.engine.model.local.layers[0].o.weight.shape[1] * 2 == split.engine.model.whole.hidden_size
+        whole = split.engine.model.whole
+        assert split.engine.model.local.layers[0].o.weight.shape[1] * 2 == whole.num_heads * whole.head_dim
         got = pairs(split.generate(PROMPTS, PARAMS))
     finally:
         split.close()
@@ -108,9 +109,7 @@ def test_more_ranks_than_visible_gpus_is_refused(model):
         LLM(model, dtype="bfloat16", device="cuda", tensor_parallel_size=2)
 
 
-def test_a_mixture_of_experts_or_a_learned_drafter_is_refused(ckpt_dir, tmp_path):
-    with pytest.raises(ValueError, match="tensor_parallel_size: mixtures of experts"):
-        LLM(ckpt_dir("qwen3_moe"), dtype="bfloat16", tensor_parallel_size=2)
+def test_a_learned_drafter_is_refused(ckpt_dir, tmp_path):
     with pytest.raises(ValueError, match="tensor_parallel_size: 2 is not supported with a learned drafter"):
         LLM(ckpt_dir("qwen2"), dtype="bfloat16", tensor_parallel_size=2,
             speculative={"method": "drafter", "drafter": str(tmp_path)})

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tailrl.model.loader import read_args
+from tailrl.model.loader import load_state_dict, read_args
 from tailrl.model.parallel import OrderedSum, Shard, read_part, shard_args, shard_tensor
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama_bias"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama_bias", "qwen2_moe", "mixtral"])
 def test_the_ranks_parts_tile_every_weight_and_read_only_their_bytes(ckpt_dir, arch):
     path = ckpt_dir(arch)
     args = read_args(path)
@@ -23,12 +23,30 @@ def test_the_ranks_parts_tile_every_weight_and_read_only_their_bytes(ckpt_dir, a
                 assert torch.equal(p, shard_tensor(name, whole, args, Shard(r, 2))), name
             if name.endswith(("o_proj.bias", "down_proj.bias")):        # rank 0 adds the bias, once
                 assert torch.equal(parts[0], whole) and not parts[1].any()
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):   # columns: the inputs a rank computes
+            elif name.endswith(("o_proj.weight", "down_proj.weight", "w2.weight")):   # columns: a rank's inputs
                 assert torch.equal(torch.cat(parts, 1), whole) and parts[0].shape[1] * 2 == whole.shape[1]
-            elif any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")):
+            elif any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1.", "w3.")):
                 assert torch.equal(torch.cat(parts, 0), whole) and parts[0].shape[0] * 2 == whole.shape[0]
-            else:                                                         # norms, embedding, LM head
+            else:                                                         # norms, embedding, LM head, routers
                 assert all(torch.equal(p, whole) for p in parts), name
+
+
+def test_a_trainers_fused_experts_split_as_each_experts_tensors_do(ckpt_dir):
+    """transformers' module: [E, 2I, H] gate and up, [E, H, I] down; a checkpoint: each expert's."""
+    import transformers
+    path = ckpt_dir("qwen3_moe")
+    args, ckpt = read_args(path), load_state_dict(path)
+    module = transformers.AutoModelForCausalLM.from_pretrained(path).state_dict()
+    p = "model.layers.0.mlp."                        # (layer 1 is dense)
+    for shard in (Shard(0, 2), Shard(1, 2)):
+        gate_up = shard_tensor(p + "experts.gate_up_proj", module[p + "experts.gate_up_proj"], args, shard)
+        down = shard_tensor(p + "experts.down_proj", module[p + "experts.down_proj"], args, shard)
+        assert gate_up.shape[1] == args.moe_intermediate_size
+        for e in range(args.num_experts):
+            part = {k: shard_tensor(f"{p}experts.{e}.{k}_proj.weight", ckpt[f"{p}experts.{e}.{k}_proj.weight"],
+                                    args, shard) for k in ("gate", "up", "down")}
+            assert torch.equal(gate_up[e], torch.cat([part["gate"], part["up"]]))
+            assert torch.equal(down[e], part["down"])
 
 
 def test_a_split_divides_heads_and_width_or_names_what_does_not_divide(ckpt_dir):
