@@ -151,7 +151,7 @@ class RolloutPool:
                                     ([(n, tuple(t.shape)) for n, t in pairs], complete))
         if error is not None:
             raise ValueError(error)
-        self._each("load_weights", dict(pairs) if complete else pairs)
+        self._each("load_weights", self.backend.put(dict(pairs) if complete else pairs))
         return written
 
     def weight_names(self) -> list[str]:

@@ -98,6 +98,12 @@ class RayBackend:
         log.info("ray backend: init %.1f s, %d actors up in %.1f s", self.init_s, n, self.start_s)
         return insts
 
+    def put(self, payload):
+        """``payload`` in Ray's object store once, for a message to every actor (a reference
+        passed to an actor's method arrives as its value; without it each call would store a
+        copy: a model's weights once per instance)."""
+        return _ray().put(payload)
+
     def wait(self, busy: list[RayInstance]) -> list[RayInstance]:
         ray = _ray()
         by_ref = {h.ref: h for h in busy}

@@ -7,6 +7,7 @@ import pytest
 from pool_utils import PROMPTS, SEEDED, KillAt, assert_same, lengths, pool_ckpt
 
 from tailrl import LLM
+from tailrl.model.loader import load_state_dict
 
 ray = pytest.importorskip("ray")
 log = logging.getLogger(__name__)
@@ -24,6 +25,8 @@ def test_two_ray_actors_match_one_engine_and_survive_a_kill(ckpt_dir):
                     llm.pool.backend.init_s, llm.pool.backend.start_s)
         assert_same(llm.generate(PROMPTS, SEEDED), ref)
         assert llm.last_metrics["pool/faults"] == 0
+        # new weights stored once (ray.put) for both actors: every name written, outputs as before
+        assert llm.load_weights(load_state_dict(path)) == set(llm.weight_names())
         kill = KillAt(llm.pool.instances[0], sum(map(sum, lengths(ref))), 0.3)
         llm.pool.on_progress = kill
         assert_same(llm.generate(PROMPTS, SEEDED), ref)
