@@ -44,6 +44,11 @@ from tailrl.model.transformer import Transformer
 log = logging.getLogger(__name__)
 
 
+class RankLost(RuntimeError):
+    """A rank of a split engine failed or is gone: the engine cannot step any more (a rollout
+    pool takes its instance as lost and runs its requests elsewhere)."""
+
+
 def check_devices(device: str, size: int) -> None:
     d = torch.device(device)
     if d.type == "cuda" and (d.index or 0) + size > torch.cuda.device_count():
@@ -137,7 +142,7 @@ class ParallelModel:
                 self._failed(e)
 
     def replies(self) -> list:
-        """Every worker's answer to the last message, or a RuntimeError with a failed one's traceback."""
+        """Every worker's answer to the last message, or RankLost with a failed one's traceback."""
         out = []
         for rank, (conn, proc) in enumerate(zip(self.conns, self.procs), 1):
             while not conn.poll(0.2):
@@ -148,23 +153,23 @@ class ParallelModel:
             except (EOFError, OSError) as e:
                 raise _gone(rank, proc) from e
             if kind == "error":
-                raise RuntimeError(f"tensor parallelism: rank {rank} failed:\n{value}")
+                raise RankLost(f"tensor parallelism: rank {rank} failed:\n{value}")
             out.append(value)
         return out
 
     def _failed(self, error: BaseException) -> None:
-        """A message or a collective failed: the worker's own error where it sent one, else
-        which rank's process is gone, else ``error``."""
+        """A message or a collective failed (``error``): RankLost with the worker's own error where
+        it sent one, else which rank's process is gone, else ``error``."""
         for rank, (conn, proc) in enumerate(zip(self.conns, self.procs), 1):
             try:
                 kind, value = pickle.loads(conn.recv_bytes()) if conn.poll(1.0) else (None, None)
             except (EOFError, OSError):
                 kind = None
             if kind == "error":
-                raise RuntimeError(f"tensor parallelism: rank {rank} failed:\n{value}") from error
+                raise RankLost(f"tensor parallelism: rank {rank} failed:\n{value}") from error
             if proc.poll() is not None:
                 raise _gone(rank, proc) from error
-        raise error
+        raise RankLost(f"tensor parallelism: {error}") from error
 
     # ---- what the engine calls ----------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, caches, meta) -> torch.Tensor:
@@ -216,12 +221,12 @@ class ParallelModel:
         self._stop()
 
 
-def _gone(rank: int, proc: subprocess.Popen) -> RuntimeError:
+def _gone(rank: int, proc: subprocess.Popen) -> RankLost:
     try:
         code = proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         code = None
-    return RuntimeError(f"tensor parallelism: rank {rank} (pid {proc.pid}) {programs.describe_exit(code)}")
+    return RankLost(f"tensor parallelism: rank {rank} (pid {proc.pid}) {programs.describe_exit(code)}")
 
 
 def _stop(conns, procs) -> None:

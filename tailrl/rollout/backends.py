@@ -25,6 +25,7 @@ from multiprocessing.connection import wait as wait_connections
 
 from tailrl import programs
 from tailrl.config import EngineConfig, SpeculativeConfig
+from tailrl.engine.tensor_parallel import RankLost
 from tailrl.rollout.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,10 @@ class InProcessInstance:
     def submit(self, op: str, payload=None) -> None:
         try:
             self._reply = (True, self.worker.handle(op, payload))
+        except RankLost as e:    # its model split over ranks lost one: the instance is lost
+            self.alive = False
+            self.worker.engine.close()
+            self._reply = (False, InstanceDied(f"instance {self.index} died: {e}"))
         except Exception as e:   # surfaced by result(), like the other backends
             self._reply = (False, e)
 

@@ -21,6 +21,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from tailrl import programs
+from tailrl.engine.tensor_parallel import RankLost
 from tailrl.rollout.worker import EngineWorker
 
 
@@ -43,6 +44,9 @@ def serve(conn: Connection) -> None:
             return
         try:
             reply = (True, worker.handle(op, payload))
+        except RankLost:                        # its model split over ranks lost one: this instance is
+            traceback.print_exc()               # lost, as if killed (the pool runs its requests elsewhere)
+            raise SystemExit(1) from None
         except Exception:
             reply = (False, traceback.format_exc())
         if not _send(conn, reply):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+import traceback
 
 from tailrl.config import EngineConfig, SpeculativeConfig
+from tailrl.engine.tensor_parallel import RankLost
 from tailrl.extras import require
 from tailrl.rollout.backends import InstanceDied
 from tailrl.rollout.worker import EngineWorker
@@ -36,7 +38,11 @@ class _Actor:
         self.worker = EngineWorker(config, speculative)
 
     def handle(self, op: str, payload=None):
-        return self.worker.handle(op, payload)
+        try:
+            return self.worker.handle(op, payload)
+        except RankLost:        # its model split over ranks lost one: the actor dies, as if killed
+            traceback.print_exc()
+            os._exit(1)
 
     def pid(self) -> int:
         return os.getpid()

@@ -59,6 +59,29 @@ def test_instances_split_over_two_ranks_move_requests_k_v_between_them(reference
     assert processes or (m["pool/migrations"] > 0 and m["pool/kv_bytes_moved"] > 0)
 
 
+def test_an_instance_whose_rank_dies_is_lost_and_its_requests_continue_elsewhere(reference):
+    """A split instance's second rank killed mid-rollout: the instance is lost as a killed one
+    is (RankLost), its requests recomputed on the other, the single engine's outputs."""
+    path, ref = reference
+    llm = LLM(path, dtype="float64", instances=2, scheduler="context", tensor_parallel_size=2,
+              pool={"chunk_tokens": 7, "processes": False})
+    rank = llm.pool.instances[1].worker.engine.model.procs[0]
+    total = sum(map(sum, lengths(ref)))
+
+    def kill(driver):
+        if driver.tokens >= total * 0.3 and rank.poll() is None:
+            rank.kill()
+            rank.wait()
+    llm.pool.on_progress = kill
+    try:
+        outs = llm.generate(PROMPTS, PARAMS)
+        m = llm.last_metrics
+    finally:
+        llm.close()
+    assert_same(outs, ref)
+    assert m["pool/faults"] == 1 and m["pool/instances_alive"] == 1 and rank.returncode is not None
+
+
 def test_speculation_in_the_pool_matches_plain_decoding(reference):
     path, ref = reference
     llm = LLM(path, dtype="float64", instances=2, scheduler="context", speculative={"method": "suffix"},
