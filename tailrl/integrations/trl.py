@@ -6,8 +6,9 @@ each prompt repeated ``num_generations`` times in a row, and expects one complet
 The adapter collapses each run of repeats into one prompt and generates its completions as one
 group (``n = num_generations``): the siblings feed group drafts, and a stable prompt id (a digest
 of the prompt) lets the history store feed history drafts on the next epoch. Before each
-rollout it copies the trainer's current weights into the engine (once per optimizer step), so
-the rollout samples from the policy being trained. It only uses the public ``LLM`` API.
+rollout it copies the trainer's current weights into the engine (once per optimizer step; a
+PEFT model's adapters merged), so the rollout samples from the policy being trained. It only
+uses the public ``LLM`` API.
 
 Seeds: prompt ``i`` of the ``k``-th rollout gets ``SamplingParams.seed = mix(seed, k, i)``;
 ``last_rollout`` keeps the prompts, params and outputs, so the same tokens can be regenerated
@@ -18,7 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass
+
+import torch
 
 from tailrl.config import SamplingParams
 from tailrl.extras import require
@@ -48,6 +52,46 @@ def collapse_repeats(prompts: list, num_generations: int) -> list:
             raise ValueError("rollout_func: prompts are not repeated num_generations times in a row "
                              "(TRL version other than 1.16?)")
     return unique
+
+
+def is_peft(model) -> bool:
+    """A PEFT model (its adapters are weights of their own beside the base model's)."""
+    return hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
+
+
+# PEFT's names for what a checkpoint calls the base model's tensors
+_PEFT_WRAPPED = re.compile(r"\.(base_layer|modules_to_save\.[^.]+)(?=\.)")
+
+
+def _base_name(name: str) -> str:
+    return _PEFT_WRAPPED.sub("", name.removeprefix("base_model.model."))
+
+
+@torch.no_grad()
+def merged_weights(model) -> dict:
+    """A PEFT model's weights as the base model's checkpoint names them, its active adapters
+    merged: each adapted layer's base weight plus its adapters' deltas (``get_delta_weight``:
+    LoRA and its kin, scaling and layout as PEFT merges them), computed apart, so the trainer's
+    tensors are never modified (merging in place and back would leave them off by rounding);
+    a trained copy (``modules_to_save``) in place of its original, the adapters' own tensors
+    left out. An adapter PEFT cannot merge as a delta (DoRA) is a ValueError naming it."""
+    out = {}
+    for name, t in model.state_dict().items():
+        if ".lora_" in name or ".original_module." in name:
+            continue
+        out[_base_name(name)] = t.detach()
+    for name, module in model.named_modules():
+        if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")):
+            continue
+        if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
+            continue                                        # merged into the base already, or off
+        if any(getattr(module, "use_dora", {}).get(a) for a in module.active_adapters):
+            raise ValueError(f"peft: {name} is a DoRA adapter, whose merge is not a weight delta; "
+                             "tailrl takes LoRA-style adapters")
+        key = _base_name(name + ".base_layer.weight")
+        for adapter in module.active_adapters:
+            out[key] = out[key] + module.get_delta_weight(adapter).to(out[key].dtype)
+    return out
 
 
 @dataclass
@@ -88,12 +132,17 @@ class TailRLRollout:
                 "logprobs": [list(c.logprobs) for _, c in samples]}
 
     def sync_weights(self, trainer) -> None:
-        """Copy the policy's weights into the engine once per optimizer step (and before the first rollout)."""
+        """Copy the policy's weights into the engine once per optimizer step (and before the
+        first rollout). A PEFT model (``GRPOTrainer(peft_config=...)``, e.g. LoRA) sends its base
+        weights with its adapters' deltas added (``merged_weights``), its own left untouched."""
         step = trainer.state.global_step
         if step == self._loaded_step:
             return
         model = trainer.accelerator.unwrap_model(trainer.model)
-        self.llm.load_weights({k: v.detach() for k, v in model.state_dict().items()})
+        if is_peft(model):
+            self.llm.load_weights(merged_weights(model))
+        else:
+            self.llm.load_weights({k: v.detach() for k, v in model.state_dict().items()})
         self._loaded_step = step
         log.debug("loaded the trainer's weights of step %d into the engine", step)
 

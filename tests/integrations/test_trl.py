@@ -7,7 +7,7 @@ from checkpoints import make_checkpoint  # noqa: E402
 from text_tokenizer import save_char_tokenizer  # noqa: E402
 
 from tailrl import LLM  # noqa: E402
-from tailrl.integrations.trl import TailRLRollout, collapse_repeats, prompt_key  # noqa: E402
+from tailrl.integrations.trl import TailRLRollout, collapse_repeats, merged_weights, prompt_key  # noqa: E402
 
 G = 4
 # The suffix speculator with the fixed policy: the adaptive one may decide that drafting does not
@@ -92,3 +92,42 @@ def test_the_trainers_repetition_penalty_and_min_p_reach_the_engine():
     assert (p.repetition_penalty, p.min_p) == (1.0, 0.0) and not p.processes
     with pytest.raises(ValueError, match="repetition_penalty"):
         TailRLRollout.sampling_params(SimpleNamespace(**{**vars(trainer), "repetition_penalty": -1.0}), 4)
+
+
+def test_a_lora_policys_merged_weights_reach_the_engine_and_the_trainers_stay_unmerged(model_dir):
+    """GRPOTrainer(peft_config=LoraConfig(...)): the engine gets the base weights with the
+    adapters merged (as PEFT's own merge_and_unload computes them, bit for bit) under the
+    checkpoint's names, a trained copy of the LM head included; the trainer's tensors untouched."""
+    import copy
+    from types import SimpleNamespace
+
+    import torch
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    policy = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
+                                 peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                 modules_to_save=["lm_head"]))
+    with torch.no_grad():                                   # a trained adapter and head copy
+        for name, p in policy.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    merged = copy.deepcopy(policy).merge_and_unload().state_dict()
+    base = {k: v.clone() for k, v in policy.state_dict().items()}
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), model=policy,
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    llm = LLM(model_dir, dtype="float32")
+    TailRLRollout(llm).sync_weights(trainer)
+    assert all(torch.equal(v, base[k]) for k, v in policy.state_dict().items())    # untouched
+    mine = merged_weights(policy)
+    assert sorted(mine) == sorted(merged) and all(torch.equal(mine[k], merged[k]) for k in merged)
+    ref = LLM(model_dir, dtype="float32")
+    ref.load_weights(merged)
+    from tailrl import SamplingParams
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=5)
+    prompts = [[5, 6, 7], [9, 9, 3, 4]]
+    got, want = llm.generate(prompts, params), ref.generate(prompts, params)
+    assert [c.token_ids for o in got for c in o.outputs] == [c.token_ids for o in want for c in o.outputs]
+    plain = LLM(model_dir, dtype="float32").generate(prompts, params)     # the base model's: the adapters count
+    assert [c.token_ids for o in got for c in o.outputs] != [c.token_ids for o in plain for c in o.outputs]
