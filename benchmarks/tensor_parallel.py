@@ -11,7 +11,8 @@ in another order, so a response may part from the whole model's once two tokens 
 speculation on the split engine is exact: tests/engine/test_tensor_parallel.py).
 
 Usage: python benchmarks/tensor_parallel.py --model DIR [--prompts 16] [--n 4] [--max-tokens 64]
-       [--rounds 2]
+       [--rounds 2] [--size 2] [--device cpu | cuda]
+(On GPUs: ``--device cuda --size N`` splits over GPUs 0..N-1, the whole model on GPU 0; not run yet.)
 The last line is one JSON object.
 """
 from __future__ import annotations
@@ -32,10 +33,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--size", type=int, default=2, help="tensor_parallel_size of the split engine")
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     prompts = [ex.prompt for ex in mixture.heldout_examples(a.prompts)]
     params = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_tokens, seed=0)
-    engines = {"whole": LLM(a.model), "split": LLM(a.model, tensor_parallel_size=2)}
+    kw = dict(device=a.device, gpu_memory_utilization=0.4) if a.device != "cpu" else {}
+    engines = {"whole": LLM(a.model, **kw), "split": LLM(a.model, tensor_parallel_size=a.size, **kw)}
     seconds: dict[str, list[float]] = {k: [] for k in engines}
     tokens: dict[str, list] = {}
     for r in range(a.rounds):
@@ -47,7 +51,8 @@ def main() -> None:
     split = engines["split"].engine.model
     med = {k: statistics.median(v) for k, v in seconds.items()}
     new = sum(len(t) for t in tokens["whole"])
-    out = {"model": a.model, "rollout": f"{a.prompts} x {a.n}, T=1, max {a.max_tokens}",
+    out = {"model": a.model, "device": a.device, "size": a.size,
+           "rollout": f"{a.prompts} x {a.n}, T=1, max {a.max_tokens}",
            "whole_s": round(med["whole"], 3), "split_s": round(med["split"], 3),
            "split_over_whole_time": round(med["split"] / med["whole"], 3),
            "whole_tokens_per_s": round(new / med["whole"], 1),
