@@ -100,6 +100,8 @@ def test_agent_loop_equals_llm_generate_and_weight_updates_apply(model_dir, ray_
     assert second == expected(reference, second, epoch=1)
     assert second != first
     assert sum(out.non_tensor_batch["spec_num_verify_steps"]) > 0      # history drafts were verified
+    with pytest.raises(ValueError, match="lora.merge=True"):           # a LoRA policy's separate adapters
+        asyncio.run(adapter.update_weights(iter(state.items()), peft_config={"r": 8}, base_sync_done=True))
 
 
 def test_task_parquet_through_verls_dataset_and_agent_loop(model_dir, ray_cluster, tmp_path):

@@ -48,12 +48,17 @@ class ServerAdapter(BaseRollout):
 
     @torch.no_grad()
     async def update_weights(self, weights, global_steps: int | None = None,
-                             wire_format: str = "named_tensors", **unused) -> None:
+                             wire_format: str = "named_tensors", peft_config=None, **unused) -> None:
         """Every rank walks ``weights`` (a generator or async iterator of (name, tensor));
         the leader sends them in buckets of ``checkpoint_engine.update_weights_bucket_megabytes``
-        (verl's knob), each loaded as it arrives, so the host holds one bucket, not the model."""
+        (verl's knob), each loaded as it arrives, so the host holds one bucket, not the model.
+        A LoRA policy's weights come merged (``model.lora.merge=True``); verl's separate
+        adapters (``peft_config``) are refused on every rank alike, before any is read."""
         if wire_format != "named_tensors":
             raise ValueError(f"tailrl takes wire_format='named_tensors' only, got {wire_format!r}")
+        if peft_config is not None:
+            raise ValueError("tailrl takes a LoRA policy's merged weights: set actor_rollout_ref.model.lora.merge=True "
+                             "(verl then sends whole Hugging Face tensors); separate adapters are not loaded")
         limit = bucket_bytes(self.config)
         bucket, size = [], 0
         async for name, tensor in ensure_async_iterator(weights):
