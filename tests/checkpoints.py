@@ -10,6 +10,7 @@ ARCH_CONFIGS = {
     "qwen3": ("Qwen3Config", dict(head_dim=16, attention_bias=False)),
     "llama": ("LlamaConfig", dict(attention_bias=False, mlp_bias=False)),
     "llama_bias": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True)),     # every projection's bias
+    "phi3": ("Phi3Config", dict()),                                               # fused QKV and gate/up
     "mistral": ("MistralConfig", dict(head_dim=16, sliding_window=None)),
     "mistral_window": ("MistralConfig", dict(head_dim=16, sliding_window=32)),   # Mistral-7B-v0.1's kind
     # mixtures of experts: 8 experts, 3 a token; Qwen3-MoE's second layer dense (mlp_only_layers)

@@ -9,13 +9,15 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": dict(qkv_bias=None, qk_norm=True),   # None: read attention_bias
     "LlamaForCausalLM": dict(qkv_bias=None, qk_norm=False),
     "MistralForCausalLM": dict(qkv_bias=False, qk_norm=False),   # its sliding window: see parse_config
+    # Phi-3 / Phi-4: Llama's layer with QKV and gate/up fused in the checkpoint too (hf_names.py)
+    "Phi3ForCausalLM": dict(qkv_bias=False, qk_norm=False),
     # mixtures of experts (moe.py): Qwen3-MoE (Qwen3-30B-A3B), Qwen2-MoE (a shared expert beside
     # the routed ones), Mixtral (every layer sparse, routing weights kept in float32)
     "Qwen3MoeForCausalLM": dict(qkv_bias=None, qk_norm=True),
     "Qwen2MoeForCausalLM": dict(qkv_bias=True, qk_norm=False),
     "MixtralForCausalLM": dict(qkv_bias=False, qk_norm=False),
 }
-SLIDING_WINDOW_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM")
+SLIDING_WINDOW_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,10 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
                       int(rope["original_max_position_embeddings"]))
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+        if partial is not None and float(partial) != 1.0:
+            raise ValueError(f"model: partial_rotary_factor {partial} in {source} is not supported (RoPE on every "
+                             f"dimension of a head only)")
         if cfg.get("use_sliding_window"):
             raise ValueError(f"model: use_sliding_window=true in {source} is not supported")
         max_pos = int(cfg.get("max_position_embeddings", 2048))

@@ -72,12 +72,16 @@ def slots(model) -> dict[str, Slot]:
     if model.lm_head is not None:
         _own(table, "lm_head.weight", model.lm_head.weight)
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    fused = a.architecture == "Phi3ForCausalLM"
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         att = p + "self_attn."
         _own(table, p + "input_layernorm.weight", layer.input_norm)
         _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
-        _rows(table, [att + f"{x}_proj.weight" for x in "qkv"], layer.qkv.weight, [q, kv, kv])
+        if fused:                           # Phi-3: the checkpoint's tensors are fused as ours
+            _own(table, att + "qkv_proj.weight", layer.qkv.weight)
+        else:
+            _rows(table, [att + f"{x}_proj.weight" for x in "qkv"], layer.qkv.weight, [q, kv, kv])
         if a.qkv_bias:
             _rows(table, [att + f"{x}_proj.bias" for x in "qkv"], layer.qkv.bias, [q, kv, kv])
         _own(table, att + "o_proj.weight", layer.o.weight)
@@ -90,8 +94,11 @@ def slots(model) -> dict[str, Slot]:
             _experts(table, layer.moe, a.architecture == "MixtralForCausalLM", p)
             continue
         mlp = p + "mlp."
-        _rows(table, [mlp + "gate_proj.weight", mlp + "up_proj.weight"], layer.gate_up.weight,
-              [a.intermediate_size] * 2)
+        if fused:
+            _own(table, mlp + "gate_up_proj.weight", layer.gate_up.weight)
+        else:
+            _rows(table, [mlp + "gate_proj.weight", mlp + "up_proj.weight"], layer.gate_up.weight,
+                  [a.intermediate_size] * 2)
         _own(table, mlp + "down_proj.weight", layer.down.weight)
         if a.mlp_bias:
             _rows(table, [mlp + "gate_proj.bias", mlp + "up_proj.bias"], layer.gate_up.bias,

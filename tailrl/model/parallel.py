@@ -69,6 +69,8 @@ _SPLITS = [
     (re.compile(r"experts\.down_proj$"), 2, lambda a: a.moe_intermediate_size),    # a trainer's [E, H, I]
 ]
 _FUSED_GATE_UP = re.compile(r"experts\.gate_up_proj$")                               # a trainer's [E, 2I, H]
+_FUSED_MLP = re.compile(r"mlp\.gate_up_proj\.weight$")                               # Phi-3's [2I, H]
+_FUSED_QKV = re.compile(r"self_attn\.qkv_proj\.weight$")                             # Phi-3's [(H + 2KV) D, H]
 _OUT_BIAS = re.compile(r"(self_attn\.o_proj|mlp\.down_proj)\.bias$")
 
 
@@ -79,6 +81,13 @@ def _pieces(name: str, args: ModelArgs, shard: Shard) -> tuple[int, list[tuple[i
     if _FUSED_GATE_UP.search(name):                 # the gate's rows of the rank's units, then the up's
         n = args.moe_intermediate_size // shard.size
         return 1, [(shard.rank * n, n), (args.moe_intermediate_size + shard.rank * n, n)]
+    if _FUSED_MLP.search(name):                     # Phi-3's [gate; up]: the same, in rows
+        n = args.intermediate_size // shard.size
+        return 0, [(shard.rank * n, n), (args.intermediate_size + shard.rank * n, n)]
+    if _FUSED_QKV.search(name):                     # Phi-3's [q; k; v]: the rank's heads of each
+        q, kv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        nq, nkv = q // shard.size, kv // shard.size
+        return 0, [(shard.rank * nq, nq), (q + shard.rank * nkv, nkv), (q + kv + shard.rank * nkv, nkv)]
     for pattern, dim, width in _SPLITS:
         if pattern.search(name):
             n = width(args) // shard.size

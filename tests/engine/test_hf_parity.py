@@ -15,6 +15,7 @@ VARIANTS = {
     "qwen3": ("qwen3", {}),
     "llama_mha": ("llama", dict(num_kv_heads=4)),
     "mistral": ("mistral", {}),
+    "phi3": ("phi3", {}),
     "qwen3_moe": ("qwen3_moe", {}),
     "qwen2_moe": ("qwen2_moe", {}),
     "mixtral": ("mixtral", {}),

@@ -11,7 +11,7 @@ from tailrl.model.loader import load_state_dict, read_args
 from tailrl.model.parallel import OrderedSum, Shard, read_part, shard_args, shard_tensor
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama_bias", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama_bias", "phi3", "qwen2_moe", "mixtral"])
 def test_the_ranks_parts_tile_every_weight_and_read_only_their_bytes(ckpt_dir, arch):
     path = ckpt_dir(arch)
     args = read_args(path)
@@ -21,7 +21,12 @@ def test_the_ranks_parts_tile_every_weight_and_read_only_their_bytes(ckpt_dir, a
             parts = [read_part(name, g.get_slice(name), args, Shard(r, 2)) for r in range(2)]
             for r, p in enumerate(parts):
                 assert torch.equal(p, shard_tensor(name, whole, args, Shard(r, 2))), name
-            if name.endswith(("o_proj.bias", "down_proj.bias")):        # rank 0 adds the bias, once
+            if name.endswith(("qkv_proj.weight", "gate_up_proj.weight")):   # Phi-3's fused: each part's rows
+                sizes = ([args.intermediate_size // 2] * 2 if "gate_up" in name else
+                         [args.num_heads * args.head_dim // 2] + [args.num_kv_heads * args.head_dim // 2] * 2)
+                pieces = [t.split(sizes) for t in parts]                  # [q; k; v] or [gate; up] of each rank
+                assert torch.equal(torch.cat([x for same in zip(*pieces) for x in same]), whole)
+            elif name.endswith(("o_proj.bias", "down_proj.bias")):        # rank 0 adds the bias, once
                 assert torch.equal(parts[0], whole) and not parts[1].any()
             elif name.endswith(("o_proj.weight", "down_proj.weight", "w2.weight")):   # columns: a rank's inputs
                 assert torch.equal(torch.cat(parts, 1), whole) and parts[0].shape[1] * 2 == whole.shape[1]
