@@ -19,11 +19,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     ap.add_argument("--speculative", choices=["off", "suffix"], default="off")
     ap.add_argument("--device", default="cpu", help="where the engine runs: cpu, cuda or cuda:N")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="the model split over this many devices (CUDA: --device and the next ones)")
     a = ap.parse_args(argv)
     from tailrl import LLM, SamplingParams
     try:
         llm = LLM(a.model, speculative=None if a.speculative == "off" else {"method": a.speculative},
-                  dtype=a.dtype, seed=a.seed, device=a.device)
+                  dtype=a.dtype, seed=a.seed, device=a.device, tensor_parallel_size=a.tensor_parallel_size)
         outs = llm.generate(a.prompt, SamplingParams(n=a.n, temperature=a.temperature, top_p=a.top_p,
                                                      top_k=a.top_k, max_tokens=a.max_tokens))
     except ValueError as e:

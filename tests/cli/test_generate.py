@@ -21,3 +21,10 @@ def test_a_bad_device_is_an_argument_error(device, capsys):
     with pytest.raises(SystemExit):
         main(["--model", get_model("small"), "--prompt", "1", "--device", device])
     assert "device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size, match", [("0", "tensor_parallel_size must be"), ("3", "does not divide")])
+def test_a_split_that_cannot_be_made_is_an_argument_error(size, match, capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", get_model("small"), "--prompt", "1", "--tensor-parallel-size", size])
+    assert match in capsys.readouterr().err
