@@ -54,8 +54,8 @@ def shard_args(args: ModelArgs, size: int) -> ModelArgs:
                    shared_expert_size=args.shared_expert_size // size)
 
 
-# a Hugging Face name's part by rows (dimension 0) or columns (dimension 1) of a width: its pattern,
-# the dimension, and the ModelArgs width it divides (a per-head width times the head dimension)
+# a Hugging Face name's part along one dimension (rows 0, columns 1; a trainer's fused experts' 2):
+# its pattern, the dimension, and the ModelArgs width it divides (heads times the head dimension)
 _SPLITS = [
     (re.compile(r"self_attn\.q_proj\.(weight|bias)$"), 0, lambda a: a.num_heads * a.head_dim),
     (re.compile(r"self_attn\.(k|v)_proj\.(weight|bias)$"), 0, lambda a: a.num_kv_heads * a.head_dim),
