@@ -23,16 +23,16 @@ from tailrl.engine.graph_pool import captures_made
 from tailrl.engine.graphs import StepGraphs, engine_graphs, warm_up
 from tailrl.engine.hand_out import hand_out_states, prefill_spans
 from tailrl.engine.inputs import load_tokenizer
-from tailrl.engine.kv import KVCache, size_kv
 from tailrl.engine.metrics import EngineMetrics
 from tailrl.engine.request import Request, RequestStatus
 from tailrl.engine.scheduler import Scheduler, SchedulerOutput
 from tailrl.engine.stop_strings import StopStrings
 from tailrl.engine.tail_choice import DRAFTER_METHODS, TailChoice
-from tailrl.engine.tensor_parallel import ParallelModel, parallel_args
+from tailrl.engine.tensor_parallel import ParallelModel
 from tailrl.engine.transfer import RequestState
 from tailrl.engine.verify import commit
-from tailrl.model.loader import DTYPES, load_model, read_args
+from tailrl.engine.weights import load
+from tailrl.model.loader import DTYPES
 from tailrl.speculative.history import HistoryStore
 from tailrl.threads import use_threads
 
@@ -50,23 +50,8 @@ class LLMEngine:
         # a fixed thread count, or threads sized to the cores other processes leave free
         self.threads = use_threads(config.num_threads, config.dtype)
         dtype = DTYPES[config.dtype]
-        # the KV budget and the context that fits it, before any weight is read
-        elem = torch.tensor([], dtype=dtype).element_size()
-        args = read_args(config.model)
-        if config.tensor_parallel_size > 1:     # each device's part: its heads' K/V, its share of the weights
-            args = parallel_args(config, args, speculative)
-        budget, self.max_model_len = size_kv(args, config, elem)
-        if config.tensor_parallel_size > 1:
-            self.model = ParallelModel(config, self.max_model_len, budget)
-        else:
-            self.model = load_model(config.model, config.dtype, config.device, self.max_model_len)
-            self.model.prepare_kernels()        # on a GPU: where cuBLAS may compute (kernels/gpu/stock.py)
-        if torch.device(config.device).type == "cuda":
-            torch.cuda.empty_cache()            # what deciding that took, back before the K/V pool
+        self.model, self.kv, self.max_model_len = load(config, speculative)
         self.args = self.model.args
-        pool = KVCache if config.tensor_parallel_size == 1 else self.model.kv_cache
-        self.kv = pool(self.args, dtype, config.device, budget, config.max_num_seqs, self.max_model_len,
-                       prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         drafts = speculative is not None or speculator is not None
         graphs = engine_graphs(self.model, self.kv, config, dtype, grouped=drafts)

@@ -116,6 +116,26 @@ def _moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
                 shared_expert_size=shared if sparse else 0, router_float32=mixtral)
 
 
+def _rope(cfg: dict, source: str) -> tuple[float, tuple | None]:
+    """(rope_theta, Llama 3.1's scaling or None) of a config; other rope types and RoPE on part of a
+    head are refused naming them."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None, "llama3"):
+        raise ValueError(f"model: rope type {rope_type!r} in {source} is not supported (only 'default' "
+                         f"and 'llama3')")
+    llama3 = None
+    if rope_type == "llama3":
+        llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
+                  int(rope["original_max_position_embeddings"]))
+    theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if partial is not None and float(partial) != 1.0:
+        raise ValueError(f"model: partial_rotary_factor {partial} in {source} is not supported (RoPE on every "
+                         f"dimension of a head only)")
+    return float(theta), llama3
+
+
 def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
     """Validate and convert a Hugging Face config dict. Raises ValueError naming the field."""
     archs = cfg.get("architectures") or []
@@ -128,20 +148,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None, "llama3"):
-            raise ValueError(f"model: rope type {rope_type!r} in {source} is not supported (only 'default' "
-                             f"and 'llama3')")
-        llama3 = None
-        if rope_type == "llama3":
-            llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
-                      int(rope["original_max_position_embeddings"]))
-        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-        partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
-        if partial is not None and float(partial) != 1.0:
-            raise ValueError(f"model: partial_rotary_factor {partial} in {source} is not supported (RoPE on every "
-                             f"dimension of a head only)")
+        theta, llama3 = _rope(cfg, source)
         if cfg.get("use_sliding_window"):
             raise ValueError(f"model: use_sliding_window=true in {source} is not supported")
         max_pos = int(cfg.get("max_position_embeddings", 2048))
@@ -165,7 +172,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
+            rope_theta=theta,
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(qkv_bias),

@@ -41,6 +41,19 @@ def test_every_policy_matches_one_engine(reference, policy, instances):
     assert all(m[f"pool/busy_s/{i}"] > 0 for i in range(instances))
 
 
+def split_pool(path: str, processes: bool) -> LLM:
+    """Two instances, each an engine split over two ranks."""
+    return LLM(path, dtype="float64", instances=2, scheduler="context", tensor_parallel_size=2,
+               pool={"chunk_tokens": 7, "processes": processes})
+
+
+def rollout_and_close(llm: LLM) -> tuple[list, dict]:
+    try:
+        return llm.generate(PROMPTS, PARAMS), llm.last_metrics
+    finally:
+        llm.close()
+
+
 @pytest.mark.parametrize("processes", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_instances_split_over_two_ranks_move_requests_k_v_between_them(reference, processes):
     """Each instance an engine split over two ranks (tensor_parallel_size=2; in this process or
@@ -48,13 +61,7 @@ def test_instances_split_over_two_ranks_move_requests_k_v_between_them(reference
     both ranks of one instance and scattered over both of another, the single engine's outputs.
     (Instances in processes run at once: whether a chunk moves then depends on their timing.)"""
     path, ref = reference
-    llm = LLM(path, dtype="float64", instances=2, scheduler="context", tensor_parallel_size=2,
-              pool={"chunk_tokens": 7, "processes": processes})
-    try:
-        outs = llm.generate(PROMPTS, PARAMS)
-        m = llm.last_metrics
-    finally:
-        llm.close()
+    outs, m = rollout_and_close(split_pool(path, processes))
     assert_same(outs, ref)
     assert processes or (m["pool/migrations"] > 0 and m["pool/kv_bytes_moved"] > 0)
 
@@ -63,8 +70,7 @@ def test_an_instance_whose_rank_dies_is_lost_and_its_requests_continue_elsewhere
     """A split instance's second rank killed mid-rollout: the instance is lost as a killed one
     is (RankLost), its requests recomputed on the other, the single engine's outputs."""
     path, ref = reference
-    llm = LLM(path, dtype="float64", instances=2, scheduler="context", tensor_parallel_size=2,
-              pool={"chunk_tokens": 7, "processes": False})
+    llm = split_pool(path, processes=False)
     rank = llm.pool.instances[1].worker.engine.model.procs[0]
     total = sum(map(sum, lengths(ref)))
 
@@ -73,11 +79,7 @@ def test_an_instance_whose_rank_dies_is_lost_and_its_requests_continue_elsewhere
             rank.kill()
             rank.wait()
     llm.pool.on_progress = kill
-    try:
-        outs = llm.generate(PROMPTS, PARAMS)
-        m = llm.last_metrics
-    finally:
-        llm.close()
+    outs, m = rollout_and_close(llm)
     assert_same(outs, ref)
     assert m["pool/faults"] == 1 and m["pool/instances_alive"] == 1 and rank.returncode is not None
 
