@@ -19,6 +19,12 @@ ARCH_CONFIGS = {
     "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
                                          shared_expert_intermediate_size=80, norm_topk_prob=False)),
     "mixtral": ("MixtralConfig", dict(head_dim=16, sliding_window=None, num_local_experts=8, num_experts_per_tok=2)),
+    # Gemma 3: a sliding-window layer (8 positions, its own RoPE base) and a full one (linear RoPE
+    # scaling), the scores scaled by query_pre_attn_scalar ** -0.5 (not head_dim's)
+    "gemma3": ("Gemma3TextConfig", dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}})),
 }
 
 
@@ -29,6 +35,8 @@ def make_checkpoint(path: str, arch: str = "qwen2", vocab_size: int = 97, hidden
     """Save a random model; init_std > HF's default makes logits peaked enough to be interesting."""
     import transformers
     cls_name, extra = ARCH_CONFIGS[arch]
+    if "layer_types" in extra:                  # the first num_layers kinds of layer
+        extra = {**extra, "layer_types": extra["layer_types"][:num_layers]}
     cfg = getattr(transformers, cls_name)(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,

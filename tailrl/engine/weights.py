@@ -16,6 +16,11 @@ def load(config: EngineConfig, speculative: SpeculativeConfig | None) -> tuple[o
     dtype = DTYPES[config.dtype]
     split = config.tensor_parallel_size > 1
     args = read_args(config.model)
+    windows = [w for w in args.layer_windows if w]
+    if speculative is not None and windows and speculative.max_draft_tokens >= min(windows):
+        # a tree node sees every ancestor: that is its window only while drafts are shorter than it
+        raise ValueError(f"speculative_config.max_draft_tokens: {speculative.max_draft_tokens} must be below the "
+                         f"model's smallest sliding window, {min(windows)} positions")
     if split:                               # each device's part: its heads' K/V, its share of the weights
         args = parallel_args(config, args, speculative)
     # the KV budget and the context that fits it, before any weight is read

@@ -9,7 +9,9 @@
 //
 // Visibility. Query t sees the keys of its row at cache positions [0, prefix[t]) followed by
 // extra[estart[t] .. estart[t] + ecount[t]) (a tree draft node: its ancestors and itself).
-// Its "visible index" v runs over that sequence in order.
+// Its "visible index" v runs over that sequence in order. A sliding-window layer also gives each
+// query an origin: it sees no position of its prefix below origin[t] (its extras, a few
+// positions behind it, are all inside the window; an origin past the prefix hides the prefix).
 //
 // Batch invariance (why outputs are identical with and without speculation): the arithmetic
 // for a query depends only on its visible keys' K/V in visible order and on q: scores are dot
@@ -162,14 +164,15 @@ inline void block_scores(const A* q, const T* kb, int64_t D, A* s) {
     for (int j = 0; j < BLOCK; ++j) s[j] = (sp[0][j] + sp[1][j]) + (sp[2][j] + sp[3][j]);
 }
 
-// Online softmax over one block's scores s (lanes >= nb are ignored): writes the block's
-// weights p (zero past nb), updates the running max and sum, returns the factor by which the
-// accumulator must be scaled.
+// Online softmax over one block's scores s (lanes outside [lo, nb) are ignored): writes the
+// block's weights p (zero outside), updates the running max and sum, returns the factor by which
+// the accumulator must be scaled.
 template <typename A>
-inline A softmax_block(Query<A>& st, A* s, int64_t nb, A* p) {
-    // block max over lanes < nb (exact in any order): lanes past nb repeat lane 0, then an
+inline A softmax_block(Query<A>& st, A* s, int64_t lo, int64_t nb, A* p) {
+    // block max over lanes [lo, nb) (exact in any order): the other lanes repeat lane lo, then an
     // elementwise max of the two halves, down to one
-    for (int64_t j = nb; j < BLOCK; ++j) s[j] = s[0];
+    for (int64_t j = 0; j < lo; ++j) s[j] = s[lo];
+    for (int64_t j = nb; j < BLOCK; ++j) s[j] = s[lo];
     alignas(64) A mx[BLOCK];
     for (int j = 0; j < BLOCK; ++j) mx[j] = s[j];
     for (int w = BLOCK / 2; w > 0; w /= 2)
@@ -180,6 +183,7 @@ inline A softmax_block(Query<A>& st, A* s, int64_t nb, A* p) {
     const A c = st.started ? fast_exp(st.m - mnew) : A(0);
 #pragma omp simd
     for (int j = 0; j < BLOCK; ++j) p[j] = fast_exp(s[j] - mnew);
+    for (int64_t j = 0; j < lo; ++j) p[j] = 0;
     for (int64_t j = nb; j < BLOCK; ++j) p[j] = 0;
     alignas(64) A ps[BLOCK];                    // block sum: a fixed pairwise reduction
     for (int j = 0; j < BLOCK; ++j) ps[j] = p[j];
@@ -225,15 +229,15 @@ inline void weigh_values(A* acc, A c, const A* p, const T* const* v, int64_t nb,
     }
 }
 
-// One block of nb visible keys for one query head (generic path): kb in the cache's layout,
-// v[j] the value row of key j.
+// One block's visible keys, lanes [lo, nb), for one query head (generic path): kb in the
+// cache's layout, v[j] the value row of key j.
 template <typename T, typename A>
-inline void block_update(Query<A>& st, const T* kb, const T* const* v, int64_t nb, int64_t D) {
+inline void block_update(Query<A>& st, const T* kb, const T* const* v, int64_t lo, int64_t nb, int64_t D) {
     alignas(64) A s[BLOCK];
     alignas(64) A p[BLOCK];
     block_scores(st.q, kb, D, s);
-    const A c = softmax_block(st, s, nb, p);
-    weigh_values(st.acc, c, p, v, nb, D);
+    const A c = softmax_block(st, s, lo, nb, p);
+    weigh_values(st.acc, c, p + lo, v + lo, nb - lo, D);
 }
 
 #include "_attention_bf16.h"   // block_update_bf16, HAVE_BF16_DOT (the AVX512-BF16 kernels)
@@ -266,16 +270,17 @@ struct Scratch {
     std::vector<int64_t> shared_end;
 };
 
-// One block of nb keys (kb: in the cache's layout, in place or gathered) for query state st.
+// One block's keys, lanes [lo, nb) (kb: in the cache's layout, in place or gathered), for query
+// state st.
 template <typename T, typename A>
-inline void update(Query<A>& st, bool fast, const T* kb, const T* const* v, int64_t nb, int64_t D) {
+inline void update(Query<A>& st, bool fast, const T* kb, const T* const* v, int64_t lo, int64_t nb, int64_t D) {
     if constexpr (std::is_same<T, uint16_t>::value) {
         if (fast) {
-            block_update_bf16(st, kb, v, nb, D);
+            block_update_bf16(st, kb, v, lo, nb, D);
             return;
         }
     }
-    block_update(st, kb, v, nb, D);
+    block_update(st, kb, v, lo, nb, D);
 }
 
 inline uint32_t bf16_bits(float f) {
@@ -305,11 +310,13 @@ inline void prefetch_block(const T* k, const T* v, int64_t D) {
 // every other query head that sees them; a query without extras uses its blocks up to its
 // prefix (the last one partial), a query with extras stops at the last block boundary below
 // its prefix. Phase 2: each query with extras gathers the rest of its visible keys (the
-// prefix's tail, then the extras) into blocks of its own, aligned as in phase 1.
+// prefix's tail, then the extras) into blocks of its own, aligned as in phase 1. A query with an
+// origin (origin: null where no query has one) skips the lanes below it; phase 1 starts at the
+// block of the row's lowest origin.
 template <typename T, typename A>
 void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
               const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-              A scale, Scratch<T, A>& sc, const RowKV<T>* next) {
+              const int32_t* origin, A scale, Scratch<T, A>& sc, const RowKV<T>* next) {
     const int64_t D = L.dim, G = L.heads / L.kv_heads, nq = (t1 - t0) * G;
     const bool fast = fast_path<T>(D);
     sc.buf.resize(static_cast<size_t>(2 * nq * D));
@@ -319,10 +326,12 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
     sc.shared_end.resize(static_cast<size_t>(nq));
     A* qs = sc.buf.data();
     A* accs = qs + nq * D;
-    int64_t most = 0;
+    int64_t most = 0, first = INT64_MAX;
     for (int64_t t = t0; t < t1; ++t) {
         const int64_t pre = prefix[t];
         const int64_t end = ecount[t] ? (pre / BLOCK) * BLOCK : pre;
+        const int64_t lo = origin ? std::min<int64_t>(origin[t], pre) : 0;
+        if (lo < end) first = std::min(first, (lo / BLOCK) * BLOCK);
         for (int64_t g = 0; g < G; ++g) {
             const int64_t i = (t - t0) * G + g;
             const A* qh = q + (t * L.heads + kh * G + g) * D;
@@ -340,7 +349,7 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
     }
     int64_t pos[BLOCK];
     const T* vrow[BLOCK];
-    for (int64_t b0 = 0; b0 < most; b0 += BLOCK) {
+    for (int64_t b0 = first; b0 < most; b0 += BLOCK) {
         const int64_t nb = std::min<int64_t>(BLOCK, most - b0);
         // the block is read in place (a partial block's unused lanes are readable, never used)
         const T* kb = r.key_block(b0 / BLOCK);
@@ -351,9 +360,10 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
         if (b0 + BLOCK < most) prefetch_block(r.key_block(b0 / BLOCK + 1), r.value(b0 + BLOCK), D);
         if (next) prefetch_block(next->key_block(b0 / BLOCK), next->value(b0), D);
         for (int64_t i = 0; i < nq; ++i) {
-            if (sc.shared_end[i] <= b0) continue;
+            const int64_t t = t0 + i / G;
+            const int64_t lo = origin ? std::max<int64_t>(std::min(origin[t], prefix[t]) - b0, 0) : 0;
             const int64_t n = std::min<int64_t>(nb, sc.shared_end[i] - b0);
-            update<T, A>(sc.st[i], fast, kb, vrow, n, D);
+            if (n > lo) update<T, A>(sc.st[i], fast, kb, vrow, lo, n, D);
         }
     }
     for (int64_t t = t0; t < t1; ++t) {
@@ -366,9 +376,12 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
                 pos[j] = b0 + j < pre ? b0 + j : ex[b0 + j - pre];
                 vrow[j] = r.value(pos[j]);
             }
+            const int64_t below = origin ? std::min(origin[t], prefix[t]) - b0 : 0;   // lanes below the origin
+            const int64_t lo = std::min<int64_t>(std::max<int64_t>(below, 0), nb);
+            if (lo == nb) continue;
             gather_block(r, pos, nb, D, sc.kb.data());
             for (int64_t g = 0; g < G; ++g)
-                update<T, A>(sc.st[(t - t0) * G + g], fast, sc.kb.data(), vrow, nb, D);
+                update<T, A>(sc.st[(t - t0) * G + g], fast, sc.kb.data(), vrow, lo, nb, D);
         }
     }
     for (int64_t t = t0; t < t1; ++t) {
@@ -386,7 +399,7 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
 template <typename T, typename A>
 void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, const int32_t* qrow,
                const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-               const int32_t* table, int64_t t_s0, double scale, int threads) {
+               const int32_t* origin, const int32_t* table, int64_t t_s0, double scale, int threads) {
     // Queries are grouped by row (flat order: row after row); find each row's span.
     std::vector<int64_t> span_start, span_end;
     for (int64_t t = 0; t < L.n; ++t) {
@@ -412,7 +425,7 @@ void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, cons
             const RowKV<T> next = more ? at(w + 1) : r;
             const int64_t sp = w / L.kv_heads;
             row_head<T, A>(q, r, out, L, span_start[sp], span_end[sp], w % L.kv_heads, prefix, estart, ecount,
-                           extra, static_cast<A>(scale), sc, more ? &next : nullptr);
+                           extra, origin, static_cast<A>(scale), sc, more ? &next : nullptr);
         }
     }
 }
@@ -437,11 +450,12 @@ Layout layout(py::tuple shape, py::tuple strides) {
 struct Visibility {
     const int32_t *qrow, *prefix, *estart, *ecount, *extra, *table;
     int64_t t_s0;                    // the block table's row stride
+    const int32_t* origin;           // [N] the first position of its prefix each query sees; null: 0
 };
 
 Visibility visibility(py::tuple vis) {
     auto p = [&](int i) { return ptr<const int32_t>(vis[i].cast<uintptr_t>()); };
-    return Visibility{p(0), p(1), p(2), p(3), p(4), p(5), vis[6].cast<int64_t>()};
+    return Visibility{p(0), p(1), p(2), p(3), p(4), p(5), vis[6].cast<int64_t>(), p(7)};
 }
 
 // q (type T, strided) -> the accumulation type, then attention.
@@ -456,7 +470,7 @@ void attend_t(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, const Layout
             for (int64_t d = 0; d < L.dim; ++d)
                 qa[(t * L.heads + h) * L.dim + d] = load(qt + t * L.q_s0 + h * L.q_s1 + d);
     attention<T, A>(qa.data(), ptr<const T>(k), ptr<const T>(v), ptr<T>(out), L, V.qrow, V.prefix, V.estart,
-                    V.ecount, V.extra, V.table, V.t_s0, scale, threads);
+                    V.ecount, V.extra, V.origin, V.table, V.t_s0, scale, threads);
 }
 
 void attend(int dtype, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
@@ -513,8 +527,8 @@ void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, 
             }
         }
     }
-    attention<T, A>(qa.data(), kc, vc, ptr<T>(out), L, V.qrow, V.prefix, V.estart, V.ecount, V.extra, V.table,
-                    V.t_s0, scale, threads);
+    attention<T, A>(qa.data(), kc, vc, ptr<T>(out), L, V.qrow, V.prefix, V.estart, V.ecount, V.extra, V.origin,
+                    V.table, V.t_s0, scale, threads);
 }
 
 void rope_attend(int dtype, uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, uintptr_t positions,
@@ -572,7 +586,7 @@ PYBIND11_MODULE(_attention, m) {
     m.doc() = "Row attention over a paged KV cache, and the fused steps around it (see tailrl/kernels/cpu.py)";
     m.def("attend", &attend, "dtype (0 bf16, 1 f32, 2 f64), q, k, v, out pointers, shape (N, H, KV, D), "
           "strides, visibility (row, prefix, extra start, extra count, extras, block table pointers; the "
-          "table's row stride), scale, threads");
+          "table's row stride; origins or 0), scale, threads");
     m.def("rope_attend", &rope_attend, "dtype, qkv pointer and row stride, cos, sin, positions, write slots, "
           "k, v, out, shape, strides, visibility, scale, threads");
     m.def("rms_norm", &rms_norm, "dtype, x pointer and row stride, weight, out, rows, columns, eps, threads");

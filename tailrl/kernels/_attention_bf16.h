@@ -54,15 +54,16 @@ inline void weigh_values_bf16(float* acc, float c, const float* p, const uint16_
     }
 }
 
-inline void block_update_bf16(Query<float>& st, const uint16_t* kb, const uint16_t* const* v, int64_t nb,
-                              int64_t D) {
+inline void block_update_bf16(Query<float>& st, const uint16_t* kb, const uint16_t* const* v, int64_t lo,
+                              int64_t nb, int64_t D) {
     alignas(64) float s[BLOCK];
     alignas(64) float p[BLOCK];
     block_scores_bf16(st.qp, kb, D, s);
-    const float c = softmax_block(st, s, nb, p);
-    weigh_values_bf16(st.acc, c, p, v, nb, D);
+    const float c = softmax_block(st, s, lo, nb, p);
+    weigh_values_bf16(st.acc, c, p + lo, v + lo, nb - lo, D);
 }
 #else
 constexpr bool HAVE_BF16_DOT = false;
-inline void block_update_bf16(Query<float>&, const uint16_t*, const uint16_t* const*, int64_t, int64_t) {}
+inline void block_update_bf16(Query<float>&, const uint16_t*, const uint16_t* const*, int64_t, int64_t,
+                              int64_t) {}
 #endif

@@ -28,12 +28,26 @@ class RopeTables:
 
 @dataclass
 class Rope:
-    """What one forward's layers need of RoPE (``Backend.rope``): the positions [N] and the
-    backend's tables (full tables, or gathered at each token: [N, 1, D])."""
+    """What one forward's attention layers of one kind need besides their projections
+    (``Backend.rope``): the positions [N], the backend's rotary tables (full tables, or gathered
+    at each token: [N, 1, D]), for a sliding-window layer the first position each token sees
+    (``origin`` [N] int32; None: every position before it), and the scores' factor (None: the
+    head dimension ** -0.5)."""
 
     positions: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
+    origin: torch.Tensor | None = None
+    scale: float | None = None
+
+
+def origins(positions: torch.Tensor, window: int) -> torch.Tensor | None:
+    """The first position a token at each of ``positions`` sees in a layer of sliding window
+    ``window`` (Hugging Face's: the keys less than ``window`` positions behind it), int32 on
+    their device; None for a layer without a window (0)."""
+    if not window:
+        return None
+    return (positions - (window - 1)).clamp_(min=0).to(torch.int32)
 
 
 def combine_experts(ys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -51,8 +65,9 @@ class Backend:
     # synchronisation inside: the reference's visibility mask reads its extras on the host)
     capturable = True
 
-    def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
-        """Once per forward: the rotary data every layer's ``rope_attend`` reads."""
+    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
+        """Once per forward and kind of layer: what its layers' ``rope_attend`` read besides
+        their projections (the tables at ``positions``, the ``window``'s origins, ``scale``)."""
         raise NotImplementedError
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -86,6 +101,12 @@ class Backend:
         """[M, 2I] rows [gate | up] -> silu(gate) * up [M, I]."""
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[M, 2I] rows [gate | up] -> gelu(gate) * up [M, I], GELU's tanh form (Gemma's GeGLU;
+        elementwise, so a row's result is its own)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""

@@ -20,7 +20,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from tailrl.kernels.backend import Backend, Rope, RopeTables
+from tailrl.kernels.backend import Backend, Rope, RopeTables, origins
 from tailrl.kernels.layout import AttentionMeta, check_caches
 
 
@@ -52,19 +52,26 @@ def supports(dtype: torch.dtype) -> bool:
     return NATIVE and dtype in _DTYPE_CODE
 
 
-def _vis(meta: AttentionMeta) -> tuple[int, ...]:
+def _vis(meta: AttentionMeta, origin: torch.Tensor | None) -> tuple[int, ...]:
+    if origin is not None and (origin.dtype != torch.int32 or not origin.is_contiguous()
+                               or origin.shape != (meta.num_tokens,)):
+        raise ValueError(f"attend: origin must be [{meta.num_tokens}] contiguous int32, got "
+                         f"{tuple(origin.shape)} {origin.dtype}")
     return (meta.q_row.data_ptr(), meta.prefix.data_ptr(), meta.estart.data_ptr(), meta.ecount.data_ptr(),
-            meta.extra.data_ptr(), meta.block_table.data_ptr(), meta.block_table.stride(0))
+            meta.extra.data_ptr(), meta.block_table.data_ptr(), meta.block_table.stride(0),
+            0 if origin is None else origin.data_ptr())
 
 
 def _strides(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, q_strides=(0, 0)) -> tuple[int, ...]:
     return (*q_strides, *k_cache.stride()[:2], *v_cache.stride()[:3], out.stride(0), out.stride(1))
 
 
-def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
+           origin: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
     """q: [N, H, D] (RoPE applied, last dim contiguous); the pool's keys k_cache [blocks, KV,
-    BLOCK * D] and values v_cache [blocks, KV, BLOCK, D] already hold this step's K/V. Returns
-    [N, H*D]."""
+    BLOCK * D] and values v_cache [blocks, KV, BLOCK, D] already hold this step's K/V. ``origin``
+    [N] int32: the first position of its prefix each query sees (a sliding window; None: 0).
+    ``scale``: the scores' factor (None: D ** -0.5). Returns [N, H*D]."""
     n, heads, d = q.shape
     if q.stride(-1) != 1:
         raise ValueError("attend: q's head dimension must be contiguous")
@@ -73,15 +80,16 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
     if n:
         _native.attend(_DTYPE_CODE[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                        (n, heads, k_cache.shape[1], d), _strides(k_cache, v_cache, out, (q.stride(0), q.stride(1))),
-                       _vis(meta), d ** -0.5, torch.get_num_threads())
+                       _vis(meta, origin), d ** -0.5 if scale is None else scale, torch.get_num_threads())
     return out.view(n, heads * d)
 
 
 class CpuBackend(Backend):
     name = "cpu"
 
-    def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
-        return Rope(positions, tables.cos_acc, tables.sin_acc)             # full tables, accumulation type
+    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
+        return Rope(positions, tables.cos_acc, tables.sin_acc,             # full tables, accumulation type
+                    origins(positions, window), scale)
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMeta, heads: int) -> torch.Tensor:
@@ -98,7 +106,8 @@ class CpuBackend(Backend):
             _native.rope_attend(_DTYPE_CODE[qkv.dtype], qkv.data_ptr(), qkv.stride(0), rope.cos.data_ptr(),
                                 rope.sin.data_ptr(), rope.positions.data_ptr(), meta.write_slot.data_ptr(),
                                 k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), (n, heads, kv_heads, d),
-                                _strides(k_cache, v_cache, out), _vis(meta), d ** -0.5, torch.get_num_threads())
+                                _strides(k_cache, v_cache, out), _vis(meta, rope.origin),
+                                d ** -0.5 if rope.scale is None else rope.scale, torch.get_num_threads())
         return out.view(n, heads * d)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

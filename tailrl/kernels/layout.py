@@ -10,7 +10,9 @@ attends to keys of its own row only, described per query by
   committed prefix, then its ancestors and itself, which sit at cache positions other than
   their depths).
 
-No mask tensor, no padding: a row's K/V is read once for all of its queries.
+No mask tensor, no padding: a row's K/V is read once for all of its queries. A sliding-window
+layer (``Rope.origin``) also gives each query the first position of its prefix it sees; its
+extras, its own draft's positions, are inside the window (the engine keeps drafts shorter).
 
 Cache layout: a pool of blocks of ``BLOCK`` positions, allocated once (tailrl/engine/kv/cache.py):
 keys [blocks, KV, BLOCK * D], values [blocks, KV, BLOCK, D]. Row r's position p lives in block

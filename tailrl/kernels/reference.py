@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tailrl.kernels.backend import Backend, Rope, RopeTables
+from tailrl.kernels.backend import Backend, Rope, RopeTables, origins
 from tailrl.kernels.layout import BLOCK, AttentionMeta, gather_rows, key_index, unpack_keys
 
 
@@ -32,10 +32,14 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
     v_cache[block, :, lane] = v
 
 
-def visibility(meta: AttentionMeta) -> torch.Tensor:
-    """[N, kv_len] bool: which cache positions of its row each query sees."""
+def visibility(meta: AttentionMeta, origin: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, kv_len] bool: which cache positions of its row each query sees (``origin``: the
+    first position of its prefix each query sees, a sliding window's; its extras it sees all)."""
     n, s = meta.num_tokens, meta.kv_len
-    vis = torch.arange(s, device=meta.prefix.device)[None, :] < meta.prefix.long()[:, None]
+    at = torch.arange(s, device=meta.prefix.device)[None, :]
+    vis = at < meta.prefix.long()[:, None]
+    if origin is not None:
+        vis &= at >= origin.to(vis.device).long()[:, None]
     for t in range(n):
         c = int(meta.ecount[t])
         if c:
@@ -45,7 +49,8 @@ def visibility(meta: AttentionMeta) -> torch.Tensor:
 
 
 def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     meta: AttentionMeta) -> torch.Tensor:
+                     meta: AttentionMeta, origin: torch.Tensor | None = None,
+                     scale: float | None = None) -> torch.Tensor:
     """q: [N, H, D] (RoPE applied); the pool (keys [blocks, KV, BLOCK * D], values [blocks, KV,
     BLOCK, D]) already holds this step's K/V. Returns [N, H*D]: PyTorch's SDPA over each query's
     row, gathered through its block table. Positions a query does not see are zeroed first: a
@@ -54,11 +59,12 @@ def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     kv = k_cache.shape[1]
     s = meta.kv_len
     keys, values = gather_rows(k_cache, v_cache, meta.block_table, meta.q_row, s)
-    vis = visibility(meta).to(q.device)                                # [N, S]
+    vis = visibility(meta, origin).to(q.device)                        # [N, S]
     seen = vis[:, None, :, None]
     k = unpack_keys(keys, d)[:, :, :, :s].transpose(-1, -2).masked_fill(~seen, 0)   # [N, KV, S, D]
     v = values[:, :, :s].masked_fill(~seen, 0)
-    o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, d), k, v, attn_mask=vis[:, None, None, :])
+    o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, d), k, v, attn_mask=vis[:, None, None, :],
+                                       scale=scale)
     return o.reshape(n, heads * d)
 
 
@@ -66,8 +72,9 @@ class ReferenceBackend(Backend):
     name = "reference"
     capturable = False
 
-    def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
-        return Rope(positions, tables.cos[positions].unsqueeze(1), tables.sin[positions].unsqueeze(1))  # [N, 1, D]
+    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
+        return Rope(positions, tables.cos[positions].unsqueeze(1), tables.sin[positions].unsqueeze(1),  # [N, 1, D]
+                    origins(positions, window), scale)
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMeta, heads: int) -> torch.Tensor:
@@ -76,7 +83,7 @@ class ReferenceBackend(Backend):
         nqk = heads + kv_heads
         qk = apply_rope(qkv[:, :nqk * d].view(n, nqk, d), rope.cos, rope.sin)
         write_kv(k_cache, v_cache, meta.write_slot, qk[:, heads:], qkv[:, nqk * d:].view(n, kv_heads, d))
-        return reference_attend(qk[:, :heads], k_cache, v_cache, meta)
+        return reference_attend(qk[:, :heads], k_cache, v_cache, meta, rope.origin, rope.scale)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)

@@ -18,8 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-# names a checkpoint may hold that are not weights (rotary tables of old Llama checkpoints)
-NOT_WEIGHTS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+# names a checkpoint may hold that are not weights of ours (rotary tables of old Llama
+# checkpoints; an image-text model's vision tower and projector)
+NOT_WEIGHTS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^(model\.)?(vision_tower|multi_modal_projector)\.")
+# an image-text model's language model (Gemma 3's): its names under these prefixes (the published
+# checkpoints', transformers 5's) are the text model's own
+TEXT_MODEL_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                       ("language_model.lm_head.", "lm_head."))
 
 
 @dataclass(frozen=True)
@@ -27,10 +32,12 @@ class Slot:
     dest: torch.Tensor                  # the view of our tensor the name is copied into
     shape: tuple[int, ...]              # the shape the name's tensor must have
     writes: tuple[str, ...]             # the checkpoint names it writes
+    plus_one: bool = False              # copied as 1 + the tensor (Gemma's norms scale by 1 + weight)
 
 
-def _own(table: dict[str, Slot], name: str, dest: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
-    table[name] = Slot(dest, tuple(dest.shape) if shape is None else shape, (name,))
+def _own(table: dict[str, Slot], name: str, dest: torch.Tensor, shape: tuple[int, ...] | None = None,
+         plus_one: bool = False) -> None:
+    table[name] = Slot(dest, tuple(dest.shape) if shape is None else shape, (name,), plus_one)
 
 
 def _rows(table: dict[str, Slot], names: list[str], tensor: torch.Tensor, sizes: list[int]) -> None:
@@ -67,8 +74,9 @@ def _experts(table: dict[str, Slot], moe, mixtral: bool, p: str) -> None:
 def slots(model) -> dict[str, Slot]:
     """Every Hugging Face name ``model`` (transformer.Transformer) takes, with its slot."""
     a, table = model.args, {}
+    norm = a.norm_plus_one
     _own(table, "model.embed_tokens.weight", model.embed.weight)
-    _own(table, "model.norm.weight", model.norm)
+    _own(table, "model.norm.weight", model.norm, plus_one=norm)
     if model.lm_head is not None:
         _own(table, "lm_head.weight", model.lm_head.weight)
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
@@ -76,8 +84,13 @@ def slots(model) -> dict[str, Slot]:
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         att = p + "self_attn."
-        _own(table, p + "input_layernorm.weight", layer.input_norm)
-        _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
+        _own(table, p + "input_layernorm.weight", layer.input_norm, plus_one=norm)
+        if layer.attn_out_norm is None:     # Llama's: the MLP's input norm
+            _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
+        else:                               # Gemma's: the attention output's; then the MLP's, before and after it
+            _own(table, p + "post_attention_layernorm.weight", layer.attn_out_norm, plus_one=norm)
+            _own(table, p + "pre_feedforward_layernorm.weight", layer.post_norm, plus_one=norm)
+            _own(table, p + "post_feedforward_layernorm.weight", layer.mlp_out_norm, plus_one=norm)
         if fused:                           # Phi-3: the checkpoint's tensors are fused as ours
             _own(table, att + "qkv_proj.weight", layer.qkv.weight)
         else:
@@ -88,8 +101,8 @@ def slots(model) -> dict[str, Slot]:
         if a.o_bias:
             _own(table, att + "o_proj.bias", layer.o.bias)
         if layer.qk_norm is not None:      # one [D] weight per projection, every head's
-            _own(table, att + "q_norm.weight", layer.qk_norm[:a.num_heads], (a.head_dim,))
-            _own(table, att + "k_norm.weight", layer.qk_norm[a.num_heads:], (a.head_dim,))
+            _own(table, att + "q_norm.weight", layer.qk_norm[:a.num_heads], (a.head_dim,), norm)
+            _own(table, att + "k_norm.weight", layer.qk_norm[a.num_heads:], (a.head_dim,), norm)
         if layer.moe is not None:
             _experts(table, layer.moe, a.architecture == "MixtralForCausalLM", p)
             continue
@@ -125,12 +138,20 @@ def pairs_of(weights: Mapping | Iterable) -> Iterable[tuple[str, torch.Tensor]]:
         yield name, tensor
 
 
+def text_name(name: str) -> str:
+    """A name of an image-text model's language model as the text model's own (others as they are)."""
+    for prefix, own in TEXT_MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return own + name[len(prefix):]
+    return name
+
+
 def _slot(table: dict[str, Slot], tied: bool, name: str, shape: tuple[int, ...]) -> Slot | None:
     """The slot of a tensor of this name and shape, None for a name that is not a weight, or a
     ValueError naming it."""
-    slot = table.get(name)
+    slot = table.get(text_name(name))
     if slot is None:
-        if NOT_WEIGHTS.search(name) or (tied and name == "lm_head.weight"):   # tied: the embedding's
+        if NOT_WEIGHTS.search(name) or (tied and text_name(name) == "lm_head.weight"):   # tied: the embedding's
             return None
         raise ValueError(f"weights: the model has no tensor named {name!r}")
     if tuple(shape) != slot.shape:
@@ -170,6 +191,6 @@ def load_hf(model, weights: Mapping | Iterable, complete: bool) -> set[str]:
     for name, tensor in pairs:
         slot = _slot(table, tied, name, tensor.shape)
         if slot is not None:
-            slot.dest.copy_(tensor)
+            slot.dest.copy_(tensor.double() + 1 if slot.plus_one else tensor)
             written.update(slot.writes)
     return written

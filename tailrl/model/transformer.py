@@ -1,5 +1,5 @@
-"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral, and their mixtures of experts:
-moe.py) over flattened tokens and a row KV cache.
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 3, and mixtures
+of experts: moe.py) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
@@ -18,9 +18,10 @@ from tailrl.model.rope import rope_table
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, a: ModelArgs, sparse: bool = False):
+    def __init__(self, a: ModelArgs, sparse: bool = False, kind: int = 0):
         super().__init__()
         self.a = a
+        self.kind = kind                    # which of the forward's Rope objects its attention reads
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         self.input_norm = nn.Parameter(torch.ones(a.hidden_size))
         self.qkv = nn.Linear(a.hidden_size, q + 2 * kv, bias=a.qkv_bias)
@@ -28,6 +29,9 @@ class DecoderLayer(nn.Module):
         # q/k norm weights stacked per head: [H + KV, D] (Qwen3); None elsewhere.
         self.qk_norm = nn.Parameter(torch.ones(a.num_heads + a.num_kv_heads, a.head_dim)) if a.qk_norm else None
         self.post_norm = nn.Parameter(torch.ones(a.hidden_size))
+        # Gemma: the attention's output and the MLP's normed before they join the residual stream
+        self.attn_out_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.sandwich_norms else None
+        self.mlp_out_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.sandwich_norms else None
         self.moe = SparseMoe(a) if sparse else None          # a mixture of experts' layer, else the dense MLP
         self.gate_up = None if sparse else nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
         self.down = None if sparse else nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
@@ -58,14 +62,20 @@ class DecoderLayer(nn.Module):
             qkv = torch.cat([qk.view(n, -1), qkv[:, nqk * a.head_dim:]], dim=1)
             att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
         out = kernels.linear(att, self.o.weight, self.o.bias)
-        x, h = kernels.add_rms_norm(x, out if self.reduce is None else self.reduce(out), self.post_norm,
-                                    a.rms_norm_eps)
+        out = out if self.reduce is None else self.reduce(out)
+        if self.attn_out_norm is not None:
+            out = kernels.rms_norm(out, self.attn_out_norm, a.rms_norm_eps)
+        x, h = kernels.add_rms_norm(x, out, self.post_norm, a.rms_norm_eps)
         if self.moe is not None:
             y = self.moe(h, kernels)
-        else:
+        elif a.hidden_act == "silu":
             gate_up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias)   # [N, 2I]
             y = kernels.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
-        return x, y if self.reduce is None else self.reduce(y)
+        else:                                                                   # Gemma's GeGLU
+            gate_up = kernels.linear(h, self.gate_up.weight, self.gate_up.bias)
+            y = kernels.linear(kernels.gelu_tanh_mul(gate_up), self.down.weight, self.down.bias)
+        y = y if self.reduce is None else self.reduce(y)
+        return x, y if self.mlp_out_norm is None else kernels.rms_norm(y, self.mlp_out_norm, a.rms_norm_eps)
 
 
 class Transformer(nn.Module):
@@ -79,22 +89,30 @@ class Transformer(nn.Module):
                  device: str | torch.device = "cpu", reduce=None, head: bool = True):
         super().__init__()
         self.args, self.head = a, head
+        # the kinds of attention layer: (sliding window or 0, whether it reads the local RoPE tables)
+        kinds = [(a.window(i), bool(a.window(i) and a.local_rope_theta)) for i in range(a.num_layers)]
+        self.kinds = sorted(set(kinds))
         with torch.device("meta"):
             self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
-            self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers) for i in range(a.num_layers))
+            self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers, self.kinds.index(kinds[i]))
+                                        for i in range(a.num_layers))
             self.norm = nn.Parameter(torch.ones(a.hidden_size))
             untied = head and not a.tie_word_embeddings
             self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False) if untied else None
         for layer in self.layers:
             layer.reduce = reduce
         self.to(dtype).to_empty(device=device)
-        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, dtype, device, llama3=a.rope_llama3)
-        self.register_buffer("cos", cos, persistent=False)                 # [max_len, D]
-        self.register_buffer("sin", sin, persistent=False)
         acc = torch.float64 if dtype == torch.float64 else torch.float32   # the native kernels' accumulation type
-        cos, sin = rope_table(a.head_dim, max_len, a.rope_theta, acc, device, llama3=a.rope_llama3)
-        self.register_buffer("cos_acc", cos, persistent=False)
-        self.register_buffer("sin_acc", sin, persistent=False)
+        for prefix, theta, linear in (("", a.rope_theta, a.rope_linear), ("local_", a.local_rope_theta, 1.0)):
+            if theta:                                                       # [max_len, D] each
+                llama3 = a.rope_llama3 if not prefix else None
+                for suffix, dt in (("", dtype), ("_acc", acc)):
+                    cos, sin = rope_table(a.head_dim, max_len, theta, dt, device, llama3=llama3, linear=linear)
+                    self.register_buffer(f"{prefix}cos{suffix}", cos, persistent=False)
+                    self.register_buffer(f"{prefix}sin{suffix}", sin, persistent=False)
+        # Gemma: embeddings times sqrt(hidden_size), that factor rounded to the model's dtype first
+        scale = torch.tensor(a.hidden_size ** 0.5, dtype=dtype, device=device) if a.scale_embeddings else None
+        self.register_buffer("embed_scale", scale, persistent=False)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -102,14 +120,23 @@ class Transformer(nn.Module):
         """input_ids, positions: [N]; caches: per layer (key blocks [rows, KV, cap * D], values
         [rows, KV, cap, D]) (``KVCache.layers()``). Returns normed hidden [N, hidden]."""
         x = self.embed(input_ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         kernels = select(x.device, x.dtype)                                 # the one place a backend is chosen
-        rope = kernels.rope(RopeTables(self.cos, self.sin, self.cos_acc, self.sin_acc), positions)
+        ropes = [kernels.rope(self.rope_tables(local), positions, window, self.args.attn_scale or None)
+                 for window, local in self.kinds]
         y = None
         for layer, (k_cache, v_cache) in zip(self.layers, caches):
-            x, y = layer(x, y, kernels, rope, k_cache, v_cache, meta)
+            x, y = layer(x, y, kernels, ropes[layer.kind], k_cache, v_cache, meta)
         if y is None:
             return kernels.rms_norm(x, self.norm, self.args.rms_norm_eps)
         return kernels.add_rms_norm(x, y, self.norm, self.args.rms_norm_eps)[1]
+
+    def rope_tables(self, local: bool = False) -> RopeTables:
+        """The RoPE tables of the full-attention layers, or (``local``) of Gemma's sliding-window ones."""
+        if local:
+            return RopeTables(self.local_cos, self.local_sin, self.local_cos_acc, self.local_sin_acc)
+        return RopeTables(self.cos, self.sin, self.cos_acc, self.sin_acc)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,9 @@ VARIANTS = {
     "qwen3_moe": ("qwen3_moe", {}),
     "qwen2_moe": ("qwen2_moe", {}),
     "mixtral": ("mixtral", {}),
+    "mistral_window": ("mistral_window", {}),
+    "gemma3": ("gemma3", {}),
+    "gemma3_tied": ("gemma3", dict(tie=True)),
 }
 
 
@@ -58,20 +61,3 @@ def test_greedy_matches_hf_generate(ckpt_dir, variant):
         ref = hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                           pad_token_id=0)[0, len(p):].tolist()
         assert o.outputs[0].token_ids == ref
-
-
-def test_a_sliding_window_caps_the_context_where_attention_is_exact(ckpt_dir):
-    """Mistral attends over its last ``sliding_window`` positions: up to that many a sequence
-    sees every position before it, so the engine's context is capped at the window (greedy
-    tokens equal Hugging Face's there) and a longer prompt is refused before any work."""
-    path = ckpt_dir("mistral_window")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    llm = LLM(path, dtype="float32")
-    assert llm.engine.max_model_len == 32
-    p = [3, 5, 7, 11, 13, 2, 4]
-    out = llm.generate([p], SamplingParams(temperature=0, max_tokens=25, ignore_eos=True))[0].outputs[0]
-    ref = hf.generate(torch.tensor([p]), max_new_tokens=25, do_sample=False, eos_token_id=None,
-                      pad_token_id=0)[0, len(p):].tolist()
-    assert out.token_ids == ref and len(ref) == 25
-    with pytest.raises(ValueError, match="prompt"):
-        llm.generate([list(range(40))], SamplingParams(max_tokens=1))

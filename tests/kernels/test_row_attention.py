@@ -136,3 +136,67 @@ def test_empty_step_and_bad_layout():
         attend(torch.randn(1, KV * G, D), pk, pv.transpose(-1, -2).contiguous().transpose(-1, -2), meta)
     with pytest.raises(ValueError, match="block_table"):
         attend(torch.randn(1, KV * G, D), pk, pv, make_meta([[(5, [])]], table.long()))
+
+
+def window_origins(rows_queries, window: int) -> torch.Tensor:
+    """Each query's sliding-window origin: its position (a plain or chain query's prefix - 1, a
+    tree node's committed prefix plus its depth) minus window - 1, at least 0."""
+    pos = [p + len(ex) - 1 for queries in rows_queries for p, ex in queries]
+    return torch.tensor([max(0, x - window + 1) for x in pos], dtype=torch.int32)
+
+
+def hide_outside_windows(k: torch.Tensor, v: torch.Tensor, rows_queries, origin: torch.Tensor) -> None:
+    """NaN at every position no query of its row sees inside its window."""
+    i = 0
+    for r, queries in enumerate(rows_queries):
+        seen = set()
+        for p, ex in queries:
+            seen.update(range(int(origin[i]), p), ex)
+            i += 1
+        unseen = [j for j in range(k.shape[-1]) if j not in seen]
+        k[r, :, :, unseen] = float("nan")
+        v[r, :, unseen] = float("nan")
+
+
+@pytest.mark.parametrize("window", [5, 40, 100])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])
+def test_sliding_windows_match_the_reference_and_read_nothing_below_their_origins(window, dtype, tol):
+    """A sliding window's origin inside a block, on a block boundary, below every query (5 keys:
+    chains of 6 nodes, trees whose extras reach past it)."""
+    rng = random.Random(7)
+    cap = 160
+    rows = [random_queries(rng, cap) for _ in range(12)]
+    origin = window_origins(rows, window)
+    k, v = caches(len(rows), cap, dtype)
+    hide_outside_windows(k, v, rows, origin)
+    q = torch.randn(sum(map(len, rows)), KV * G, D).to(dtype)
+    pk, pv, table = pool(k, v)
+    got = attend(q, pk, pv, make_meta(rows, table), origin)
+    pk, pv, table = pool(k.double(), v.double(), seed=1)
+    ref = reference_attend(q.double(), pk, pv, make_meta(rows, table), origin)
+    assert torch.isfinite(got).all() and torch.isfinite(ref).all()
+    assert (got.double() - ref).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_windowed_querys_bits_do_not_depend_on_the_batch(dtype):
+    """Plain decoding at position 99 with a window of 45 (origin 55, inside a block), the same
+    token as a tree node (committed prefix 70, ancestors elsewhere) and in a batch whose other
+    queries of its row have other origins: the same bits."""
+    k, v = caches(3, 192, dtype, seed=2)
+    q = torch.randn(1, KV * G, D).to(dtype)
+
+    def run_w(qs, kk, vv, rows, seed):
+        pk, pv, table = pool(kk, vv, seed)
+        return attend(qs, pk, pv, make_meta(rows, table), window_origins(rows, 45))
+
+    alone = run_w(q, k, v, [[(100, [])]], 0)
+    k2, v2 = k.clone(), v.clone()
+    k2[0, :, :, 150:180] = k[0, :, :, 70:100]
+    v2[0, :, 150:180] = v[0, :, 70:100]
+    tree = run_w(q, k2, v2, [[(70, list(range(150, 180)))]], 3)
+    qs = torch.cat([torch.randn(2, KV * G, D).to(dtype), torch.randn(1, KV * G, D).to(dtype), q])
+    batch = run_w(qs, torch.cat([k[1:], k[:1]]), torch.cat([v[1:], v[:1]]),
+                  [[(37, [])], [(150, [])], [(64, []), (100, [])]], 4)
+    assert torch.equal(alone[0], tree[0])
+    assert torch.equal(alone[0], batch[3])

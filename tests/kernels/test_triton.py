@@ -75,14 +75,15 @@ def random_rows(rng: random.Random, n: int, cap: int = 150):
     return out
 
 
-def run(backend, dtype, qkv, positions, k, v, meta):
-    cos, sin = rope_table(D, 512, 1e4, torch.float32)
+def run(backend, dtype, qkv, positions, k, v, meta, window=0):
+    cos, sin = rope_table(D, 1024, 1e4, torch.float32)
     dev = dict(device=DEVICE)
     tables = RopeTables(cos.to(dtype=dtype, **dev), sin.to(dtype=dtype, **dev), cos.to(**dev), sin.to(**dev))
     fields = (getattr(meta, f) for f in meta.__dataclass_fields__)
     meta = AttentionMeta(*(f.to(**dev) if isinstance(f, torch.Tensor) else f for f in fields))
     kc, vc = k.to(dtype=dtype, **dev).clone(), v.to(dtype=dtype, **dev).clone()
-    out = backend.rope_attend(qkv.to(dtype=dtype, **dev), backend.rope(tables, positions.to(**dev)), kc, vc, meta, H)
+    rope = backend.rope(tables, positions.to(**dev), window)
+    out = backend.rope_attend(qkv.to(dtype=dtype, **dev), rope, kc, vc, meta, H)
     return out.cpu(), kc.cpu(), vc.cpu()
 
 
@@ -147,6 +148,26 @@ def test_a_rows_queries_walk_its_kv_together_with_the_bits_each_has_alone(monkey
             got, _, _ = run(TRITON, dtype, qkv, positions, k, v, grouped)
             assert torch.equal(got, alone), (dtype, group, whole_programs)
         assert (alone.float() - want).abs().max().item() < (2e-5 if dtype == torch.float32 else 3e-2)
+
+
+def test_sliding_windows_in_every_mode_match_the_reference_with_the_bits_of_a_query_alone(monkeypatch):
+    """Sliding windows (each query sees no position of its prefix below its position - 44, a
+    tree node's whole prefix where its origin passes it): near the reference in float32, and the
+    same bits with every lane in one program, a program per lane, and the queries of a row
+    walking its K/V in groups, each alone in a launch where no query has a group."""
+    from tailrl.kernels.gpu import backend
+    rows = random_rows(random.Random(12), 3, cap=120) + [[(p, []) for p in range(60, 67)]]
+    qkv, positions, k, v, meta = step(rows, n_blocks=4 * 6 + 3, seed=13)
+    want, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta, window=45)
+    outs = []
+    for whole_programs, multi in ((0, False), (1 << 30, False), (1 << 30, True)):
+        monkeypatch.setattr(backend, "WHOLE_PROGRAMS", whole_programs)
+        outs.append(run(TRITON, torch.float32, qkv, positions, k, v, dataclasses.replace(meta, multi=multi),
+                        window=45)[0])
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert (outs[0] - want).abs().max().item() < 2e-5
+    full, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta)
+    assert (full - want).abs().max().item() > 1e-2                  # the window changed what is seen
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, pytest.param(torch.float16, marks=SLOW_HERE)])
@@ -266,13 +287,14 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(triton_model, monkeypa
 
 @pytest.mark.parametrize("arch,kw", [("qwen3", {}), ("llama", {}),
                                      ("qwen2", dict(tie=True, num_heads=8, num_kv_heads=2)),
-                                     ("qwen3_moe", {}), ("mixtral", {}),
+                                     ("qwen3_moe", {}), ("mixtral", {}), ("gemma3", dict(num_heads=2, num_kv_heads=1)),
                                      pytest.param("qwen2_moe", {}, marks=SLOW_HERE)])
 def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arch, kw):
     """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases),
-    a tied Qwen2 with 4 queries per K/V head, and mixtures of experts (their products grouped by
-    expert on the device: kernels/gpu/experts.py): float32 sampled tokens through the Triton
-    kernels equal the native CPU kernels', as the Qwen2 checkpoint's above."""
+    a tied Qwen2 with 4 queries per K/V head, mixtures of experts (their products grouped by
+    expert on the device: kernels/gpu/experts.py) and Gemma 3 (a sliding window of 8 positions
+    with its own RoPE base; GeGLU, sandwich norms, scaled scores): float32 sampled
+    tokens through the Triton kernels equal the native CPU kernels', as the Qwen2 checkpoint's above."""
     from tailrl import LLM, SamplingParams
     path = ckpt_dir(arch, init_std=1.0, **kw, **INTERPRETED_LAYERS)
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]

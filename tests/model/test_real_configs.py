@@ -180,7 +180,8 @@ def test_a_mixture_of_experts_counts_its_published_size_and_its_gpu_budget(name,
 def test_phi3s_partial_rotary_and_long_context_rope_are_refused_by_name():
     base = dict(architectures=["Phi3ForCausalLM"], hidden_size=64, num_attention_heads=4, intermediate_size=128,
                 num_hidden_layers=2, vocab_size=97, max_position_embeddings=4096, sliding_window=2047)
-    assert parse_config(base).max_position_embeddings == 2047          # Phi-3-mini-4k's window caps the context
+    args = parse_config(base)                                           # Phi-3-mini-4k's window: each layer's
+    assert (args.max_position_embeddings, args.layer_windows) == (4096, (2047, 2047))
     with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):   # Phi-4-mini's
         parse_config(dict(base, partial_rotary_factor=0.75))
     with pytest.raises(ValueError, match="rope type 'longrope'"):         # Phi-3's 128k variants

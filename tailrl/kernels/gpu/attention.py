@@ -90,14 +90,15 @@ def _dot16(a, b, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, k_s0, k_s1, v_s0, v_s1, t_s0,
-          scale, LANES: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr,
-          TC: tl.constexpr, WIDEN: tl.constexpr):
+def _lane(q, rtot, rlo, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, k_s0, k_s1, v_s0, v_s1,
+          t_s0, scale, LANES: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+          KEYS: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr, WINDOW: tl.constexpr):
     """Online softmax of the query rows q [MP, D] over the walk's chunks lane, lane + LANES,
     lane + 2 LANES, ... (KEYS visible indices each, of ``total``: the positions [0, pre), then
     extra[es:]), in order: (max [MP], sum [MP], weighted values [MP, D]). Row r sees the indices
-    below rtot[r]; in a chunk where it sees none its state is kept as it was, so its bits are
-    those of a walk that stopped at its own end. Every operation is either per element, an
+    below rtot[r] (``WINDOW``: and from rlo[r] on, a sliding window's origin; the walk skips the
+    lane's chunks below every row's); in a chunk where it sees none its state is kept as it was,
+    so its bits are those of a walk that stopped at its own end. Every operation is either per element, an
     exact max, or a dot, whose every element is its own sum over K in order: the FMA dot of
     float32 at "ieee" precision, or (``TC``: q, K and V in the pool's 16-bit dtype, the
     weights rounded to it) tensor cores' mma.sync m16n8k16 with float32 sums, the same
@@ -113,7 +114,11 @@ def _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, 
     m = tl.full([MP], float("-inf"), tl.float32)
     l = tl.zeros([MP], tl.float32)
     acc = tl.zeros([MP, D], tl.float32)
-    for b0 in range(lane * KEYS, total, LANES * KEYS):
+    start = lane * KEYS
+    if WINDOW:                          # the lane's first chunk (c = lane mod LANES) at or above the lowest origin
+        c_lo = tl.min(rlo, 0) // KEYS
+        start = (c_lo + (lane + LANES - c_lo % LANES) % LANES) * KEYS
+    for b0 in range(start, total, LANES * KEYS):
         vis = b0 + j                                            # visible indices of this chunk
         ok = vis < total
         ex = tl.load(extra_ptr + es + vis - pre, mask=ok & (vis >= pre), other=0)
@@ -128,8 +133,11 @@ def _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, 
         else:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")            # q holds the scale
         see = ok[None, :] & (vis[None, :] < rtot[:, None])
-        s = tl.where(see, s, float("-inf"))
         live = b0 < rtot                                        # rows that see some of this chunk
+        if WINDOW:
+            see = see & (vis[None, :] >= rlo[:, None])
+            live = live & (b0 + KEYS > rlo)
+        s = tl.where(see, s, float("-inf"))
         mnew = tl.where(live, tl.maximum(m, tl.max(s, 1)), m)
         mref = tl.where(live, mnew, 0.0)                        # live rows' max is finite; others: no NaN
         c = tl.where(live, tl.exp(m - mref), 1.0)
@@ -220,10 +228,10 @@ def _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT: tl.constexpr):
 # compile variants for n == 1 and n % 16 == 0; an eager step of a new kind compiled in the rollout)
 @triton.jit(do_not_specialize=["n"])
 def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, qrow_ptr, prefix_ptr, estart_ptr,
-                  ecount_ptr, extra_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
+                  ecount_ptr, extra_ptr, origin_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
                   H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr, D: tl.constexpr,
                   BLOCK: tl.constexpr, KEYS: tl.constexpr, LANES: tl.constexpr, QT: tl.constexpr,
-                  WHOLE: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr):
+                  WHOLE: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr, WINDOW: tl.constexpr):
     """Program (t, kh[, lane]): token t's group (``_group``: t alone where QT is 1, or t and
     the tokens of its row's chain or prefill that follow it, up to QT; nothing where t is not
     the first of its group), the G query heads of KV head kh of each of its tokens as rows
@@ -231,7 +239,8 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
     masked to its own. ``WHOLE``: every lane here, merged in lane order, and the results stored;
     else this lane's states stored in part [N, KV, LANES, GP, D + 2] (values, max, sum), and the
     group's last lane to arrive at its counter (``count_ptr``, t * KV + kh) merges the LANES
-    states in lane order, as WHOLE does, and stores the results."""
+    states in lane order, as WHOLE does, and stores the results. ``WINDOW``: each token sees no
+    position of its prefix below its origin (``origin_ptr`` [N] int32, a sliding window's)."""
     t = tl.program_id(0)
     kh = tl.program_id(1)
     row = tl.load(qrow_ptr + t)
@@ -252,19 +261,25 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
         rtot = tl.where(valid, tl.load(prefix_ptr + t + i, mask=valid, other=0) + ec, 0)
         total = tl.max(rtot, 0)
         walk_pre = total - ec                                   # the walk's positions: [0, walk_pre), then extras
+        # an origin past the prefix hides the prefix; rows past the group's: past every chunk
+        if WINDOW:
+            rlo = tl.where(valid, tl.minimum(tl.load(origin_ptr + t + i, mask=valid, other=0), rtot - ec), total)
+        else:
+            rlo = tl.zeros([MP], tl.int32)
         if WHOLE:
             m = tl.full([MP], float("-inf"), tl.float32)
             l = tl.zeros([MP], tl.float32)
             acc = tl.zeros([MP, D], tl.float32)
             for lane in range(0, LANES):
-                m2, l2, acc2 = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
-                                     k_s0, k_s1, v_s0, v_s1, t_s0, scale, LANES, MP, D, BLOCK, KEYS, TC, WIDEN)
+                m2, l2, acc2 = _lane(q, rtot, rlo, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh,
+                                     lane, k_s0, k_s1, v_s0, v_s1, t_s0, scale, LANES, MP, D, BLOCK, KEYS, TC, WIDEN,
+                                     WINDOW)
                 m, l, acc = _merge(m, l, acc, m2, l2, acc2)
             _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)
         else:
             lane = tl.program_id(2)
-            m, l, acc = _lane(q, rtot, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
-                              k_s0, k_s1, v_s0, v_s1, t_s0, scale, LANES, MP, D, BLOCK, KEYS, TC, WIDEN)
+            m, l, acc = _lane(q, rtot, rlo, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
+                              k_s0, k_s1, v_s0, v_s1, t_s0, scale, LANES, MP, D, BLOCK, KEYS, TC, WIDEN, WINDOW)
             kv = tl.num_programs(1)
             state = part_ptr + (((t + i) * kv + kh) * LANES) * GP * (D + 2) + g * (D + 2)   # lane 0's
             mine = state + lane * GP * (D + 2)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from tailrl.kernels.backend import Backend, Rope, RopeTables, combine_experts
+from tailrl.kernels.backend import Backend, Rope, RopeTables, combine_experts, origins
 from tailrl.kernels.gpu import experts, matmul, stock
 from tailrl.kernels.gpu.activation import silu_mul_kernel
 from tailrl.kernels.gpu.arrivals import counters
@@ -109,8 +109,9 @@ def attention_tiles(heads: int, kv_heads: int, dtype: torch.dtype, multi: bool) 
 class TritonBackend(Backend):
     name = "triton"
 
-    def rope(self, tables: RopeTables, positions: torch.Tensor) -> Rope:
-        return Rope(positions, tables.cos_acc, tables.sin_acc)             # float32 tables, full
+    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
+        return Rope(positions, tables.cos_acc, tables.sin_acc,             # float32 tables, full
+                    origins(positions, window), scale)
 
     def linear_rope_attend(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rope: Rope,
                            k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
@@ -133,7 +134,8 @@ class TritonBackend(Backend):
             if bias is not None:
                 qkv = qkv + bias
             cos, sin = (t[rope.positions].to(qkv.dtype).unsqueeze(1) for t in (rope.cos, rope.sin))
-            return REFERENCE.rope_attend(qkv, Rope(rope.positions, cos, sin), k_cache, v_cache, meta, heads)
+            return REFERENCE.rope_attend(qkv, Rope(rope.positions, cos, sin, rope.origin, rope.scale), k_cache, v_cache,
+                                         meta, heads)
         if qkv.stride(-1) != 1:
             raise ValueError("rope_attend: qkv rows must be contiguous")
         check_caches(k_cache, v_cache, meta)
@@ -151,9 +153,11 @@ class TritonBackend(Backend):
         count = part if whole else counters(qkv.device, n * kv_heads)
         attend_kernel[(n, kv_heads) if whole else (n, kv_heads, LANES)](
             q, k_cache, v_cache, out, part, count, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
-            meta.extra, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0),
-            meta.block_table.stride(0), n, d ** -0.5, H=heads, G=g, GP=gp, MP=mp, D=d, BLOCK=BLOCK, KEYS=KEYS,
-            LANES=LANES, QT=qt, WHOLE=whole, TC=tc, WIDEN=INTERPRETED, num_warps=4 if KEYS <= 32 else 8, **EXACT)
+            meta.extra, meta.prefix if rope.origin is None else rope.origin, k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), out.stride(0), meta.block_table.stride(0), n,
+            d ** -0.5 if rope.scale is None else rope.scale, H=heads, G=g, GP=gp, MP=mp, D=d, BLOCK=BLOCK, KEYS=KEYS,
+            LANES=LANES, QT=qt, WHOLE=whole, TC=tc, WIDEN=INTERPRETED, WINDOW=rope.origin is not None,
+            num_warps=4 if KEYS <= 32 else 8, **EXACT)
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

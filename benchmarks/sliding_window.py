@@ -1,0 +1,103 @@
+"""What a sliding window saves in attention: one layer's ``rope_attend`` (RoPE, the K/V writes,
+attention through the pool's block tables) through this device's kernels (the native ones on a
+CPU, Triton on a GPU), at Gemma-3-1B's heads (4 query heads, 1 K/V head, head dim 256), bfloat16,
+blocks shuffled: decode steps of ``--rows`` rows at ``--contexts`` positions, and a verify step
+of 64 rows checking a chain of 6 drafts each, with a window of ``--window`` positions (Gemma 3
+1B's 512) and without one (a full-attention layer). The two are timed in alternating rounds
+(ABBA), median of ``--rounds``; a window layer should cost about what a full one costs at a
+context of the window (its reads: min(context, window) positions a row).
+
+Usage: python benchmarks/sliding_window.py [--rows 1,16,64] [--contexts 1024,4096,8192]
+The last line is one JSON object: {"device", "window", "shapes": {"rows x context[ x chain]":
+{"full_us", "window_us", "ratio", "bound"}}} (ratio: full / window; bound: context / window, the
+K/V read's ratio).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import torch
+
+from tailrl.kernels import RopeTables, select
+from tailrl.kernels.layout import BLOCK, AttentionMeta
+from tailrl.model.rope import rope_table
+
+H, KV, D = 4, 1, 256
+
+
+def step(rows: int, context: int, chain: int, device: str, seed: int = 0):
+    """``rows`` rows of ``context`` committed positions (shuffled blocks), each with ``chain``
+    new queries at the next positions: (qkv, positions, keys, values, meta)."""
+    rng = random.Random(seed)
+    per_row = (context + chain) // BLOCK + 1
+    n_blocks = rows * per_row + 1
+    order = list(range(n_blocks))
+    rng.shuffle(order)
+    table = torch.tensor(order[:rows * per_row], dtype=torch.int32).view(rows, per_row)
+    q_row, prefix, slots, positions = [], [], [], []
+    for r in range(rows):
+        for p in range(context, context + chain):            # sees [0, p] (itself written this step)
+            q_row.append(r)
+            prefix.append(p + 1)
+            slots.append(int(table[r, p // BLOCK]) * BLOCK + p % BLOCK)
+            positions.append(p)
+    n = len(q_row)
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = AttentionMeta(torch.tensor(slots, device=device), torch.tensor(q_row, **i32), torch.tensor(prefix, **i32),
+                         torch.zeros(n, **i32), torch.zeros(n, **i32), torch.zeros(1, **i32), table.to(device),
+                         context + chain, rows * (context + chain), n * (context + chain), multi=chain > 1)
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(n_blocks, KV, BLOCK * D, generator=g).to(device, torch.bfloat16)
+    v = torch.randn(n_blocks, KV, BLOCK, D, generator=g).to(device, torch.bfloat16)
+    qkv = torch.randn(n, (H + 2 * KV) * D, generator=g).to(device, torch.bfloat16)
+    return qkv, torch.tensor(positions, device=device), k, v, meta
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default="1,16,64")
+    ap.add_argument("--contexts", default="1024,4096,8192")
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--calls", type=int, default=20, help="calls timed together per round")
+    ap.add_argument("--rounds", type=int, default=6)
+    a = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    kernels = select(torch.device(device), torch.bfloat16)
+    contexts = [int(c) for c in a.contexts.split(",")]
+    cos, sin = rope_table(D, max(contexts) + 8, 1e4, torch.float32)
+    tables = RopeTables(cos.to(device, torch.bfloat16), sin.to(device, torch.bfloat16), cos.to(device), sin.to(device))
+    shapes = [(r, c, 1) for r in map(int, a.rows.split(",")) for c in contexts] + [(64, c, 7) for c in contexts]
+    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "kernels": kernels.name,
+           "window": a.window, "shapes": {}}
+    for rows, context, chain in shapes:
+        qkv, pos, k, v, meta = step(rows, context, chain, device)
+        ropes = {"full": kernels.rope(tables, pos), "window": kernels.rope(tables, pos, a.window)}
+
+        def timed(kind: str) -> float:
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(a.calls):
+                kernels.rope_attend(qkv, ropes[kind], k, v, meta, H)
+            sync()
+            return (time.perf_counter() - t0) / a.calls * 1e6
+        times = {"full": [], "window": []}
+        for kind in ("full", "window"):
+            timed(kind)                                         # warm-up (and Triton's compiles)
+        for i in range(a.rounds):
+            for kind in (("full", "window") if i % 2 == 0 else ("window", "full")):
+                times[kind].append(timed(kind))
+        full, window = statistics.median(times["full"]), statistics.median(times["window"])
+        name = f"{rows}x{context}" + (f"x{chain}" if chain > 1 else "")
+        out["shapes"][name] = {"full_us": round(full, 1), "window_us": round(window, 1),
+                               "ratio": round(full / window, 2), "bound": round((context + chain) / a.window, 2)}
+        print(name, out["shapes"][name], flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

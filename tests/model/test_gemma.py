@@ -1,0 +1,101 @@
+"""Gemma 3: the published configs read as Hugging Face reads them, the image-text model's language
+model loaded from either naming of its checkpoint (equal to Hugging Face's logits), and a
+trainer's weights (norms stored as 1 + weight) updating it in place."""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from tailrl import LLM, SamplingParams
+from tailrl.model.args import parse_config
+from tailrl.model.transformer import Transformer
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "engine"))
+from test_hf_parity import our_logits  # noqa: E402
+
+# google/gemma-3-1b-it's and google/gemma-3-4b-it's config.json (the fields that matter)
+GEMMA3_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "attn_logit_softcapping": None, "eos_token_id": [1, 106],
+    "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 1152, "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "vocab_size": 262144}
+GEMMA3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "eos_token_id": [1, 106], "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}}
+
+
+def test_the_published_configs_read_as_transformers_reads_them():
+    a = parse_config(GEMMA3_1B)
+    hf = transformers.Gemma3TextConfig(**{k: v for k, v in GEMMA3_1B.items() if k != "architectures"})
+    assert a.layer_windows == tuple(512 if t == "sliding_attention" else 0 for t in hf.layer_types)
+    assert a.layer_windows[5] == 0 and a.layer_windows.count(0) == 4          # every sixth layer full
+    assert (a.rope_theta, a.local_rope_theta, a.rope_linear) == (1e6, 1e4, 1.0)
+    assert (a.num_heads, a.num_kv_heads, a.head_dim, a.vocab_size) == (4, 1, 256, 262144)
+    assert a.tie_word_embeddings and a.norm_plus_one and a.sandwich_norms and a.scale_embeddings
+    assert a.attn_scale == 256 ** -0.5 and a.hidden_act == "gelu_pytorch_tanh" and a.eos_token_ids == (1, 106)
+    b = parse_config(GEMMA3_4B)                          # the text model's fields from text_config, defaults filled
+    assert (b.num_layers, b.hidden_size, b.num_heads, b.num_kv_heads, b.vocab_size) == (34, 2560, 8, 4, 262208)
+    assert (b.rope_linear, b.rope_theta, b.local_rope_theta) == (8.0, 1e6, 1e4) and b.layer_windows[0] == 1024
+    assert b.eos_token_ids == (1, 106)
+    assert a.num_parameters == sum(p.numel() for p in Transformer(a, 1, torch.bfloat16, "meta").parameters())
+
+
+def _image_text_checkpoint(path: str) -> transformers.PreTrainedModel:
+    text = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+                layer_types=["sliding_attention", "full_attention"], initializer_range=0.2,
+                rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                    image_token_index=96, boi_token_index=94, eoi_token_index=95)
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return model
+
+
+def test_the_image_text_models_language_model_equals_hugging_faces_under_either_naming(tmp_path):
+    hf = _image_text_checkpoint(str(tmp_path))
+    tokens = list(range(3, 50))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([tokens])).logits[0]
+    assert (our_logits(str(tmp_path), tokens) - ref).abs().max().item() < 1e-4
+    # saved as published (the language model under language_model.model., the vision tower and
+    # projector at the top, not loaded); a trainer's module names them under model.
+    assert any(k.startswith("language_model.model.layers.") for k in load_file(str(tmp_path / "model.safetensors")))
+    state = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    assert any(k.startswith("model.language_model.layers.") for k in state)
+    assert any(k.startswith("model.vision_tower.") for k in state)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    assert (our_logits(str(tmp_path), tokens) - ref).abs().max().item() < 1e-4
+
+
+def test_a_trainers_weights_update_the_engine_as_a_checkpoint_of_them_would(ckpt_dir, tmp_path):
+    """Gemma's norms are loaded as 1 + weight, from a checkpoint and from a trainer alike."""
+    path = ckpt_dir("gemma3")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.mul_(1.1)
+    hf.save_pretrained(str(tmp_path))
+    with open(os.path.join(path, "config.json")) as f:
+        assert json.load(f)["architectures"] == ["Gemma3ForCausalLM"]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm = LLM(path, dtype="float32")
+    llm.load_weights(hf.named_parameters())
+    want = LLM(str(tmp_path), dtype="float32").generate([[3, 5, 7]], sp)[0].outputs[0].token_ids
+    assert llm.generate([[3, 5, 7]], sp)[0].outputs[0].token_ids == want
