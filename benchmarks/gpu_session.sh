@@ -93,7 +93,8 @@ engine() {
     # ahead and the spot trainer's side stream (stop 54), the measured tail's (stop 46) in test_ahead.py, rows drafting inside steps
     # launched ahead (stop 47), the trainer's bits with tensor-core attention, processed logits
     # and cached prefixes through graphs and steps ahead (stop 57); test_triton.py last (all 28
-    # passed at stop 45; every attention test with tensor cores at stop 46)
+    # passed at stop 45; every attention test with tensor cores at stop 46; sliding windows and
+    # Gemma 3 since stop 63)
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py tests/drafter/test_side_stream.py \
@@ -108,6 +109,9 @@ engine() {
     else
         echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"
     fi
+    # a sliding window's attention against full attention (stop 63; Triton's compiles, then seconds)
+    [ "$DEVICE" = cuda ] && step window ${WINDOW_LIMIT:-40} $PY benchmarks/sliding_window.py --rows 1,64 \
+        --contexts 1024,8192 --rounds 4
 }
 
 drafter() {

@@ -25,6 +25,17 @@ ARCH_CONFIGS = {
         head_dim=16, sliding_window=8, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}})),
+    # YaRN's RoPE (Qwen2.5's long-context setting): 4x an original context of 32 positions
+    "qwen2_yarn": ("Qwen2Config", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                        "original_max_position_embeddings": 32})),
+    # OLMo 2 (no norm before attention or the MLP, norms after them, q/k norms over all heads) and
+    # OLMo 3 (also a sliding window of 8 positions, its full layer's RoPE YaRN's)
+    "olmo2": ("Olmo2Config", dict(attention_bias=False)),
+    "olmo3": ("Olmo3Config", dict(
+        attention_bias=False, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                            "original_max_position_embeddings": 32},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
 }
 
 

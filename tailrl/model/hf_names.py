@@ -84,12 +84,15 @@ def slots(model) -> dict[str, Slot]:
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         att = p + "self_attn."
-        _own(table, p + "input_layernorm.weight", layer.input_norm, plus_one=norm)
+        if layer.input_norm is not None:
+            _own(table, p + "input_layernorm.weight", layer.input_norm, plus_one=norm)
         if layer.attn_out_norm is None:     # Llama's: the MLP's input norm
             _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
-        else:                               # Gemma's: the attention output's; then the MLP's, before and after it
+        else:                               # Gemma's, OLMo's: the attention output's; the MLP's input's
+            # (Gemma) and its output's
             _own(table, p + "post_attention_layernorm.weight", layer.attn_out_norm, plus_one=norm)
-            _own(table, p + "pre_feedforward_layernorm.weight", layer.post_norm, plus_one=norm)
+            if layer.post_norm is not None:
+                _own(table, p + "pre_feedforward_layernorm.weight", layer.post_norm, plus_one=norm)
             _own(table, p + "post_feedforward_layernorm.weight", layer.mlp_out_norm, plus_one=norm)
         if fused:                           # Phi-3: the checkpoint's tensors are fused as ours
             _own(table, att + "qkv_proj.weight", layer.qkv.weight)
@@ -103,6 +106,9 @@ def slots(model) -> dict[str, Slot]:
         if layer.qk_norm is not None:      # one [D] weight per projection, every head's
             _own(table, att + "q_norm.weight", layer.qk_norm[:a.num_heads], (a.head_dim,), norm)
             _own(table, att + "k_norm.weight", layer.qk_norm[a.num_heads:], (a.head_dim,), norm)
+        if layer.q_norm is not None:       # OLMo: over all heads, [H * D] and [KV * D]
+            _own(table, att + "q_norm.weight", layer.q_norm)
+            _own(table, att + "k_norm.weight", layer.k_norm)
         if layer.moe is not None:
             _experts(table, layer.moe, a.architecture == "MixtralForCausalLM", p)
             continue

@@ -33,6 +33,9 @@ class Shard:
 
 def check_split(args: ModelArgs, size: int) -> None:
     """A ValueError naming ``tensor_parallel_size`` where the model does not split over ``size``."""
+    if args.qk_norm_whole and size > 1:
+        raise ValueError(f"tensor_parallel_size: {args.architecture}'s q/k norms are over all heads at once, "
+                         f"which ranks holding some heads each can not compute; use 1")
     widths = [("attention heads", args.num_heads), ("K/V heads", args.num_kv_heads)]
     if len(args.sparse_layers) < args.num_layers:
         widths.append(("MLP intermediate units", args.intermediate_size))

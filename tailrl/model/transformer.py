@@ -1,5 +1,5 @@
-"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 3, and mixtures
-of experts: moe.py) over flattened tokens and a row KV cache.
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 3 / OLMo 2-3, and
+mixtures of experts: moe.py) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
@@ -23,13 +23,17 @@ class DecoderLayer(nn.Module):
         self.a = a
         self.kind = kind                    # which of the forward's Rope objects its attention reads
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        self.input_norm = nn.Parameter(torch.ones(a.hidden_size))
+        # the norms before attention and the MLP (OLMo: none)
+        self.input_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.pre_norms else None
+        self.post_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.pre_norms else None
         self.qkv = nn.Linear(a.hidden_size, q + 2 * kv, bias=a.qkv_bias)
         self.o = nn.Linear(q, a.hidden_size, bias=a.o_bias)
-        # q/k norm weights stacked per head: [H + KV, D] (Qwen3); None elsewhere.
+        # q/k norm weights stacked per head: [H + KV, D] (Qwen3, Gemma); None elsewhere
         self.qk_norm = nn.Parameter(torch.ones(a.num_heads + a.num_kv_heads, a.head_dim)) if a.qk_norm else None
-        self.post_norm = nn.Parameter(torch.ones(a.hidden_size))
-        # Gemma: the attention's output and the MLP's normed before they join the residual stream
+        # OLMo: q's and k's norms over all heads at once, [H * D] and [KV * D]
+        self.q_norm = nn.Parameter(torch.ones(q)) if a.qk_norm_whole else None
+        self.k_norm = nn.Parameter(torch.ones(kv)) if a.qk_norm_whole else None
+        # Gemma, OLMo: the attention's output and the MLP's normed before they join the residual stream
         self.attn_out_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.sandwich_norms else None
         self.mlp_out_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.sandwich_norms else None
         self.moe = SparseMoe(a) if sparse else None          # a mixture of experts' layer, else the dense MLP
@@ -45,27 +49,12 @@ class DecoderLayer(nn.Module):
         (None before the first layer; added here, fused with the norm that reads the sum).
         Returns this layer's (stream, MLP output)."""
         a = self.a
-        n = x.shape[0]
-        if y is None:
-            h = kernels.rms_norm(x, self.input_norm, a.rms_norm_eps)
-        else:
-            x, h = kernels.add_rms_norm(x, y, self.input_norm, a.rms_norm_eps)
-        if self.qk_norm is None:            # the projection [N, (H+2KV)*D], RoPE, K/V writes, attention
-            att = kernels.linear_rope_attend(h, self.qkv.weight, self.qkv.bias, rope, k_cache, v_cache, meta,
-                                             a.num_heads)
-        else:                               # Qwen3: each Q and K head normed between projection and RoPE
-            qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)
-            nqk = a.num_heads + a.num_kv_heads
-            qk = qkv[:, :nqk * a.head_dim].reshape(n * nqk, a.head_dim)
-            qk = (kernels.rms_norm(qk, torch.ones_like(self.qk_norm[0]), a.rms_norm_eps).view(n, nqk, a.head_dim)
-                  * self.qk_norm)
-            qkv = torch.cat([qk.view(n, -1), qkv[:, nqk * a.head_dim:]], dim=1)
-            att = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
-        out = kernels.linear(att, self.o.weight, self.o.bias)
+        x, h = self._joined(kernels, x, y, self.input_norm)
+        out = kernels.linear(self._attend(h, kernels, rope, k_cache, v_cache, meta), self.o.weight, self.o.bias)
         out = out if self.reduce is None else self.reduce(out)
         if self.attn_out_norm is not None:
             out = kernels.rms_norm(out, self.attn_out_norm, a.rms_norm_eps)
-        x, h = kernels.add_rms_norm(x, out, self.post_norm, a.rms_norm_eps)
+        x, h = self._joined(kernels, x, out, self.post_norm)
         if self.moe is not None:
             y = self.moe(h, kernels)
         elif a.hidden_act == "silu":
@@ -76,6 +65,38 @@ class DecoderLayer(nn.Module):
             y = kernels.linear(kernels.gelu_tanh_mul(gate_up), self.down.weight, self.down.bias)
         y = y if self.reduce is None else self.reduce(y)
         return x, y if self.mlp_out_norm is None else kernels.rms_norm(y, self.mlp_out_norm, a.rms_norm_eps)
+
+    def _joined(self, kernels: Backend, x: torch.Tensor, y: torch.Tensor | None,
+                norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stream ``x + y`` (``y`` None: ``x``) and what the next block reads: its RMS norm
+        times ``norm``, or (no norm: OLMo) the stream itself."""
+        if norm is None:
+            x = x if y is None else x + y
+            return x, x
+        if y is None:
+            return x, kernels.rms_norm(x, norm, self.a.rms_norm_eps)
+        return kernels.add_rms_norm(x, y, norm, self.a.rms_norm_eps)
+
+    def _attend(self, h: torch.Tensor, kernels: Backend, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMeta) -> torch.Tensor:
+        """The projection [N, (H+2KV)*D], q/k norms where the model has them, RoPE, the K/V
+        writes, attention: [N, H*D]."""
+        a, n = self.a, h.shape[0]
+        if self.qk_norm is None and self.q_norm is None:
+            return kernels.linear_rope_attend(h, self.qkv.weight, self.qkv.bias, rope, k_cache, v_cache, meta,
+                                              a.num_heads)
+        qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        if self.qk_norm is not None:        # Qwen3, Gemma: each Q and K head normed between projection and RoPE
+            nqk = a.num_heads + a.num_kv_heads
+            qk = qkv[:, :q + kv].reshape(n * nqk, a.head_dim)
+            qk = (kernels.rms_norm(qk, torch.ones_like(self.qk_norm[0]), a.rms_norm_eps).view(n, nqk, a.head_dim)
+                  * self.qk_norm).view(n, -1)
+        else:                               # OLMo: Q over all its heads, then K
+            qk = torch.cat([kernels.rms_norm(qkv[:, :q], self.q_norm, a.rms_norm_eps),
+                            kernels.rms_norm(qkv[:, q:q + kv], self.k_norm, a.rms_norm_eps)], dim=1)
+        qkv = torch.cat([qk, qkv[:, q + kv:]], dim=1)
+        return kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
 
 
 class Transformer(nn.Module):
@@ -105,9 +126,10 @@ class Transformer(nn.Module):
         acc = torch.float64 if dtype == torch.float64 else torch.float32   # the native kernels' accumulation type
         for prefix, theta, linear in (("", a.rope_theta, a.rope_linear), ("local_", a.local_rope_theta, 1.0)):
             if theta:                                                       # [max_len, D] each
-                llama3 = a.rope_llama3 if not prefix else None
+                llama3, yarn = (a.rope_llama3, a.rope_yarn) if not prefix else (None, None)
                 for suffix, dt in (("", dtype), ("_acc", acc)):
-                    cos, sin = rope_table(a.head_dim, max_len, theta, dt, device, llama3=llama3, linear=linear)
+                    cos, sin = rope_table(a.head_dim, max_len, theta, dt, device, llama3=llama3, linear=linear,
+                                          yarn=yarn)
                     self.register_buffer(f"{prefix}cos{suffix}", cos, persistent=False)
                     self.register_buffer(f"{prefix}sin{suffix}", sin, persistent=False)
         # Gemma: embeddings times sqrt(hidden_size), that factor rounded to the model's dtype first

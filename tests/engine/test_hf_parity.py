@@ -22,6 +22,9 @@ VARIANTS = {
     "mistral_window": ("mistral_window", {}),
     "gemma3": ("gemma3", {}),
     "gemma3_tied": ("gemma3", dict(tie=True)),
+    "qwen2_yarn": ("qwen2_yarn", {}),
+    "olmo2": ("olmo2", {}),
+    "olmo3": ("olmo3", {}),
 }
 
 

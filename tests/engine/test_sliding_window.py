@@ -1,4 +1,4 @@
-"""Sliding-window attention (Mistral's, Phi-3's, Gemma 3's): a context longer than the window, equal
+"""Sliding-window attention (Mistral's, Phi-3's, Gemma 3's, OLMo 3's): a context longer than the window, equal
 to Hugging Face's, and speculation lossless in bfloat16 with windows shorter than the responses."""
 import pytest
 import torch
@@ -21,9 +21,9 @@ def test_the_context_runs_past_the_window_as_hugging_faces_does(ckpt_dir):
     assert out.token_ids == ref
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "mistral_window"])
+@pytest.mark.parametrize("arch", ["gemma3", "mistral_window", "olmo3"])
 def test_speculation_with_chains_and_trees_is_lossless_past_the_window(ckpt_dir, arch):
-    """bfloat16, T=1, responses of 48 tokens past windows of 8 (Gemma's sliding layers) and 32:
+    """bfloat16, T=1, responses of 48 tokens past windows of 8 (Gemma's, OLMo 3's sliding layers) and 32:
     tokens and log-probabilities identical with and without drafts (chains, then trees of 3
     paths), the second call drafting from the first's history."""
     path = ckpt_dir(arch, init_std=3.0, dtype=torch.bfloat16)

@@ -112,8 +112,8 @@ def test_attention_lanes_merged_in_one_program_or_by_a_second_kernel_give_the_sa
     from tailrl.kernels.gpu import backend
     monkeypatch.setattr(backend, "LANES", lanes)
     monkeypatch.setattr(backend, "KEYS", keys)
-    rows = random_rows(random.Random(5), 5, cap=600)
-    args = step(rows, n_blocks=5 * 40 + 3, seed=6)
+    rows = random_rows(random.Random(5), 3, cap=600)
+    args = step(rows, n_blocks=3 * 40 + 3, seed=6)
     want, _, _ = run(REFERENCE, torch.float32, *args)
     for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 3e-2)):     # float32: no rounding hides a bit
         monkeypatch.setattr(backend, "WHOLE_PROGRAMS", 0)
@@ -133,8 +133,8 @@ def test_a_rows_queries_walk_its_kv_together_with_the_bits_each_has_alone(monkey
     most 32 query rows: here up to 4 queries of 2 heads, padded to 16; and as float32 FMA dots).
     Rows: chains, trees, and a prefill run of 21 positions across group boundaries."""
     from tailrl.kernels.gpu import backend
-    rows = random_rows(random.Random(8), 6, cap=300) + [[(p, []) for p in range(50, 71)]]
-    qkv, positions, k, v, meta = step(rows, n_blocks=7 * 30 + 3, seed=9)
+    rows = random_rows(random.Random(8), 4, cap=120) + [[(p, []) for p in range(50, 71)]]
+    qkv, positions, k, v, meta = step(rows, n_blocks=5 * 6 + 3, seed=9)
     grouped = dataclasses.replace(meta, multi=True)
     want, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta)
     for dtype, dots, cases in ((torch.float32, "tensor", [(4, 0), (4, 1 << 30), (8, 1 << 30)]),
@@ -176,8 +176,8 @@ def test_the_projection_bias_added_in_ropes_pass_gives_the_separate_adds_bits(dt
     attention, K and V equal, bit for bit, those of the product plus the bias added as PyTorch
     adds it; ``linear_rope_attend`` takes that path for a stock weight only."""
     from tailrl.kernels.gpu import stock
-    rows = random_rows(random.Random(11), 4)
-    qkv, positions, k, v, meta = step(rows, n_blocks=4 * 8 + 3, seed=12)
+    rows = random_rows(random.Random(11), 4, cap=40)
+    qkv, positions, k, v, meta = step(rows, n_blocks=4 * 3 + 3, seed=12)
     dev = dict(device=DEVICE)
     meta = AttentionMeta(*(f.to(**dev) if isinstance(f, torch.Tensor) else f
                            for f in (getattr(meta, name) for name in meta.__dataclass_fields__)))
@@ -288,12 +288,14 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(triton_model, monkeypa
 @pytest.mark.parametrize("arch,kw", [("qwen3", {}), ("llama", {}),
                                      ("qwen2", dict(tie=True, num_heads=8, num_kv_heads=2)),
                                      ("qwen3_moe", {}), ("mixtral", {}), ("gemma3", dict(num_heads=2, num_kv_heads=1)),
+                                     ("olmo3", dict(num_heads=2, num_kv_heads=1)),
                                      pytest.param("qwen2_moe", {}, marks=SLOW_HERE)])
 def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arch, kw):
     """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases),
     a tied Qwen2 with 4 queries per K/V head, mixtures of experts (their products grouped by
     expert on the device: kernels/gpu/experts.py) and Gemma 3 (a sliding window of 8 positions
-    with its own RoPE base; GeGLU, sandwich norms, scaled scores): float32 sampled
+    with its own RoPE base; GeGLU, sandwich norms, scaled scores) and OLMo 3 (a window, no norm
+    before attention, q/k norms over all heads): float32 sampled
     tokens through the Triton kernels equal the native CPU kernels', as the Qwen2 checkpoint's above."""
     from tailrl import LLM, SamplingParams
     path = ckpt_dir(arch, init_std=1.0, **kw, **INTERPRETED_LAYERS)

@@ -1,0 +1,157 @@
+"""What each family of architectures adds to ``ModelArgs``, read from its Hugging Face config (no
+transformers import): RoPE's variants, the mixtures of experts' fields, Gemma 3's and OLMo's
+layers. Each reader returns ModelArgs fields as a dict (args.py builds the ModelArgs) and raises
+ValueError naming what it does not support; a missing field is a KeyError args.py names."""
+from __future__ import annotations
+
+import math
+
+MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+OLMO = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+
+
+def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
+    """A mixture of experts' ModelArgs fields from its config (nothing for a dense model)."""
+    if arch not in MOE:
+        return {}
+    mixtral = arch == "MixtralForCausalLM"
+    # the experts' count: "num_experts" in Qwen's published configs, "num_local_experts" in
+    # Mixtral's and in what transformers 5 saves for either
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if experts is None:
+        raise KeyError("num_local_experts" if mixtral else "num_experts")
+    experts = int(experts)
+    if mixtral:
+        width, normalise, sparse = int(cfg["intermediate_size"]), True, tuple(range(layers))
+    else:
+        width = int(cfg["moe_intermediate_size"])
+        normalise = bool(cfg.get("norm_topk_prob", False))
+        step, dense = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or ())
+        if step < 1:
+            raise ValueError(f"model: decoder_sparse_step must be >= 1 in {source}, got {step}")
+        sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
+    k = int(cfg["num_experts_per_tok"])
+    if sparse and not 1 <= k <= experts:
+        raise ValueError(f"model: num_experts_per_tok must be in [1, {experts}] (the experts) in {source}, got {k}")
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
+    return dict(num_experts=experts if sparse else 0, experts_per_token=k if sparse else 0,
+                moe_intermediate_size=width if sparse else 0, norm_topk_prob=normalise, sparse_layers=sparse,
+                shared_expert_size=shared if sparse else 0, router_float32=mixtral)
+
+
+def _yarn(rope: dict, max_pos: int) -> tuple[float, int, float, float, float, bool]:
+    """YaRN's parameters as transformers reads them: (factor, original context, beta_fast,
+    beta_slow, the cos/sin factor, truncate); the factor defaults to the context's growth, the
+    cos/sin factor to 0.1 ln(factor) + 1 (DeepSeek's mscale / mscale_all_dim ratio where given)."""
+    original = int(rope["original_max_position_embeddings"])
+    factor = float(rope["factor"]) if rope.get("factor") is not None else max_pos / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+    attention = rope.get("attention_factor")
+    if attention is None:
+        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return (factor, original, float(rope.get("beta_fast") or 32), float(rope.get("beta_slow") or 1),
+            float(attention), bool(rope.get("truncate", True)))
+
+
+def rope_fields(cfg: dict, source: str, rope: dict | None = None) -> dict:
+    """RoPE's ModelArgs fields of a config (``rope``: its RoPE parameters where they are not the
+    config's own): rope_theta, and Llama 3.1's, linear or YaRN scaling; other rope types and RoPE
+    on part of a head are refused naming them."""
+    if rope is None:
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None, "llama3", "linear", "yarn"):
+        raise ValueError(f"model: rope type {rope_type!r} in {source} is not supported (only 'default', "
+                         f"'linear', 'llama3' and 'yarn')")
+    llama3 = None
+    if rope_type == "llama3":
+        llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
+                  int(rope["original_max_position_embeddings"]))
+    yarn = _yarn(rope, int(cfg.get("max_position_embeddings", 2048))) if rope_type == "yarn" else None
+    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if partial is not None and float(partial) != 1.0:
+        raise ValueError(f"model: partial_rotary_factor {partial} in {source} is not supported (RoPE on every "
+                         f"dimension of a head only)")
+    return dict(rope_theta=float(theta), rope_llama3=llama3, rope_yarn=yarn,
+                rope_linear=float(rope["factor"]) if rope_type == "linear" else 1.0)
+
+
+def _layer_types(cfg: dict, source: str, layers: int, pattern: int) -> list[str]:
+    """Each layer's kind (sliding_attention or full_attention): the config's, or every
+    pattern-th layer full."""
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                       for i in range(layers)]
+    if len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ValueError(f"model: layer_types in {source} must name sliding_attention or full_attention for each "
+                         f"of its {layers} layers")
+    return types
+
+
+def _windowed(cfg: dict, source: str, layers: int, pattern: int, full: dict, local: dict) -> dict:
+    """The fields of a model whose layers alternate sliding windows (RoPE ``local``, unscaled) and
+    full attention (RoPE ``full``)."""
+    fields = rope_fields(cfg, source, full)
+    local = rope_fields(cfg, source, local)
+    if local["rope_llama3"] or local["rope_yarn"] or local["rope_linear"] != 1.0:
+        raise ValueError(f"model: a scaled RoPE of the sliding-window layers in {source} is not supported")
+    window = int(cfg["sliding_window"])
+    types = _layer_types(cfg, source, layers, pattern)
+    return dict(fields, local_rope_theta=local["rope_theta"],
+                layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types))
+
+
+def _per_kind(cfg: dict, default_theta: float, local_theta_key: str | None) -> tuple[dict, dict]:
+    """(full layers', sliding layers') RoPE parameters: transformers 5's per kind of layer, or the
+    published configs' top-level ones (the sliding layers' base under ``local_theta_key``, or
+    the default, as transformers reads them)."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params:
+        return params["full_attention"] or {}, params.get("sliding_attention") or {"rope_theta": default_theta}
+    full = {**(cfg.get("rope_scaling") or params), "rope_theta": cfg.get("rope_theta", default_theta)}
+    return full, {"rope_theta": cfg.get(local_theta_key, 1e4) if local_theta_key else default_theta}
+
+
+# Gemma 3's text config defaults (transformers' Gemma3TextConfig): the published image-text
+# checkpoints' text_config leaves most of them out
+GEMMA3_DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                       hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131_072, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, query_pre_attn_scalar=256, sliding_window=4096, eos_token_id=1)
+
+
+def gemma3_config(cfg: dict, arch: str) -> dict:
+    """A Gemma 3 config's text model fields, its defaults filled in (the image-text model's from
+    its ``text_config``, its own EOS ids first)."""
+    text = (cfg.get("text_config") or {}) if arch == "Gemma3ForConditionalGeneration" else cfg
+    out = {**GEMMA3_DEFAULTS, **text}
+    if text is not cfg and cfg.get("eos_token_id") is not None:
+        out["eos_token_id"] = cfg["eos_token_id"]
+    return out
+
+
+def gemma3_fields(cfg: dict, source: str, layers: int) -> dict:
+    """Gemma 3's ModelArgs fields: every pattern-th layer full attention, the others a sliding
+    window with a RoPE of their own base; its norms, embeddings, activation and scores' scale."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"):
+        if cfg.get(key):
+            raise ValueError(f"model: {key} {cfg[key]!r} in {source} is not supported")
+    full, local = _per_kind(cfg, 1e6, "rope_local_base_freq")
+    return dict(_windowed(cfg, source, layers, int(cfg.get("sliding_window_pattern", 6)), full, local),
+                norm_plus_one=True, sandwich_norms=True, scale_embeddings=True,
+                attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5)
+
+
+def olmo_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
+    """OLMo 2's and OLMo 3's ModelArgs fields: no norm before attention or the MLP, their outputs
+    normed before the residual add, q and k normed over all heads at once; OLMo 3's sliding
+    windows on three layers of four (their RoPE unscaled, at the default base unless given)."""
+    fields = dict(pre_norms=False, sandwich_norms=True, qk_norm_whole=True)
+    if arch == "Olmo3ForCausalLM":
+        full, local = _per_kind(cfg, 500_000.0, None)
+        fields.update(_windowed(cfg, source, layers, 4, full, local))
+    return fields
