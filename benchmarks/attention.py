@@ -27,16 +27,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import time
 
 import torch
+from attention_steps import chain_step
 
 from tailrl.engine.graph_pool import cuda_capture
 from tailrl.kernels import RopeTables
 from tailrl.kernels.gpu import backend
 from tailrl.kernels.gpu.backend import TRITON
-from tailrl.kernels.layout import BLOCK, AttentionMeta
 from tailrl.model.rope import rope_table
 
 H, KV, D = 14, 2, 64
@@ -45,33 +44,10 @@ H, KV, D = 14, 2, 64
 def step(rows: int, context: int, chain: int, device: str, seed: int = 0):
     """``rows`` rows of ``context`` committed positions each (shuffled blocks), each with
     ``chain`` new queries at the next positions: what rope_attend takes."""
-    rng = random.Random(seed)
-    per_row = (context + chain) // BLOCK + 1
-    n_blocks = rows * per_row + 1
-    order = list(range(n_blocks))
-    rng.shuffle(order)
-    table = torch.tensor(order[:rows * per_row], dtype=torch.int32).view(rows, per_row)
-    q_row, prefix, slots, positions = [], [], [], []
-    for r in range(rows):
-        for i in range(chain):
-            p = context + i                                   # sees [0, p] (itself written this step)
-            q_row.append(r)
-            prefix.append(p + 1)
-            slots.append(int(table[r, p // BLOCK]) * BLOCK + p % BLOCK)
-            positions.append(p)
-    n = len(q_row)
-    i32 = dict(dtype=torch.int32, device=device)
-    meta = AttentionMeta(torch.tensor(slots, device=device), torch.tensor(q_row, **i32), torch.tensor(prefix, **i32),
-                         torch.zeros(n, **i32), torch.zeros(n, **i32), torch.zeros(1, **i32), table.to(device),
-                         context + chain, rows * (context + chain), n * (context + chain))
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(n_blocks, KV, BLOCK * D, generator=g).to(device, torch.bfloat16)
-    v = torch.randn(n_blocks, KV, BLOCK, D, generator=g).to(device, torch.bfloat16)
-    qkv = torch.randn(n, (H + 2 * KV) * D, generator=g).to(device, torch.bfloat16)
+    qkv, positions, k, v, meta = chain_step(rows, context, chain, device, H, KV, D, seed)
     cos, sin = rope_table(D, context + chain + 1, 1e6, torch.float32)
     tables = RopeTables(cos.to(device, torch.bfloat16), sin.to(device, torch.bfloat16), cos.to(device), sin.to(device))
-    rope = TRITON.rope(tables, torch.tensor(positions, device=device))
-    return qkv, rope, k, v, meta
+    return qkv, TRITON.rope(tables, positions), k, v, meta
 
 
 def timed(fn, calls: int, reps: int, cuda: bool) -> float:

@@ -16,45 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import time
 
 import torch
+from attention_steps import chain_step
 
 from tailrl.kernels import RopeTables, select
-from tailrl.kernels.layout import BLOCK, AttentionMeta
 from tailrl.model.rope import rope_table
 
 H, KV, D = 4, 1, 256
-
-
-def step(rows: int, context: int, chain: int, device: str, seed: int = 0):
-    """``rows`` rows of ``context`` committed positions (shuffled blocks), each with ``chain``
-    new queries at the next positions: (qkv, positions, keys, values, meta)."""
-    rng = random.Random(seed)
-    per_row = (context + chain) // BLOCK + 1
-    n_blocks = rows * per_row + 1
-    order = list(range(n_blocks))
-    rng.shuffle(order)
-    table = torch.tensor(order[:rows * per_row], dtype=torch.int32).view(rows, per_row)
-    q_row, prefix, slots, positions = [], [], [], []
-    for r in range(rows):
-        for p in range(context, context + chain):            # sees [0, p] (itself written this step)
-            q_row.append(r)
-            prefix.append(p + 1)
-            slots.append(int(table[r, p // BLOCK]) * BLOCK + p % BLOCK)
-            positions.append(p)
-    n = len(q_row)
-    i32 = dict(dtype=torch.int32, device=device)
-    meta = AttentionMeta(torch.tensor(slots, device=device), torch.tensor(q_row, **i32), torch.tensor(prefix, **i32),
-                         torch.zeros(n, **i32), torch.zeros(n, **i32), torch.zeros(1, **i32), table.to(device),
-                         context + chain, rows * (context + chain), n * (context + chain), multi=chain > 1)
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(n_blocks, KV, BLOCK * D, generator=g).to(device, torch.bfloat16)
-    v = torch.randn(n_blocks, KV, BLOCK, D, generator=g).to(device, torch.bfloat16)
-    qkv = torch.randn(n, (H + 2 * KV) * D, generator=g).to(device, torch.bfloat16)
-    return qkv, torch.tensor(positions, device=device), k, v, meta
 
 
 def main() -> None:
@@ -75,7 +46,7 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "kernels": kernels.name,
            "window": a.window, "shapes": {}}
     for rows, context, chain in shapes:
-        qkv, pos, k, v, meta = step(rows, context, chain, device)
+        qkv, pos, k, v, meta = chain_step(rows, context, chain, device, H, KV, D, multi=chain > 1)
         ropes = {"full": kernels.rope(tables, pos), "window": kernels.rope(tables, pos, a.window)}
 
         def timed(kind: str) -> float:

@@ -1,0 +1,39 @@
+"""The attention steps the attention benchmarks time (attention.py, sliding_window.py): rows of
+committed K/V in a pool of shuffled blocks, each row with a chain of new queries."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from tailrl.kernels.layout import BLOCK, AttentionMeta
+
+
+def chain_step(rows: int, context: int, chain: int, device: str, heads: int, kv_heads: int, dim: int,
+               seed: int = 0, multi: bool = False):
+    """``rows`` rows of ``context`` committed positions each (shuffled blocks), each with
+    ``chain`` new queries at the next positions, bfloat16: (qkv, positions, keys, values, meta)
+    as ``rope_attend`` takes them (``multi``: the meta's flag that a row has several queries)."""
+    rng = random.Random(seed)
+    per_row = (context + chain) // BLOCK + 1
+    n_blocks = rows * per_row + 1
+    order = list(range(n_blocks))
+    rng.shuffle(order)
+    table = torch.tensor(order[:rows * per_row], dtype=torch.int32).view(rows, per_row)
+    q_row, prefix, slots, positions = [], [], [], []
+    for r in range(rows):
+        for p in range(context, context + chain):            # sees [0, p] (itself written this step)
+            q_row.append(r)
+            prefix.append(p + 1)
+            slots.append(int(table[r, p // BLOCK]) * BLOCK + p % BLOCK)
+            positions.append(p)
+    n = len(q_row)
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = AttentionMeta(torch.tensor(slots, device=device), torch.tensor(q_row, **i32), torch.tensor(prefix, **i32),
+                         torch.zeros(n, **i32), torch.zeros(n, **i32), torch.zeros(1, **i32), table.to(device),
+                         context + chain, rows * (context + chain), n * (context + chain), multi=multi)
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(n_blocks, kv_heads, BLOCK * dim, generator=g).to(device, torch.bfloat16)
+    v = torch.randn(n_blocks, kv_heads, BLOCK, dim, generator=g).to(device, torch.bfloat16)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=g).to(device, torch.bfloat16)
+    return qkv, torch.tensor(positions, device=device), k, v, meta
