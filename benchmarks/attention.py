@@ -17,7 +17,9 @@ Each pair gives other bits, so an engine process uses one (the backend reads the
 the module variables are set per measurement, which only a benchmark may do.
 
 Usage (on a GPU): python benchmarks/attention.py [--dots tensor,ieee] [--keys 16,32,64,128]
-A smoke test of the script on a CPU (Triton's interpreter, tiny shapes, timings meaningless):
+A smoke test of the script on a CPU (Triton's interpreter, tiny shapes, two lanes, ~2 minutes;
+timings meaningless, and groups_equal reflects numpy's dots, which round a row by its place in
+a tile: tests/conftest.py replaces them for the tests):
 TRITON_INTERPRET=1 python benchmarks/attention.py --quick
 The last line is one JSON object: {"device", "shapes": {shape: {"dots/keys[+groups]": us}}, "best":
 {shape: "dots/keys"}, "max_diff": {"dots/keys": float}, "groups_equal"}.
@@ -90,8 +92,9 @@ def main() -> None:
     dots_list = a.dots.split(",")
     shapes = [(r, c, 1) for r in map(int, a.rows.split(",")) for c in map(int, a.contexts.split(","))
               if r * c <= 512 * 1024] + [(64, 512, 7)]
-    if a.quick:
+    if a.quick:                         # two lanes: the interpreter runs every lane's program in Python
         keys, shapes, a.calls, a.reps = keys[:2], [(1, 40, 1), (3, 40, 7)], 1, 1
+        backend.LANES = 2
     out: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreted: timings meaningless)",
                  "shapes": {}, "best": {}, "max_diff": {f"{d}/{k}": 0.0 for d in dots_list for k in keys}}
     for rows, context, chain in shapes:
