@@ -68,6 +68,12 @@ class Backend:
     def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
         """Once per forward and kind of layer: what its layers' ``rope_attend`` read besides
         their projections (the tables at ``positions``, the ``window``'s origins, ``scale``)."""
+        cos, sin = self.rotary(tables, positions)
+        return Rope(positions, cos, sin, origins(positions, window), scale)
+
+    def rotary(self, tables: RopeTables, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (cos, sin) this backend's ``rope_attend`` reads: whole tables, or gathered at
+        ``positions``."""
         raise NotImplementedError
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,

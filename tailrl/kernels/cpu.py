@@ -20,7 +20,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from tailrl.kernels.backend import Backend, Rope, RopeTables, origins
+from tailrl.kernels.backend import Backend, Rope, RopeTables
 from tailrl.kernels.layout import AttentionMeta, check_caches
 
 
@@ -87,9 +87,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 class CpuBackend(Backend):
     name = "cpu"
 
-    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
-        return Rope(positions, tables.cos_acc, tables.sin_acc,             # full tables, accumulation type
-                    origins(positions, window), scale)
+    def rotary(self, tables: RopeTables, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return tables.cos_acc, tables.sin_acc                               # full tables, accumulation type
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMeta, heads: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tailrl.kernels.backend import Backend, Rope, RopeTables, origins
+from tailrl.kernels.backend import Backend, Rope, RopeTables
 from tailrl.kernels.layout import BLOCK, AttentionMeta, gather_rows, key_index, unpack_keys
 
 
@@ -72,9 +72,8 @@ class ReferenceBackend(Backend):
     name = "reference"
     capturable = False
 
-    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
-        return Rope(positions, tables.cos[positions].unsqueeze(1), tables.sin[positions].unsqueeze(1),  # [N, 1, D]
-                    origins(positions, window), scale)
+    def rotary(self, tables: RopeTables, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return tables.cos[positions].unsqueeze(1), tables.sin[positions].unsqueeze(1)   # [N, 1, D]
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMeta, heads: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from tailrl.kernels.backend import Backend, Rope, RopeTables, combine_experts, origins
+from tailrl.kernels.backend import Backend, Rope, RopeTables, combine_experts
 from tailrl.kernels.gpu import experts, matmul, stock
 from tailrl.kernels.gpu.activation import silu_mul_kernel
 from tailrl.kernels.gpu.arrivals import counters
@@ -109,9 +109,8 @@ def attention_tiles(heads: int, kv_heads: int, dtype: torch.dtype, multi: bool) 
 class TritonBackend(Backend):
     name = "triton"
 
-    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
-        return Rope(positions, tables.cos_acc, tables.sin_acc,             # float32 tables, full
-                    origins(positions, window), scale)
+    def rotary(self, tables: RopeTables, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return tables.cos_acc, tables.sin_acc                               # float32 tables, full
 
     def linear_rope_attend(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rope: Rope,
                            k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
