@@ -1,8 +1,11 @@
-"""The attention steps the attention benchmarks time (attention.py, sliding_window.py): rows of
-committed K/V in a pool of shuffled blocks, each row with a chain of new queries."""
+"""The attention steps the attention benchmarks time (attention.py, sliding_window.py,
+soft_cap.py): rows of committed K/V in a pool of shuffled blocks, each row with a chain of new
+queries; and two forms of one step timed in alternating rounds."""
 from __future__ import annotations
 
 import random
+import statistics
+import time
 
 import torch
 
@@ -37,3 +40,26 @@ def chain_step(rows: int, context: int, chain: int, device: str, heads: int, kv_
     v = torch.randn(n_blocks, kv_heads, BLOCK, dim, generator=g).to(device, torch.bfloat16)
     qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=g).to(device, torch.bfloat16)
     return qkv, torch.tensor(positions, device=device), k, v, meta
+
+
+def abba_medians(kernels, qkv, ropes: dict, k, v, meta, heads: int, calls: int, rounds: int) -> dict[str, float]:
+    """Microseconds a ``rope_attend`` call of each of two forms (``ropes``: name -> Rope) takes,
+    ``calls`` calls timed together, in ``rounds`` rounds alternating the two (ABBA) after a
+    warm-up (and Triton's compiles): the median per form."""
+    sync = torch.cuda.synchronize if qkv.is_cuda else (lambda: None)
+    a, b = ropes
+
+    def timed(kind: str) -> float:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            kernels.rope_attend(qkv, ropes[kind], k, v, meta, heads)
+        sync()
+        return (time.perf_counter() - t0) / calls * 1e6
+    times = {a: [], b: []}
+    for kind in (a, b):
+        timed(kind)
+    for i in range(rounds):
+        for kind in ((a, b) if i % 2 == 0 else (b, a)):
+            times[kind].append(timed(kind))
+    return {kind: statistics.median(t) for kind, t in times.items()}

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
-from attention_steps import chain_step
+from attention_steps import abba_medians, chain_step
 
 from tailrl.kernels import RopeTables, select
 from tailrl.model.rope import rope_table
@@ -37,7 +35,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     kernels = select(torch.device(device), torch.bfloat16)
     contexts = [int(c) for c in a.contexts.split(",")]
     cos, sin = rope_table(D, max(contexts) + 8, 1e4, torch.float32)
@@ -48,21 +45,8 @@ def main() -> None:
     for rows, context, chain in shapes:
         qkv, pos, k, v, meta = chain_step(rows, context, chain, device, H, KV, D, multi=chain > 1)
         ropes = {"full": kernels.rope(tables, pos), "window": kernels.rope(tables, pos, a.window)}
-
-        def timed(kind: str) -> float:
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(a.calls):
-                kernels.rope_attend(qkv, ropes[kind], k, v, meta, H)
-            sync()
-            return (time.perf_counter() - t0) / a.calls * 1e6
-        times = {"full": [], "window": []}
-        for kind in ("full", "window"):
-            timed(kind)                                         # warm-up (and Triton's compiles)
-        for i in range(a.rounds):
-            for kind in (("full", "window") if i % 2 == 0 else ("window", "full")):
-                times[kind].append(timed(kind))
-        full, window = statistics.median(times["full"]), statistics.median(times["window"])
+        med = abba_medians(kernels, qkv, ropes, k, v, meta, H, a.calls, a.rounds)
+        full, window = med["full"], med["window"]
         name = f"{rows}x{context}" + (f"x{chain}" if chain > 1 else "")
         out["shapes"][name] = {"full_us": round(full, 1), "window_us": round(window, 1),
                                "ratio": round(full / window, 2), "bound": round((context + chain) / a.window, 2)}

@@ -25,6 +25,10 @@ ARCH_CONFIGS = {
         head_dim=16, sliding_window=8, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}})),
+    # Gemma 2: every other layer a sliding window (8 positions here), scores and logits soft-capped
+    # (caps low enough that a random model's scores and logits reach them)
+    "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+                                    attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
     # YaRN's RoPE (Qwen2.5's long-context setting): 4x an original context of 32 positions
     "qwen2_yarn": ("Qwen2Config", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                                         "original_max_position_embeddings": 32})),

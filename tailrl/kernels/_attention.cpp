@@ -12,6 +12,8 @@
 // Its "visible index" v runs over that sequence in order. A sliding-window layer also gives each
 // query an origin: it sees no position of its prefix below origin[t] (its extras, a few
 // positions behind it, are all inside the window; an origin past the prefix hides the prefix).
+// A score is the scaled query's dot product with a key; with a soft cap (Gemma 2's, cap > 0)
+// it becomes cap * tanh(score / cap), lane by lane, before the softmax.
 //
 // Batch invariance (why outputs are identical with and without speculation): the arithmetic
 // for a query depends only on its visible keys' K/V in visible order and on q: scores are dot
@@ -126,6 +128,17 @@ inline float fast_exp(float x) {
 }
 inline double fast_exp(double x) { return std::exp(x); }
 
+// A score's soft cap, cap * tanh(s / cap), branch-free so the compiler vectorises it: tanh(x) =
+// sign(x) (1 - e) / (1 + e) with e = exp(-2 |x|) (fast_exp's; libm's tanhf per score cost the
+// attention 10-24% on an AVX2 CPU, benchmarks/soft_cap.py).
+template <typename A>
+inline A soft_cap(A s, A cap) {
+    const A x = s / cap;
+    const A e = fast_exp(A(-2) * std::abs(x));
+    const A t = (A(1) - e) / (A(1) + e);
+    return cap * (x < 0 ? -t : t);
+}
+
 // State of one query head's online softmax.
 template <typename A>
 struct Query {
@@ -134,6 +147,7 @@ struct Query {
     A* acc;              // [D]; on the fast path, per 32 dimensions: the 16 even ones, then the odd ones
     A m, l;
     bool started;
+    A cap;               // the scores' soft cap (0: none)
 };
 
 // Scores of one block (kb, in the cache's layout) against a query, in the accumulation type.
@@ -169,6 +183,11 @@ inline void block_scores(const A* q, const T* kb, int64_t D, A* s) {
 // the accumulator must be scaled.
 template <typename A>
 inline A softmax_block(Query<A>& st, A* s, int64_t lo, int64_t nb, A* p) {
+    if (st.cap > 0) {                           // each lane alone, every lane (the unseen ones are replaced below)
+        const A cap = st.cap;
+#pragma omp simd
+        for (int j = 0; j < BLOCK; ++j) s[j] = soft_cap(s[j], cap);
+    }
     // block max over lanes [lo, nb) (exact in any order): the other lanes repeat lane lo, then an
     // elementwise max of the two halves, down to one
     for (int64_t j = 0; j < lo; ++j) s[j] = s[lo];
@@ -316,7 +335,7 @@ inline void prefetch_block(const T* k, const T* v, int64_t D) {
 template <typename T, typename A>
 void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
               const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-              const int32_t* origin, A scale, Scratch<T, A>& sc, const RowKV<T>* next) {
+              const int32_t* origin, A scale, A cap, Scratch<T, A>& sc, const RowKV<T>* next) {
     const int64_t D = L.dim, G = L.heads / L.kv_heads, nq = (t1 - t0) * G;
     const bool fast = fast_path<T>(D);
     sc.buf.resize(static_cast<size_t>(2 * nq * D));
@@ -342,7 +361,7 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
             if (fast)
                 for (int64_t d = 0; d + 1 < D; d += 2)
                     qp[d / 2] = bf16_bits(static_cast<float>(qi[d])) | bf16_bits(static_cast<float>(qi[d + 1])) << 16;
-            sc.st[i] = Query<A>{qi, qp, accs + i * D, 0, 0, false};
+            sc.st[i] = Query<A>{qi, qp, accs + i * D, 0, 0, false, cap};
             sc.shared_end[i] = end;
         }
         most = std::max(most, end);
@@ -399,7 +418,7 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
 template <typename T, typename A>
 void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, const int32_t* qrow,
                const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-               const int32_t* origin, const int32_t* table, int64_t t_s0, double scale, int threads) {
+               const int32_t* origin, const int32_t* table, int64_t t_s0, double scale, double cap, int threads) {
     // Queries are grouped by row (flat order: row after row); find each row's span.
     std::vector<int64_t> span_start, span_end;
     for (int64_t t = 0; t < L.n; ++t) {
@@ -425,7 +444,7 @@ void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, cons
             const RowKV<T> next = more ? at(w + 1) : r;
             const int64_t sp = w / L.kv_heads;
             row_head<T, A>(q, r, out, L, span_start[sp], span_end[sp], w % L.kv_heads, prefix, estart, ecount,
-                           extra, origin, static_cast<A>(scale), sc, more ? &next : nullptr);
+                           extra, origin, static_cast<A>(scale), static_cast<A>(cap), sc, more ? &next : nullptr);
         }
     }
 }
@@ -461,7 +480,7 @@ Visibility visibility(py::tuple vis) {
 // q (type T, strided) -> the accumulation type, then attention.
 template <typename T>
 void attend_t(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, const Layout& L, const Visibility& V,
-              double scale, int threads) {
+              double scale, double cap, int threads) {
     using A = typename Acc<T>::type;
     std::vector<A> qa(static_cast<size_t>(L.n * L.heads * L.dim));
     const T* qt = ptr<const T>(q);
@@ -470,17 +489,17 @@ void attend_t(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, const Layout
             for (int64_t d = 0; d < L.dim; ++d)
                 qa[(t * L.heads + h) * L.dim + d] = load(qt + t * L.q_s0 + h * L.q_s1 + d);
     attention<T, A>(qa.data(), ptr<const T>(k), ptr<const T>(v), ptr<T>(out), L, V.qrow, V.prefix, V.estart,
-                    V.ecount, V.extra, V.origin, V.table, V.t_s0, scale, threads);
+                    V.ecount, V.extra, V.origin, V.table, V.t_s0, scale, cap, threads);
 }
 
 void attend(int dtype, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
-            py::tuple vis, double scale, int threads) {
+            py::tuple vis, double scale, double cap, int threads) {
     const Layout L = layout(shape, strides);
     const Visibility V = visibility(vis);
     py::gil_scoped_release release;
-    if (dtype == 0) attend_t<uint16_t>(q, k, v, out, L, V, scale, threads);
-    else if (dtype == 1) attend_t<float>(q, k, v, out, L, V, scale, threads);
-    else attend_t<double>(q, k, v, out, L, V, scale, threads);
+    if (dtype == 0) attend_t<uint16_t>(q, k, v, out, L, V, scale, cap, threads);
+    else if (dtype == 1) attend_t<float>(q, k, v, out, L, V, scale, cap, threads);
+    else attend_t<double>(q, k, v, out, L, V, scale, cap, threads);
 }
 
 // Rotary embedding ("rotate half") of one head x (D values) at a position's cos/sin rows.
@@ -498,7 +517,7 @@ inline void rope(const T* x, const A* c, const A* s, int64_t D, A* y) {
 template <typename T>
 void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, const int64_t* positions,
                    const int64_t* slot, uintptr_t k, uintptr_t v, uintptr_t out, const Layout& L,
-                   const Visibility& V, double scale, int threads) {
+                   const Visibility& V, double scale, double cap, int threads) {
     using A = typename Acc<T>::type;
     const int64_t D = L.dim, H = L.heads, KV = L.kv_heads;
     std::vector<A> qa(static_cast<size_t>(L.n * H * D));
@@ -528,20 +547,20 @@ void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, 
         }
     }
     attention<T, A>(qa.data(), kc, vc, ptr<T>(out), L, V.qrow, V.prefix, V.estart, V.ecount, V.extra, V.origin,
-                    V.table, V.t_s0, scale, threads);
+                    V.table, V.t_s0, scale, cap, threads);
 }
 
 void rope_attend(int dtype, uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, uintptr_t positions,
                  uintptr_t slots, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
-                 py::tuple vis, double scale, int threads) {
+                 py::tuple vis, double scale, double cap, int threads) {
     const Layout L = layout(shape, strides);
     const Visibility V = visibility(vis);
     auto* pos = ptr<const int64_t>(positions);
     auto* sl = ptr<const int64_t>(slots);
     py::gil_scoped_release release;
-    if (dtype == 0) rope_attend_t<uint16_t>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, threads);
-    else if (dtype == 1) rope_attend_t<float>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, threads);
-    else rope_attend_t<double>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, threads);
+    if (dtype == 0) rope_attend_t<uint16_t>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, threads);
+    else if (dtype == 1) rope_attend_t<float>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, threads);
+    else rope_attend_t<double>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, threads);
 }
 
 // RMS norm of each row of x [N, C] (row stride xs0) times w [C], in the accumulation type:
@@ -586,8 +605,8 @@ PYBIND11_MODULE(_attention, m) {
     m.doc() = "Row attention over a paged KV cache, and the fused steps around it (see tailrl/kernels/cpu.py)";
     m.def("attend", &attend, "dtype (0 bf16, 1 f32, 2 f64), q, k, v, out pointers, shape (N, H, KV, D), "
           "strides, visibility (row, prefix, extra start, extra count, extras, block table pointers; the "
-          "table's row stride; origins or 0), scale, threads");
+          "table's row stride; origins or 0), scale, soft cap (0: none), threads");
     m.def("rope_attend", &rope_attend, "dtype, qkv pointer and row stride, cos, sin, positions, write slots, "
-          "k, v, out, shape, strides, visibility, scale, threads");
+          "k, v, out, shape, strides, visibility, scale, soft cap, threads");
     m.def("rms_norm", &rms_norm, "dtype, x pointer and row stride, weight, out, rows, columns, eps, threads");
 }

@@ -31,14 +31,16 @@ class Rope:
     """What one forward's attention layers of one kind need besides their projections
     (``Backend.rope``): the positions [N], the backend's rotary tables (full tables, or gathered
     at each token: [N, 1, D]), for a sliding-window layer the first position each token sees
-    (``origin`` [N] int32; None: every position before it), and the scores' factor (None: the
-    head dimension ** -0.5)."""
+    (``origin`` [N] int32; None: every position before it), the scores' factor (None: the
+    head dimension ** -0.5) and their soft cap (Gemma 2's: a score s becomes
+    ``softcap * tanh(s / softcap)`` before the softmax; None: none)."""
 
     positions: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     origin: torch.Tensor | None = None
     scale: float | None = None
+    softcap: float | None = None
 
 
 def origins(positions: torch.Tensor, window: int) -> torch.Tensor | None:
@@ -65,11 +67,13 @@ class Backend:
     # synchronisation inside: the reference's visibility mask reads its extras on the host)
     capturable = True
 
-    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None) -> Rope:
+    def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None,
+             softcap: float | None = None) -> Rope:
         """Once per forward and kind of layer: what its layers' ``rope_attend`` read besides
-        their projections (the tables at ``positions``, the ``window``'s origins, ``scale``)."""
+        their projections (the tables at ``positions``, the ``window``'s origins, ``scale``,
+        ``softcap``)."""
         cos, sin = self.rotary(tables, positions)
-        return Rope(positions, cos, sin, origins(positions, window), scale)
+        return Rope(positions, cos, sin, origins(positions, window), scale, softcap)
 
     def rotary(self, tables: RopeTables, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The (cos, sin) this backend's ``rope_attend`` reads: whole tables, or gathered at

@@ -67,11 +67,13 @@ def _strides(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, q_
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
-           origin: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+           origin: torch.Tensor | None = None, scale: float | None = None,
+           softcap: float | None = None) -> torch.Tensor:
     """q: [N, H, D] (RoPE applied, last dim contiguous); the pool's keys k_cache [blocks, KV,
     BLOCK * D] and values v_cache [blocks, KV, BLOCK, D] already hold this step's K/V. ``origin``
     [N] int32: the first position of its prefix each query sees (a sliding window; None: 0).
-    ``scale``: the scores' factor (None: D ** -0.5). Returns [N, H*D]."""
+    ``scale``: the scores' factor (None: D ** -0.5); ``softcap``: their soft cap (None: none).
+    Returns [N, H*D]."""
     n, heads, d = q.shape
     if q.stride(-1) != 1:
         raise ValueError("attend: q's head dimension must be contiguous")
@@ -80,7 +82,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
     if n:
         _native.attend(_DTYPE_CODE[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                        (n, heads, k_cache.shape[1], d), _strides(k_cache, v_cache, out, (q.stride(0), q.stride(1))),
-                       _vis(meta, origin), d ** -0.5 if scale is None else scale, torch.get_num_threads())
+                       _vis(meta, origin), d ** -0.5 if scale is None else scale, softcap or 0.0,
+                       torch.get_num_threads())
     return out.view(n, heads * d)
 
 
@@ -106,7 +109,8 @@ class CpuBackend(Backend):
                                 rope.sin.data_ptr(), rope.positions.data_ptr(), meta.write_slot.data_ptr(),
                                 k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), (n, heads, kv_heads, d),
                                 _strides(k_cache, v_cache, out), _vis(meta, rope.origin),
-                                d ** -0.5 if rope.scale is None else rope.scale, torch.get_num_threads())
+                                d ** -0.5 if rope.scale is None else rope.scale, rope.softcap or 0.0,
+                                torch.get_num_threads())
         return out.view(n, heads * d)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

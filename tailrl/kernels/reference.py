@@ -50,11 +50,13 @@ def visibility(meta: AttentionMeta, origin: torch.Tensor | None = None) -> torch
 
 def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      meta: AttentionMeta, origin: torch.Tensor | None = None,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
     """q: [N, H, D] (RoPE applied); the pool (keys [blocks, KV, BLOCK * D], values [blocks, KV,
     BLOCK, D]) already holds this step's K/V. Returns [N, H*D]: PyTorch's SDPA over each query's
-    row, gathered through its block table. Positions a query does not see are zeroed first: a
-    block's unwritten lanes hold whatever the pool held (never read by the native kernel)."""
+    row, gathered through its block table (``softcap``: the scores capped as Hugging Face's
+    eager attention caps them, then the softmax). Positions a query does not see are zeroed
+    first: a block's unwritten lanes hold whatever the pool held (never read by the native
+    kernel)."""
     n, heads, d = q.shape
     kv = k_cache.shape[1]
     s = meta.kv_len
@@ -63,8 +65,12 @@ def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     seen = vis[:, None, :, None]
     k = unpack_keys(keys, d)[:, :, :, :s].transpose(-1, -2).masked_fill(~seen, 0)   # [N, KV, S, D]
     v = values[:, :, :s].masked_fill(~seen, 0)
-    o = F.scaled_dot_product_attention(q.view(n, kv, heads // kv, d), k, v, attn_mask=vis[:, None, None, :],
-                                       scale=scale)
+    q = q.view(n, kv, heads // kv, d)
+    if softcap:
+        scores = torch.tanh(q @ k.transpose(-1, -2) * (d ** -0.5 if scale is None else scale) / softcap) * softcap
+        weights = scores.masked_fill(~vis[:, None, None, :], float("-inf")).softmax(-1)
+        return (weights @ v).reshape(n, heads * d)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=vis[:, None, None, :], scale=scale)
     return o.reshape(n, heads * d)
 
 
@@ -82,7 +88,7 @@ class ReferenceBackend(Backend):
         nqk = heads + kv_heads
         qk = apply_rope(qkv[:, :nqk * d].view(n, nqk, d), rope.cos, rope.sin)
         write_kv(k_cache, v_cache, meta.write_slot, qk[:, heads:], qkv[:, nqk * d:].view(n, kv_heads, d))
-        return reference_attend(qk[:, :heads], k_cache, v_cache, meta, rope.origin, rope.scale)
+        return reference_attend(qk[:, :heads], k_cache, v_cache, meta, rope.origin, rope.scale, rope.softcap)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)

@@ -3,7 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailrl.model.families import GEMMA3, OLMO, gemma3_config, gemma3_fields, moe_fields, olmo_fields, rope_fields
+from tailrl.model.families import (
+    GEMMA,
+    GEMMA3,
+    OLMO,
+    gemma2_fields,
+    gemma3_config,
+    gemma3_fields,
+    moe_fields,
+    olmo_fields,
+    rope_fields,
+)
 
 # architecture name in config.json -> family flags
 SUPPORTED_ARCHITECTURES = {
@@ -18,8 +28,9 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": dict(qkv_bias=None, qk_norm=True),
     "Qwen2MoeForCausalLM": dict(qkv_bias=True, qk_norm=False),
     "MixtralForCausalLM": dict(qkv_bias=False, qk_norm=False),
-    # Gemma 3: its text model alone, or inside the image-text model (whose vision tower is not
-    # loaded); families.py
+    # Gemma 2 (soft-capped scores and logits) and Gemma 3: its text model alone, or inside the
+    # image-text model (whose vision tower is not loaded); families.py
+    "Gemma2ForCausalLM": dict(qkv_bias=None, qk_norm=False),
     "Gemma3ForCausalLM": dict(qkv_bias=None, qk_norm=True),
     "Gemma3ForConditionalGeneration": dict(qkv_bias=None, qk_norm=True),
     # OLMo 2 and 3 (AllenAI's): norms after attention and the MLP, q/k norms over all heads
@@ -74,6 +85,8 @@ class ModelArgs:
     attn_scale: float = 0.0                 # the attention scores' factor (0: head_dim ** -0.5)
     pre_norms: bool = True                  # the norms before attention and the MLP (OLMo 2/3: none)
     qk_norm_whole: bool = False             # OLMo: q and k each normed over all heads at once
+    attn_softcap: float = 0.0               # Gemma 2: scores s become attn_softcap * tanh(s / attn_softcap) (0: none)
+    logit_softcap: float = 0.0              # Gemma 2: logits capped the same way before sampling (0: none)
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""
@@ -137,8 +150,9 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
         max_pos = int(cfg.get("max_position_embeddings", 2048))
         window = cfg.get("sliding_window") if arch in SLIDING_WINDOW_ARCHITECTURES else None
         windows = (int(window),) * layers if window is not None and 0 < int(window) < max_pos else ()
-        act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
-        if act not in ("silu", "gelu_pytorch_tanh") or (act != "silu") != (arch in GEMMA3):
+        default_act = "gelu_pytorch_tanh" if arch in GEMMA else "silu"
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or default_act
+        if act not in ("silu", "gelu_pytorch_tanh") or (act != "silu") != (arch in GEMMA):
             raise ValueError(f"model: hidden_act {act!r} in {source} is not supported (silu; Gemma's "
                              f"gelu_pytorch_tanh)")
         qkv_bias = flags["qkv_bias"]
@@ -147,6 +161,8 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
         fields = dict(rope_fields(cfg, source), layer_windows=windows, hidden_act=act)
         if arch in GEMMA3:
             fields.update(gemma3_fields(cfg, source, layers))
+        if arch == "Gemma2ForCausalLM":
+            fields.update(gemma2_fields(cfg, source, layers))
         if arch in OLMO:
             fields.update(olmo_fields(arch, cfg, source, layers))
         return ModelArgs(

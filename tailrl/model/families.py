@@ -8,6 +8,7 @@ import math
 
 MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
 GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+GEMMA = ("Gemma2ForCausalLM", *GEMMA3)
 OLMO = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
@@ -134,16 +135,44 @@ def gemma3_config(cfg: dict, arch: str) -> dict:
     return out
 
 
+def _gemma(cfg: dict, source: str) -> dict:
+    """What Gemma 2 and 3 share: norms scaling by 1 + weight, before and after attention and the
+    MLP, embeddings times sqrt(hidden), the scores' scale, the soft caps of scores and logits
+    (where set: Gemma 2's)."""
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError(f"model: use_bidirectional_attention {cfg['use_bidirectional_attention']!r} in {source} "
+                         f"is not supported")
+    caps = {}
+    for key, field in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
+        cap = float(cfg.get(key) or 0.0)
+        if cap < 0:
+            raise ValueError(f"model: {key} in {source} must be positive or null, got {cap}")
+        caps[field] = cap
+    return dict(norm_plus_one=True, sandwich_norms=True, scale_embeddings=True,
+                attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5, **caps)
+
+
 def gemma3_fields(cfg: dict, source: str, layers: int) -> dict:
     """Gemma 3's ModelArgs fields: every pattern-th layer full attention, the others a sliding
     window with a RoPE of their own base; its norms, embeddings, activation and scores' scale."""
-    for key in ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"):
-        if cfg.get(key):
-            raise ValueError(f"model: {key} {cfg[key]!r} in {source} is not supported")
     full, local = _per_kind(cfg, 1e6, "rope_local_base_freq")
     return dict(_windowed(cfg, source, layers, int(cfg.get("sliding_window_pattern", 6)), full, local),
-                norm_plus_one=True, sandwich_norms=True, scale_embeddings=True,
-                attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5)
+                **_gemma(cfg, source))
+
+
+# Gemma 2's config defaults (transformers' Gemma2Config) that change what the model computes
+GEMMA2_DEFAULTS = dict(query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0)
+
+
+def gemma2_fields(cfg: dict, source: str, layers: int) -> dict:
+    """Gemma 2's ModelArgs fields: every other layer (the first among them) a sliding window,
+    one RoPE for all; Gemma 3's norms, embeddings and scale, and scores and logits soft-capped
+    (the defaults where the config leaves them out, as transformers fills them in)."""
+    cfg = {**GEMMA2_DEFAULTS, **cfg}                       # a null in the config: none (no window, no cap)
+    window = int(cfg["sliding_window"] or 0)
+    types = _layer_types(cfg, source, layers, 2)
+    return dict(layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types), **_gemma(cfg, source))
 
 
 def olmo_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:

@@ -1,4 +1,4 @@
-"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 3 / OLMo 2-3, and
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 2-3 / OLMo 2-3, and
 mixtures of experts: moe.py) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
@@ -145,14 +145,15 @@ class Transformer(nn.Module):
         if self.embed_scale is not None:
             x = x * self.embed_scale
         kernels = select(x.device, x.dtype)                                 # the one place a backend is chosen
-        ropes = [kernels.rope(self.rope_tables(local), positions, window, self.args.attn_scale or None)
+        a = self.args
+        ropes = [kernels.rope(self.rope_tables(local), positions, window, a.attn_scale or None, a.attn_softcap or None)
                  for window, local in self.kinds]
         y = None
         for layer, (k_cache, v_cache) in zip(self.layers, caches):
             x, y = layer(x, y, kernels, ropes[layer.kind], k_cache, v_cache, meta)
         if y is None:
-            return kernels.rms_norm(x, self.norm, self.args.rms_norm_eps)
-        return kernels.add_rms_norm(x, y, self.norm, self.args.rms_norm_eps)[1]
+            return kernels.rms_norm(x, self.norm, a.rms_norm_eps)
+        return kernels.add_rms_norm(x, y, self.norm, a.rms_norm_eps)[1]
 
     def rope_tables(self, local: bool = False) -> RopeTables:
         """The RoPE tables of the full-attention layers, or (``local``) of Gemma's sliding-window ones."""
@@ -162,11 +163,14 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[M, hidden] -> [M, vocab]."""
+        """[M, hidden] -> [M, vocab] (Gemma 2: soft-capped as Hugging Face's, in the model's dtype;
+        elementwise, so a row's logits stay its own)."""
         if not self.head:
             raise RuntimeError("Transformer.logits: this rank's part of the model has no LM head")
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return select(hidden.device, hidden.dtype).linear(hidden, weight)
+        logits = select(hidden.device, hidden.dtype).linear(hidden, weight)
+        cap = self.args.logit_softcap
+        return logits if not cap else torch.tanh(logits / cap) * cap
 
     def linears(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(weight, bias) of every product ``forward`` and ``logits`` compute."""

@@ -20,6 +20,7 @@ VARIANTS = {
     "qwen2_moe": ("qwen2_moe", {}),
     "mixtral": ("mixtral", {}),
     "mistral_window": ("mistral_window", {}),
+    "gemma2": ("gemma2", {}),
     "gemma3": ("gemma3", {}),
     "gemma3_tied": ("gemma3", dict(tie=True)),
     "qwen2_yarn": ("qwen2_yarn", {}),
@@ -34,7 +35,6 @@ def our_logits(path: str, tokens: list[int]) -> torch.Tensor:
     kv = KVCache(model.args, torch.float32, "cpu", 4096, 4, 512)
     kv.grow(0, len(tokens))
     req = Request("r", tokens, SamplingParams(), 0)
-    a = model.args
     batch = build_batch([(req, len(tokens))], {}, kv)
     hidden = model(batch.input_ids, batch.positions, kv.layers(), batch.meta)
     return model.logits(hidden)

@@ -1,4 +1,4 @@
-"""Sliding-window attention (Mistral's, Phi-3's, Gemma 3's, OLMo 3's): a context longer than the window, equal
+"""Sliding-window attention (Mistral's, Phi-3's, Gemma 2's and 3's, OLMo 3's): a context longer than the window, equal
 to Hugging Face's, and speculation lossless in bfloat16 with windows shorter than the responses."""
 import pytest
 import torch
@@ -21,11 +21,12 @@ def test_the_context_runs_past_the_window_as_hugging_faces_does(ckpt_dir):
     assert out.token_ids == ref
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "mistral_window", "olmo3"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "mistral_window", "olmo3"])
 def test_speculation_with_chains_and_trees_is_lossless_past_the_window(ckpt_dir, arch):
-    """bfloat16, T=1, responses of 48 tokens past windows of 8 (Gemma's, OLMo 3's sliding layers) and 32:
-    tokens and log-probabilities identical with and without drafts (chains, then trees of 3
-    paths), the second call drafting from the first's history."""
+    """bfloat16, T=1, responses of 48 tokens past windows of 8 (Gemma's, OLMo 3's sliding layers)
+    and 32, Gemma 2's scores and logits soft-capped: tokens and log-probabilities identical with
+    and without drafts (chains, then trees of 3 paths), the second call drafting from the
+    first's history."""
     path = ckpt_dir(arch, init_std=3.0, dtype=torch.bfloat16)
     prompts = [[5, 17, 30, 8, 9, 5, 17, 30], [40, 41, 42, 40, 41], [7] * 12]
     sp = SamplingParams(n=3, temperature=1.0, max_tokens=48, ignore_eos=True, seed=3)

@@ -1,6 +1,7 @@
 """The native row-attention kernel against the SDPA reference, both reading K/V through block
 tables of a shuffled pool, and its batch invariance."""
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -100,14 +101,16 @@ def test_native_matches_reference(dtype, tol):
     assert (got.double() - ref).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("softcap", [None, 1.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_query_bits_do_not_depend_on_the_batch(dtype):
+def test_query_bits_do_not_depend_on_the_batch(dtype, softcap):
     """A query's output is the same bits alone, next to other rows, next to other queries of
     its row, and as a tree node whose ancestors sit elsewhere in the cache: what makes
-    speculative and plain decoding agree exactly in every dtype."""
+    speculative and plain decoding agree exactly in every dtype (with soft-capped scores too)."""
     cap = 192
     k, v = caches(3, cap, dtype, seed=2)
     q = torch.randn(1, KV * G, D).to(dtype)
+    run = partial(globals()["run"], fn=partial(attend, softcap=softcap))
     # the key sequence plain decoding sees at position 99: positions [0, 100)
     alone = run(q, k, v, [[(100, [])]])
     # the same keys for a tree node: committed prefix 70, ancestors copied to 150.., itself last
@@ -123,6 +126,28 @@ def test_query_bits_do_not_depend_on_the_batch(dtype):
     batch = run(qs, kb, vb, [[(37, [])], [(150, [])], [(100, []), (101, [])]], seed=4)
     assert torch.equal(alone[0], tree[0])
     assert torch.equal(alone[0], batch[2])
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_soft_capped_scores_match_the_reference(dtype, tol):
+    """Gemma 2's soft cap (a score s becomes cap * tanh(s / cap)) on chains, trees and plain
+    queries, alone and with a sliding window; scores large enough that the cap changes the
+    result (the uncapped kernel's is far from the capped reference)."""
+    rng = random.Random(3)
+    cap = 160
+    rows = [random_queries(rng, cap) for _ in range(12)]
+    k, v = caches(len(rows), cap, dtype)
+    hide_unseen(k, v, rows)
+    q = (3 * torch.randn(sum(map(len, rows)), KV * G, D)).to(dtype)
+    for origin in (None, window_origins(rows, 40)):
+        pk, pv, table = pool(k, v)
+        got = attend(q, pk, pv, make_meta(rows, table), origin, softcap=2.0)
+        plain = attend(q, pk, pv, make_meta(rows, table), origin)
+        pk, pv, table = pool(k.double(), v.double(), seed=1)
+        ref = reference_attend(q.double(), pk, pv, make_meta(rows, table), origin, softcap=2.0)
+        assert torch.isfinite(got).all() and torch.isfinite(ref).all()
+        assert (got.double() - ref).abs().max().item() < tol
+        assert (plain.double() - ref).abs().max().item() > 0.1
 
 
 def test_empty_step_and_bad_layout():

@@ -75,14 +75,14 @@ def random_rows(rng: random.Random, n: int, cap: int = 150):
     return out
 
 
-def run(backend, dtype, qkv, positions, k, v, meta, window=0):
+def run(backend, dtype, qkv, positions, k, v, meta, window=0, softcap=None):
     cos, sin = rope_table(D, 1024, 1e4, torch.float32)
     dev = dict(device=DEVICE)
     tables = RopeTables(cos.to(dtype=dtype, **dev), sin.to(dtype=dtype, **dev), cos.to(**dev), sin.to(**dev))
     fields = (getattr(meta, f) for f in meta.__dataclass_fields__)
     meta = AttentionMeta(*(f.to(**dev) if isinstance(f, torch.Tensor) else f for f in fields))
     kc, vc = k.to(dtype=dtype, **dev).clone(), v.to(dtype=dtype, **dev).clone()
-    rope = backend.rope(tables, positions.to(**dev), window)
+    rope = backend.rope(tables, positions.to(**dev), window, softcap=softcap)
     out = backend.rope_attend(qkv.to(dtype=dtype, **dev), rope, kc, vc, meta, H)
     return out.cpu(), kc.cpu(), vc.cpu()
 
@@ -168,6 +168,29 @@ def test_sliding_windows_in_every_mode_match_the_reference_with_the_bits_of_a_qu
     assert (outs[0] - want).abs().max().item() < 2e-5
     full, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta)
     assert (full - want).abs().max().item() > 1e-2                  # the window changed what is seen
+
+
+def test_soft_capped_scores_match_the_reference_with_the_bits_of_a_query_alone(monkeypatch):
+    """Gemma 2's soft cap (scores s -> cap * tanh(s / cap)): near the reference in float32 and
+    bfloat16 (tensor cores) and far from the uncapped result; with a window of 45, the same bits
+    with a program per lane as with query groups in whole programs."""
+    from tailrl.kernels.gpu import backend
+    rows = random_rows(random.Random(14), 3, cap=120) + [[(p, []) for p in range(60, 67)]]
+    qkv, positions, k, v, meta = step(rows, n_blocks=4 * 6 + 3, seed=15)
+    qkv[:, :(H + KV) * D] *= 4                                          # scores large enough to be capped
+    want, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta, softcap=1.5)
+    uncapped, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta)
+    assert (uncapped - want).abs().max().item() > 1e-2
+    for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 3e-2)):
+        got, _, _ = run(TRITON, dtype, qkv, positions, k, v, meta, softcap=1.5)
+        assert (got.float() - want).abs().max().item() < tol, dtype
+    want, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta, window=45, softcap=1.5)
+    outs = []
+    for whole_programs, multi in ((0, False), (1 << 30, True)):
+        monkeypatch.setattr(backend, "WHOLE_PROGRAMS", whole_programs)
+        outs.append(run(TRITON, torch.float32, qkv, positions, k, v, dataclasses.replace(meta, multi=multi),
+                        window=45, softcap=1.5)[0])
+    assert torch.equal(outs[0], outs[1]) and (outs[0] - want).abs().max().item() < 2e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, pytest.param(torch.float16, marks=SLOW_HERE)])

@@ -1,10 +1,13 @@
-"""Gemma 3: the published configs read as Hugging Face reads them, the image-text model's language
-model loaded from either naming of its checkpoint (equal to Hugging Face's logits), and a
-trainer's weights (norms stored as 1 + weight) updating it in place."""
+"""Gemma 2 and 3: the published configs read as Hugging Face reads them, Gemma 2's soft caps
+(Hugging Face's logits with them, not without), the image-text model's language model loaded
+from either naming of its checkpoint (equal to Hugging Face's logits), and a trainer's weights
+(norms stored as 1 + weight) updating it in place."""
+import dataclasses
 import json
 import os
 import sys
 
+import pytest
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -46,6 +49,54 @@ def test_the_published_configs_read_as_transformers_reads_them():
     assert (b.rope_linear, b.rope_theta, b.local_rope_theta) == (8.0, 1e6, 1e4) and b.layer_windows[0] == 1024
     assert b.eos_token_ids == (1, 106)
     assert a.num_parameters == sum(p.numel() for p in Transformer(a, 1, torch.bfloat16, "meta").parameters())
+
+
+# google/gemma-2-2b-it's config.json (the fields that matter)
+GEMMA2_2B = {
+    "architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 50.0, "eos_token_id": [1, 107],
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "intermediate_size": 9216,
+    "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8, "num_hidden_layers": 26,
+    "num_key_value_heads": 4, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "vocab_size": 256000}
+
+
+def test_gemma2s_config_reads_as_transformers_reads_it():
+    a = parse_config(GEMMA2_2B)
+    hf = transformers.Gemma2Config(**{k: v for k, v in GEMMA2_2B.items() if k != "architectures"})
+    assert a.layer_windows == tuple(4096 if t == "sliding_attention" else 0 for t in hf.layer_types)
+    assert a.layer_windows[:2] == (4096, 0) and a.layer_windows.count(0) == 13    # every other layer full
+    assert (a.attn_softcap, a.logit_softcap, a.attn_scale) == (50.0, 30.0, 256 ** -0.5)
+    assert (a.rope_theta, a.local_rope_theta, a.hidden_act) == (1e4, 0.0, "gelu_pytorch_tanh")
+    assert a.norm_plus_one and a.sandwich_norms and a.scale_embeddings and not a.qk_norm
+    assert a.num_parameters == sum(p.numel() for p in Transformer(a, 1, torch.bfloat16, "meta").parameters())
+    # left out: transformers' defaults; null: none
+    bare = {k: v for k, v in GEMMA2_2B.items() if k not in ("attn_logit_softcapping", "final_logit_softcapping",
+                                                             "sliding_window", "hidden_act", "hidden_activation")}
+    b = parse_config(bare)
+    assert (b.attn_softcap, b.logit_softcap, b.layer_windows[0], b.hidden_act) == (50.0, 30.0, 4096,
+                                                                                   "gelu_pytorch_tanh")
+    c = parse_config({**GEMMA2_2B, "attn_logit_softcapping": None, "final_logit_softcapping": None})
+    assert (c.attn_softcap, c.logit_softcap) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        parse_config({**GEMMA2_2B, "final_logit_softcapping": -1.0})
+
+
+def test_gemma2s_soft_caps_are_what_makes_its_logits_hugging_faces(ckpt_dir, monkeypatch):
+    """Without either cap our logits are far from Hugging Face's (the caps of the test checkpoint
+    bite); with both they are within 1e-4 (tests/engine/test_hf_parity.py)."""
+    path = ckpt_dir("gemma2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokens = list(range(3, 40))
+    with torch.no_grad():
+        ref = hf(torch.tensor([tokens])).logits[0]
+    assert (our_logits(path, tokens) - ref).abs().max().item() < 1e-4
+    import tailrl.model.loader as loader
+    parse = loader.parse_config
+    for cap in ("attn_softcap", "logit_softcap"):
+        monkeypatch.setattr(loader, "parse_config", lambda cfg, source="", cap=cap: dataclasses.replace(
+            parse(cfg, source), **{cap: 0.0}))
+        assert (our_logits(path, tokens) - ref).abs().max().item() > 1e-2, cap
 
 
 def _image_text_checkpoint(path: str) -> transformers.PreTrainedModel:

@@ -90,12 +90,23 @@ def _dot16(a, b, WIDEN: tl.constexpr):
 
 
 @triton.jit
+def _soft_cap(s, cap):
+    """cap * tanh(s / cap) of each element alone (Gemma 2's scores), tanh from one exponential
+    (Triton's interpreter has no tanh): sign(x) (1 - e) / (1 + e), e = exp(-2 |x|)."""
+    x = s / cap
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _lane(q, rtot, rlo, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total, kh, lane, k_s0, k_s1, v_s0, v_s1,
-          t_s0, scale, LANES: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-          KEYS: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr, WINDOW: tl.constexpr):
+          t_s0, scale, softcap, LANES: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+          KEYS: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr, WINDOW: tl.constexpr, CAP: tl.constexpr):
     """Online softmax of the query rows q [MP, D] over the walk's chunks lane, lane + LANES,
     lane + 2 LANES, ... (KEYS visible indices each, of ``total``: the positions [0, pre), then
-    extra[es:]), in order: (max [MP], sum [MP], weighted values [MP, D]). Row r sees the indices
+    extra[es:]), in order: (max [MP], sum [MP], weighted values [MP, D]); ``CAP``: the scores
+    soft-capped at ``softcap`` (``_soft_cap``) before the softmax. Row r sees the indices
     below rtot[r] (``WINDOW``: and from rlo[r] on, a sliding window's origin; the walk skips the
     lane's chunks below every row's); in a chunk where it sees none its state is kept as it was,
     so its bits are those of a walk that stopped at its own end. Every operation is either per element, an
@@ -132,6 +143,8 @@ def _lane(q, rtot, rlo, k_ptr, v_ptr, table_ptr, extra_ptr, row, pre, es, total,
             s = _dot16(q, tl.trans(k), WIDEN) * scale                                    # [MP, KEYS]
         else:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")            # q holds the scale
+        if CAP:
+            s = _soft_cap(s, softcap)
         see = ok[None, :] & (vis[None, :] < rtot[:, None])
         live = b0 < rtot                                        # rows that see some of this chunk
         if WINDOW:
@@ -228,10 +241,11 @@ def _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT: tl.constexpr):
 # compile variants for n == 1 and n % 16 == 0; an eager step of a new kind compiled in the rollout)
 @triton.jit(do_not_specialize=["n"])
 def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, qrow_ptr, prefix_ptr, estart_ptr,
-                  ecount_ptr, extra_ptr, origin_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
+                  ecount_ptr, extra_ptr, origin_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale, softcap,
                   H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr, D: tl.constexpr,
                   BLOCK: tl.constexpr, KEYS: tl.constexpr, LANES: tl.constexpr, QT: tl.constexpr,
-                  WHOLE: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr, WINDOW: tl.constexpr):
+                  WHOLE: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr, WINDOW: tl.constexpr,
+                  CAP: tl.constexpr):
     """Program (t, kh[, lane]): token t's group (``_group``: t alone where QT is 1, or t and
     the tokens of its row's chain or prefill that follow it, up to QT; nothing where t is not
     the first of its group), the G query heads of KV head kh of each of its tokens as rows
@@ -240,7 +254,8 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
     else this lane's states stored in part [N, KV, LANES, GP, D + 2] (values, max, sum), and the
     group's last lane to arrive at its counter (``count_ptr``, t * KV + kh) merges the LANES
     states in lane order, as WHOLE does, and stores the results. ``WINDOW``: each token sees no
-    position of its prefix below its origin (``origin_ptr`` [N] int32, a sliding window's)."""
+    position of its prefix below its origin (``origin_ptr`` [N] int32, a sliding window's).
+    ``CAP``: scores soft-capped at ``softcap`` (Gemma 2's)."""
     t = tl.program_id(0)
     kh = tl.program_id(1)
     row = tl.load(qrow_ptr + t)
@@ -272,14 +287,15 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
             acc = tl.zeros([MP, D], tl.float32)
             for lane in range(0, LANES):
                 m2, l2, acc2 = _lane(q, rtot, rlo, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh,
-                                     lane, k_s0, k_s1, v_s0, v_s1, t_s0, scale, LANES, MP, D, BLOCK, KEYS, TC, WIDEN,
-                                     WINDOW)
+                                     lane, k_s0, k_s1, v_s0, v_s1, t_s0, scale, softcap, LANES, MP, D, BLOCK, KEYS,
+                                     TC, WIDEN, WINDOW, CAP)
                 m, l, acc = _merge(m, l, acc, m2, l2, acc2)
             _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)
         else:
             lane = tl.program_id(2)
             m, l, acc = _lane(q, rtot, rlo, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
-                              k_s0, k_s1, v_s0, v_s1, t_s0, scale, LANES, MP, D, BLOCK, KEYS, TC, WIDEN, WINDOW)
+                              k_s0, k_s1, v_s0, v_s1, t_s0, scale, softcap, LANES, MP, D, BLOCK, KEYS, TC, WIDEN,
+                              WINDOW, CAP)
             kv = tl.num_programs(1)
             state = part_ptr + (((t + i) * kv + kh) * LANES) * GP * (D + 2) + g * (D + 2)   # lane 0's
             mine = state + lane * GP * (D + 2)

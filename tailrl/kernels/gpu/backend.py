@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -133,8 +134,7 @@ class TritonBackend(Backend):
             if bias is not None:
                 qkv = qkv + bias
             cos, sin = (t[rope.positions].to(qkv.dtype).unsqueeze(1) for t in (rope.cos, rope.sin))
-            return REFERENCE.rope_attend(qkv, Rope(rope.positions, cos, sin, rope.origin, rope.scale), k_cache, v_cache,
-                                         meta, heads)
+            return REFERENCE.rope_attend(qkv, replace(rope, cos=cos, sin=sin), k_cache, v_cache, meta, heads)
         if qkv.stride(-1) != 1:
             raise ValueError("rope_attend: qkv rows must be contiguous")
         check_caches(k_cache, v_cache, meta)
@@ -154,8 +154,9 @@ class TritonBackend(Backend):
             q, k_cache, v_cache, out, part, count, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
             meta.extra, meta.prefix if rope.origin is None else rope.origin, k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), meta.block_table.stride(0), n,
-            d ** -0.5 if rope.scale is None else rope.scale, H=heads, G=g, GP=gp, MP=mp, D=d, BLOCK=BLOCK, KEYS=KEYS,
-            LANES=LANES, QT=qt, WHOLE=whole, TC=tc, WIDEN=INTERPRETED, WINDOW=rope.origin is not None,
+            d ** -0.5 if rope.scale is None else rope.scale, rope.softcap or 1.0, H=heads, G=g, GP=gp, MP=mp, D=d,
+            BLOCK=BLOCK, KEYS=KEYS, LANES=LANES, QT=qt, WHOLE=whole, TC=tc, WIDEN=INTERPRETED,
+            WINDOW=rope.origin is not None, CAP=bool(rope.softcap),
             num_warps=4 if KEYS <= 32 else 8, **EXACT)
         return out
 
