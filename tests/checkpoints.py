@@ -29,6 +29,8 @@ ARCH_CONFIGS = {
     # (caps low enough that a random model's scores and logits reach them)
     "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
                                     attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
+    # SmolLM3: RoPE left out of every second layer here (every fourth in the published model)
+    "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2)),
     # YaRN's RoPE (Qwen2.5's long-context setting): 4x an original context of 32 positions
     "qwen2_yarn": ("Qwen2Config", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                                         "original_max_position_embeddings": 32})),

@@ -13,6 +13,7 @@ from tailrl.model.families import (
     moe_fields,
     olmo_fields,
     rope_fields,
+    smollm3_fields,
 )
 
 # architecture name in config.json -> family flags
@@ -37,7 +38,11 @@ SUPPORTED_ARCHITECTURES = {
     # (families.py); OLMo 3's sliding windows
     "Olmo2ForCausalLM": dict(qkv_bias=None, qk_norm=False),
     "Olmo3ForCausalLM": dict(qkv_bias=None, qk_norm=False),
+    # SmolLM3: Llama's layer, RoPE left out of every fourth (NoPE; families.py)
+    "SmolLM3ForCausalLM": dict(qkv_bias=None, qk_norm=False),
 }
+# attention_bias gives the output projection a bias too
+O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO)
 # every layer attends over a sliding window of ``sliding_window`` positions where the config sets one
 SLIDING_WINDOW_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
 
@@ -87,6 +92,7 @@ class ModelArgs:
     qk_norm_whole: bool = False             # OLMo: q and k each normed over all heads at once
     attn_softcap: float = 0.0               # Gemma 2: scores s become attn_softcap * tanh(s / attn_softcap) (0: none)
     logit_softcap: float = 0.0              # Gemma 2: logits capped the same way before sampling (0: none)
+    nope_layers: tuple[int, ...] = ()       # SmolLM3: the layers without RoPE (q and k attend as projected)
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""
@@ -163,6 +169,8 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             fields.update(gemma3_fields(cfg, source, layers))
         if arch == "Gemma2ForCausalLM":
             fields.update(gemma2_fields(cfg, source, layers))
+        if arch == "SmolLM3ForCausalLM":
+            fields.update(smollm3_fields(cfg, source, layers))
         if arch in OLMO:
             fields.update(olmo_fields(arch, cfg, source, layers))
         return ModelArgs(
@@ -178,7 +186,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(qkv_bias),
-            o_bias=bool(cfg.get("attention_bias", False)) and arch in ("LlamaForCausalLM", *OLMO),
+            o_bias=bool(cfg.get("attention_bias", False)) and arch in O_BIAS,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=flags["qk_norm"],
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),

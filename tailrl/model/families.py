@@ -1,6 +1,6 @@
 """What each family of architectures adds to ``ModelArgs``, read from its Hugging Face config (no
-transformers import): RoPE's variants, the mixtures of experts' fields, Gemma 3's and OLMo's
-layers. Each reader returns ModelArgs fields as a dict (args.py builds the ModelArgs) and raises
+transformers import): RoPE's variants, the mixtures of experts' fields, Gemma's, OLMo's and
+SmolLM3's layers. Each reader returns ModelArgs fields as a dict (args.py builds the ModelArgs) and raises
 ValueError naming what it does not support; a missing field is a KeyError args.py names."""
 from __future__ import annotations
 
@@ -184,3 +184,18 @@ def olmo_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
         full, local = _per_kind(cfg, 500_000.0, None)
         fields.update(_windowed(cfg, source, layers, 4, full, local))
     return fields
+
+
+def smollm3_fields(cfg: dict, source: str, layers: int) -> dict:
+    """SmolLM3's ModelArgs field: the layers without RoPE, where ``no_rope_layers`` has a 0 (or,
+    without that list, every ``no_rope_layer_interval``-th layer, as transformers fills it in)."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = int(cfg.get("no_rope_layer_interval", 4))
+        if interval < 1:
+            raise ValueError(f"model: no_rope_layer_interval must be >= 1 in {source}, got {interval}")
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(flags) != layers:
+        raise ValueError(f"model: no_rope_layers in {source} must hold one flag for each of its {layers} layers, "
+                         f"got {len(flags)}")
+    return dict(nope_layers=tuple(i for i, use_rope in enumerate(flags) if not use_rope))

@@ -1,4 +1,4 @@
-"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 2-3 / OLMo 2-3, and
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 2-3 / OLMo 2-3 / SmolLM3, and
 mixtures of experts: moe.py) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
@@ -7,10 +7,13 @@ cache, logits computed only for the rows that are sampled.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from tailrl.kernels import AttentionMeta, Backend, Rope, RopeTables, select
+from tailrl.kernels.backend import origins
 from tailrl.model.args import ModelArgs
 from tailrl.model.hf_names import check, checkpoint_names, load_hf, slots
 from tailrl.model.moe import SparseMoe
@@ -110,8 +113,9 @@ class Transformer(nn.Module):
                  device: str | torch.device = "cpu", reduce=None, head: bool = True):
         super().__init__()
         self.args, self.head = a, head
-        # the kinds of attention layer: (sliding window or 0, whether it reads the local RoPE tables)
-        kinds = [(a.window(i), bool(a.window(i) and a.local_rope_theta)) for i in range(a.num_layers)]
+        # the kinds of attention layer: (sliding window or 0, the RoPE tables it reads: ``rope_tables``)
+        kinds = [(a.window(i), "nope_" if i in a.nope_layers else "local_" if a.window(i) and a.local_rope_theta
+                  else "") for i in range(a.num_layers)]
         self.kinds = sorted(set(kinds))
         with torch.device("meta"):
             self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
@@ -132,6 +136,12 @@ class Transformer(nn.Module):
                                           yarn=yarn)
                     self.register_buffer(f"{prefix}cos{suffix}", cos, persistent=False)
                     self.register_buffer(f"{prefix}sin{suffix}", sin, persistent=False)
+        if a.nope_layers:                   # SmolLM3's layers without RoPE: a rotation by 0, [1, D] (``_rope``)
+            for suffix, dt in (("", dtype), ("_acc", acc)):
+                self.register_buffer(f"nope_cos{suffix}", torch.ones(1, a.head_dim, dtype=dt, device=device),
+                                     persistent=False)
+                self.register_buffer(f"nope_sin{suffix}", torch.zeros(1, a.head_dim, dtype=dt, device=device),
+                                     persistent=False)
         # Gemma: embeddings times sqrt(hidden_size), that factor rounded to the model's dtype first
         scale = torch.tensor(a.hidden_size ** 0.5, dtype=dtype, device=device) if a.scale_embeddings else None
         self.register_buffer("embed_scale", scale, persistent=False)
@@ -146,8 +156,7 @@ class Transformer(nn.Module):
             x = x * self.embed_scale
         kernels = select(x.device, x.dtype)                                 # the one place a backend is chosen
         a = self.args
-        ropes = [kernels.rope(self.rope_tables(local), positions, window, a.attn_scale or None, a.attn_softcap or None)
-                 for window, local in self.kinds]
+        ropes = [self._rope(kernels, positions, window, tables) for window, tables in self.kinds]
         y = None
         for layer, (k_cache, v_cache) in zip(self.layers, caches):
             x, y = layer(x, y, kernels, ropes[layer.kind], k_cache, v_cache, meta)
@@ -155,11 +164,20 @@ class Transformer(nn.Module):
             return kernels.rms_norm(x, self.norm, a.rms_norm_eps)
         return kernels.add_rms_norm(x, y, self.norm, a.rms_norm_eps)[1]
 
-    def rope_tables(self, local: bool = False) -> RopeTables:
-        """The RoPE tables of the full-attention layers, or (``local``) of Gemma's sliding-window ones."""
-        if local:
-            return RopeTables(self.local_cos, self.local_sin, self.local_cos_acc, self.local_sin_acc)
-        return RopeTables(self.cos, self.sin, self.cos_acc, self.sin_acc)
+    def _rope(self, kernels: Backend, positions: torch.Tensor, window: int, tables: str) -> Rope:
+        """What one kind of layer's attention reads this forward. A layer without RoPE (SmolLM3's
+        NoPE) reads its one-row tables at row 0 for every token, a rotation by 0: q and k times
+        1 plus their partners times 0, themselves exactly (its window's origins from the true
+        positions)."""
+        a = self.args
+        at = torch.zeros_like(positions) if tables == "nope_" else positions
+        rope = kernels.rope(self.rope_tables(tables), at, window, a.attn_scale or None, a.attn_softcap or None)
+        return rope if at is positions else replace(rope, origin=origins(positions, window))
+
+    def rope_tables(self, prefix: str = "") -> RopeTables:
+        """The RoPE tables of the full-attention layers (``prefix`` ""), of Gemma 3's sliding-window
+        ones ("local_"), or of the layers without RoPE ("nope_": [1, D], cos 1 and sin 0)."""
+        return RopeTables(*(getattr(self, f"{prefix}{name}") for name in ("cos", "sin", "cos_acc", "sin_acc")))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

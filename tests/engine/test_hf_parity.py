@@ -26,6 +26,7 @@ VARIANTS = {
     "qwen2_yarn": ("qwen2_yarn", {}),
     "olmo2": ("olmo2", {}),
     "olmo3": ("olmo3", {}),
+    "smollm3": ("smollm3", {}),
 }
 
 

@@ -3,6 +3,7 @@ to Hugging Face's, and speculation lossless in bfloat16 with windows shorter tha
 import pytest
 import torch
 import transformers
+from lossless import assert_speculation_lossless
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 
@@ -27,19 +28,7 @@ def test_speculation_with_chains_and_trees_is_lossless_past_the_window(ckpt_dir,
     and 32, Gemma 2's scores and logits soft-capped: tokens and log-probabilities identical with
     and without drafts (chains, then trees of 3 paths), the second call drafting from the
     first's history."""
-    path = ckpt_dir(arch, init_std=3.0, dtype=torch.bfloat16)
-    prompts = [[5, 17, 30, 8, 9, 5, 17, 30], [40, 41, 42, 40, 41], [7] * 12]
-    sp = SamplingParams(n=3, temperature=1.0, max_tokens=48, ignore_eos=True, seed=3)
-    plain = LLM(path)
-    want = [plain.generate(prompts, sp) for _ in range(2)]
-    for paths in (1, 3):
-        spec = LLM(path, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=6, max_tree_paths=paths))
-        for a in want:
-            b = spec.generate(prompts, sp)
-            for x, y in zip(a, b, strict=True):
-                for cx, cy in zip(x.outputs, y.outputs, strict=True):
-                    assert (cy.token_ids, cy.logprobs) == (cx.token_ids, cx.logprobs), (arch, paths)
-        assert spec.last_metrics["rollout/spec_accepted_tokens"] > 0
+    assert_speculation_lossless(ckpt_dir(arch, init_std=3.0, dtype=torch.bfloat16))
 
 
 def test_drafts_as_long_as_the_window_are_refused_before_loading(ckpt_dir):
