@@ -31,6 +31,10 @@ ARCH_CONFIGS = {
                                     attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
     # SmolLM3: RoPE left out of every second layer here (every fourth in the published model)
     "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2)),
+    # GLM-4: RoPE on half of each head, on interleaved pairs; norms after attention and the MLP
+    "glm4": ("Glm4Config", dict(head_dim=16)),
+    # Phi-3's RoPE on part of a head (Phi-4-mini's 3/4), rotate-half within it
+    "phi3_partial": ("Phi3Config", dict(partial_rotary_factor=0.75)),
     # YaRN's RoPE (Qwen2.5's long-context setting): 4x an original context of 32 positions
     "qwen2_yarn": ("Qwen2Config", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                                         "original_max_position_embeddings": 32})),

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from tailrl.model.families import (
     GEMMA,
     GEMMA3,
+    GLM4_DEFAULTS,
     OLMO,
     gemma2_fields,
     gemma3_config,
@@ -40,6 +41,9 @@ SUPPORTED_ARCHITECTURES = {
     "Olmo3ForCausalLM": dict(qkv_bias=None, qk_norm=False),
     # SmolLM3: Llama's layer, RoPE left out of every fourth (NoPE; families.py)
     "SmolLM3ForCausalLM": dict(qkv_bias=None, qk_norm=False),
+    # GLM-4 (GLM-4-0414, GLM-Z1): RoPE on half of each head, on interleaved pairs (rope.py); norms
+    # after attention and the MLP too, gate/up fused in the checkpoint (hf_names.py)
+    "Glm4ForCausalLM": dict(qkv_bias=None, qk_norm=False),
 }
 # attention_bias gives the output projection a bias too
 O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO)
@@ -93,6 +97,8 @@ class ModelArgs:
     attn_softcap: float = 0.0               # Gemma 2: scores s become attn_softcap * tanh(s / attn_softcap) (0: none)
     logit_softcap: float = 0.0              # Gemma 2: logits capped the same way before sampling (0: none)
     nope_layers: tuple[int, ...] = ()       # SmolLM3: the layers without RoPE (q and k attend as projected)
+    rotary_dim: int = 0                     # RoPE on the first rotary_dim dimensions of a head (0: all; rope.py)
+    rope_interleaved: bool = False          # GLM-4: RoPE turns dimensions 2i and 2i + 1 together (rope.py)
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""
@@ -147,10 +153,13 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
     flags = SUPPORTED_ARCHITECTURES[arch]
     if arch in GEMMA3:
         cfg = gemma3_config(cfg, arch)
+    if arch == "Glm4ForCausalLM":
+        cfg = {**GLM4_DEFAULTS, **cfg}
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         layers = int(cfg["num_hidden_layers"])
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
         if cfg.get("use_sliding_window"):
             raise ValueError(f"model: use_sliding_window=true in {source} is not supported")
         max_pos = int(cfg.get("max_position_embeddings", 2048))
@@ -164,13 +173,15 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
         qkv_bias = flags["qkv_bias"]
         if qkv_bias is None:
             qkv_bias = bool(cfg.get("attention_bias", False))
-        fields = dict(rope_fields(cfg, source), layer_windows=windows, hidden_act=act)
+        fields = dict(rope_fields(cfg, source, arch=arch, head_dim=head_dim), layer_windows=windows, hidden_act=act)
         if arch in GEMMA3:
             fields.update(gemma3_fields(cfg, source, layers))
         if arch == "Gemma2ForCausalLM":
             fields.update(gemma2_fields(cfg, source, layers))
         if arch == "SmolLM3ForCausalLM":
             fields.update(smollm3_fields(cfg, source, layers))
+        if arch == "Glm4ForCausalLM":
+            fields.update(sandwich_norms=True)
         if arch in OLMO:
             fields.update(olmo_fields(arch, cfg, source, layers))
         return ModelArgs(
@@ -181,7 +192,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

@@ -9,6 +9,11 @@ import math
 MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
 GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GEMMA = ("Gemma2ForCausalLM", *GEMMA3)
+# RoPE on part of a head, as their Hugging Face modules apply it (rope.py); GLM-4's on interleaved pairs
+PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM")
+# GLM-4's config defaults (transformers' Glm4Config) that change what the model computes
+GLM4_DEFAULTS = dict(attention_bias=True, rms_norm_eps=1.5625e-07, eos_token_id=[151329, 151336, 151338],
+                     max_position_embeddings=131_072)
 OLMO = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
@@ -58,10 +63,11 @@ def _yarn(rope: dict, max_pos: int) -> tuple[float, int, float, float, float, bo
             float(attention), bool(rope.get("truncate", True)))
 
 
-def rope_fields(cfg: dict, source: str, rope: dict | None = None) -> dict:
+def rope_fields(cfg: dict, source: str, rope: dict | None = None, arch: str = "", head_dim: int = 0) -> dict:
     """RoPE's ModelArgs fields of a config (``rope``: its RoPE parameters where they are not the
-    config's own): rope_theta, and Llama 3.1's, linear or YaRN scaling; other rope types and RoPE
-    on part of a head are refused naming them."""
+    config's own): rope_theta, and Llama 3.1's, linear or YaRN scaling, and (Phi-3's, GLM-4's
+    ``arch``, heads of ``head_dim``) the dimensions it turns; other rope types, and RoPE on part
+    of a head elsewhere, are refused naming them."""
     if rope is None:
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -74,12 +80,15 @@ def rope_fields(cfg: dict, source: str, rope: dict | None = None) -> dict:
                   int(rope["original_max_position_embeddings"]))
     yarn = _yarn(rope, int(cfg.get("max_position_embeddings", 2048))) if rope_type == "yarn" else None
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
-    if partial is not None and float(partial) != 1.0:
-        raise ValueError(f"model: partial_rotary_factor {partial} in {source} is not supported (RoPE on every "
-                         f"dimension of a head only)")
-    return dict(rope_theta=float(theta), rope_llama3=llama3, rope_yarn=yarn,
-                rope_linear=float(rope["factor"]) if rope_type == "linear" else 1.0)
+    default = 0.5 if arch == "Glm4ForCausalLM" else 1.0
+    partial = float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", default)) or 1.0)
+    rotary = int(head_dim * partial) if partial != 1.0 else 0              # as transformers counts them
+    if partial != 1.0 and (arch not in PARTIAL_ROTARY or rotary % 2 or not 0 < rotary < head_dim):
+        raise ValueError(f"model: partial_rotary_factor {partial} in {source} is not supported (RoPE on part of a "
+                         f"head: {', '.join(PARTIAL_ROTARY)}, on an even number of dimensions)")
+    return dict(rope_theta=float(theta), rope_llama3=llama3, rope_yarn=yarn, rotary_dim=rotary,
+                rope_interleaved=arch == "Glm4ForCausalLM", rope_linear=float(rope["factor"]) if rope_type == "linear"
+                else 1.0)
 
 
 def _layer_types(cfg: dict, source: str, layers: int, pattern: int) -> list[str]:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tailrl.model.rope import head_order
+
 # names a checkpoint may hold that are not weights of ours (rotary tables of old Llama
 # checkpoints; an image-text model's vision tower and projector)
 NOT_WEIGHTS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^(model\.)?(vision_tower|multi_modal_projector)\.")
@@ -33,17 +35,20 @@ class Slot:
     shape: tuple[int, ...]              # the shape the name's tensor must have
     writes: tuple[str, ...]             # the checkpoint names it writes
     plus_one: bool = False              # copied as 1 + the tensor (Gemma's norms scale by 1 + weight)
+    order: torch.Tensor | None = None   # our row i is the tensor's row order[i] (RoPE's order: rope.head_order)
 
 
 def _own(table: dict[str, Slot], name: str, dest: torch.Tensor, shape: tuple[int, ...] | None = None,
-         plus_one: bool = False) -> None:
-    table[name] = Slot(dest, tuple(dest.shape) if shape is None else shape, (name,), plus_one)
+         plus_one: bool = False, order: torch.Tensor | None = None) -> None:
+    table[name] = Slot(dest, tuple(dest.shape) if shape is None else shape, (name,), plus_one, order)
 
 
-def _rows(table: dict[str, Slot], names: list[str], tensor: torch.Tensor, sizes: list[int]) -> None:
-    """Consecutive row ranges of a fused tensor (its first dimension), one per name."""
-    for name, part in zip(names, torch.split(tensor, sizes)):
-        _own(table, name, part)
+def _rows(table: dict[str, Slot], names: list[str], tensor: torch.Tensor, sizes: list[int],
+          orders: list[torch.Tensor | None] | None = None) -> None:
+    """Consecutive row ranges of a fused tensor (its first dimension), one per name (each with
+    its order of rows, or None)."""
+    for name, part, order in zip(names, torch.split(tensor, sizes), orders or [None] * len(names)):
+        _own(table, name, part, order=order)
 
 
 def _experts(table: dict[str, Slot], moe, mixtral: bool, p: str) -> None:
@@ -74,46 +79,19 @@ def _experts(table: dict[str, Slot], moe, mixtral: bool, p: str) -> None:
 def slots(model) -> dict[str, Slot]:
     """Every Hugging Face name ``model`` (transformer.Transformer) takes, with its slot."""
     a, table = model.args, {}
-    norm = a.norm_plus_one
     _own(table, "model.embed_tokens.weight", model.embed.weight)
-    _own(table, "model.norm.weight", model.norm, plus_one=norm)
+    _own(table, "model.norm.weight", model.norm, plus_one=a.norm_plus_one)
     if model.lm_head is not None:
         _own(table, "lm_head.weight", model.lm_head.weight)
-    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    fused = a.architecture == "Phi3ForCausalLM"
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        att = p + "self_attn."
-        if layer.input_norm is not None:
-            _own(table, p + "input_layernorm.weight", layer.input_norm, plus_one=norm)
-        if layer.attn_out_norm is None:     # Llama's: the MLP's input norm
-            _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
-        else:                               # Gemma's, OLMo's: the attention output's; the MLP's input's
-            # (Gemma) and its output's
-            _own(table, p + "post_attention_layernorm.weight", layer.attn_out_norm, plus_one=norm)
-            if layer.post_norm is not None:
-                _own(table, p + "pre_feedforward_layernorm.weight", layer.post_norm, plus_one=norm)
-            _own(table, p + "post_feedforward_layernorm.weight", layer.mlp_out_norm, plus_one=norm)
-        if fused:                           # Phi-3: the checkpoint's tensors are fused as ours
-            _own(table, att + "qkv_proj.weight", layer.qkv.weight)
-        else:
-            _rows(table, [att + f"{x}_proj.weight" for x in "qkv"], layer.qkv.weight, [q, kv, kv])
-        if a.qkv_bias:
-            _rows(table, [att + f"{x}_proj.bias" for x in "qkv"], layer.qkv.bias, [q, kv, kv])
-        _own(table, att + "o_proj.weight", layer.o.weight)
-        if a.o_bias:
-            _own(table, att + "o_proj.bias", layer.o.bias)
-        if layer.qk_norm is not None:      # one [D] weight per projection, every head's
-            _own(table, att + "q_norm.weight", layer.qk_norm[:a.num_heads], (a.head_dim,), norm)
-            _own(table, att + "k_norm.weight", layer.qk_norm[a.num_heads:], (a.head_dim,), norm)
-        if layer.q_norm is not None:       # OLMo: over all heads, [H * D] and [KV * D]
-            _own(table, att + "q_norm.weight", layer.q_norm)
-            _own(table, att + "k_norm.weight", layer.k_norm)
+        _norms(table, layer, p, a)
+        _attention(table, layer, p + "self_attn.", a)
         if layer.moe is not None:
             _experts(table, layer.moe, a.architecture == "MixtralForCausalLM", p)
             continue
         mlp = p + "mlp."
-        if fused:
+        if a.architecture in FUSED_MLP:
             _own(table, mlp + "gate_up_proj.weight", layer.gate_up.weight)
         else:
             _rows(table, [mlp + "gate_proj.weight", mlp + "up_proj.weight"], layer.gate_up.weight,
@@ -124,6 +102,56 @@ def slots(model) -> dict[str, Slot]:
                   [a.intermediate_size] * 2)
             _own(table, mlp + "down_proj.bias", layer.down.bias)
     return table
+
+
+# the checkpoint's MLP gate/up projection fused as ours (Phi-3's QKV too)
+FUSED_MLP = ("Phi3ForCausalLM", "Glm4ForCausalLM")
+
+
+def _norms(table: dict[str, Slot], layer, p: str, a) -> None:
+    """A layer's norms: Llama's before attention and the MLP; Gemma's, OLMo's and GLM-4's after
+    them too (OLMo: only after)."""
+    one = a.norm_plus_one
+    if layer.input_norm is not None:
+        _own(table, p + "input_layernorm.weight", layer.input_norm, plus_one=one)
+    if layer.attn_out_norm is None:         # Llama's: the MLP's input norm
+        _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
+    elif a.architecture == "Glm4ForCausalLM":
+        _own(table, p + "post_self_attn_layernorm.weight", layer.attn_out_norm)
+        _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
+        _own(table, p + "post_mlp_layernorm.weight", layer.mlp_out_norm)
+    else:                                   # Gemma's, OLMo's: the attention output's; the MLP's input's
+        # (Gemma) and its output's
+        _own(table, p + "post_attention_layernorm.weight", layer.attn_out_norm, plus_one=one)
+        if layer.post_norm is not None:
+            _own(table, p + "pre_feedforward_layernorm.weight", layer.post_norm, plus_one=one)
+        _own(table, p + "post_feedforward_layernorm.weight", layer.mlp_out_norm, plus_one=one)
+
+
+def _attention(table: dict[str, Slot], layer, att: str, a) -> None:
+    """A layer's attention projections (each query and key head's rows in our RoPE's order:
+    rope.head_order) and q/k norms."""
+    d = a.head_dim
+    q, kv = a.num_heads * d, a.num_kv_heads * d
+    order = head_order(d, a.rotary_dim, a.rope_interleaved)
+    q_rows, k_rows = (None, None) if order is None else (
+        (torch.arange(n)[:, None] * d + order).reshape(-1) for n in (a.num_heads, a.num_kv_heads))
+    if a.architecture == "Phi3ForCausalLM":     # the checkpoint's QKV fused as ours
+        rows = None if order is None else torch.cat([q_rows, q + k_rows, torch.arange(q + kv, q + 2 * kv)])
+        _own(table, att + "qkv_proj.weight", layer.qkv.weight, order=rows)
+    else:
+        _rows(table, [att + f"{x}_proj.weight" for x in "qkv"], layer.qkv.weight, [q, kv, kv], [q_rows, k_rows, None])
+    if a.qkv_bias:
+        _rows(table, [att + f"{x}_proj.bias" for x in "qkv"], layer.qkv.bias, [q, kv, kv], [q_rows, k_rows, None])
+    _own(table, att + "o_proj.weight", layer.o.weight)
+    if a.o_bias:
+        _own(table, att + "o_proj.bias", layer.o.bias)
+    if layer.qk_norm is not None:           # one [D] weight per projection, every head's
+        _own(table, att + "q_norm.weight", layer.qk_norm[:a.num_heads], (d,), a.norm_plus_one, order)
+        _own(table, att + "k_norm.weight", layer.qk_norm[a.num_heads:], (d,), a.norm_plus_one, order)
+    if layer.q_norm is not None:            # OLMo: over all heads, [H * D] and [KV * D]
+        _own(table, att + "q_norm.weight", layer.q_norm, order=q_rows)
+        _own(table, att + "k_norm.weight", layer.k_norm, order=k_rows)
 
 
 def checkpoint_names(table: dict[str, Slot]) -> list[str]:
@@ -197,6 +225,8 @@ def load_hf(model, weights: Mapping | Iterable, complete: bool) -> set[str]:
     for name, tensor in pairs:
         slot = _slot(table, tied, name, tensor.shape)
         if slot is not None:
+            if slot.order is not None:
+                tensor = tensor.index_select(0, slot.order.to(tensor.device))
             slot.dest.copy_(tensor.double() + 1 if slot.plus_one else tensor)
             written.update(slot.writes)
     return written

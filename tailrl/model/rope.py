@@ -1,4 +1,13 @@
-"""Rotary position embedding (the "rotate half" layout used by Qwen2/Qwen3/Llama/Mistral/Gemma)."""
+"""Rotary position embedding in the "rotate half" layout our kernels apply (Qwen2/Qwen3/Llama/Mistral/
+Gemma's): dimension d of a head turns with its partner d + D/2 at the frequency of d mod D/2.
+
+RoPE on part of a head (``partial_rotary_factor``: Phi-3's form, on its first R dimensions) and
+RoPE of interleaved pairs (GLM-4's: dimensions 2i and 2i + 1 turn together) are the same
+rotation of other pairs of dimensions. A head's dimensions are reordered once, in the query
+and key projections' rows as they load (``head_order``), so that every turning pair sits at
+(d, d + D/2); the dimensions that do not turn take the remaining places, with cos 1 and sin 0
+(``rope_table``): x * 1 + partner * 0 is x exactly. Attention's scores, sums over a head's
+dimensions, do not depend on their order (up to rounding); values are not reordered."""
 from __future__ import annotations
 
 import math
@@ -45,13 +54,34 @@ def inv_frequencies(head_dim: int, theta: float, llama3: tuple[float, float, flo
 
 def rope_table(head_dim: int, max_len: int, theta: float, dtype: torch.dtype,
                device: str | torch.device = "cpu", llama3: tuple[float, float, float, int] | None = None,
-               linear: float = 1.0, yarn: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               linear: float = 1.0, yarn: tuple | None = None,
+               rotary_dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables, each [max_len, head_dim] (the half-dim frequencies repeated twice;
-    with YaRN, both times its attention factor)."""
-    inv_freq = inv_frequencies(head_dim, theta, llama3, linear, yarn)
-    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)  # [T, D/2]
-    angles = torch.cat([angles, angles], dim=-1)                                 # [T, D]
+    with YaRN, both times its attention factor). ``rotary_dim`` R (0: the head's): the R / 2
+    frequencies of R dimensions at d and d + D/2 for d < R / 2, cos 1 and sin 0 elsewhere."""
+    r = rotary_dim or head_dim
+    inv_freq = inv_frequencies(r, theta, llama3, linear, yarn)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)  # [T, R/2]
     scale = yarn[4] if yarn is not None else 1.0
-    return ((angles.cos() * scale).to(dtype=dtype, device=device),
-            (angles.sin() * scale).to(dtype=dtype, device=device))
+    cos, sin = angles.cos() * scale, angles.sin() * scale
+    rest = head_dim // 2 - r // 2                                                # dimensions that do not turn
+    cos = torch.cat([cos, torch.ones(max_len, rest, dtype=torch.float64)], dim=-1)
+    sin = torch.cat([sin, torch.zeros(max_len, rest, dtype=torch.float64)], dim=-1)
+    return (torch.cat([cos, cos], dim=-1).to(dtype=dtype, device=device),      # [T, D]
+            torch.cat([sin, sin], dim=-1).to(dtype=dtype, device=device))
+
+
+def head_order(head_dim: int, rotary_dim: int = 0, interleaved: bool = False) -> torch.Tensor | None:
+    """Which of a checkpoint's head dimensions each of ours is ([head_dim], int64; None where they
+    are the same): the R turning ones (R = ``rotary_dim``, 0: all) as our pairs (d, d + D/2) for
+    d < R / 2, from the checkpoint's pairs (d, d + R/2) or (``interleaved``) (2d, 2d + 1); the
+    others, in order, in the places left."""
+    d, r = head_dim, rotary_dim or head_dim
+    if r == d and not interleaved:
+        return None
+    half, rest = r // 2, (d - r) // 2
+    first = torch.arange(half) * 2 if interleaved else torch.arange(half)       # each pair's first, second
+    second = first + 1 if interleaved else first + half
+    passed = torch.arange(r, d)
+    return torch.cat([first, passed[:rest], second, passed[rest:]])
 

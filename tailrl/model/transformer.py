@@ -133,7 +133,7 @@ class Transformer(nn.Module):
                 llama3, yarn = (a.rope_llama3, a.rope_yarn) if not prefix else (None, None)
                 for suffix, dt in (("", dtype), ("_acc", acc)):
                     cos, sin = rope_table(a.head_dim, max_len, theta, dt, device, llama3=llama3, linear=linear,
-                                          yarn=yarn)
+                                          yarn=yarn, rotary_dim=a.rotary_dim)
                     self.register_buffer(f"{prefix}cos{suffix}", cos, persistent=False)
                     self.register_buffer(f"{prefix}sin{suffix}", sin, persistent=False)
         if a.nope_layers:                   # SmolLM3's layers without RoPE: a rotation by 0, [1, D] (``_rope``)

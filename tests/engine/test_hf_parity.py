@@ -27,6 +27,8 @@ VARIANTS = {
     "olmo2": ("olmo2", {}),
     "olmo3": ("olmo3", {}),
     "smollm3": ("smollm3", {}),
+    "glm4": ("glm4", {}),
+    "phi3_partial": ("phi3_partial", {}),
 }
 
 

@@ -179,12 +179,12 @@ def test_a_mixture_of_experts_counts_its_published_size_and_its_gpu_budget(name,
     assert size_kv(args, cfg_gpu, 2)[0] == int(spare // (args.kv_bytes_per_token * 2)) > 0
 
 
-def test_phi3s_partial_rotary_and_long_context_rope_are_refused_by_name():
+def test_phi3s_partial_rotary_is_read_and_long_context_rope_refused_by_name():
     base = dict(architectures=["Phi3ForCausalLM"], hidden_size=64, num_attention_heads=4, intermediate_size=128,
                 num_hidden_layers=2, vocab_size=97, max_position_embeddings=4096, sliding_window=2047)
     args = parse_config(base)                                           # Phi-3-mini-4k's window: each layer's
     assert (args.max_position_embeddings, args.layer_windows) == (4096, (2047, 2047))
-    with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):   # Phi-4-mini's
-        parse_config(dict(base, partial_rotary_factor=0.75))
-    with pytest.raises(ValueError, match="rope type 'longrope'"):         # Phi-3's 128k variants
+    partial = parse_config(dict(base, partial_rotary_factor=0.75))     # Phi-4-mini's: 12 of 16 dimensions
+    assert (partial.rotary_dim, partial.rope_interleaved) == (12, False)
+    with pytest.raises(ValueError, match="rope type 'longrope'"):         # Phi-3's 128k variants, Phi-4-mini
         parse_config(dict(base, rope_scaling={"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}))
