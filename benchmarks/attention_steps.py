@@ -42,6 +42,38 @@ def chain_step(rows: int, context: int, chain: int, device: str, heads: int, kv_
     return qkv, torch.tensor(positions, device=device), k, v, meta
 
 
+def step_shapes(rows: str, contexts: str) -> list[tuple[int, int, int]]:
+    """(rows, context, chain) of the benchmarks' steps: decode steps of each of ``rows`` rows at
+    each of ``contexts`` positions (comma-separated), and verify steps of 64 rows checking a
+    chain of 6 drafts at each context."""
+    cs = [int(c) for c in contexts.split(",")]
+    return [(r, c, 1) for r in map(int, rows.split(",")) for c in cs] + [(64, c, 7) for c in cs]
+
+
+def timed_forms(shapes, heads: int, kv_heads: int, dim: int, forms, calls: int, rounds: int):
+    """For each (rows, context, chain) of ``shapes``: (it, its name, the median microseconds of
+    each of two forms of one layer's ``rope_attend``: ``abba_medians``), bfloat16 through this
+    device's kernels; ``forms(kernels, tables, positions)``: name -> Rope."""
+    from tailrl.kernels import RopeTables, select
+    from tailrl.model.rope import rope_table
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    kernels = select(torch.device(device), torch.bfloat16)
+    cos, sin = rope_table(dim, max(c + chain for _, c, chain in shapes) + 8, 1e4, torch.float32)
+    tables = RopeTables(cos.to(device, torch.bfloat16), sin.to(device, torch.bfloat16), cos.to(device), sin.to(device))
+    for rows, context, chain in shapes:
+        qkv, pos, k, v, meta = chain_step(rows, context, chain, device, heads, kv_heads, dim, multi=chain > 1)
+        medians = abba_medians(kernels, qkv, forms(kernels, tables, pos), k, v, meta, heads, calls, rounds)
+        yield (rows, context, chain), f"{rows}x{context}" + (f"x{chain}" if chain > 1 else ""), medians
+
+
+def device_names() -> dict[str, str]:
+    """The device and kernels the benchmarks' lines name."""
+    from tailrl.kernels import select
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "kernels": select(torch.device(device), torch.bfloat16).name}
+
+
 def abba_medians(kernels, qkv, ropes: dict, k, v, meta, heads: int, calls: int, rounds: int) -> dict[str, float]:
     """Microseconds a ``rope_attend`` call of each of two forms (``ropes``: name -> Rope) takes,
     ``calls`` calls timed together, in ``rounds`` rounds alternating the two (ABBA) after a

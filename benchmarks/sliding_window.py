@@ -17,11 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
-from attention_steps import abba_medians, chain_step
-
-from tailrl.kernels import RopeTables, select
-from tailrl.model.rope import rope_table
+from attention_steps import device_names, step_shapes, timed_forms
 
 H, KV, D = 4, 1, 256
 
@@ -34,22 +30,15 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20, help="calls timed together per round")
     ap.add_argument("--rounds", type=int, default=6)
     a = ap.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    kernels = select(torch.device(device), torch.bfloat16)
-    contexts = [int(c) for c in a.contexts.split(",")]
-    cos, sin = rope_table(D, max(contexts) + 8, 1e4, torch.float32)
-    tables = RopeTables(cos.to(device, torch.bfloat16), sin.to(device, torch.bfloat16), cos.to(device), sin.to(device))
-    shapes = [(r, c, 1) for r in map(int, a.rows.split(",")) for c in contexts] + [(64, c, 7) for c in contexts]
-    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "kernels": kernels.name,
-           "window": a.window, "shapes": {}}
-    for rows, context, chain in shapes:
-        qkv, pos, k, v, meta = chain_step(rows, context, chain, device, H, KV, D, multi=chain > 1)
-        ropes = {"full": kernels.rope(tables, pos), "window": kernels.rope(tables, pos, a.window)}
-        med = abba_medians(kernels, qkv, ropes, k, v, meta, H, a.calls, a.rounds)
-        full, window = med["full"], med["window"]
-        name = f"{rows}x{context}" + (f"x{chain}" if chain > 1 else "")
-        out["shapes"][name] = {"full_us": round(full, 1), "window_us": round(window, 1),
-                               "ratio": round(full / window, 2), "bound": round((context + chain) / a.window, 2)}
+    out = {**device_names(), "window": a.window, "shapes": {}}
+
+    def forms(kernels, tables, pos):
+        return {"full": kernels.rope(tables, pos), "window": kernels.rope(tables, pos, a.window)}
+    for (_, context, chain), name, med in timed_forms(step_shapes(a.rows, a.contexts), H, KV, D, forms, a.calls,
+                                                      a.rounds):
+        out["shapes"][name] = {"full_us": round(med["full"], 1), "window_us": round(med["window"], 1),
+                               "ratio": round(med["full"] / med["window"], 2),
+                               "bound": round((context + chain) / a.window, 2)}
         print(name, out["shapes"][name], flush=True)
     print(json.dumps(out))
 

@@ -15,11 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
-from attention_steps import abba_medians, chain_step
-
-from tailrl.kernels import RopeTables, select
-from tailrl.model.rope import rope_table
+from attention_steps import device_names, step_shapes, timed_forms
 
 H, KV, D = 8, 4, 256
 
@@ -32,19 +28,11 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=10, help="calls timed together per round")
     ap.add_argument("--rounds", type=int, default=6)
     a = ap.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    kernels = select(torch.device(device), torch.bfloat16)
-    contexts = [int(c) for c in a.contexts.split(",")]
-    cos, sin = rope_table(D, max(contexts) + 8, 1e4, torch.float32)
-    tables = RopeTables(cos.to(device, torch.bfloat16), sin.to(device, torch.bfloat16), cos.to(device), sin.to(device))
-    shapes = [(r, c, 1) for r in map(int, a.rows.split(",")) for c in contexts] + [(64, c, 7) for c in contexts]
-    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "kernels": kernels.name,
-           "cap": a.cap, "shapes": {}}
-    for rows, context, chain in shapes:
-        qkv, pos, k, v, meta = chain_step(rows, context, chain, device, H, KV, D, multi=chain > 1)
-        ropes = {"plain": kernels.rope(tables, pos), "capped": kernels.rope(tables, pos, softcap=a.cap)}
-        med = abba_medians(kernels, qkv, ropes, k, v, meta, H, a.calls, a.rounds)
-        name = f"{rows}x{context}" + (f"x{chain}" if chain > 1 else "")
+    out = {**device_names(), "cap": a.cap, "shapes": {}}
+
+    def forms(kernels, tables, pos):
+        return {"plain": kernels.rope(tables, pos), "capped": kernels.rope(tables, pos, softcap=a.cap)}
+    for _, name, med in timed_forms(step_shapes(a.rows, a.contexts), H, KV, D, forms, a.calls, a.rounds):
         out["shapes"][name] = {"plain_us": round(med["plain"], 1), "capped_us": round(med["capped"], 1),
                                "ratio": round(med["capped"] / med["plain"], 3)}
         print(name, out["shapes"][name], flush=True)

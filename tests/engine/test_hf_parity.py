@@ -2,12 +2,9 @@
 import pytest
 import torch
 import transformers
+from parity import our_logits
 
 from tailrl import LLM, SamplingParams
-from tailrl.engine.batch import build_batch
-from tailrl.engine.kv import KVCache
-from tailrl.engine.request import Request
-from tailrl.model.loader import load_model
 
 VARIANTS = {
     "qwen2": ("qwen2", {}),
@@ -30,17 +27,6 @@ VARIANTS = {
     "glm4": ("glm4", {}),
     "phi3_partial": ("phi3_partial", {}),
 }
-
-
-def our_logits(path: str, tokens: list[int]) -> torch.Tensor:
-    """Prefill `tokens` as one chunk and return logits at every position."""
-    model = load_model(path)
-    kv = KVCache(model.args, torch.float32, "cpu", 4096, 4, 512)
-    kv.grow(0, len(tokens))
-    req = Request("r", tokens, SamplingParams(), 0)
-    batch = build_batch([(req, len(tokens))], {}, kv)
-    hidden = model(batch.input_ids, batch.positions, kv.layers(), batch.meta)
-    return model.logits(hidden)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -2,22 +2,18 @@
 (Hugging Face's logits with them, not without), the image-text model's language model loaded
 from either naming of its checkpoint (equal to Hugging Face's logits), and a trainer's weights
 (norms stored as 1 + weight) updating it in place."""
-import dataclasses
 import json
 import os
-import sys
 
 import pytest
 import torch
 import transformers
+from parity import assert_fields_make_hf_logits, our_logits
 from safetensors.torch import load_file, save_file
 
 from tailrl import LLM, SamplingParams
 from tailrl.model.args import parse_config
 from tailrl.model.transformer import Transformer
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "engine"))
-from test_hf_parity import our_logits  # noqa: E402
 
 # google/gemma-3-1b-it's and google/gemma-3-4b-it's config.json (the fields that matter)
 GEMMA3_1B = {
@@ -85,18 +81,7 @@ def test_gemma2s_config_reads_as_transformers_reads_it():
 def test_gemma2s_soft_caps_are_what_makes_its_logits_hugging_faces(ckpt_dir, monkeypatch):
     """Without either cap our logits are far from Hugging Face's (the caps of the test checkpoint
     bite); with both they are within 1e-4 (tests/engine/test_hf_parity.py)."""
-    path = ckpt_dir("gemma2")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokens = list(range(3, 40))
-    with torch.no_grad():
-        ref = hf(torch.tensor([tokens])).logits[0]
-    assert (our_logits(path, tokens) - ref).abs().max().item() < 1e-4
-    import tailrl.model.loader as loader
-    parse = loader.parse_config
-    for cap in ("attn_softcap", "logit_softcap"):
-        monkeypatch.setattr(loader, "parse_config", lambda cfg, source="", cap=cap: dataclasses.replace(
-            parse(cfg, source), **{cap: 0.0}))
-        assert (our_logits(path, tokens) - ref).abs().max().item() > 1e-2, cap
+    assert_fields_make_hf_logits(ckpt_dir("gemma2"), monkeypatch, dict(attn_softcap=0.0), dict(logit_softcap=0.0))
 
 
 def _image_text_checkpoint(path: str) -> transformers.PreTrainedModel:

@@ -1,20 +1,14 @@
 """SmolLM3: its published config read as Hugging Face reads it (RoPE left out of every fourth
 layer), the layers without RoPE being what makes its logits Hugging Face's, and speculation
 lossless in bfloat16."""
-import dataclasses
-import os
-import sys
-
 import pytest
 import torch
 import transformers
 from lossless import assert_speculation_lossless
+from parity import assert_fields_make_hf_logits
 
 from tailrl.model.args import parse_config
 from tailrl.model.transformer import Transformer
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "engine"))
-from test_hf_parity import our_logits  # noqa: E402
 
 # HuggingFaceTB/SmolLM3-3B's config.json (the fields that matter)
 SMOLLM3_3B = {
@@ -44,17 +38,7 @@ def test_the_published_config_reads_as_transformers_reads_it():
 def test_its_layers_without_rope_are_what_makes_its_logits_hugging_faces(ckpt_dir, monkeypatch):
     """With RoPE in every layer our logits are far from Hugging Face's; as configured, within
     1e-4 (tests/engine/test_hf_parity.py)."""
-    path = ckpt_dir("smollm3")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokens = list(range(3, 40))
-    with torch.no_grad():
-        ref = hf(torch.tensor([tokens])).logits[0]
-    assert (our_logits(path, tokens) - ref).abs().max().item() < 1e-4
-    import tailrl.model.loader as loader
-    parse = loader.parse_config
-    monkeypatch.setattr(loader, "parse_config", lambda cfg, source="": dataclasses.replace(
-        parse(cfg, source), nope_layers=()))
-    assert (our_logits(path, tokens) - ref).abs().max().item() > 1e-2
+    assert_fields_make_hf_logits(ckpt_dir("smollm3"), monkeypatch, dict(nope_layers=()))
 
 
 def test_speculation_is_lossless(ckpt_dir):
