@@ -8,13 +8,10 @@ from tailrl.model.families import (
     GEMMA3,
     GLM4_DEFAULTS,
     OLMO,
-    gemma2_fields,
+    family_fields,
     gemma3_config,
-    gemma3_fields,
     moe_fields,
-    olmo_fields,
     rope_fields,
-    smollm3_fields,
 )
 
 # architecture name in config.json -> family flags
@@ -173,17 +170,8 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
         qkv_bias = flags["qkv_bias"]
         if qkv_bias is None:
             qkv_bias = bool(cfg.get("attention_bias", False))
-        fields = dict(rope_fields(cfg, source, arch=arch, head_dim=head_dim), layer_windows=windows, hidden_act=act)
-        if arch in GEMMA3:
-            fields.update(gemma3_fields(cfg, source, layers))
-        if arch == "Gemma2ForCausalLM":
-            fields.update(gemma2_fields(cfg, source, layers))
-        if arch == "SmolLM3ForCausalLM":
-            fields.update(smollm3_fields(cfg, source, layers))
-        if arch == "Glm4ForCausalLM":
-            fields.update(sandwich_norms=True)
-        if arch in OLMO:
-            fields.update(olmo_fields(arch, cfg, source, layers))
+        fields = {**rope_fields(cfg, source, arch=arch, head_dim=head_dim), "layer_windows": windows,
+                  "hidden_act": act, **family_fields(arch, cfg, source, layers)}   # the family's last: they replace
         return ModelArgs(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),

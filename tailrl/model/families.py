@@ -208,3 +208,19 @@ def smollm3_fields(cfg: dict, source: str, layers: int) -> dict:
         raise ValueError(f"model: no_rope_layers in {source} must hold one flag for each of its {layers} layers, "
                          f"got {len(flags)}")
     return dict(nope_layers=tuple(i for i, use_rope in enumerate(flags) if not use_rope))
+
+
+def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
+    """The ModelArgs fields ``arch``'s family sets beyond the common ones and RoPE's (which they
+    may replace: Gemma's and OLMo 3's per kind of layer)."""
+    if arch in GEMMA3:
+        return gemma3_fields(cfg, source, layers)
+    if arch == "Gemma2ForCausalLM":
+        return gemma2_fields(cfg, source, layers)
+    if arch in OLMO:
+        return olmo_fields(arch, cfg, source, layers)
+    if arch == "SmolLM3ForCausalLM":
+        return smollm3_fields(cfg, source, layers)
+    if arch == "Glm4ForCausalLM":               # norms after attention and the MLP too (hf_names.py)
+        return dict(sandwich_norms=True)
+    return {}
