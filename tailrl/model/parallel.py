@@ -7,8 +7,10 @@ that compute them, and the output projection's columns that read them), and the 
 intermediate units [r I/size, ...) (rows of gate/up, columns of down): in a mixture of experts
 every expert's and the shared expert's, the router whole (every rank routes a token alike).
 Norms and the embedding are whole on every rank; the LM head only where logits are computed
-(rank 0). A layer's attention output and its MLP output are then sums over ranks of partial
-products; a bias of those products is added by rank 0 alone.
+(rank 0). OLMo's q/k norms over all heads at once read every rank's heads: they are gathered
+(``OrderedSum.gather``), normed whole with the whole norm's weight, each rank keeping its own.
+A layer's attention output and its MLP output are then sums over ranks of partial products; a
+bias of those products is added by rank 0 alone.
 
 ``OrderedSum`` adds the partials: every rank's gathered, then added in rank order in float32
 (float64 for a float64 model) and rounded once. An element's sum never depends on how many
@@ -33,9 +35,6 @@ class Shard:
 
 def check_split(args: ModelArgs, size: int) -> None:
     """A ValueError naming ``tensor_parallel_size`` where the model does not split over ``size``."""
-    if args.qk_norm_whole and size > 1:
-        raise ValueError(f"tensor_parallel_size: {args.architecture}'s q/k norms are over all heads at once, "
-                         f"which ranks holding some heads each can not compute; use 1")
     widths = [("attention heads", args.num_heads), ("K/V heads", args.num_kv_heads)]
     if len(args.sparse_layers) < args.num_layers:
         widths.append(("MLP intermediate units", args.intermediate_size))
@@ -134,7 +133,15 @@ class OrderedSum:
     float64) and rounded once to the partials' dtype. Every rank gets the same sum."""
 
     def __init__(self, group, size: int):
-        self.group, self.size = group, size
+        self.group, self.size, self.rank = group, size, group.rank()
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``t`` [N, C] side by side in rank order, [N, size * C], on every rank
+        (OLMo's q/k norms over all heads: each rank's heads gathered, normed whole)."""
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        self.group.allgather([parts], [t]).wait()
+        return torch.cat(parts, dim=1)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous()

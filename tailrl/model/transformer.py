@@ -21,7 +21,7 @@ from tailrl.model.rope import rope_table
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, a: ModelArgs, sparse: bool = False, kind: int = 0):
+    def __init__(self, a: ModelArgs, sparse: bool = False, kind: int = 0, ranks: int = 1):
         super().__init__()
         self.a = a
         self.kind = kind                    # which of the forward's Rope objects its attention reads
@@ -33,9 +33,10 @@ class DecoderLayer(nn.Module):
         self.o = nn.Linear(q, a.hidden_size, bias=a.o_bias)
         # q/k norm weights stacked per head: [H + KV, D] (Qwen3, Gemma); None elsewhere
         self.qk_norm = nn.Parameter(torch.ones(a.num_heads + a.num_kv_heads, a.head_dim)) if a.qk_norm else None
-        # OLMo: q's and k's norms over all heads at once, [H * D] and [KV * D]
-        self.q_norm = nn.Parameter(torch.ones(q)) if a.qk_norm_whole else None
-        self.k_norm = nn.Parameter(torch.ones(kv)) if a.qk_norm_whole else None
+        # OLMo: q's and k's norms over all heads at once, [H * D] and [KV * D] (a split layer's: the
+        # whole model's, over every one of its ``ranks``' heads: ``_whole_norm``)
+        self.q_norm = nn.Parameter(torch.ones(q * ranks)) if a.qk_norm_whole else None
+        self.k_norm = nn.Parameter(torch.ones(kv * ranks)) if a.qk_norm_whole else None
         # Gemma, OLMo: the attention's output and the MLP's normed before they join the residual stream
         self.attn_out_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.sandwich_norms else None
         self.mlp_out_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.sandwich_norms else None
@@ -96,10 +97,20 @@ class DecoderLayer(nn.Module):
             qk = (kernels.rms_norm(qk, torch.ones_like(self.qk_norm[0]), a.rms_norm_eps).view(n, nqk, a.head_dim)
                   * self.qk_norm).view(n, -1)
         else:                               # OLMo: Q over all its heads, then K
-            qk = torch.cat([kernels.rms_norm(qkv[:, :q], self.q_norm, a.rms_norm_eps),
-                            kernels.rms_norm(qkv[:, q:q + kv], self.k_norm, a.rms_norm_eps)], dim=1)
+            qk = torch.cat([self._whole_norm(kernels, qkv[:, :q], self.q_norm),
+                            self._whole_norm(kernels, qkv[:, q:q + kv], self.k_norm)], dim=1)
         qkv = torch.cat([qk, qkv[:, q + kv:]], dim=1)
         return kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
+
+
+    def _whole_norm(self, kernels: Backend, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMS norm over all heads at once (OLMo's q or k); in a layer split over ranks, over every
+        rank's heads gathered, this rank's part kept: the whole model's bits."""
+        if self.reduce is None:
+            return kernels.rms_norm(x, weight, self.a.rms_norm_eps)
+        width = x.shape[1]
+        whole = kernels.rms_norm(self.reduce.gather(x), weight, self.a.rms_norm_eps)
+        return whole[:, self.reduce.rank * width:(self.reduce.rank + 1) * width]
 
 
 class Transformer(nn.Module):
@@ -119,7 +130,8 @@ class Transformer(nn.Module):
         self.kinds = sorted(set(kinds))
         with torch.device("meta"):
             self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
-            self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers, self.kinds.index(kinds[i]))
+            self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers, self.kinds.index(kinds[i]),
+                                                     reduce.size if reduce is not None else 1)
                                         for i in range(a.num_layers))
             self.norm = nn.Parameter(torch.ones(a.hidden_size))
             untied = head and not a.tie_word_embeddings

@@ -24,12 +24,13 @@ def assert_same_tokens_close_logprobs(a, b):
     assert max(abs(x - y) for (_, p), (_, q) in zip(a, b) for x, y in zip(p, q)) < 1e-9
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama_bias", "qwen2_moe", "mixtral", "gemma3", "glm4"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama_bias", "qwen2_moe", "mixtral", "gemma3", "glm4", "olmo3"])
 def test_a_model_split_over_two_ranks_computes_the_whole_models_outputs_in_float64(ckpt_dir, arch):
     """Fused QKV rows by head (with their biases), Qwen3's per-head norms, output projections
     whose bias only rank 0 adds, every expert's and the shared expert's units, Gemma's norms of
     the summed outputs and its sliding window (8 positions, 24 tokens generated), GLM-4's heads
-    reordered for RoPE on half of them and its fused gate/up: tokens equal,
+    reordered for RoPE on half of them and its fused gate/up, OLMo 3's q/k norms over every
+    rank's heads: tokens equal,
     log-probabilities to float64 rounding (Qwen2: test_weight_updates_reach_every_rank)."""
     path = ckpt_dir(arch, init_std=1.0)
     split = LLM(path, dtype="float64", tensor_parallel_size=2)
