@@ -312,13 +312,18 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(triton_model, monkeypa
                                      ("qwen2", dict(tie=True, num_heads=8, num_kv_heads=2)),
                                      ("qwen3_moe", {}), ("mixtral", {}), ("gemma3", dict(num_heads=2, num_kv_heads=1)),
                                      ("olmo3", dict(num_heads=2, num_kv_heads=1)),
-                                     pytest.param("qwen2_moe", {}, marks=SLOW_HERE)])
+                                     pytest.param("qwen2_moe", {}, marks=SLOW_HERE),
+                                     pytest.param("gemma2", {}, marks=SLOW_HERE),
+                                     pytest.param("smollm3", {}, marks=SLOW_HERE),
+                                     pytest.param("glm4", {}, marks=SLOW_HERE)])
 def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arch, kw):
     """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases),
     a tied Qwen2 with 4 queries per K/V head, mixtures of experts (their products grouped by
     expert on the device: kernels/gpu/experts.py) and Gemma 3 (a sliding window of 8 positions
     with its own RoPE base; GeGLU, sandwich norms, scaled scores) and OLMo 3 (a window, no norm
-    before attention, q/k norms over all heads): float32 sampled
+    before attention, q/k norms over all heads); on a GPU or with ``-m slow`` also Gemma 2 (soft
+    caps), SmolLM3 (layers without RoPE) and GLM-4 (RoPE on half of each head, interleaved):
+    float32 sampled
     tokens through the Triton kernels equal the native CPU kernels', as the Qwen2 checkpoint's above."""
     from tailrl import LLM, SamplingParams
     path = ckpt_dir(arch, init_std=1.0, **kw, **INTERPRETED_LAYERS)

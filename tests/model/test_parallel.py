@@ -76,6 +76,9 @@ class _Gather:
     def wait(self):
         return True
 
+    def rank(self):
+        return 0
+
 
 def test_the_sum_of_partials_is_added_in_float32_and_rounded_once():
     """1 + 2^-8 + 2^-8: in float32 1 + 2^-7, a bfloat16 number; added in bfloat16 each 2^-8 would
@@ -85,3 +88,10 @@ def test_the_sum_of_partials_is_added_in_float32_and_rounded_once():
     got = OrderedSum(_Gather(theirs), 3)(mine)
     assert got.dtype == torch.bfloat16 and got.tolist() == [[1.0 + 2 ** -7, -1.0]]
     assert ((mine + theirs[0]) + theirs[1]).tolist() == [[1.0, -1.0]]
+
+
+def test_gathered_rows_are_every_ranks_side_by_side_in_rank_order():
+    mine = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    theirs = [torch.tensor([[5.0, 6.0], [7.0, 8.0]]), torch.tensor([[9.0, 10.0], [11.0, 12.0]])]
+    group = OrderedSum(_Gather(theirs), 3)
+    assert group.rank == 0 and torch.equal(group.gather(mine), torch.cat([mine, *theirs], dim=1))
