@@ -1,7 +1,7 @@
 """What each family of architectures adds to ``ModelArgs``, read from its Hugging Face config (no
-transformers import): RoPE's variants, the mixtures of experts' fields, Gemma's, OLMo's and
-SmolLM3's layers. Each reader returns ModelArgs fields as a dict (args.py builds the ModelArgs) and raises
-ValueError naming what it does not support; a missing field is a KeyError args.py names."""
+transformers import): RoPE's variants, the mixtures of experts' fields, Gemma's, OLMo's, SmolLM3's
+and GLM-4's layers. Each reader returns ModelArgs fields as a dict (args.py builds the ModelArgs)
+and raises ValueError naming what it does not support; a missing field is a KeyError args.py names."""
 from __future__ import annotations
 
 import math
@@ -80,15 +80,15 @@ def rope_fields(cfg: dict, source: str, rope: dict | None = None, arch: str = ""
                   int(rope["original_max_position_embeddings"]))
     yarn = _yarn(rope, int(cfg.get("max_position_embeddings", 2048))) if rope_type == "yarn" else None
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    default = 0.5 if arch == "Glm4ForCausalLM" else 1.0
+    default = 0.5 if arch == "Glm4ForCausalLM" else 1.0   # transformers' Glm4Config, top level or in rope_parameters
     partial = float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", default)) or 1.0)
     rotary = int(head_dim * partial) if partial != 1.0 else 0              # as transformers counts them
     if partial != 1.0 and (arch not in PARTIAL_ROTARY or rotary % 2 or not 0 < rotary < head_dim):
         raise ValueError(f"model: partial_rotary_factor {partial} in {source} is not supported (RoPE on part of a "
                          f"head: {', '.join(PARTIAL_ROTARY)}, on an even number of dimensions)")
-    return dict(rope_theta=float(theta), rope_llama3=llama3, rope_yarn=yarn, rotary_dim=rotary,
-                rope_interleaved=arch == "Glm4ForCausalLM", rope_linear=float(rope["factor"]) if rope_type == "linear"
-                else 1.0)
+    linear = float(rope["factor"]) if rope_type == "linear" else 1.0
+    return dict(rope_theta=float(theta), rope_llama3=llama3, rope_yarn=yarn, rope_linear=linear, rotary_dim=rotary,
+                rope_interleaved=arch == "Glm4ForCausalLM")
 
 
 def _layer_types(cfg: dict, source: str, layers: int, pattern: int) -> list[str]:

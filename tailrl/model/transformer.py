@@ -1,5 +1,5 @@
-"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 2-3 / OLMo 2-3 / SmolLM3, and
-mixtures of experts: moe.py) over flattened tokens and a row KV cache.
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 2-3 / OLMo 2-3 /
+SmolLM3 / GLM-4, and mixtures of experts: moe.py) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
@@ -102,7 +102,6 @@ class DecoderLayer(nn.Module):
         qkv = torch.cat([qk, qkv[:, q + kv:]], dim=1)
         return kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
 
-
     def _whole_norm(self, kernels: Backend, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMS norm over all heads at once (OLMo's q or k); in a layer split over ranks, over every
         rank's heads gathered, this rank's part kept: the whole model's bits."""
@@ -182,9 +181,12 @@ class Transformer(nn.Module):
         1 plus their partners times 0, themselves exactly (its window's origins from the true
         positions)."""
         a = self.args
-        at = torch.zeros_like(positions) if tables == "nope_" else positions
-        rope = kernels.rope(self.rope_tables(tables), at, window, a.attn_scale or None, a.attn_softcap or None)
-        return rope if at is positions else replace(rope, origin=origins(positions, window))
+        if tables != "nope_":
+            return kernels.rope(self.rope_tables(tables), positions, window, a.attn_scale or None,
+                                a.attn_softcap or None)
+        rope = kernels.rope(self.rope_tables(tables), torch.zeros_like(positions), 0, a.attn_scale or None,
+                            a.attn_softcap or None)
+        return replace(rope, origin=origins(positions, window))
 
     def rope_tables(self, prefix: str = "") -> RopeTables:
         """The RoPE tables of the full-attention layers (``prefix`` ""), of Gemma 3's sliding-window
