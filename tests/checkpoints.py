@@ -18,6 +18,12 @@ ARCH_CONFIGS = {
                                          moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1])),
     "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
                                          shared_expert_intermediate_size=80, norm_topk_prob=False)),
+    # GLM-4.5: the first layer dense, then 8 routed experts in 2 groups (a token's 3 from the best
+    # group), sigmoid scores with a correction bias, weights times 2.5, an ungated shared expert;
+    # RoPE on half of each head, q/k norms, q/k/v biases
+    "glm4_moe": ("Glm4MoeConfig", dict(head_dim=16, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
+                                       n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+                                       routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
     "mixtral": ("MixtralConfig", dict(head_dim=16, sliding_window=None, num_local_experts=8, num_experts_per_tok=2)),
     # Gemma 3: a sliding-window layer (8 positions, its own RoPE base) and a full one (linear RoPE
     # scaling), the scores scaled by query_pre_attn_scalar ** -0.5 (not head_dim's)

@@ -122,6 +122,12 @@ class Backend:
         """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""
         raise NotImplementedError
 
+    def linear_float32(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``x`` [M, K] (any float dtype, rounded to float32 first) @ the float32 ``weight``
+        [N, K]^T -> float32 [M, N], row-invariant as ``linear`` is (GLM-4.5's router: Hugging
+        Face computes it in float32 whatever the model's dtype). ``linear`` in float32 here."""
+        return self.linear(x.float(), weight)
+
     def draft_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``F.linear``'s result by the fastest product at hand, row invariance not required
         (the learned drafter's: its drafts are verified). PyTorch's by default."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -132,6 +133,16 @@ class CpuBackend(Backend):
                bias.data_ptr() if bias is not None else 0, out.data_ptr(), n, m, n, k, torch.get_num_threads())
         return out
 
+    def linear_float32(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """PyTorch's float32 product is not row-invariant: the float64 one of ``_gemm.cpp`` on
+        the float32 values, rounded to float32 (a product of two float32 values is exact in
+        float64, and K of them add with an error far below float32's rounding: a correctly
+        rounded float32 product but for rare near-ties). The weight's float64 copy is kept
+        while the weight is unchanged (``_as_float64``). Without the native matmul, PyTorch's."""
+        if not NATIVE_GEMM or x.dim() != 2:
+            return F.linear(x.float(), weight.float())
+        return self.linear(x.float().double(), _as_float64(weight)).float()
+
     def draft_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """bfloat16 below ``DRAFT_ROWS`` rows: ``_gemm.cpp`` (it streams the weights once: 1.8-3x
         faster than oneDNN at 1 row of a drafter's products on this CPU); otherwise PyTorch's
@@ -148,6 +159,25 @@ class CpuBackend(Backend):
         _native.rms_norm(_DTYPE_CODE[x.dtype], x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
                          x.shape[0], x.shape[1], eps, torch.get_num_threads())
         return out
+
+
+# id(weight) -> (a weak reference to it, its version counter when copied, its float64 copy)
+_FLOAT64: dict[int, tuple] = {}
+
+
+def _as_float64(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` in float64, copied again only when it has changed since (an in-place write,
+    through any view of it: a trainer's weight update, bumps its version counter; a tensor made
+    in inference mode has none, and is copied every time)."""
+    if weight.is_inference():
+        return weight.double()
+    hit = _FLOAT64.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+        return hit[2]
+    copy = weight.detach().double()
+    _FLOAT64[id(weight)] = (weakref.ref(weight, lambda _, key=id(weight): _FLOAT64.pop(key, None)), weight._version,
+                            copy)
+    return copy
 
 
 CPU = CpuBackend()

@@ -41,6 +41,9 @@ SUPPORTED_ARCHITECTURES = {
     # GLM-4 (GLM-4-0414, GLM-Z1): RoPE on half of each head, on interleaved pairs (rope.py); norms
     # after attention and the MLP too, gate/up fused in the checkpoint (hf_names.py)
     "Glm4ForCausalLM": dict(qkv_bias=None, qk_norm=False),
+    # GLM-4.5 / GLM-4.6: Llama's layer (RoPE on half of each head, rotate-half within it), q/k norms
+    # where use_qk_norm; DeepSeek-V3's mixture of experts after the first dense layers (moe.py)
+    "Glm4MoeForCausalLM": dict(qkv_bias=None, qk_norm=None),        # None: read use_qk_norm
 }
 # attention_bias gives the output projection a bias too
 O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO)
@@ -77,8 +80,16 @@ class ModelArgs:
     moe_intermediate_size: int = 0          # a routed expert's MLP width
     norm_topk_prob: bool = False            # the top-k routing weights renormalised to sum to 1
     sparse_layers: tuple[int, ...] = ()     # the layers whose MLP is the mixture (the others dense)
-    shared_expert_size: int = 0             # Qwen2-MoE: a shared expert's width, gated by a sigmoid (0: none)
-    router_float32: bool = False            # Mixtral: routing weights stay float32 in the weighted sum
+    shared_expert_size: int = 0             # Qwen2-MoE, GLM-4.5: a shared expert's width (0: none)
+    shared_expert_gate: bool = False        # Qwen2-MoE: the shared expert's output gated by a sigmoid
+    router_float32: bool = False            # Mixtral, GLM-4.5: routing weights stay float32 in the weighted sum
+    # GLM-4.5 (DeepSeek-V3's routing, moe.py): a float32 router's sigmoid scores, a correction bias
+    # for the choice among the best groups_per_token of expert_groups groups, weights times routed_scaling
+    router_sigmoid: bool = False
+    expert_groups: int = 1
+    groups_per_token: int = 1
+    routed_scaling: float = 1.0
+    mtp_layers: int = 0                     # GLM-4.5: multi-token-prediction layers after the model's (not loaded)
     # sliding windows: layer i's tokens see the keys less than layer_windows[i] positions behind
     # them (0: every key); (): no layer has one
     layer_windows: tuple[int, ...] = ()
@@ -115,8 +126,8 @@ class ModelArgs:
         attention = (h * (q + 2 * kv) + q * h + norms + (q + 2 * kv if self.qkv_bias else 0)
                      + (h if self.o_bias else 0) + (q + kv if self.qk_norm or self.qk_norm_whole else 0))
         dense = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h if self.mlp_bias else 0)
-        sparse = (self.num_experts * (h + 3 * h * self.moe_intermediate_size)
-                  + (3 * h * self.shared_expert_size + h if self.shared_expert_size else 0))
+        sparse = (self.num_experts * (h + 3 * h * self.moe_intermediate_size + (1 if self.router_sigmoid else 0))
+                  + 3 * h * self.shared_expert_size + (h if self.shared_expert_gate else 0))
         mlps = (self.num_layers - len(self.sparse_layers)) * dense + len(self.sparse_layers) * sparse
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + head + h + self.num_layers * attention + mlps
@@ -187,7 +198,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             qkv_bias=bool(qkv_bias),
             o_bias=bool(cfg.get("attention_bias", False)) and arch in O_BIAS,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            qk_norm=flags["qk_norm"],
+            qk_norm=flags["qk_norm"] if flags["qk_norm"] is not None else bool(cfg.get("use_qk_norm", False)),
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
             **fields,
             **moe_fields(arch, cfg, layers, source),

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
-MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM")
 GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GEMMA = ("Gemma2ForCausalLM", *GEMMA3)
 # RoPE on part of a head, as their Hugging Face modules apply it (rope.py); GLM-4's on interleaved pairs
-PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM")
+PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM")
 # GLM-4's config defaults (transformers' Glm4Config) that change what the model computes
 GLM4_DEFAULTS = dict(attention_bias=True, rms_norm_eps=1.5625e-07, eos_token_id=[151329, 151336, 151338],
                      max_position_embeddings=131_072)
@@ -21,6 +21,8 @@ def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
     """A mixture of experts' ModelArgs fields from its config (nothing for a dense model)."""
     if arch not in MOE:
         return {}
+    if arch == "Glm4MoeForCausalLM":
+        return glm4_moe_fields(cfg, layers, source)
     mixtral = arch == "MixtralForCausalLM"
     # the experts' count: "num_experts" in Qwen's published configs, "num_local_experts" in
     # Mixtral's and in what transformers 5 saves for either
@@ -37,13 +39,53 @@ def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
         if step < 1:
             raise ValueError(f"model: decoder_sparse_step must be >= 1 in {source}, got {step}")
         sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
-    k = int(cfg["num_experts_per_tok"])
-    if sparse and not 1 <= k <= experts:
-        raise ValueError(f"model: num_experts_per_tok must be in [1, {experts}] (the experts) in {source}, got {k}")
+    k = _top_k(cfg, experts, sparse, source)
     shared = int(cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
     return dict(num_experts=experts if sparse else 0, experts_per_token=k if sparse else 0,
                 moe_intermediate_size=width if sparse else 0, norm_topk_prob=normalise, sparse_layers=sparse,
-                shared_expert_size=shared if sparse else 0, router_float32=mixtral)
+                shared_expert_size=shared if sparse else 0, shared_expert_gate=bool(shared and sparse),
+                router_float32=mixtral)
+
+
+def _top_k(cfg: dict, experts: int, sparse: tuple[int, ...], source: str, candidates: int = 0) -> int:
+    """num_experts_per_tok, checked against the experts a token may be routed to."""
+    k = int(cfg["num_experts_per_tok"])
+    if sparse and not 1 <= k <= (candidates or experts):
+        raise ValueError(f"model: num_experts_per_tok must be in [1, {candidates or experts}] (the experts a token "
+                         f"may be routed to) in {source}, got {k}")
+    return k
+
+
+# GLM-4.5's config defaults (transformers' Glm4MoeConfig) that change what the model computes
+GLM4_MOE_DEFAULTS = dict(num_experts_per_tok=8, moe_intermediate_size=1408,
+                         n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+                         routed_scaling_factor=1.0, norm_topk_prob=True)
+
+
+def glm4_moe_fields(cfg: dict, layers: int, source: str) -> dict:
+    """GLM-4.5's / GLM-4.6's mixture (DeepSeek-V3's routing): the first ``first_k_dense_replace``
+    layers dense; a float32 router's sigmoid scores, a token's experts chosen among the best
+    ``topk_group`` of ``n_group`` groups by score plus a correction bias, weighted by their
+    scores (renormalised, times ``routed_scaling_factor``); an ungated shared expert. The
+    checkpoint's multi-token-prediction layers, after the model's own, are not loaded."""
+    cfg = {**GLM4_MOE_DEFAULTS, **cfg}
+    experts = int(cfg.get("n_routed_experts", cfg.get("num_local_experts", 128)))
+    groups, chosen = int(cfg["n_group"]), int(cfg["topk_group"])
+    if groups < 1 or experts % groups or experts // groups < 2:
+        raise ValueError(f"model: n_group {groups} in {source} must divide the {experts} routed experts into "
+                         f"groups of at least 2")
+    if not 1 <= chosen <= groups:
+        raise ValueError(f"model: topk_group must be in [1, {groups}] (n_group) in {source}, got {chosen}")
+    first_dense = int(cfg["first_k_dense_replace"])
+    sparse = tuple(range(max(first_dense, 0), layers))
+    k = _top_k(cfg, experts, sparse, source, chosen * (experts // groups))
+    width = int(cfg["moe_intermediate_size"])
+    mtp = int(cfg.get("num_nextn_predict_layers", cfg.get("num_mtp_layers", 1)) or 0)
+    return dict(num_experts=experts if sparse else 0, experts_per_token=k if sparse else 0,
+                moe_intermediate_size=width if sparse else 0, norm_topk_prob=bool(cfg["norm_topk_prob"]),
+                sparse_layers=sparse, shared_expert_size=width * int(cfg["n_shared_experts"] or 0) if sparse else 0,
+                router_float32=True, router_sigmoid=True, expert_groups=groups, groups_per_token=chosen,
+                routed_scaling=float(cfg["routed_scaling_factor"]), mtp_layers=max(mtp, 0))
 
 
 def _yarn(rope: dict, max_pos: int) -> tuple[float, int, float, float, float, bool]:
@@ -80,7 +122,7 @@ def rope_fields(cfg: dict, source: str, rope: dict | None = None, arch: str = ""
                   int(rope["original_max_position_embeddings"]))
     yarn = _yarn(rope, int(cfg.get("max_position_embeddings", 2048))) if rope_type == "yarn" else None
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    default = 0.5 if arch == "Glm4ForCausalLM" else 1.0   # transformers' Glm4Config, top level or in rope_parameters
+    default = 0.5 if arch.startswith("Glm4") else 1.0      # transformers' GLM-4 configs: top level or rope_parameters
     partial = float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", default)) or 1.0)
     rotary = int(head_dim * partial) if partial != 1.0 else 0              # as transformers counts them
     if partial != 1.0 and (arch not in PARTIAL_ROTARY or rotary % 2 or not 0 < rotary < head_dim):

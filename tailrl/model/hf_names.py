@@ -29,6 +29,31 @@ TEXT_MODEL_PREFIXES = (("language_model.model.", "model."), ("model.language_mod
                        ("language_model.lm_head.", "lm_head."))
 
 
+# a decoder layer's name: its index
+LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Names a checkpoint of this model may hold that are not its weights: a tied model's LM
+    head (the embedding's; also a rank that computes no logits), and GLM-4.5's
+    multi-token-prediction layers, ``mtp`` of them after the model's ``layers`` (not loaded:
+    the engine does not draft with them)."""
+    tied: bool
+    layers: int = 0
+    mtp: int = 0
+
+    @staticmethod
+    def of(model) -> "Skip":
+        return Skip(model.lm_head is None, model.args.num_layers, model.args.mtp_layers)
+
+    def skips(self, name: str) -> bool:
+        if self.tied and name == "lm_head.weight":
+            return True
+        m = LAYER.match(name)
+        return m is not None and self.layers <= int(m.group(1)) < self.layers + self.mtp
+
+
 @dataclass(frozen=True)
 class Slot:
     dest: torch.Tensor                  # the view of our tensor the name is copied into
@@ -51,12 +76,17 @@ def _rows(table: dict[str, Slot], names: list[str], tensor: torch.Tensor, sizes:
         _own(table, name, part, order=order)
 
 
-def _experts(table: dict[str, Slot], moe, mixtral: bool, p: str) -> None:
-    """A sparse layer's router and experts (moe.SparseMoe), under every layout that names them."""
+def _experts(table: dict[str, Slot], moe, p: str) -> None:
+    """A sparse layer's router and experts (moe.SparseMoe), under every layout that names them:
+    a checkpoint's (one tensor per expert and projection; Mixtral's under block_sparse_moe.) and
+    a trainer's module's (transformers 5: the experts fused, under mlp.)."""
     a = moe.a
+    mixtral = a.architecture == "MixtralForCausalLM"
     i, mlp = a.moe_intermediate_size, p + ("block_sparse_moe." if mixtral else "mlp.")
     gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     _own(table, mlp + "gate.weight", moe.router)
+    if moe.score_bias is not None:              # GLM-4.5's correction bias (a buffer of the router's)
+        _own(table, mlp + "gate.e_score_correction_bias", moe.score_bias)
     gates_ups, downs = [], []
     for e in range(a.num_experts):
         x = f"{mlp}experts.{e}."
@@ -64,15 +94,16 @@ def _experts(table: dict[str, Slot], moe, mixtral: bool, p: str) -> None:
         _own(table, x + down + ".weight", moe.down[e])
         gates_ups += [x + gate + ".weight", x + up + ".weight"]
         downs.append(x + down + ".weight")
-    fused = p + "mlp."                  # a trainer's module (transformers 5): fused experts under mlp.
+    fused = p + "mlp."
     if mixtral:
         table[fused + "gate.weight"] = Slot(moe.router, tuple(moe.router.shape), (mlp + "gate.weight",))
     table[fused + "experts.gate_up_proj"] = Slot(moe.gate_up, tuple(moe.gate_up.shape), tuple(gates_ups))
     table[fused + "experts.down_proj"] = Slot(moe.down, tuple(moe.down.shape), tuple(downs))
-    if moe.shared_gate_up is not None:
-        x, s = mlp + "shared_expert.", a.shared_expert_size
+    if moe.shared_gate_up is not None:          # Qwen2-MoE's shared_expert., GLM-4.5's shared_experts.
+        x, s = mlp + ("shared_expert." if moe.shared_gate is not None else "shared_experts."), a.shared_expert_size
         _rows(table, [x + "gate_proj.weight", x + "up_proj.weight"], moe.shared_gate_up.weight, [s, s])
         _own(table, x + "down_proj.weight", moe.shared_down.weight)
+    if moe.shared_gate is not None:
         _own(table, mlp + "shared_expert_gate.weight", moe.shared_gate)
 
 
@@ -88,7 +119,7 @@ def slots(model) -> dict[str, Slot]:
         _norms(table, layer, p, a)
         _attention(table, layer, p + "self_attn.", a)
         if layer.moe is not None:
-            _experts(table, layer.moe, a.architecture == "MixtralForCausalLM", p)
+            _experts(table, layer.moe, p)
             continue
         mlp = p + "mlp."
         if a.architecture in FUSED_MLP:
@@ -180,12 +211,12 @@ def text_name(name: str) -> str:
     return name
 
 
-def _slot(table: dict[str, Slot], tied: bool, name: str, shape: tuple[int, ...]) -> Slot | None:
+def _slot(table: dict[str, Slot], skip: Skip, name: str, shape: tuple[int, ...]) -> Slot | None:
     """The slot of a tensor of this name and shape, None for a name that is not a weight, or a
     ValueError naming it."""
     slot = table.get(text_name(name))
     if slot is None:
-        if NOT_WEIGHTS.search(name) or (tied and text_name(name) == "lm_head.weight"):   # tied: the embedding's
+        if NOT_WEIGHTS.search(name) or skip.skips(text_name(name)):
             return None
         raise ValueError(f"weights: the model has no tensor named {name!r}")
     if tuple(shape) != slot.shape:
@@ -196,12 +227,12 @@ def _slot(table: dict[str, Slot], tied: bool, name: str, shape: tuple[int, ...])
 def check(model, shapes: Iterable[tuple[str, tuple[int, ...]]], complete: bool) -> set[str]:
     """The checkpoint names tensors of these (name, shape) would write in ``model``, or a
     ValueError naming the first that does not fit (or, where ``complete``, a missing one)."""
-    return _check(slots(model), model.lm_head is None, shapes, complete)
+    return _check(slots(model), Skip.of(model), shapes, complete)
 
 
-def _check(table: dict[str, Slot], tied: bool, shapes: Iterable[tuple[str, tuple[int, ...]]],
+def _check(table: dict[str, Slot], skip: Skip, shapes: Iterable[tuple[str, tuple[int, ...]]],
            complete: bool) -> set[str]:
-    written = {w for n, shape in shapes if (s := _slot(table, tied, n, shape)) is not None for w in s.writes}
+    written = {w for n, shape in shapes if (s := _slot(table, skip, n, shape)) is not None for w in s.writes}
     missing = [n for n in checkpoint_names(table) if n not in written] if complete else []
     if missing:
         raise ValueError(f"model: weights are missing the tensor {missing[0]!r}"
@@ -216,14 +247,14 @@ def load_hf(model, weights: Mapping | Iterable, complete: bool) -> set[str]:
     a sequence of (name, tensor) pairs (a bucket) has every name and shape checked before
     anything is copied, as a complete set does; pairs from an iterator (a stream) are checked one
     tensor at a time, before each is copied."""
-    table, tied = slots(model), model.lm_head is None
+    table, skip = slots(model), Skip.of(model)
     pairs = pairs_of(weights)
     if complete or isinstance(weights, (Mapping, list, tuple)):
         pairs = list(pairs)
-        _check(table, tied, [(n, t.shape) for n, t in pairs], complete)
+        _check(table, skip, [(n, t.shape) for n, t in pairs], complete)
     written = set()
     for name, tensor in pairs:
-        slot = _slot(table, tied, name, tensor.shape)
+        slot = _slot(table, skip, name, tensor.shape)
         if slot is not None:
             if slot.order is not None:
                 tensor = tensor.index_select(0, slot.order.to(tensor.device))

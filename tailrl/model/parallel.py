@@ -66,8 +66,8 @@ _SPLITS = [
     (re.compile(r"mlp\.down_proj\.weight$"), 1, lambda a: a.intermediate_size),
     (re.compile(r"experts\.\d+\.(gate_proj|up_proj|w1|w3)\.weight$"), 0, lambda a: a.moe_intermediate_size),
     (re.compile(r"experts\.\d+\.(down_proj|w2)\.weight$"), 1, lambda a: a.moe_intermediate_size),
-    (re.compile(r"shared_expert\.(gate|up)_proj\.weight$"), 0, lambda a: a.shared_expert_size),
-    (re.compile(r"shared_expert\.down_proj\.weight$"), 1, lambda a: a.shared_expert_size),
+    (re.compile(r"shared_experts?\.(gate|up)_proj\.weight$"), 0, lambda a: a.shared_expert_size),
+    (re.compile(r"shared_experts?\.down_proj\.weight$"), 1, lambda a: a.shared_expert_size),
     (re.compile(r"experts\.down_proj$"), 2, lambda a: a.moe_intermediate_size),    # a trainer's [E, H, I]
 ]
 _FUSED_GATE_UP = re.compile(r"experts\.gate_up_proj$")                               # a trainer's [E, 2I, H]

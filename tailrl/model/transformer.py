@@ -1,5 +1,5 @@
 """Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 2-3 / OLMo 2-3 /
-SmolLM3 / GLM-4, and mixtures of experts: moe.py) over flattened tokens and a row KV cache.
+SmolLM3 / GLM-4, and mixtures of experts: moe.py, GLM-4.5's among them) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
@@ -137,7 +137,11 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False) if untied else None
         for layer in self.layers:
             layer.reduce = reduce
-        self.to(dtype).to_empty(device=device)
+        self.to(dtype)
+        for layer in self.layers:
+            if layer.moe is not None:
+                layer.moe.keep_float32()                                    # GLM-4.5's router
+        self.to_empty(device=device)
         acc = torch.float64 if dtype == torch.float64 else torch.float32   # the native kernels' accumulation type
         for prefix, theta, linear in (("", a.rope_theta, a.rope_linear), ("local_", a.local_rope_theta, 1.0)):
             if theta:                                                       # [max_len, D] each

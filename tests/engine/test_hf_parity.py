@@ -16,6 +16,7 @@ VARIANTS = {
     "qwen3_moe": ("qwen3_moe", {}),
     "qwen2_moe": ("qwen2_moe", {}),
     "mixtral": ("mixtral", {}),
+    "glm4_moe": ("glm4_moe", {}),
     "mistral_window": ("mistral_window", {}),
     "gemma2": ("gemma2", {}),
     "gemma3": ("gemma3", {}),

@@ -315,14 +315,16 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(triton_model, monkeypa
                                      pytest.param("qwen2_moe", {}, marks=SLOW_HERE),
                                      pytest.param("gemma2", {}, marks=SLOW_HERE),
                                      pytest.param("smollm3", {}, marks=SLOW_HERE),
-                                     pytest.param("glm4", {}, marks=SLOW_HERE)])
+                                     pytest.param("glm4", {}, marks=SLOW_HERE),
+                                     pytest.param("glm4_moe", {}, marks=SLOW_HERE)])
 def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arch, kw):
     """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases),
     a tied Qwen2 with 4 queries per K/V head, mixtures of experts (their products grouped by
     expert on the device: kernels/gpu/experts.py) and Gemma 3 (a sliding window of 8 positions
     with its own RoPE base; GeGLU, sandwich norms, scaled scores) and OLMo 3 (a window, no norm
     before attention, q/k norms over all heads); on a GPU or with ``-m slow`` also Gemma 2 (soft
-    caps), SmolLM3 (layers without RoPE) and GLM-4 (RoPE on half of each head, interleaved):
+    caps), SmolLM3 (layers without RoPE), GLM-4 (RoPE on half of each head, interleaved) and
+    GLM-4.5 (grouped sigmoid routing, a float32 router):
     float32 sampled
     tokens through the Triton kernels equal the native CPU kernels', as the Qwen2 checkpoint's above."""
     from tailrl import LLM, SamplingParams
@@ -362,7 +364,8 @@ def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(triton_
     assert m["rollout/spec_accepted_tokens"] > 0 and m["rollout/ahead_follow_hits"] > 0
 
 
-@pytest.mark.parametrize("arch", ["qwen2", pytest.param("qwen3_moe", marks=SLOW_HERE)])
+@pytest.mark.parametrize("arch", ["qwen2", pytest.param("qwen3_moe", marks=SLOW_HERE),
+                                  pytest.param("glm4_moe", marks=SLOW_HERE)])
 def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, triton_model, monkeypatch, arch):
     """bfloat16 through the Triton kernels (the batch-invariant matmul included; a mixture of
     experts' products grouped on the device): speculation

@@ -11,7 +11,7 @@ from tailrl.model.loader import load_state_dict, read_args
 from tailrl.model.parallel import OrderedSum, Shard, read_part, shard_args, shard_tensor
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama_bias", "phi3", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama_bias", "phi3", "qwen2_moe", "mixtral", "glm4_moe"])
 def test_the_ranks_parts_tile_every_weight_and_read_only_their_bytes(ckpt_dir, arch):
     path = ckpt_dir(arch)
     args = read_args(path)
