@@ -118,7 +118,7 @@ class SparseMoe(nn.Module):
         shared = kernels.silu_mul_linear(kernels.linear(h, self.shared_gate_up.weight), self.shared_down.weight)
         if self.shared_gate is None:
             return out + shared
-        return out + torch.sigmoid(kernels.linear(h, self.shared_gate)) * shared
+        return out + sigmoid_rows(kernels.linear(h, self.shared_gate)) * shared
 
     def linears(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(weight, bias) of the products ``forward`` computes through ``Backend.linear`` or

@@ -49,6 +49,21 @@ def test_route_and_experts_give_a_token_the_same_bits_alone_and_in_a_batch():
         assert torch.equal(ids1[0], ids[t]) and torch.equal(out1[0], out[t])
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_a_sparse_layer_gives_a_token_the_same_bits_alone_and_in_a_batch(ckpt_dir, arch, dtype):
+    """A whole sparse layer (router, route, experts, shared expert and its gate): each of 37
+    tokens alone equals its row among the others. Elementwise functions count here: PyTorch's
+    CPU sigmoid gave a float64 Qwen2-MoE gate other bits alone than in a batch (moe.sigmoid_rows)."""
+    model = load_model(ckpt_dir(arch, init_std=1.0, max_pos=512), {torch.bfloat16: "bfloat16"}.get(dtype, "float64"))
+    layer = next(layer for layer in model.layers if layer.moe is not None)
+    kernels = select("cpu", dtype)
+    h = torch.randn(37, model.args.hidden_size, generator=torch.Generator().manual_seed(0)).to(dtype)
+    with torch.inference_mode():
+        out = layer.moe(h, kernels)
+        assert all(torch.equal(layer.moe(h[t:t + 1], kernels)[0], out[t]) for t in range(37))
+
+
 def test_experts_compute_the_definition():
     """float64 (exact products): each row is its experts' MLPs weighted and added in order."""
     torch.manual_seed(1)
