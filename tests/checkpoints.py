@@ -24,6 +24,11 @@ ARCH_CONFIGS = {
     "glm4_moe": ("Glm4MoeConfig", dict(head_dim=16, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
                                        n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
                                        routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
+    # Ministral 3: YaRN (4x an original context of 8 positions) and queries scaled by position
+    # past it (1 + 0.1 ln(1 + floor(p / 8))): inside any test's context
+    "ministral3": ("Ministral3Config", dict(head_dim=16, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, beta_fast=32.0,
+        beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1))),
     "mixtral": ("MixtralConfig", dict(head_dim=16, sliding_window=None, num_local_experts=8, num_experts_per_tok=2)),
     # Gemma 3: a sliding-window layer (8 positions, its own RoPE base) and a full one (linear RoPE
     # scaling), the scores scaled by query_pre_attn_scalar ** -0.5 (not head_dim's)

@@ -33,7 +33,9 @@ class Rope:
     at each token: [N, 1, D]), for a sliding-window layer the first position each token sees
     (``origin`` [N] int32; None: every position before it), the scores' factor (None: the
     head dimension ** -0.5) and their soft cap (Gemma 2's: a score s becomes
-    ``softcap * tanh(s / softcap)`` before the softmax; None: none)."""
+    ``softcap * tanh(s / softcap)`` before the softmax; None: none). ``query_scale`` [N, 1]
+    (Ministral 3's, by position; None: none) multiplies each token's queries as projected: the
+    model applies it (RoPE is linear), no kernel reads it."""
 
     positions: torch.Tensor
     cos: torch.Tensor
@@ -41,6 +43,7 @@ class Rope:
     origin: torch.Tensor | None = None
     scale: float | None = None
     softcap: float | None = None
+    query_scale: torch.Tensor | None = None
 
 
 def origins(positions: torch.Tensor, window: int) -> torch.Tensor | None:

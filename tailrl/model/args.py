@@ -5,13 +5,11 @@ from dataclasses import dataclass
 
 from tailrl.model.families import (
     GEMMA,
-    GEMMA3,
-    GLM4_DEFAULTS,
     OLMO,
     family_fields,
-    gemma3_config,
     moe_fields,
     rope_fields,
+    text_model,
 )
 
 # architecture name in config.json -> family flags
@@ -20,6 +18,11 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": dict(qkv_bias=None, qk_norm=True),   # None: read attention_bias
     "LlamaForCausalLM": dict(qkv_bias=None, qk_norm=False),
     "MistralForCausalLM": dict(qkv_bias=False, qk_norm=False),   # its sliding window: see parse_config
+    # Ministral 3: Mistral's layer, YaRN, queries scaled by position past the original context
+    # (families.py); it and Mistral inside Mistral 3's image-text checkpoints (Mistral Small 3.1/3.2,
+    # Magistral Small): the language model alone, the vision tower not loaded (families.text_model)
+    "Ministral3ForCausalLM": dict(qkv_bias=False, qk_norm=False),
+    "Mistral3ForConditionalGeneration": dict(qkv_bias=False, qk_norm=False),
     # Phi-3 / Phi-4: Llama's layer with QKV and gate/up fused in the checkpoint too (hf_names.py)
     "Phi3ForCausalLM": dict(qkv_bias=False, qk_norm=False),
     # mixtures of experts (moe.py): Qwen3-MoE (Qwen3-30B-A3B), Qwen2-MoE (a shared expert beside
@@ -48,7 +51,7 @@ SUPPORTED_ARCHITECTURES = {
 # attention_bias gives the output projection a bias too
 O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO)
 # every layer attends over a sliding window of ``sliding_window`` positions where the config sets one
-SLIDING_WINDOW_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
+SLIDING_WINDOW_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Ministral3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,8 @@ class ModelArgs:
     nope_layers: tuple[int, ...] = ()       # SmolLM3: the layers without RoPE (q and k attend as projected)
     rotary_dim: int = 0                     # RoPE on the first rotary_dim dimensions of a head (0: all; rope.py)
     rope_interleaved: bool = False          # GLM-4: RoPE turns dimensions 2i and 2i + 1 together (rope.py)
+    # Ministral 3: (beta, original context): queries times 1 + beta ln(1 + floor(p / original)) at position p
+    query_scale: tuple[float, int] | None = None
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""
@@ -159,10 +164,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             f"model: unsupported architecture {archs!r} in {source}; "
             f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     flags = SUPPORTED_ARCHITECTURES[arch]
-    if arch in GEMMA3:
-        cfg = gemma3_config(cfg, arch)
-    if arch == "Glm4ForCausalLM":
-        cfg = {**GLM4_DEFAULTS, **cfg}
+    arch, cfg = text_model(arch, cfg, source)
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])

@@ -252,6 +252,59 @@ def smollm3_fields(cfg: dict, source: str, layers: int) -> dict:
     return dict(nope_layers=tuple(i for i, use_rope in enumerate(flags) if not use_rope))
 
 
+# Mistral 3's image-text checkpoints (Mistral Small 3.1/3.2, Magistral Small, Ministral 3): the
+# language model's architecture by its text config's model_type, and each one's config defaults
+# (transformers' Mistral3Config text defaults, Ministral3Config's) that change what it computes
+MISTRAL3_TEXT = {"mistral": "MistralForCausalLM", "ministral3": "Ministral3ForCausalLM"}
+MISTRAL3_TEXT_DEFAULTS = dict(head_dim=128, hidden_size=5120, intermediate_size=32768, max_position_embeddings=131072,
+                              num_attention_heads=32, num_hidden_layers=40, num_key_value_heads=8, rms_norm_eps=1e-5,
+                              rope_theta=1e9, sliding_window=None, vocab_size=131072)
+MINISTRAL3_DEFAULTS = dict(vocab_size=131072, hidden_size=4096, intermediate_size=14336, num_hidden_layers=34,
+                           num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
+                           rms_norm_eps=1e-5, eos_token_id=2, rope_parameters=dict(
+                               rope_type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=16384,
+                               beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1))
+
+
+def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
+    """(the architecture our module computes, its config with the family's defaults filled in):
+    an image-text checkpoint's language model (Mistral 3's by its text config's model_type,
+    that config's own EOS ids first; Gemma 3's: ``gemma3_config``), or the checkpoint's own."""
+    if arch == "Mistral3ForConditionalGeneration":
+        text = cfg.get("text_config") or {}
+        kind = text.get("model_type", "mistral")
+        if kind not in MISTRAL3_TEXT:
+            raise ValueError(f"model: text_config.model_type {kind!r} in {source} is not supported "
+                             f"(Mistral 3's language models: {sorted(MISTRAL3_TEXT)})")
+        arch = MISTRAL3_TEXT[kind]
+        out = {**(MINISTRAL3_DEFAULTS if kind == "ministral3" else MISTRAL3_TEXT_DEFAULTS), **text}
+        if cfg.get("eos_token_id") is not None:
+            out["eos_token_id"] = cfg["eos_token_id"]
+        return arch, out
+    if arch == "Ministral3ForCausalLM":
+        return arch, {**MINISTRAL3_DEFAULTS, **cfg}
+    if arch in GEMMA3:
+        return arch, gemma3_config(cfg, arch)
+    if arch == "Glm4ForCausalLM":
+        return arch, {**GLM4_DEFAULTS, **cfg}
+    return arch, cfg
+
+
+def ministral3_fields(cfg: dict, source: str) -> dict:
+    """Ministral 3's ModelArgs field: the queries scaled by position, 1 + beta ln(1 + floor(p /
+    original)) at position p (``llama_4_scaling_beta`` and the YaRN's original context, in its
+    RoPE parameters; 1 inside the original context)."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    beta = float(rope.get("llama_4_scaling_beta") or 0.0)
+    if not beta:
+        return {}
+    original = int(rope.get("original_max_position_embeddings") or 0)
+    if original < 1:
+        raise ValueError(f"model: llama_4_scaling_beta in {source} needs original_max_position_embeddings >= 1 in "
+                         f"its rope_parameters, got {original}")
+    return dict(query_scale=(beta, original))
+
+
 def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
     """The ModelArgs fields ``arch``'s family sets beyond the common ones and RoPE's (which they
     may replace: Gemma's and OLMo 3's per kind of layer)."""
@@ -265,4 +318,6 @@ def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
         return smollm3_fields(cfg, source, layers)
     if arch == "Glm4ForCausalLM":               # norms after attention and the MLP too (hf_names.py)
         return dict(sandwich_norms=True)
+    if arch == "Ministral3ForCausalLM":
+        return ministral3_fields(cfg, source)
     return {}

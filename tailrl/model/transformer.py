@@ -85,22 +85,31 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMeta) -> torch.Tensor:
         """The projection [N, (H+2KV)*D], q/k norms where the model has them, RoPE, the K/V
         writes, attention: [N, H*D]."""
-        a, n = self.a, h.shape[0]
-        if self.qk_norm is None and self.q_norm is None:
+        a = self.a
+        if self.qk_norm is None and self.q_norm is None and rope.query_scale is None:
             return kernels.linear_rope_attend(h, self.qkv.weight, self.qkv.bias, rope, k_cache, v_cache, meta,
                                               a.num_heads)
-        qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)
+        qkv = self._qk_normed(kernels, kernels.linear(h, self.qkv.weight, self.qkv.bias))
+        if rope.query_scale is not None:    # Ministral 3: queries scaled by position (RoPE is linear: before it)
+            qkv[:, :a.num_heads * a.head_dim] *= rope.query_scale
+        return kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
+
+    def _qk_normed(self, kernels: Backend, qkv: torch.Tensor) -> torch.Tensor:
+        """The projection with q and k normed where the model norms them, between projection and
+        RoPE (a new tensor; ``qkv`` itself where it does not)."""
+        a, n = self.a, qkv.shape[0]
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        if self.qk_norm is not None:        # Qwen3, Gemma: each Q and K head normed between projection and RoPE
+        if self.qk_norm is not None:        # Qwen3, Gemma: each Q and K head
             nqk = a.num_heads + a.num_kv_heads
             qk = qkv[:, :q + kv].reshape(n * nqk, a.head_dim)
             qk = (kernels.rms_norm(qk, torch.ones_like(self.qk_norm[0]), a.rms_norm_eps).view(n, nqk, a.head_dim)
                   * self.qk_norm).view(n, -1)
-        else:                               # OLMo: Q over all its heads, then K
+        elif self.q_norm is not None:       # OLMo: Q over all its heads, then K
             qk = torch.cat([self._whole_norm(kernels, qkv[:, :q], self.q_norm),
                             self._whole_norm(kernels, qkv[:, q:q + kv], self.k_norm)], dim=1)
-        qkv = torch.cat([qk, qkv[:, q + kv:]], dim=1)
-        return kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
+        else:
+            return qkv
+        return torch.cat([qk, qkv[:, q + kv:]], dim=1)
 
     def _whole_norm(self, kernels: Backend, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMS norm over all heads at once (OLMo's q or k); in a layer split over ranks, over every
@@ -157,6 +166,15 @@ class Transformer(nn.Module):
                                      persistent=False)
                 self.register_buffer(f"nope_sin{suffix}", torch.zeros(1, a.head_dim, dtype=dt, device=device),
                                      persistent=False)
+        # Ministral 3: the queries' factor at each 1 + floor(p / original) (``_rope``), computed in
+        # float64 once, rounded to the dtype (a table, not a log per step: PyTorch's CPU log gives an
+        # element other bits by its place in the tensor, and a token's queries must be its own)
+        table = None
+        if a.query_scale:
+            beta, original = a.query_scale
+            table = (1 + beta * torch.log1p(torch.arange(max_len // original + 1, dtype=torch.float64)))
+        self.register_buffer("query_scale", None if table is None else table.to(dtype=dtype, device=device),
+                             persistent=False)
         # Gemma: embeddings times sqrt(hidden_size), that factor rounded to the model's dtype first
         scale = torch.tensor(a.hidden_size ** 0.5, dtype=dtype, device=device) if a.scale_embeddings else None
         self.register_buffer("embed_scale", scale, persistent=False)
@@ -186,8 +204,11 @@ class Transformer(nn.Module):
         positions)."""
         a = self.args
         if tables != "nope_":
-            return kernels.rope(self.rope_tables(tables), positions, window, a.attn_scale or None,
+            rope = kernels.rope(self.rope_tables(tables), positions, window, a.attn_scale or None,
                                 a.attn_softcap or None)
+            if self.query_scale is None:
+                return rope
+            return replace(rope, query_scale=self.query_scale[positions // a.query_scale[1]][:, None])
         rope = kernels.rope(self.rope_tables(tables), torch.zeros_like(positions), 0, a.attn_scale or None,
                             a.attn_softcap or None)
         return replace(rope, origin=origins(positions, window))

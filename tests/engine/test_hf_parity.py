@@ -17,6 +17,7 @@ VARIANTS = {
     "qwen2_moe": ("qwen2_moe", {}),
     "mixtral": ("mixtral", {}),
     "glm4_moe": ("glm4_moe", {}),
+    "ministral3": ("ministral3", {}),
     "mistral_window": ("mistral_window", {}),
     "gemma2": ("gemma2", {}),
     "gemma3": ("gemma3", {}),

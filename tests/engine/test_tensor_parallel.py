@@ -24,7 +24,8 @@ def assert_same_tokens_close_logprobs(a, b):
     assert max(abs(x - y) for (_, p), (_, q) in zip(a, b) for x, y in zip(p, q)) < 1e-9
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama_bias", "qwen2_moe", "mixtral", "gemma3", "glm4", "olmo3", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama_bias", "qwen2_moe", "mixtral", "gemma3", "glm4", "olmo3", "glm4_moe",
+                                  "ministral3"])
 def test_a_model_split_over_two_ranks_computes_the_whole_models_outputs_in_float64(ckpt_dir, arch):
     """Fused QKV rows by head (with their biases), Qwen3's per-head norms, output projections
     whose bias only rank 0 adds, every expert's and the shared expert's units, Gemma's norms of

@@ -316,7 +316,8 @@ def test_a_tiny_model_end_to_end_under_the_triton_kernels(triton_model, monkeypa
                                      pytest.param("gemma2", {}, marks=SLOW_HERE),
                                      pytest.param("smollm3", {}, marks=SLOW_HERE),
                                      pytest.param("glm4", {}, marks=SLOW_HERE),
-                                     pytest.param("glm4_moe", {}, marks=SLOW_HERE)])
+                                     pytest.param("glm4_moe", {}, marks=SLOW_HERE),
+                                     pytest.param("ministral3", {}, marks=SLOW_HERE)])
 def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arch, kw):
     """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases),
     a tied Qwen2 with 4 queries per K/V head, mixtures of experts (their products grouped by
@@ -324,7 +325,7 @@ def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arc
     with its own RoPE base; GeGLU, sandwich norms, scaled scores) and OLMo 3 (a window, no norm
     before attention, q/k norms over all heads); on a GPU or with ``-m slow`` also Gemma 2 (soft
     caps), SmolLM3 (layers without RoPE), GLM-4 (RoPE on half of each head, interleaved) and
-    GLM-4.5 (grouped sigmoid routing, a float32 router):
+    GLM-4.5 (grouped sigmoid routing, a float32 router) and Ministral 3 (queries scaled by position):
     float32 sampled
     tokens through the Triton kernels equal the native CPU kernels', as the Qwen2 checkpoint's above."""
     from tailrl import LLM, SamplingParams
