@@ -26,6 +26,7 @@ import torch
 
 from tailrl.config import SamplingParams
 from tailrl.extras import require
+from tailrl.integrations.gathered import gathered_weights
 from tailrl.noise import mix
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,14 @@ def merged_weights(model) -> dict:
     return out
 
 
+def sharding(trainer) -> tuple[int | None, bool]:
+    """(FSDP's version or None, whether DeepSpeed ZeRO-3 shards the model) of a TRL trainer, as
+    TRL itself reads them (``trl.distributed.DistributedBackend``)."""
+    from trl.distributed import DistributedBackend
+    backend = DistributedBackend(trainer.accelerator)
+    return backend.fsdp_version, backend.is_zero3
+
+
 @dataclass
 class Rollout:
     """What one call generated (kept for checks and logging)."""
@@ -134,12 +143,21 @@ class TailRLRollout:
     def sync_weights(self, trainer) -> None:
         """Copy the policy's weights into the engine once per optimizer step (and before the
         first rollout). A PEFT model (``GRPOTrainer(peft_config=...)``, e.g. LoRA) sends its base
-        weights with its adapters' deltas added (``merged_weights``), its own left untouched."""
+        weights with its adapters' deltas added (``merged_weights``), its own left untouched. A
+        model sharded by FSDP (1 or 2) or DeepSpeed ZeRO-3 streams its tensors gathered one at a
+        time (gathered.py; every process of the trainer takes part, as every one calls this)."""
         step = trainer.state.global_step
         if step == self._loaded_step:
             return
+        fsdp_version, zero3 = sharding(trainer)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        if is_peft(model):
+        if (fsdp_version or zero3) and is_peft(model):
+            raise ValueError("trl: a PEFT policy sharded by FSDP or DeepSpeed ZeRO-3 is not supported (its adapters "
+                             "would be merged into sharded weights); train it unsharded, or without PEFT")
+        if fsdp_version or zero3:
+            root = trainer.model_wrapped if fsdp_version == 1 else model     # FSDP1: the wrapped root's own too
+            self.llm.load_weights(gathered_weights(root, fsdp_version, zero3))
+        elif is_peft(model):
             self.llm.load_weights(merged_weights(model))
         else:
             self.llm.load_weights({k: v.detach() for k, v in model.state_dict().items()})
