@@ -29,7 +29,8 @@ def gathered_weights(model: torch.nn.Module, fsdp_version: int | None = None,
                      zero3: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, whole tensor) for every parameter of ``model``, then its persistent buffers.
     ``fsdp_version``: 1 or 2 where the trainer shards with FSDP (``model`` the wrapped root for
-    FSDP1); ``zero3``: DeepSpeed ZeRO stage 3. A tensor is valid until the next is asked for."""
+    FSDP1); ``zero3``: DeepSpeed ZeRO stage 3. Each gathered tensor is a copy of its own (the
+    gathered storage is freed when the next is gathered; a rollout pool keeps every tensor)."""
     if fsdp_version == 1:
         yield from _fsdp1(model, "", set())
     else:
@@ -37,7 +38,8 @@ def gathered_weights(model: torch.nn.Module, fsdp_version: int | None = None,
             if zero3:
                 import deepspeed
                 with deepspeed.zero.GatheredParameters([p]):
-                    yield clean(name), p.data
+                    whole = p.data.clone()
+                yield clean(name), whole
             elif hasattr(p, "full_tensor"):             # an FSDP2 (DTensor) shard
                 yield clean(name), p.full_tensor().detach()
             else:
@@ -57,7 +59,7 @@ def _fsdp1(module: torch.nn.Module, prefix: str, seen: set[str]) -> Iterator[tup
                 full = clean(prefix + name)
                 if full not in seen:
                     seen.add(full)
-                    yield full, p.detach()
+                    yield full, p.detach().clone()
 
 
 def persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

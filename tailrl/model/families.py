@@ -261,9 +261,17 @@ MISTRAL3_TEXT_DEFAULTS = dict(head_dim=128, hidden_size=5120, intermediate_size=
                               rope_theta=1e9, sliding_window=None, vocab_size=131072)
 MINISTRAL3_DEFAULTS = dict(vocab_size=131072, hidden_size=4096, intermediate_size=14336, num_hidden_layers=34,
                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
-                           rms_norm_eps=1e-5, eos_token_id=2, rope_parameters=dict(
-                               rope_type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=16384,
-                               beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1))
+                           rms_norm_eps=1e-5, eos_token_id=2)
+MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=16384,
+                       beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)
+
+
+def _ministral3(cfg: dict) -> dict:
+    """A Ministral 3 config with transformers' defaults (its RoPE's where it names none)."""
+    out = {**MINISTRAL3_DEFAULTS, **cfg}
+    if not (cfg.get("rope_parameters") or cfg.get("rope_scaling")):
+        out["rope_parameters"] = dict(MINISTRAL3_ROPE)
+    return out
 
 
 def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
@@ -277,12 +285,12 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
             raise ValueError(f"model: text_config.model_type {kind!r} in {source} is not supported "
                              f"(Mistral 3's language models: {sorted(MISTRAL3_TEXT)})")
         arch = MISTRAL3_TEXT[kind]
-        out = {**(MINISTRAL3_DEFAULTS if kind == "ministral3" else MISTRAL3_TEXT_DEFAULTS), **text}
+        out = _ministral3(text) if kind == "ministral3" else {**MISTRAL3_TEXT_DEFAULTS, **text}
         if cfg.get("eos_token_id") is not None:
             out["eos_token_id"] = cfg["eos_token_id"]
         return arch, out
     if arch == "Ministral3ForCausalLM":
-        return arch, {**MINISTRAL3_DEFAULTS, **cfg}
+        return arch, _ministral3(cfg)
     if arch in GEMMA3:
         return arch, gemma3_config(cfg, arch)
     if arch == "Glm4ForCausalLM":

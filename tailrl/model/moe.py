@@ -55,12 +55,11 @@ def sigmoid_rows(x: torch.Tensor) -> torch.Tensor:
 def route_groups(logits: torch.Tensor, bias: torch.Tensor, k: int, groups: int, chosen: int, normalise: bool,
                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """GLM-4.5's (DeepSeek-V3's) route of float32 router logits [T, E]: sigmoid scores
-    (``sigmoid_rows``); a group's
-    worth is the sum of its two best scores plus ``bias`` (the correction bias [E], which only
-    chooses); a token's k experts are its best by score plus bias within its ``chosen`` best of
-    ``groups`` groups (ties to the lower id); their weights its scores, renormalised to sum to 1
-    where ``normalise`` (+ 1e-20, Hugging Face's), times ``scale``. Returns ascending ids [T, k]
-    and float32 weights."""
+    (``sigmoid_rows``); a group's worth is the sum of its two best scores plus ``bias`` (the
+    correction bias [E], which only chooses); a token's k experts are its best by score plus
+    bias within its ``chosen`` best of ``groups`` groups (ties to the lower id); their weights
+    its scores, renormalised to sum to 1 where ``normalise`` (+ 1e-20, Hugging Face's), times
+    ``scale``. Returns ascending ids [T, k] and float32 weights."""
     t, e = logits.shape
     scores = sigmoid_rows(logits)
     choice = scores + bias
