@@ -115,8 +115,9 @@ def test_a_lora_policys_merged_weights_reach_the_engine_and_the_trainers_stay_un
                 p.add_(0.3 * torch.randn_like(p))
     merged = copy.deepcopy(policy).merge_and_unload().state_dict()
     base = {k: v.clone() for k, v in policy.state_dict().items()}
+    unsharded = SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None)      # what accelerate says unsharded
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), model=policy,
-                              accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m, state=unsharded))
     llm = LLM(model_dir, dtype="float32")
     TailRLRollout(llm).sync_weights(trainer)
     assert all(torch.equal(v, base[k]) for k, v in policy.state_dict().items())    # untouched

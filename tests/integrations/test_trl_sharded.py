@@ -3,9 +3,9 @@ CPU) reach the engine whole, streamed one tensor at a time (tailrl/integrations/
 after a training step on each process's own tokens, an engine loaded from the stream equals,
 parameter for parameter and in its samples, one loaded from the same sharded model gathered
 whole another way (torch's full state dict; DeepSpeed's gather of every parameter at once), and
-differs from the checkpoint's. Both processes take part in every gather, as TRL's do. ZeRO-3
-needs DeepSpeed (not a dependency: skipped without it; its first run compiles a shared-memory
-op)."""
+differs from the checkpoint's. Both processes take part in every gather, as TRL's do. FSDP1
+(accelerate's older FSDP) and ZeRO-3 run with ``-m slow``; ZeRO-3 needs DeepSpeed (not a
+dependency: skipped without it; its first run compiles a shared-memory op)."""
 import os
 
 import pytest
@@ -87,7 +87,8 @@ def _worker(rank: int, world: int, path: str, version, port: int) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("version", [2, 1, pytest.param("zero3", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("version", [2, pytest.param(1, marks=pytest.mark.slow),
+                                     pytest.param("zero3", marks=pytest.mark.slow)])
 def test_sharded_weights_stream_into_the_engine_whole(ckpt_dir, version):
     if version == "zero3":
         pytest.importorskip("deepspeed")

@@ -50,7 +50,8 @@ def test_the_published_configs_read_as_transformers_reads_them(cfg, billions):
     assert a.rotary_dim == int(hf.head_dim * hf.rope_parameters["partial_rotary_factor"]) == 64
     assert not a.rope_interleaved and a.qkv_bias and not a.o_bias and a.qk_norm == hf.use_qk_norm
     assert a.num_parameters == pytest.approx(billions * 1e9, rel=0.01)        # the published totals, MTP aside
-    assert a.num_parameters == sum(p.numel() for p in Transformer(a, 1, torch.bfloat16, "meta").parameters())
+    few = parse_config({**cfg, "num_hidden_layers": 4})                      # the count is the module's (4 layers)
+    assert few.num_parameters == sum(p.numel() for p in Transformer(few, 1, torch.bfloat16, "meta").parameters())
     bare = {k: v for k, v in cfg.items() if k not in ("partial_rotary_factor", "n_group", "topk_group",
                                                       "norm_topk_prob", "num_nextn_predict_layers")}
     b = parse_config(bare)                                                    # transformers' defaults
