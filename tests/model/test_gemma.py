@@ -8,8 +8,7 @@ import os
 import pytest
 import torch
 import transformers
-from parity import assert_fields_make_hf_logits, our_logits
-from safetensors.torch import load_file, save_file
+from parity import assert_fields_make_hf_logits, assert_language_model_equals_hf_under_either_naming, noisy_norms
 
 from tailrl import LLM, SamplingParams
 from tailrl.model.args import parse_config
@@ -84,7 +83,7 @@ def test_gemma2s_soft_caps_are_what_makes_its_logits_hugging_faces(ckpt_dir, mon
     assert_fields_make_hf_logits(ckpt_dir("gemma2"), monkeypatch, dict(attn_softcap=0.0), dict(logit_softcap=0.0))
 
 
-def _image_text_checkpoint(path: str) -> transformers.PreTrainedModel:
+def test_the_image_text_models_language_model_equals_hugging_faces_under_either_naming(tmp_path):
     text = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
                 layer_types=["sliding_attention", "full_attention"], initializer_range=0.2,
@@ -95,29 +94,8 @@ def _image_text_checkpoint(path: str) -> transformers.PreTrainedModel:
     cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                     image_token_index=96, boi_token_index=94, eoi_token_index=95)
     torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(path)
-    return model
-
-
-def test_the_image_text_models_language_model_equals_hugging_faces_under_either_naming(tmp_path):
-    hf = _image_text_checkpoint(str(tmp_path))
-    tokens = list(range(3, 50))
-    with torch.no_grad():
-        ref = hf(input_ids=torch.tensor([tokens])).logits[0]
-    assert (our_logits(str(tmp_path), tokens) - ref).abs().max().item() < 1e-4
-    # saved as published (the language model under language_model.model., the vision tower and
-    # projector at the top, not loaded); a trainer's module names them under model.
-    assert any(k.startswith("language_model.model.layers.") for k in load_file(str(tmp_path / "model.safetensors")))
-    state = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
-    assert any(k.startswith("model.language_model.layers.") for k in state)
-    assert any(k.startswith("model.vision_tower.") for k in state)
-    save_file(state, str(tmp_path / "model.safetensors"))
-    assert (our_logits(str(tmp_path), tokens) - ref).abs().max().item() < 1e-4
+    hf = noisy_norms(transformers.Gemma3ForConditionalGeneration(cfg).eval())
+    assert_language_model_equals_hf_under_either_naming(hf, str(tmp_path))
 
 
 def test_a_trainers_weights_update_the_engine_as_a_checkpoint_of_them_would(ckpt_dir, tmp_path):
