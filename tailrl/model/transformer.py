@@ -1,5 +1,6 @@
-"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Phi-3 / Gemma 2-3 / OLMo 2-3 /
-SmolLM3 / GLM-4, and mixtures of experts: moe.py, GLM-4.5's among them) over flattened tokens and a row KV cache.
+"""Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Ministral 3 / Phi-3 / Gemma 2-3 /
+OLMo 2-3 / SmolLM3 / GLM-4, and mixtures of experts: moe.py, GLM-4.5's among them) over
+flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
@@ -166,9 +167,10 @@ class Transformer(nn.Module):
                                      persistent=False)
                 self.register_buffer(f"nope_sin{suffix}", torch.zeros(1, a.head_dim, dtype=dt, device=device),
                                      persistent=False)
-        # Ministral 3: the queries' factor at each 1 + floor(p / original) (``_rope``), computed in
-        # float64 once, rounded to the dtype (a table, not a log per step: PyTorch's CPU log gives an
-        # element other bits by its place in the tensor, and a token's queries must be its own)
+        # Ministral 3: the queries' factor at each 1 + floor(p / original) (``_rope``), computed once
+        # in float64 and rounded to the dtype: a lookup per step, the same bits for a token in any
+        # batch by construction (no elementwise function whose vectorised and scalar paths could
+        # differ: README's limits)
         table = None
         if a.query_scale:
             beta, original = a.query_scale
