@@ -24,8 +24,10 @@ setup(ext_modules=[
               extra_compile_args=["-O2", "-std=c++17"], optional=True),
     Extension("tailrl.kernels._attention", ["tailrl/kernels/_attention.cpp"],
               depends=["tailrl/kernels/_attention_bf16.h"], include_dirs=[pybind11.get_include()], language="c++",
-              extra_compile_args=["-O3", "-std=c++17", "-fopenmp", *ARCH], extra_link_args=["-fopenmp"],
-              optional=True),
+              # no FP traps assumed: the branch-free exp's clamp vectorises (act_mul, softmax); no
+              # result changes (no reassociation, no contraction other than the default's)
+              extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-fno-trapping-math", *ARCH],
+              extra_link_args=["-fopenmp"], optional=True),
     Extension("tailrl.kernels._gemm", ["tailrl/kernels/_gemm.cpp"], include_dirs=[pybind11.get_include()],
               language="c++", extra_compile_args=["-O3", "-std=c++17", "-fopenmp", *ARCH],
               extra_link_args=["-fopenmp"], optional=True),

@@ -599,6 +599,72 @@ void rms_norm(int dtype, uintptr_t x, int64_t xs0, uintptr_t w, uintptr_t out, i
     else rms_norm_t<double>(x, xs0, w, out, n, C, eps, threads);
 }
 
+// The gated activations of an MLP: rows [gate | up] of x [N, 2I] (row stride xs0) -> act(gate)
+// rounded to T, times up, rounded to T (PyTorch's F.silu(gate) * up, two roundings). A row is one
+// thread's, and every element is the same expression of IEEE operations (fast_exp's polynomial
+// and exponent bits, no library call for float), so the vectorised loop and its scalar remainder
+// give the same bits: an element's result is its own, whatever its place in the batch or the
+// thread count. (PyTorch's elementwise kernels compute an element by a vectorised or a scalar
+// path by its place in the flattened tensor and the threads' split of it, and for SiLU and GELU
+// the two are other algorithms, with other bits.) SiLU x / (1 + e^-x); GELU's tanh form.
+// x rounded to T's precision (bfloat16: to nearest even, as store), kept in the accumulation type
+template <typename T, typename A>
+inline A rounded(A x) {
+    if constexpr (std::is_same_v<T, uint16_t>) {
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+        std::memcpy(&x, &u, 4);
+    }
+    return x;
+}
+
+template <typename A>
+inline A silu(A x) { return x / (A(1) + fast_exp(-x)); }
+
+template <typename A>
+inline A gelu_tanh(A x) {                      // 0.5 x (1 + tanh(u)) = x / (1 + e^-2u): no cancellation
+    const A u = A(0.7978845608028654) * (x + A(0.044715) * x * x * x);
+    return x / (A(1) + fast_exp(A(-2) * u));
+}
+
+template <typename T, int KIND>
+void act_mul_t(uintptr_t xp, int64_t xs0, uintptr_t outp, int64_t n, int64_t I, int threads) {
+    const T* x = ptr<const T>(xp);
+    T* out = ptr<T>(outp);
+    using A = typename Acc<T>::type;
+#pragma omp parallel num_threads(threads) if (n * I > 32768)
+    {
+        std::vector<A> buf(I);                              // one row's activations, in A
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < n; ++r) {
+            const T* g = x + r * xs0;
+            const T* u = g + I;
+            T* o = out + r * I;
+            A* a = buf.data();
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) a[i] = load(g + i);
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) a[i] = rounded<T>(KIND == 0 ? silu(a[i]) : gelu_tanh(a[i]));
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) store(o + i, a[i] * load(u + i));
+        }
+    }
+}
+
+void act_mul(int dtype, int kind, uintptr_t x, int64_t xs0, uintptr_t out, int64_t n, int64_t I, int threads) {
+    py::gil_scoped_release release;
+    if (kind == 0) {
+        if (dtype == 0) act_mul_t<uint16_t, 0>(x, xs0, out, n, I, threads);
+        else if (dtype == 1) act_mul_t<float, 0>(x, xs0, out, n, I, threads);
+        else act_mul_t<double, 0>(x, xs0, out, n, I, threads);
+    } else {
+        if (dtype == 0) act_mul_t<uint16_t, 1>(x, xs0, out, n, I, threads);
+        else if (dtype == 1) act_mul_t<float, 1>(x, xs0, out, n, I, threads);
+        else act_mul_t<double, 1>(x, xs0, out, n, I, threads);
+    }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_attention, m) {
@@ -609,4 +675,6 @@ PYBIND11_MODULE(_attention, m) {
     m.def("rope_attend", &rope_attend, "dtype, qkv pointer and row stride, cos, sin, positions, write slots, "
           "k, v, out, shape, strides, visibility, scale, soft cap, threads");
     m.def("rms_norm", &rms_norm, "dtype, x pointer and row stride, weight, out, rows, columns, eps, threads");
+    m.def("act_mul", &act_mul, "dtype, kind (0 SiLU, 1 GELU tanh), [gate | up] pointer and row stride, out, "
+          "rows, I, threads");
 }
