@@ -607,6 +607,7 @@ void rms_norm(int dtype, uintptr_t x, int64_t xs0, uintptr_t w, uintptr_t out, i
 // thread count. (PyTorch's elementwise kernels compute an element by a vectorised or a scalar
 // path by its place in the flattened tensor and the threads' split of it, and for SiLU and GELU
 // the two are other algorithms, with other bits.) SiLU x / (1 + e^-x); GELU's tanh form.
+
 // x rounded to T's precision (bfloat16: to nearest even, as store), kept in the accumulation type
 template <typename T, typename A>
 inline A rounded(A x) {
