@@ -176,14 +176,18 @@ GEMMA3_DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9
                        tie_word_embeddings=True, query_pre_attn_scalar=256, sliding_window=4096, eos_token_id=1)
 
 
+def _with_own_eos(text: dict, cfg: dict) -> dict:
+    """An image-text checkpoint's language-model config ``text`` with the checkpoint's own
+    (top-level) EOS ids in place of the text config's, where it names them."""
+    return text if cfg.get("eos_token_id") is None else {**text, "eos_token_id": cfg["eos_token_id"]}
+
+
 def gemma3_config(cfg: dict, arch: str) -> dict:
     """A Gemma 3 config's text model fields, its defaults filled in (the image-text model's from
     its ``text_config``, its own EOS ids first)."""
-    text = (cfg.get("text_config") or {}) if arch == "Gemma3ForConditionalGeneration" else cfg
-    out = {**GEMMA3_DEFAULTS, **text}
-    if text is not cfg and cfg.get("eos_token_id") is not None:
-        out["eos_token_id"] = cfg["eos_token_id"]
-    return out
+    if arch != "Gemma3ForConditionalGeneration":
+        return {**GEMMA3_DEFAULTS, **cfg}
+    return _with_own_eos({**GEMMA3_DEFAULTS, **(cfg.get("text_config") or {})}, cfg)
 
 
 def _gemma(cfg: dict, source: str) -> dict:
@@ -276,8 +280,8 @@ def _ministral3(cfg: dict) -> dict:
 
 def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
     """(the architecture our module computes, its config with the family's defaults filled in):
-    an image-text checkpoint's language model (Mistral 3's by its text config's model_type,
-    that config's own EOS ids first; Gemma 3's: ``gemma3_config``), or the checkpoint's own."""
+    an image-text checkpoint's language model (Mistral 3's by its text config's model_type;
+    Gemma 3's: ``gemma3_config``; the checkpoint's own EOS ids first), or the checkpoint's own."""
     if arch == "Mistral3ForConditionalGeneration":
         text = cfg.get("text_config") or {}
         kind = text.get("model_type", "mistral")
@@ -285,10 +289,8 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
             raise ValueError(f"model: text_config.model_type {kind!r} in {source} is not supported "
                              f"(Mistral 3's language models: {sorted(MISTRAL3_TEXT)})")
         arch = MISTRAL3_TEXT[kind]
-        out = _ministral3(text) if kind == "ministral3" else {**MISTRAL3_TEXT_DEFAULTS, **text}
-        if cfg.get("eos_token_id") is not None:
-            out["eos_token_id"] = cfg["eos_token_id"]
-        return arch, out
+        return arch, _with_own_eos(_ministral3(text) if kind == "ministral3" else {**MISTRAL3_TEXT_DEFAULTS, **text},
+                                   cfg)
     if arch == "Ministral3ForCausalLM":
         return arch, _ministral3(cfg)
     if arch in GEMMA3:

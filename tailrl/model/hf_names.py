@@ -94,7 +94,7 @@ def _experts(table: dict[str, Slot], moe, p: str) -> None:
         _own(table, x + down + ".weight", moe.down[e])
         gates_ups += [x + gate + ".weight", x + up + ".weight"]
         downs.append(x + down + ".weight")
-    fused = p + "mlp."
+    fused = p + "mlp."                  # a trainer's module (transformers 5): fused experts under mlp.
     if mixtral:
         table[fused + "gate.weight"] = Slot(moe.router, tuple(moe.router.shape), (mlp + "gate.weight",))
     table[fused + "experts.gate_up_proj"] = Slot(moe.gate_up, tuple(moe.gate_up.shape), tuple(gates_ups))
