@@ -57,6 +57,12 @@ ARCH_CONFIGS = {
         rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                             "original_max_position_embeddings": 32},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    # Qwen3.5: a Gated DeltaNet layer (2 key heads, 4 value heads of 8 dimensions, a conv of width
+    # 4), then attention with its output gate, q/k norms and RoPE on a quarter of each head
+    "qwen3_5": ("Qwen3_5TextConfig", dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                                          linear_key_head_dim=8, linear_value_head_dim=8,
+                                          layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                       "full_attention"])),
 }
 
 

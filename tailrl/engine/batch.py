@@ -96,6 +96,14 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     without prefill goes to the static inputs of its graph's bucket (``Batch.graph``), which
     samples in the graph where its rows allow (never with ``processed``: some row may process
     its logits, engine/logits_process.py)."""
+    batch = _build(rows, drafts, kv, graphs, follow, processed)
+    if kv.states is not None:                   # a model with recurrent layers: its rows' runs (kv/states.py)
+        batch.meta.states = kv.states.plan(batch)
+    return batch
+
+
+def _build(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: StepGraphs | None,
+           follow: dict | None, processed: bool) -> Batch:
     if not follow and len(rows) > (CHAIN_ROWS if drafts else FEW_TOKENS):
         batch = _chain_batch(rows, drafts, kv, graphs, processed) if drafts else _decode_batch(rows, kv, graphs,
                                                                                                 processed)

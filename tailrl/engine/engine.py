@@ -513,6 +513,8 @@ class LLMEngine:
             if status is not None:
                 plan.req.status = status
                 finished.append(plan.req)
+        if self.kv.states is not None:          # recurrent layers: the accepted nodes into the rows' states
+            self.kv.states.accept(self.model, batch, [k for _, k in emitted_per_plan])
         return finished, total_accepted, emitted_per_plan
 
     def _observe(self, batch: Batch, emitted: list[tuple[list[int], int]], hidden: torch.Tensor | None) -> None:
@@ -559,7 +561,8 @@ class LLMEngine:
         if req is None or req.status.finished:
             raise ValueError(f"request_id {request_id!r} is not an unfinished request of this engine")
         kv = req.pending_kv
-        if req.row >= 0 and req.num_computed_tokens > 0:
+        # (recurrent layers' states are not exported: the request is computed again there)
+        if req.row >= 0 and req.num_computed_tokens > 0 and self.kv.states is None:
             kv = self.kv.export_row(req.row, req.num_computed_tokens)
         spec = None if self.speculator is None else self.speculator.export_state(req)   # drafts continue there
         self._leave(req)

@@ -7,6 +7,7 @@ import torch
 
 from tailrl.config import EngineConfig, SpeculativeConfig
 from tailrl.engine.kv import KVCache, size_kv
+from tailrl.engine.kv.states import refuse
 from tailrl.engine.tensor_parallel import ParallelModel, parallel_args
 from tailrl.model.loader import DTYPES, load_model, read_args
 
@@ -16,6 +17,7 @@ def load(config: EngineConfig, speculative: SpeculativeConfig | None) -> tuple[o
     dtype = DTYPES[config.dtype]
     split = config.tensor_parallel_size > 1
     args = read_args(config.model)
+    refuse(args, config, speculative)       # what a model with recurrent layers can not run with
     windows = [w for w in args.layer_windows if w]
     if speculative is not None and windows and speculative.max_draft_tokens >= min(windows):
         # a tree node sees every ancestor: that is its window only while drafts are shorter than it

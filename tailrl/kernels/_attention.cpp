@@ -666,6 +666,185 @@ void act_mul(int dtype, int kind, uintptr_t x, int64_t xs0, uintptr_t out, int64
     }
 }
 
+// ---- Gated DeltaNet (Qwen3.5's linear attention, model/deltanet.py) --------------------------
+// A step's rows: seqs [S, 5] (state row, first flat token, tokens, committed tokens, fresh), a
+// row's tokens consecutive and in order, its committed tokens first, then the nodes of a chain
+// draft. A committed token advances the row's states in place (its causal conv's last K-1
+// inputs, conv [R, C, K-1]; its delta-rule state ssm [R, VH, DK, DV]); a draft node advances a
+// copy, so the row's states stay those of its committed tokens; ``fresh``: the states start
+// from zeros (the row's first token is position 0). Every token is computed by the same code
+// whatever the step holds (a draft node and the same token committed give the same bits), and a
+// (row, head)'s state is one thread's: a row's result is its own.
+
+// softplus as PyTorch's (threshold 20: x itself above)
+template <typename A>
+inline A softplus(A x) { return x > A(20) ? x : std::log1p(std::exp(x)); }
+
+// One token through one value head's state S [DK][DV]: decayed, its memory of k corrected
+// towards v by beta, read by q: o [DV]. Out of line, so a committed token and a draft node run
+// the same instructions.
+template <typename A>
+__attribute__((noinline)) void delta_step(A* S, const A* k, const A* q, const A* v, A decay, A beta, int64_t DK,
+                                          int64_t DV, A* o, A* mem) {
+    for (int64_t j = 0; j < DV; ++j) mem[j] = A(0);
+    for (int64_t i = 0; i < DK; ++i) {
+        A* s = S + i * DV;
+        const A ki = k[i];
+#pragma omp simd
+        for (int64_t j = 0; j < DV; ++j) {
+            s[j] *= decay;
+            mem[j] += s[j] * ki;
+        }
+    }
+    for (int64_t j = 0; j < DV; ++j) mem[j] = (v[j] - mem[j]) * beta;
+    for (int64_t j = 0; j < DV; ++j) o[j] = A(0);
+    for (int64_t i = 0; i < DK; ++i) {
+        A* s = S + i * DV;
+        const A ki = k[i], qi = q[i];
+#pragma omp simd
+        for (int64_t j = 0; j < DV; ++j) {
+            s[j] += ki * mem[j];
+            o[j] += s[j] * qi;
+        }
+    }
+}
+
+// x [n] scaled to unit L2 norm (eps 1e-6 inside the root, as Hugging Face's l2norm), times f
+template <typename A>
+inline void unit(const A* x, int64_t n, A f, A* y) {
+    A ss = A(0);
+    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    const A inv = A(1) / std::sqrt(ss + A(1e-6));
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * f;
+}
+
+struct DeltaShape {
+    int64_t KH, VH, DK, DV, K, C;
+};
+
+// Phase 1: each (row, channel)'s causal conv over the row's tokens, then SiLU, each rounded to T
+// (Hugging Face: a conv in the model's dtype, then its activation): co [N, C] in A.
+template <typename T, typename A>
+void delta_conv(const T* mixed, int64_t ms0, const T* w, T* conv, const int64_t* seqs, int64_t S,
+                const DeltaShape& d, A* co, int threads) {
+    const int64_t chunks = (d.C + 63) / 64, K = d.K;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < S * chunks; ++task) {
+        const int64_t* sq = seqs + (task / chunks) * 5;
+        const int64_t row = sq[0], t0 = sq[1], cnt = sq[2], done = sq[3];
+        const int64_t c0 = (task % chunks) * 64, c1 = std::min(d.C, c0 + 64);
+        A win[16];
+        for (int64_t c = c0; c < c1; ++c) {
+            T* st = conv + (row * d.C + c) * (K - 1);
+            for (int64_t k = 0; k < K - 1; ++k) win[k] = sq[4] ? A(0) : A(load(st + k));
+            for (int64_t j = 0; j < cnt; ++j) {
+                const A x = load(mixed + (t0 + j) * ms0 + c);
+                A acc = A(0);
+                for (int64_t k = 0; k < K - 1; ++k) acc += A(load(w + c * K + k)) * win[k];
+                acc += A(load(w + c * K + K - 1)) * x;
+                co[(t0 + j) * d.C + c] = rounded<T>(silu(rounded<T>(acc)));
+                for (int64_t k = 0; k + 1 < K - 1; ++k) win[k] = win[k + 1];
+                if (K > 1) win[K - 2] = x;
+                if (j + 1 == done)
+                    for (int64_t k = 0; k < K - 1; ++k) store(st + k, win[k]);
+            }
+        }
+    }
+}
+
+template <typename T>
+void delta_rule_t(uintptr_t mixedp, int64_t ms0, uintptr_t bp, uintptr_t ap, int64_t bs0, uintptr_t wp,
+                  uintptr_t negap, uintptr_t dtbp, uintptr_t convp, uintptr_t ssmp, uintptr_t seqsp, int64_t S,
+                  int64_t N, uintptr_t outp, const DeltaShape& d, int threads) {
+    using A = typename Acc<T>::type;
+    const int64_t* seqs = ptr<const int64_t>(seqsp);
+    std::vector<A> co(static_cast<size_t>(N * d.C));
+    delta_conv<T, A>(ptr<const T>(mixedp), ms0, ptr<const T>(wp), ptr<T>(convp), seqs, S, d, co.data(), threads);
+    const T* b = ptr<const T>(bp);
+    const T* a = ptr<const T>(ap);
+    const A* nega = ptr<const A>(negap);
+    const A* dtb = ptr<const A>(dtbp);
+    A* ssm = ptr<A>(ssmp);
+    T* out = ptr<T>(outp);
+    const int64_t group = d.VH / d.KH, DK = d.DK, DV = d.DV;
+    const A qf = A(1) / std::sqrt(A(DK));
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<A> scratch(static_cast<size_t>(DK * DV)), buf(static_cast<size_t>(2 * DK + 2 * DV));
+        A *kn = buf.data(), *qn = kn + DK, *o = qn + DK, *mem = o + DV;
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < S * d.VH; ++task) {
+            const int64_t* sq = seqs + (task / d.VH) * 5;
+            const int64_t row = sq[0], t0 = sq[1], cnt = sq[2], done = sq[3], vh = task % d.VH, kh = vh / group;
+            A* state = ssm + (row * d.VH + vh) * DK * DV;
+            if (sq[4]) std::fill(state, state + DK * DV, A(0));
+            A* st = state;
+            for (int64_t j = 0; j < cnt; ++j) {
+                const int64_t t = t0 + j;
+                if (j == done) {                       // the first draft node: on a copy from here on
+                    std::copy(state, state + DK * DV, scratch.data());
+                    st = scratch.data();
+                }
+                const A* ct = co.data() + t * d.C;
+                unit(ct + kh * DK, DK, qf, qn);
+                unit(ct + d.KH * DK + kh * DK, DK, A(1), kn);
+                const A beta = rounded<T>(A(1) / (A(1) + std::exp(-A(load(b + t * bs0 + vh)))));
+                const A g = nega[vh] * softplus(A(load(a + t * bs0 + vh)) + dtb[vh]);
+                delta_step(st, kn, qn, ct + 2 * d.KH * DK + vh * DV, std::exp(g), beta, DK, DV, o, mem);
+                if (out != nullptr)
+                    for (int64_t i = 0; i < DV; ++i) store(out + t * d.VH * DV + vh * DV + i, o[i]);
+            }
+        }
+    }
+}
+
+void delta_rule(int dtype, uintptr_t mixed, int64_t ms0, uintptr_t b, uintptr_t a, int64_t bs0, uintptr_t w,
+                uintptr_t nega, uintptr_t dtb, uintptr_t conv, uintptr_t ssm, uintptr_t seqs, int64_t S, int64_t N,
+                uintptr_t out, py::tuple shape, int threads) {
+    DeltaShape d{shape[0].cast<int64_t>(), shape[1].cast<int64_t>(), shape[2].cast<int64_t>(),
+                 shape[3].cast<int64_t>(), shape[4].cast<int64_t>(), 0};
+    d.C = 2 * d.KH * d.DK + d.VH * d.DV;
+    if (d.K < 1 || d.K > 17) throw std::invalid_argument("delta_rule: conv width must be in [1, 17]");
+    py::gil_scoped_release release;
+    if (dtype == 0) delta_rule_t<uint16_t>(mixed, ms0, b, a, bs0, w, nega, dtb, conv, ssm, seqs, S, N, out, d, threads);
+    else if (dtype == 1) delta_rule_t<float>(mixed, ms0, b, a, bs0, w, nega, dtb, conv, ssm, seqs, S, N, out, d, threads);
+    else delta_rule_t<double>(mixed, ms0, b, a, bs0, w, nega, dtb, conv, ssm, seqs, S, N, out, d, threads);
+}
+
+// The DeltaNet's gated RMS norm: each head's DV values of o [N, H * DV] normed (in A, rounded to
+// T), times w [DV] (rounded), times SiLU of z (row stride zs0) -> out [N, H * DV] (Hugging Face's
+// Qwen3_5RMSNormGated).
+template <typename T>
+void gated_norm_t(uintptr_t op, uintptr_t zp, int64_t zs0, uintptr_t wp, uintptr_t outp, int64_t n, int64_t H,
+                  int64_t DV, double eps, int threads) {
+    using A = typename Acc<T>::type;
+    const T* o = ptr<const T>(op);
+    const T* z = ptr<const T>(zp);
+    const T* w = ptr<const T>(wp);
+    T* out = ptr<T>(outp);
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * H * DV > 32768)
+    for (int64_t r = 0; r < n * H; ++r) {
+        const int64_t t = r / H, h = r % H;
+        const T* x = o + r * DV;
+        A ss = A(0);
+        for (int64_t i = 0; i < DV; ++i) ss += A(load(x + i)) * A(load(x + i));
+        const A inv = A(1) / std::sqrt(ss / A(DV) + A(eps));
+        const T* zt = z + t * zs0 + h * DV;
+        for (int64_t i = 0; i < DV; ++i) {
+            const A y = rounded<T>(rounded<T>(A(load(x + i)) * inv) * A(load(w + i)));
+            store(out + r * DV + i, y * silu(A(load(zt + i))));
+        }
+    }
+}
+
+void gated_norm(int dtype, uintptr_t o, uintptr_t z, int64_t zs0, uintptr_t w, uintptr_t out, int64_t n, int64_t H,
+                int64_t DV, double eps, int threads) {
+    py::gil_scoped_release release;
+    if (dtype == 0) gated_norm_t<uint16_t>(o, z, zs0, w, out, n, H, DV, eps, threads);
+    else if (dtype == 1) gated_norm_t<float>(o, z, zs0, w, out, n, H, DV, eps, threads);
+    else gated_norm_t<double>(o, z, zs0, w, out, n, H, DV, eps, threads);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_attention, m) {
@@ -678,4 +857,9 @@ PYBIND11_MODULE(_attention, m) {
     m.def("rms_norm", &rms_norm, "dtype, x pointer and row stride, weight, out, rows, columns, eps, threads");
     m.def("act_mul", &act_mul, "dtype, kind (0 SiLU, 1 GELU tanh), [gate | up] pointer and row stride, out, "
           "rows, I, threads");
+    m.def("delta_rule", &delta_rule, "dtype, mixed q|k|v pointer and row stride, b, a pointers and row stride, "
+          "conv weight, -exp(A_log), dt_bias (accumulation type), conv states, delta-rule states, seqs [S, 5], S, "
+          "tokens, out (0: none), shape (KH, VH, DK, DV, K), threads");
+    m.def("gated_norm", &gated_norm, "dtype, o, z pointer and row stride, weight, out, tokens, heads, DV, eps, "
+          "threads");
 }

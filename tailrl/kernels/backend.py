@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tailrl.kernels import delta
 from tailrl.kernels.layout import AttentionMeta
 
 
@@ -167,6 +168,18 @@ class Backend:
                 ys[pairs] = self.silu_mul_linear(self.linear(x[pairs // k], gate_up[e]), down[e])
                 start += c
         return combine_experts(ys.view(t, k, -1), weights)
+
+    # ---- Gated DeltaNet (Qwen3.5's linear attention: delta.py) ------------------------------
+    def delta_rule(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: torch.Tensor,
+                   neg_a: torch.Tensor, dt_bias: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
+                   seqs: torch.Tensor, dims: tuple[int, int, int, int, int], out: bool = True) -> torch.Tensor | None:
+        """A step's tokens through their rows' conv and delta-rule states (``delta.delta_rule``:
+        committed tokens in place, draft nodes on a copy): o [N, VH * DV] (None without ``out``)."""
+        return delta.delta_rule(mixed, b, a, conv_w, neg_a, dt_bias, conv, ssm, seqs, dims, out)
+
+    def gated_norm(self, o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """The DeltaNet's gated RMS norm of o [N, VH * DV] by z (``delta.gated_norm``)."""
+        return delta.gated_norm(o, z, weight, eps)
 
     # ---- the sampler's row sums (engine/sampler.py): each row's sums in one order -----------
     def softmax_cdf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -184,6 +184,47 @@ class CpuBackend(Backend):
         return out
 
 
+    def delta_rule(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: torch.Tensor,
+                   neg_a: torch.Tensor, dt_bias: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
+                   seqs: torch.Tensor, dims: tuple[int, int, int, int, int], out: bool = True) -> torch.Tensor | None:
+        """``_attention.cpp``'s ``delta_rule``: a (row, value head)'s tokens on one thread, each by
+        the same code, committed or drafted."""
+        if not NATIVE:
+            return super().delta_rule(mixed, b, a, conv_w, neg_a, dt_bias, conv, ssm, seqs, dims, out)
+        _dense(mixed, b, a)
+        if b.stride(0) != a.stride(0) or not (conv_w.is_contiguous() and conv.is_contiguous() and ssm.is_contiguous()
+                                              and seqs.is_contiguous()):
+            raise ValueError("delta_rule: b and a must share a row stride; weights, states and seqs be contiguous")
+        n, vh, dv = mixed.shape[0], dims[1], dims[3]
+        res = mixed.new_empty(n, vh * dv) if out else None
+        _native.delta_rule(_DTYPE_CODE[mixed.dtype], mixed.data_ptr(), mixed.stride(0), b.data_ptr(), a.data_ptr(),
+                           b.stride(0), conv_w.data_ptr(), neg_a.data_ptr(), dt_bias.data_ptr(), conv.data_ptr(),
+                           ssm.data_ptr(), seqs.data_ptr(), seqs.shape[0], n, 0 if res is None else res.data_ptr(),
+                           dims, torch.get_num_threads())
+        return res
+
+    def gated_norm(self, o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``_attention.cpp``'s ``gated_norm``: a (token, head) by the same code wherever it sits."""
+        if not NATIVE:
+            return super().gated_norm(o, z, weight, eps)
+        _dense(o, z)
+        o = o.contiguous()
+        out = torch.empty_like(o)
+        dv = weight.shape[0]
+        weight = weight.contiguous()
+        _native.gated_norm(_DTYPE_CODE[o.dtype], o.data_ptr(), z.data_ptr(), z.stride(0), weight.data_ptr(),
+                           out.data_ptr(), o.shape[0], o.shape[1] // dv, dv, eps, torch.get_num_threads())
+        return out
+
+
+def _dense(*xs: torch.Tensor) -> None:
+    """Each [N, width] with its columns adjacent (rows may be strided), or a ValueError."""
+    for x in xs:
+        if x.dim() != 2 or x.stride(1) != 1:
+            raise ValueError(f"delta_rule: inputs must be [N, width] with adjacent columns, got {tuple(x.shape)} "
+                             f"strides {x.stride()}")
+
+
 # id(weight) -> (a weak reference to it, its version counter when copied, its float64 copy)
 _FLOAT64: dict[int, tuple] = {}
 

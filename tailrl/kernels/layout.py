@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tailrl.kernels.delta import StatePlan
+
 BLOCK = 32                              # key positions per block (the native kernel's BLOCK)
 
 
@@ -88,6 +90,7 @@ class AttentionMeta:
     reads: int                          # (row, key position) pairs read: the K/V traffic
     work: int                           # (query, key position) pairs scored
     multi: bool = False                 # some row has several queries (chains, prefill): kernels may group them
+    states: "StatePlan | None" = None   # a model with recurrent layers (Qwen3.5's): the step's rows (delta.py)
 
     @property
     def num_tokens(self) -> int:

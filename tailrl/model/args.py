@@ -47,6 +47,11 @@ SUPPORTED_ARCHITECTURES = {
     # GLM-4.5 / GLM-4.6: Llama's layer (RoPE on half of each head, rotate-half within it), q/k norms
     # where use_qk_norm; DeepSeek-V3's mixture of experts after the first dense layers (moe.py)
     "Glm4MoeForCausalLM": dict(qkv_bias=None, qk_norm=None),        # None: read use_qk_norm
+    # Qwen3.5: three layers of four Gated DeltaNet (a recurrent state per request: deltanet.py), the
+    # fourth attention with an output gate, q/k norms and RoPE on a quarter of each head; its text
+    # model alone or inside the image-text model (the vision tower not loaded). CPU only.
+    "Qwen3_5ForCausalLM": dict(qkv_bias=None, qk_norm=True),
+    "Qwen3_5ForConditionalGeneration": dict(qkv_bias=None, qk_norm=True),
 }
 # attention_bias gives the output projection a bias too
 O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO)
@@ -112,15 +117,32 @@ class ModelArgs:
     rope_interleaved: bool = False          # GLM-4: RoPE turns dimensions 2i and 2i + 1 together (rope.py)
     # Ministral 3: (beta, original context): queries times 1 + beta ln(1 + floor(p / original)) at position p
     query_scale: tuple[float, int] | None = None
+    # Qwen3.5: the Gated DeltaNet layers (model/deltanet.py) in place of attention, and their shape:
+    # (key heads, value heads, key head dim, value head dim, causal conv width)
+    linear_layers: tuple[int, ...] = ()
+    linear_dims: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+    attn_output_gate: bool = False          # Qwen3.5: attention's output times the sigmoid of a gate (q's twin)
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""
         return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend, and so keep K/V (Qwen3.5's DeltaNet layers keep a state instead)."""
+        linear = set(self.linear_layers)
+        return tuple(i for i in range(self.num_layers) if i not in linear)
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """K and V over all layers, in elements (multiply by the dtype size)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+        """K and V over all attention layers, in elements (multiply by the dtype size)."""
+        return 2 * len(self.attention_layers) * self.num_kv_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """A DeltaNet layer's q, k and v channels (what its causal conv reads)."""
+        kh, vh, kd, vd, _ = self.linear_dims
+        return 2 * kh * kd + vh * vd
 
     @property
     def num_parameters(self) -> int:
@@ -135,7 +157,13 @@ class ModelArgs:
                   + 3 * h * self.shared_expert_size + (h if self.shared_expert_gate else 0))
         mlps = (self.num_layers - len(self.sparse_layers)) * dense + len(self.sparse_layers) * sparse
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.vocab_size * h + head + h + self.num_layers * attention + mlps
+        gate = q * h if self.attn_output_gate else 0
+        kh, vh, kd, vd, width = self.linear_dims
+        c = self.conv_channels
+        linear = h * (c + vh * vd + 2 * vh) + c * width + 2 * vh + vd + vh * vd * h + norms
+        attending = len(self.attention_layers)
+        return (self.vocab_size * h + head + h + attending * (attention + gate) + len(self.linear_layers) * linear
+                + mlps)
 
     @property
     def widest_mlp(self) -> int:

@@ -10,7 +10,8 @@ MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Glm4
 GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GEMMA = ("Gemma2ForCausalLM", *GEMMA3)
 # RoPE on part of a head, as their Hugging Face modules apply it (rope.py); GLM-4's on interleaved pairs
-PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM")
+PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "Qwen3_5ForCausalLM",
+                  "Qwen3_5ForConditionalGeneration")
 # GLM-4's config defaults (transformers' Glm4Config) that change what the model computes
 GLM4_DEFAULTS = dict(attention_bias=True, rms_norm_eps=1.5625e-07, eos_token_id=[151329, 151336, 151338],
                      max_position_embeddings=131_072)
@@ -122,7 +123,8 @@ def rope_fields(cfg: dict, source: str, rope: dict | None = None, arch: str = ""
                   int(rope["original_max_position_embeddings"]))
     yarn = _yarn(rope, int(cfg.get("max_position_embeddings", 2048))) if rope_type == "yarn" else None
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    default = 0.5 if arch.startswith("Glm4") else 1.0      # transformers' GLM-4 configs: top level or rope_parameters
+    # transformers' defaults: GLM-4's (top level or rope_parameters), Qwen3.5's
+    default = 0.5 if arch.startswith("Glm4") else 0.25 if arch.startswith("Qwen3_5") else 1.0
     partial = float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", default)) or 1.0)
     rotary = int(head_dim * partial) if partial != 1.0 else 0              # as transformers counts them
     if partial != 1.0 and (arch not in PARTIAL_ROTARY or rotary % 2 or not 0 < rotary < head_dim):
@@ -297,6 +299,10 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
         return arch, gemma3_config(cfg, arch)
     if arch == "Glm4ForCausalLM":
         return arch, {**GLM4_DEFAULTS, **cfg}
+    if arch == "Qwen3_5ForConditionalGeneration":
+        return arch, _with_own_eos({**QWEN3_5_DEFAULTS, **(cfg.get("text_config") or {})}, cfg)
+    if arch == "Qwen3_5ForCausalLM":
+        return arch, {**QWEN3_5_DEFAULTS, **cfg}
     return arch, cfg
 
 
@@ -330,4 +336,37 @@ def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
         return dict(sandwich_norms=True)
     if arch == "Ministral3ForCausalLM":
         return ministral3_fields(cfg, source)
+    if arch.startswith("Qwen3_5"):
+        return qwen3_5_fields(cfg, source, layers)
     return {}
+
+
+# Qwen3.5's text config defaults (transformers' Qwen3_5TextConfig) that change what it computes
+QWEN3_5_DEFAULTS = dict(vocab_size=248_320, hidden_size=4096, intermediate_size=12_288, num_hidden_layers=32,
+                        num_attention_heads=16, num_key_value_heads=4, head_dim=256, max_position_embeddings=32_768,
+                        rms_norm_eps=1e-6, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                        linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32)
+
+
+def qwen3_5_fields(cfg: dict, source: str, layers: int) -> dict:
+    """Qwen3.5's ModelArgs fields: its Gated DeltaNet layers (``layer_types``' linear_attention,
+    or three of every ``full_attention_interval``) and their shape (model/deltanet.py); the
+    attention layers' output gate; norms scaling by 1 + weight (the DeltaNet's own gated norm
+    excepted). Its multimodal RoPE turns text positions as plain RoPE does (every section
+    reads the same position), on the first quarter of each head."""
+    interval = int(cfg.get("full_attention_interval", 4))
+    types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % max(interval, 1) else "full_attention"
+                                       for i in range(layers)]
+    if len(types) != layers or not set(types) <= {"linear_attention", "full_attention"}:
+        raise ValueError(f"model: layer_types in {source} must name linear_attention or full_attention for each "
+                         f"of its {layers} layers")
+    dims = tuple(int(cfg[k]) for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                       "linear_value_head_dim", "linear_conv_kernel_dim"))
+    if cfg.get("attention_bias"):
+        raise ValueError(f"model: attention_bias true in {source} is not supported for Qwen3.5 (its published "
+                         f"models have none)")
+    if min(dims) < 1 or dims[1] % dims[0]:
+        raise ValueError(f"model: linear_num_value_heads {dims[1]} in {source} must be a multiple of "
+                         f"linear_num_key_heads {dims[0]} (each key head serves as many value heads)")
+    return dict(linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"), linear_dims=dims,
+                attn_output_gate=True, norm_plus_one=True)

@@ -21,8 +21,10 @@ import torch
 from tailrl.model.rope import head_order
 
 # names a checkpoint may hold that are not weights of ours (rotary tables of old Llama
-# checkpoints; an image-text model's vision tower and projector)
-NOT_WEIGHTS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^(model\.)?(vision_tower|multi_modal_projector)\.")
+# checkpoints; an image-text model's vision tower and projector, Qwen3.5's ``visual``; Qwen3.5's
+# multi-token-prediction module, not loaded: the engine does not draft with it)
+NOT_WEIGHTS = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^(model\.)?(vision_tower|multi_modal_projector|visual)\.|"
+                         r"^mtp\.")
 # an image-text model's language model (Gemma 3's): its names under these prefixes (the published
 # checkpoints', transformers 5's) are the text model's own
 TEXT_MODEL_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
@@ -117,7 +119,10 @@ def slots(model) -> dict[str, Slot]:
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         _norms(table, layer, p, a)
-        _attention(table, layer, p + "self_attn.", a)
+        if layer.linear is not None:
+            _deltanet(table, layer.linear, p + "linear_attn.", a)
+        else:
+            _attention(table, layer, p + "self_attn.", a)
         if layer.moe is not None:
             _experts(table, layer.moe, p)
             continue
@@ -146,7 +151,7 @@ def _norms(table: dict[str, Slot], layer, p: str, a) -> None:
     if layer.input_norm is not None:
         _own(table, p + "input_layernorm.weight", layer.input_norm, plus_one=one)
     if layer.attn_out_norm is None:         # Llama's: the MLP's input norm
-        _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
+        _own(table, p + "post_attention_layernorm.weight", layer.post_norm, plus_one=one)
     elif a.architecture == "Glm4ForCausalLM":
         _own(table, p + "post_self_attn_layernorm.weight", layer.attn_out_norm)
         _own(table, p + "post_attention_layernorm.weight", layer.post_norm)
@@ -170,6 +175,12 @@ def _attention(table: dict[str, Slot], layer, att: str, a) -> None:
     if a.architecture == "Phi3ForCausalLM":     # the checkpoint's QKV fused as ours
         rows = None if order is None else torch.cat([q_rows, q + k_rows, torch.arange(q + kv, q + 2 * kv)])
         _own(table, att + "qkv_proj.weight", layer.qkv.weight, order=rows)
+    elif a.attn_output_gate:                # Qwen3.5: q_proj's rows per head [q | gate], ours [gate | q | k | v]
+        heads = torch.arange(a.num_heads)[:, None] * 2 * d
+        gates = (heads + d + torch.arange(d)).reshape(-1)
+        queries = (heads + (torch.arange(d) if order is None else order)).reshape(-1)
+        _rows(table, [att + f"{x}_proj.weight" for x in "qkv"], layer.qkv.weight, [2 * q, kv, kv],
+              [torch.cat([gates, queries]), k_rows, None])
     else:
         _rows(table, [att + f"{x}_proj.weight" for x in "qkv"], layer.qkv.weight, [q, kv, kv], [q_rows, k_rows, None])
     if a.qkv_bias:
@@ -183,6 +194,18 @@ def _attention(table: dict[str, Slot], layer, att: str, a) -> None:
     if layer.q_norm is not None:            # OLMo: over all heads, [H * D] and [KV * D]
         _own(table, att + "q_norm.weight", layer.q_norm, order=q_rows)
         _own(table, att + "k_norm.weight", layer.k_norm, order=k_rows)
+
+
+def _deltanet(table: dict[str, Slot], net, p: str, a) -> None:
+    """A Gated DeltaNet layer's tensors (model/deltanet.py): the four input projections as row
+    ranges of our fused one; the conv's [C, 1, K] weight into our [C, K]."""
+    kh, vh, kd, vd, width = a.linear_dims
+    _rows(table, [p + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")], net.in_proj.weight,
+          [a.conv_channels, vh * vd, vh, vh])
+    _own(table, p + "conv1d.weight", net.conv.unsqueeze(1))
+    for name, dest in (("dt_bias", net.dt_bias), ("A_log", net.A_log), ("norm.weight", net.norm),
+                       ("out_proj.weight", net.out.weight)):
+        _own(table, p + name, dest)
 
 
 def checkpoint_names(table: dict[str, Slot]) -> list[str]:

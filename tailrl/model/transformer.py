@@ -1,6 +1,7 @@
 """Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Ministral 3 / Phi-3 / Gemma 2-3 /
-OLMo 2-3 / SmolLM3 / GLM-4, and mixtures of experts: moe.py, GLM-4.5's among them) over
-flattened tokens and a row KV cache.
+OLMo 2-3 / SmolLM3 / GLM-4, mixtures of experts: moe.py, GLM-4.5's among them, and Qwen3.5's
+hybrid of attention and Gated DeltaNet layers: deltanet.py) over flattened tokens and a row KV
+cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
@@ -16,24 +17,31 @@ from torch import nn
 from tailrl.kernels import AttentionMeta, Backend, Rope, RopeTables, select
 from tailrl.kernels.backend import origins
 from tailrl.model.args import ModelArgs
+from tailrl.model.deltanet import GatedDeltaNet
 from tailrl.model.hf_names import check, checkpoint_names, load_hf, slots
 from tailrl.model.moe import SparseMoe
 from tailrl.model.rope import rope_table
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, a: ModelArgs, sparse: bool = False, kind: int = 0, ranks: int = 1):
+    def __init__(self, a: ModelArgs, sparse: bool = False, kind: int = 0, ranks: int = 1, index: int = 0):
         super().__init__()
-        self.a = a
+        self.a, self.index = a, index
         self.kind = kind                    # which of the forward's Rope objects its attention reads
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         # the norms before attention and the MLP (OLMo: none)
         self.input_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.pre_norms else None
         self.post_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.pre_norms else None
-        self.qkv = nn.Linear(a.hidden_size, q + 2 * kv, bias=a.qkv_bias)
-        self.o = nn.Linear(q, a.hidden_size, bias=a.o_bias)
+        # Qwen3.5: a Gated DeltaNet in place of attention (deltanet.py)
+        self.linear = GatedDeltaNet(a) if index in a.linear_layers else None
+        attends = self.linear is None
+        # Qwen3.5's attention: its output gate's rows first, [gate | q | k | v]
+        gate = q if a.attn_output_gate else 0
+        self.qkv = nn.Linear(a.hidden_size, gate + q + 2 * kv, bias=a.qkv_bias) if attends else None
+        self.o = nn.Linear(q, a.hidden_size, bias=a.o_bias) if attends else None
         # q/k norm weights stacked per head: [H + KV, D] (Qwen3, Gemma); None elsewhere
-        self.qk_norm = nn.Parameter(torch.ones(a.num_heads + a.num_kv_heads, a.head_dim)) if a.qk_norm else None
+        self.qk_norm = nn.Parameter(torch.ones(a.num_heads + a.num_kv_heads, a.head_dim)) \
+            if a.qk_norm and attends else None
         # OLMo: q's and k's norms over all heads at once, [H * D] and [KV * D] (a split layer's: the
         # whole model's, over every one of its ``ranks``' heads: ``_whole_norm``)
         self.q_norm = nn.Parameter(torch.ones(q * ranks)) if a.qk_norm_whole else None
@@ -55,7 +63,10 @@ class DecoderLayer(nn.Module):
         Returns this layer's (stream, MLP output)."""
         a = self.a
         x, h = self._joined(kernels, x, y, self.input_norm)
-        out = kernels.linear(self._attend(h, kernels, rope, k_cache, v_cache, meta), self.o.weight, self.o.bias)
+        if self.linear is not None:         # k_cache, v_cache: this layer's conv and delta-rule states
+            out = self.linear(h, kernels, (k_cache, v_cache), meta.states, self.index)
+        else:
+            out = kernels.linear(self._attend(h, kernels, rope, k_cache, v_cache, meta), self.o.weight, self.o.bias)
         out = out if self.reduce is None else self.reduce(out)
         if self.attn_out_norm is not None:
             out = kernels.rms_norm(out, self.attn_out_norm, a.rms_norm_eps)
@@ -90,10 +101,16 @@ class DecoderLayer(nn.Module):
         if self.qk_norm is None and self.q_norm is None and rope.query_scale is None:
             return kernels.linear_rope_attend(h, self.qkv.weight, self.qkv.bias, rope, k_cache, v_cache, meta,
                                               a.num_heads)
-        qkv = self._qk_normed(kernels, kernels.linear(h, self.qkv.weight, self.qkv.bias))
+        qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)
+        gate = None
+        if a.attn_output_gate:              # Qwen3.5: [gate | q | k | v]
+            q = a.num_heads * a.head_dim
+            gate, qkv = qkv[:, :q], qkv[:, q:]
+        qkv = self._qk_normed(kernels, qkv)
         if rope.query_scale is not None:    # Ministral 3: queries scaled by position (RoPE is linear: before it)
             qkv[:, :a.num_heads * a.head_dim] *= rope.query_scale
-        return kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
+        out = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
+        return out if gate is None else out * _sigmoid(gate)
 
     def _qk_normed(self, kernels: Backend, qkv: torch.Tensor) -> torch.Tensor:
         """The projection with q and k normed where the model norms them, between projection and
@@ -122,6 +139,14 @@ class DecoderLayer(nn.Module):
         return whole[:, self.reduce.rank * width:(self.reduce.rank + 1) * width]
 
 
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)) in float32 (float64 for a float64 model), rounded to x's dtype: exp and
+    division take the same bits on PyTorch's vectorised and scalar paths, its sigmoid does not
+    (README's limits), so an element's result is its own wherever it sits."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return (1 / (1 + torch.exp(-x.to(acc)))).to(x.dtype)
+
+
 class Transformer(nn.Module):
     """Its weights are allocated on ``device`` in ``dtype`` and left as they were in memory: a
     checkpoint fills them (``load_hf_state_dict``; loader.load_model), so none is initialised,
@@ -140,7 +165,7 @@ class Transformer(nn.Module):
         with torch.device("meta"):
             self.embed = nn.Embedding(a.vocab_size, a.hidden_size)
             self.layers = nn.ModuleList(DecoderLayer(a, i in a.sparse_layers, self.kinds.index(kinds[i]),
-                                                     reduce.size if reduce is not None else 1)
+                                                     reduce.size if reduce is not None else 1, i)
                                         for i in range(a.num_layers))
             self.norm = nn.Parameter(torch.ones(a.hidden_size))
             untied = head and not a.tie_word_embeddings
@@ -185,7 +210,8 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMeta) -> torch.Tensor:
         """input_ids, positions: [N]; caches: per layer (key blocks [rows, KV, cap * D], values
-        [rows, KV, cap, D]) (``KVCache.layers()``). Returns normed hidden [N, hidden]."""
+        [rows, KV, cap, D]), a DeltaNet layer's (conv states, delta-rule states)
+        (``KVCache.layers()``). Returns normed hidden [N, hidden]."""
         x = self.embed(input_ids)
         if self.embed_scale is not None:
             x = x * self.embed_scale
@@ -236,7 +262,9 @@ class Transformer(nn.Module):
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         out = []
         for layer in self.layers:
-            out += [(m.weight, m.bias) for m in (layer.qkv, layer.o, layer.gate_up, layer.down) if m is not None]
+            mods = (layer.qkv, layer.o, layer.gate_up, layer.down) if layer.linear is None else \
+                (layer.linear.in_proj, layer.linear.out, layer.gate_up, layer.down)
+            out += [(m.weight, m.bias) for m in mods if m is not None]
             if layer.moe is not None:
                 out += layer.moe.linears()
         return out + [(head, None)] if self.head else out

@@ -23,7 +23,11 @@ key naming their prefix; a block no row holds stays, idle, counted free, until t
 runs out (``_take``), and an admitted request takes the blocks of its longest cached prefix
 (``lookup``, ``take_cached``).
 
-Exports and imports use the plain [L, 2, KV, n, D] layout.
+Exports and imports use the plain [L, 2, KV, n, D] layout (L: the attention layers).
+
+A model with Gated DeltaNet layers (Qwen3.5) keeps K/V for its attention layers only, and a
+row of recurrent states per running request beside them (states.py: they move with the row's
+table); its prefixes are not cached.
 
 One block past the budget is never handed out: ``scratch_slot``, where the padding tokens of
 a step replayed from a CUDA graph (tailrl/engine/graphs.py) write and read.
@@ -34,6 +38,7 @@ import numpy as np
 import torch
 
 from tailrl.engine.kv.prefix import PrefixCache
+from tailrl.engine.kv.states import RecurrentStates
 from tailrl.kernels import BLOCK, blocks
 from tailrl.model.args import ModelArgs
 
@@ -60,20 +65,22 @@ class KVCache:
         self.allocations = 0                                       # times the pool was allocated
         self.peak_used = self.peak_shared = 0
         self.scratch_slot = self.num_blocks * BLOCK                 # lane 0 of the block past the budget
-        self.prefix = PrefixCache(max_rows) if prefix_caching else None
+        # a DeltaNet layer's state at a prefix's end is not kept: no prefix cache for it (states.py)
+        self.prefix = PrefixCache(max_rows) if prefix_caching and not args.linear_layers else None
+        self.states = RecurrentStates(args, dtype, device, max_rows) if args.linear_layers else None
         self._data: torch.Tensor | None = self._allocate()
 
     # ---- the pool ---------------------------------------------------------------------------
     def _allocate(self) -> torch.Tensor:
         a = self.args
         self.allocations += 1
-        return torch.empty(a.num_layers, 2, self.num_blocks + 1, a.num_kv_heads, BLOCK * a.head_dim,
+        return torch.empty(len(a.attention_layers), 2, self.num_blocks + 1, a.num_kv_heads, BLOCK * a.head_dim,
                            dtype=self.dtype, device=self.device)
 
     @property
     def data(self) -> torch.Tensor:
-        """[L, 2, blocks + 1, KV, BLOCK * D] (the last: the scratch block; allocated again at first
-        use after ``free_memory``, which ``allocations`` counts)."""
+        """[L, 2, blocks + 1, KV, BLOCK * D] (L: the attention layers; the last block: the scratch
+        block; allocated again at first use after ``free_memory``, which ``allocations`` counts)."""
         if self._data is None:
             self._data = self._allocate()
         return self._data
@@ -93,12 +100,16 @@ class KVCache:
             self._free += self.prefix.clear()
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (keys [blocks, KV, BLOCK * D], values [blocks, KV, BLOCK, D]): what the model
-        writes and reads."""
+        """Per layer (keys [blocks, KV, BLOCK * D], values [blocks, KV, BLOCK, D]), a DeltaNet
+        layer's (conv states, delta-rule states): what the model writes and reads."""
         d = self.data
         layers, _, nb, kv, flat = d.shape
         values = d[:, 1].view(layers, nb, kv, BLOCK, flat // BLOCK)
-        return list(zip(d[:, 0].unbind(0), values.unbind(0)))
+        attending = list(zip(d[:, 0].unbind(0), values.unbind(0)))
+        if self.states is None:
+            return attending
+        at = iter(attending)
+        return [self.states.layer(i) if i in self.states.layers else next(at) for i in range(self.args.num_layers)]
 
     @property
     def bytes(self) -> int:
@@ -228,6 +239,8 @@ class KVCache:
         self.held[dst], self.held[src] = h, 0
         if self.prefix is not None:
             self.prefix.move_row(src, dst)
+        if self.states is not None:
+            self.states.move_row(src, dst)
 
     # ---- positions ----------------------------------------------------------------------------
     def slots(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -281,7 +294,7 @@ class KVCache:
         a = self.args
         nb, dim = len(ids), a.head_dim
         parts = self.data[:, :, torch.from_numpy(ids).to(self.device)]     # [L, 2, nb, KV, BLOCK * D]
-        layers, kv = a.num_layers, a.num_kv_heads
+        layers, kv = len(a.attention_layers), a.num_kv_heads
         # a block's keys are [D/2][BLOCK][2]; values [BLOCK][D]
         k = parts[:, 0].view(layers, nb, kv, dim // 2, BLOCK, 2).permute(0, 2, 1, 4, 3, 5)
         k = k.reshape(layers, kv, nb * BLOCK, dim)
@@ -295,7 +308,7 @@ class KVCache:
 
     def check_shape(self, kv: torch.Tensor) -> None:
         a = self.args
-        want = (a.num_layers, 2, self.kv_heads, a.head_dim)
+        want = (len(a.attention_layers), 2, self.kv_heads, a.head_dim)
         if kv.dim() != 5 or (kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[4]) != want:
             raise ValueError(f"kv: shape {tuple(kv.shape)} does not match this model (L, 2, KV, n, D) = {want}")
 

@@ -1,0 +1,107 @@
+"""The recurrent states of a model with Gated DeltaNet layers (Qwen3.5: model/deltanet.py), a row
+per running request beside its K/V blocks: per DeltaNet layer its causal conv's last K-1 inputs
+(conv [L, rows, C, K-1], the model's dtype) and its delta-rule state (ssm [L, rows, VH, DK, DV]:
+float32, float64 for a float64 model), allocated once for ``max_rows`` rows.
+
+A row's states hold exactly its committed tokens (kernels/delta.py): a step's committed tokens
+advance them in place, draft nodes a copy; ``accept`` runs a row's accepted nodes through them
+again from the inputs the step kept (the same kernel on the same inputs: the bits a plain step
+would have given). A row whose first token of a step is position 0 starts from zeros, so a
+request admitted or readmitted after preemption (recompute) needs no reset. What a state can
+not do, the engine does not ask of it: no prefix is lent by a sibling or taken from the prefix
+cache (the state at the prefix's end is not kept), a migrated request is recomputed, no tree
+drafts, no steps launched with follow-ups (``refuse``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tailrl.config import EngineConfig, SpeculativeConfig
+from tailrl.kernels import select
+from tailrl.kernels.delta import StatePlan
+from tailrl.model.args import ModelArgs
+
+
+def refuse(args: ModelArgs, config: EngineConfig, speculative: SpeculativeConfig | None) -> None:
+    """A ValueError naming what a model with recurrent layers can not run with, before any work."""
+    if not args.linear_layers:
+        return
+    name = f"model: {args.architecture}'s Gated DeltaNet layers"
+    if torch.device(config.device).type != "cpu":
+        raise ValueError(f"{name} run on the CPU only (device={config.device!r}: no GPU kernel yet)")
+    if config.tensor_parallel_size > 1:
+        raise ValueError(f"{name} can not be split over devices (tensor_parallel_size={config.tensor_parallel_size})")
+    if speculative is not None and speculative.max_tree_paths > 1:
+        raise ValueError(f"speculative_config.max_tree_paths: {args.architecture} drafts chains only (a tree node "
+                         f"would need a state of its own), got {speculative.max_tree_paths}")
+    if speculative is not None and speculative.ahead_drafts:
+        raise ValueError(f"speculative_config.ahead_drafts: not with {args.architecture}'s recurrent layers, got "
+                         f"{speculative.ahead_drafts}")
+
+
+class RecurrentStates:
+    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: str | torch.device, max_rows: int):
+        kh, vh, kd, vd, width = args.linear_dims
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        n = len(args.linear_layers)
+        self.layers = {layer: j for j, layer in enumerate(args.linear_layers)}
+        self.conv = torch.zeros(n, max_rows, args.conv_channels, width - 1, dtype=dtype, device=device)
+        self.ssm = torch.zeros(n, max_rows, vh, kd, vd, dtype=acc, device=device)
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Model layer ``layer``'s (conv [rows, C, K-1], ssm [rows, VH, DK, DV])."""
+        j = self.layers[layer]
+        return self.conv[j], self.ssm[j]
+
+    @property
+    def bytes(self) -> int:
+        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row ``src``'s states become row ``dst``'s."""
+        self.conv[:, dst] = self.conv[:, src]
+        self.ssm[:, dst] = self.ssm[:, src]
+
+    @staticmethod
+    def plan(batch) -> StatePlan:
+        """The step's rows (``StatePlan``) from a built batch: each run of tokens of one block-table
+        row, the nodes of its plan's draft last."""
+        rows = batch.meta.q_row.cpu().numpy()
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        counts = np.diff(np.r_[starts, len(rows)])
+        sample = batch.sample_index.cpu().numpy()
+        drafted = {int(rows[sample[p.entry]]): len(p.draft_tokens) for p in batch.plans if p.draft_tokens}
+        own = rows[starts]
+        d = np.array([drafted.get(int(r), 0) for r in own], dtype=np.int64)
+        fresh = batch.positions.cpu().numpy()[starts] == 0
+        seqs = np.stack([own, starts, counts, counts - d, fresh], axis=1).astype(np.int64)
+        drafts = None
+        if drafted:
+            drafts = torch.from_numpy(np.concatenate([np.arange(s + c - k, s + c) for s, c, k in zip(starts, counts, d)
+                                                      if k]))
+        return StatePlan(torch.from_numpy(seqs), drafts)
+
+    def accept(self, model, batch, accepted: list[int]) -> None:
+        """Each plan's first ``accepted[i]`` draft nodes run through its row's states in place,
+        from the inputs the step kept (``StatePlan.kept``)."""
+        plan: StatePlan = batch.meta.states
+        if plan is None or plan.drafts is None:
+            return
+        rows = batch.meta.q_row.cpu().numpy()
+        sample = batch.sample_index.cpu().numpy()
+        at = {}                                        # row -> its first node's index among the kept
+        seqs = plan.seqs.numpy()
+        offset = 0
+        for row, _, count, done, _ in seqs:
+            if count > done:
+                at[int(row)] = offset
+                offset += count - done
+        runs = [(r, at[r], k, k, 0) for p, k in zip(batch.plans, accepted)
+                if k and p.draft_tokens and (r := int(rows[sample[p.entry]])) in at]
+        if not runs:
+            return
+        accept = torch.tensor(runs, dtype=torch.int64)
+        kernels = select(self.conv.device, self.conv.dtype)
+        for layer in self.layers:
+            model.layers[layer].linear.advance(kernels, plan.kept[layer], self.layer(layer), accept)

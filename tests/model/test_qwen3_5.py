@@ -1,0 +1,155 @@
+"""Qwen3.5 (Qwen3_5ForCausalLM, and the language model of Qwen3_5ForConditionalGeneration): three
+layers of four Gated DeltaNet with a recurrent state per request (model/deltanet.py,
+engine/kv/states.py), the fourth attention with an output gate. Configs read as transformers
+reads them; logits and greedy generation Hugging Face's; speculation lossless in bfloat16 and
+float64 and a request alone the same as in a batch, through preemption and migration; the
+scorer's log-probabilities the rollout's; what the states can not do refused by name."""
+import dataclasses
+import os
+
+import pytest
+import torch
+import transformers
+from parity import assert_fields_make_hf_logits, our_logits
+
+from tailrl import LLM, EngineConfig, SamplingParams, SpeculativeConfig
+from tailrl.engine.engine import LLMEngine
+from tailrl.engine.kv.states import refuse
+from tailrl.engine.request import Request
+from tailrl.engine.score import Scorer
+from tailrl.model.args import parse_config
+from tailrl.model.loader import read_args
+from tailrl.model.transformer import Transformer
+
+PROMPTS = [[5, 17, 30, 8, 9, 5, 17, 30], [40, 41, 42, 40, 41], [7] * 12, list(range(3, 60))]
+
+
+@pytest.fixture(scope="module")
+def path(ckpt_dir):
+    return ckpt_dir("qwen3_5", num_layers=4)
+
+
+def outputs(outs):
+    return [[(c.token_ids, c.logprobs) for c in o.outputs] for o in outs]
+
+
+def test_the_config_is_read_as_transformers_reads_it():
+    hf = transformers.Qwen3_5TextConfig()
+    a = parse_config({"architectures": ["Qwen3_5ForCausalLM"]})
+    assert a.linear_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
+    assert len(a.linear_layers) == 24 and a.attention_layers == (3, 7, 11, 15, 19, 23, 27, 31)
+    assert a.linear_dims == (hf.linear_num_key_heads, hf.linear_num_value_heads, hf.linear_key_head_dim,
+                             hf.linear_value_head_dim, hf.linear_conv_kernel_dim)
+    assert a.rotary_dim == int(hf.head_dim * hf.rope_parameters["partial_rotary_factor"]) == 64
+    assert a.rope_theta == hf.rope_parameters["rope_theta"] and a.norm_plus_one and a.attn_output_gate
+    assert a.kv_bytes_per_token == 2 * 8 * hf.num_key_value_heads * hf.head_dim
+    hf_model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(num_hidden_layers=4, vocab_size=512))
+    small = parse_config({"architectures": ["Qwen3_5ForCausalLM"], "num_hidden_layers": 4, "vocab_size": 512})
+    ours = sum(p.numel() for p in Transformer(small, 1, torch.bfloat16, "meta").parameters())
+    stacked = (small.num_heads + small.num_kv_heads - 2) * small.head_dim      # our q/k norms: a weight per head
+    assert small.num_parameters == ours == sum(p.numel() for p in hf_model.parameters()) + stacked
+    vl = parse_config({"architectures": ["Qwen3_5ForConditionalGeneration"], "eos_token_id": 7,
+                       "text_config": {"num_hidden_layers": 8}})
+    assert vl.architecture == "Qwen3_5ForConditionalGeneration" and vl.num_layers == 8 and vl.eos_token_ids == (7,)
+    with pytest.raises(ValueError, match="layer_types"):
+        parse_config({"architectures": ["Qwen3_5ForCausalLM"], "num_hidden_layers": 2,
+                      "layer_types": ["linear_attention", "sliding_attention"]})
+    with pytest.raises(ValueError, match="linear_num_value_heads"):
+        parse_config({"architectures": ["Qwen3_5ForCausalLM"], "linear_num_value_heads": 24})
+
+
+def test_logits_are_hugging_faces_and_its_norms_and_rope_are_what_makes_them(path, monkeypatch):
+    assert_fields_make_hf_logits(path, monkeypatch, dict(norm_plus_one=False), dict(rotary_dim=0))
+
+
+def test_the_image_text_models_language_model_is_loaded_its_vision_and_mtp_skipped(path, tmp_path):
+    text = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    cfg = transformers.Qwen3_5Config(text_config=text.config.to_dict(),
+                                     vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                        out_hidden_size=text.config.hidden_size))
+    vl = transformers.Qwen3_5ForConditionalGeneration(cfg)
+    vl.model.language_model.load_state_dict(text.model.state_dict())
+    vl.lm_head.load_state_dict(text.lm_head.state_dict())
+    vl.save_pretrained(tmp_path)
+    from safetensors.torch import load_file, save_file
+    file = os.path.join(tmp_path, "model.safetensors")
+    state = load_file(file)
+    assert any(k.startswith("model.visual.") for k in state)
+    state["mtp.fc.weight"] = torch.zeros(4, 4)                          # a published checkpoint's MTP module
+    save_file(state, file, metadata={"format": "pt"})
+    tokens = list(range(3, 40))
+    with torch.no_grad():
+        ref = text(torch.tensor([tokens])).logits[0]
+    assert (our_logits(str(tmp_path), tokens) - ref).abs().max().item() < 1e-4
+
+
+def test_greedy_generation_is_hugging_faces(path):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = LLM(path, dtype="float32")
+    for prompt in PROMPTS[:2]:
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+        assert out[0].outputs[0].token_ids == ref
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_speculation_is_lossless_and_a_request_alone_is_itself_in_a_batch(path, dtype):
+    sp = SamplingParams(n=3, temperature=1.0, max_tokens=40, ignore_eos=True, seed=3)
+    plain = LLM(path, dtype=dtype)
+    want = [outputs(plain.generate(PROMPTS, sp)) for _ in range(2)]
+    assert want[0] == want[1]
+    spec = LLM(path, dtype=dtype, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=6))
+    for w in want:                                  # the second round drafts from the first's history
+        assert outputs(spec.generate(PROMPTS, sp)) == w
+    assert spec.last_metrics["rollout/spec_accepted_tokens"] > 0
+    one = LLM(path, dtype=dtype, max_num_seqs=1)
+    assert outputs(one.generate(PROMPTS, sp)) == want[0]
+    assert plain.last_metrics["rollout/batched_tokens"] == 3 * sum(len(p) + 40 - 1 for p in PROMPTS)   # no sharing
+
+
+def test_preemption_and_migration_recompute_the_same_tokens(path):
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=50, ignore_eos=True, seed=5)
+    want = outputs(LLM(path, dtype="float64").generate(PROMPTS, sp))
+    small = LLM(path, dtype="float64", max_model_len=128, kv_cache_tokens=300)
+    assert outputs(small.generate(PROMPTS, sp)) == want
+    assert small.last_metrics["rollout/preemptions"] > 0
+    src, dst = (LLMEngine(EngineConfig(model=path, dtype="float64")) for _ in range(2))
+    req = Request("x", PROMPTS[3], SamplingParams(max_tokens=30, ignore_eos=True, seed=5), seed_key=3)
+    ref = Request("x", PROMPTS[3], SamplingParams(max_tokens=30, ignore_eos=True, seed=5), seed_key=3)
+    solo = LLMEngine(EngineConfig(model=path, dtype="float64"))
+    solo.add_request(ref)
+    while solo.has_unfinished():
+        solo.step()
+    src.add_request(req)
+    for _ in range(6):
+        src.step()
+    state = src.export_request("x")
+    assert state.kv is None and len(state.output_token_ids) > 0       # the states do not travel: recomputed
+    moved = dst.import_request(state)
+    while dst.has_unfinished():
+        dst.step()
+    assert moved.output_token_ids == ref.output_token_ids and moved.output_logprobs == ref.output_logprobs
+
+
+def test_the_scorers_log_probabilities_are_the_rollouts(path):
+    llm = LLM(path, dtype="bfloat16")
+    outs = llm.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_tokens=30, ignore_eos=True, seed=1))
+    prompts = [o.prompt_token_ids for o in outs for _ in o.outputs]
+    responses = [c.token_ids for o in outs for c in o.outputs]
+    got = Scorer(path, dtype="bfloat16").logprobs(prompts, responses)
+    assert got == [c.logprobs for o in outs for c in o.outputs]
+
+
+def test_what_the_states_can_not_do_is_refused_by_name(path):
+    with pytest.raises(ValueError, match="max_tree_paths"):
+        LLM(path, speculative=SpeculativeConfig(max_tree_paths=3))
+    with pytest.raises(ValueError, match="ahead_drafts"):
+        LLM(path, speculative=SpeculativeConfig(ahead_drafts=2))
+    with pytest.raises(ValueError, match="CPU only"):                # before CUDA is looked for
+        refuse(read_args(path), EngineConfig(model=path, device="cuda"), None)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        LLMEngine(EngineConfig(model=path, tensor_parallel_size=2))
+    llm = LLM(path)
+    assert llm.engine.kv.prefix is None and llm.engine.kv.data.shape[0] == 2          # K/V of its 2 attention layers
+    assert dataclasses.astuple(llm.engine.args)[0] == "Qwen3_5ForCausalLM"
