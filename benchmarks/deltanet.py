@@ -6,10 +6,12 @@ the same hidden size, layers, attention heads and MLP (every layer attention). P
 prompts of ``--context`` tokens, ``--n`` samples each, ``--max-tokens`` new tokens at T=1: plain
 decoding, then speculation (the default policy) whose history is the plain round's (seeded alike:
 the drafts are the responses themselves, so acceptance is an upper bound, the mechanism's cost and
-gain at best). Rounds alternate models and modes (ABBA), medians of ``--rounds``; tokens and
+gain at best). Neither engine caches prefixes (Qwen3.5's can not; the rounds repeat their prompts,
+an RL step's prompts are new). Rounds alternate models and modes (ABBA), medians of ``--rounds``; tokens and
 log-probabilities of speculation are checked equal to plain's.
 
-Usage: python benchmarks/deltanet.py [--hidden 1024] [--layers 8] [--context 256] [--prompts 8] [--n 4]
+Usage: python benchmarks/deltanet.py [--hidden 1024] [--layers 8] [--context 128] [--prompts 4] [--n 2]
+                                    [--max-tokens 128]
 The last line is one JSON object: {"shape", "models": {"qwen3_5" | "qwen3": {"plain_s", "spec_s",
 "speedup", "accept_length" (tokens a verify step emits), "identical"}}, "hybrid_vs_attention_plain"}.
 """
@@ -48,10 +50,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--n", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--n", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     from tailrl import LLM, SamplingParams, SpeculativeConfig
@@ -62,7 +64,9 @@ def main() -> None:
     engines, want = {}, {}
     for kind in ("qwen3_5", "qwen3"):
         path = make(os.path.join(tmp, kind), kind, a)
-        plain, spec = LLM(path), LLM(path, speculative=SpeculativeConfig())
+        # no prefix caching (Qwen3.5 has none): the rounds repeat their prompts, an RL step's do not
+        plain = LLM(path, enable_prefix_caching=False)
+        spec = LLM(path, enable_prefix_caching=False, speculative=SpeculativeConfig())
         want[kind] = plain.generate(prompts, sp)
         spec.generate(prompts, sp)                          # its history: the same responses
         engines[kind] = {"plain": plain, "spec": spec}

@@ -63,6 +63,12 @@ ARCH_CONFIGS = {
                                           linear_key_head_dim=8, linear_value_head_dim=8,
                                           layer_types=["linear_attention", "full_attention", "linear_attention",
                                                        "full_attention"])),
+    # Qwen3.5-MoE: the same layers, Qwen2-MoE's mixture (8 experts, 3 a token, a gated shared expert) in each
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                                                 linear_key_head_dim=8, linear_value_head_dim=8, num_experts=8,
+                                                 num_experts_per_tok=3, moe_intermediate_size=48,
+                                                 shared_expert_intermediate_size=80,
+                                                 layer_types=["linear_attention", "full_attention"])),
 }
 
 
@@ -75,8 +81,9 @@ def make_checkpoint(path: str, arch: str = "qwen2", vocab_size: int = 97, hidden
     cls_name, extra = ARCH_CONFIGS[arch]
     if "layer_types" in extra:                  # the first num_layers kinds of layer
         extra = {**extra, "layer_types": extra["layer_types"][:num_layers]}
+    dense = {} if cls_name == "Qwen3_5MoeTextConfig" else dict(intermediate_size=2 * hidden_size)
     cfg = getattr(transformers, cls_name)(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        vocab_size=vocab_size, hidden_size=hidden_size, **dense,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_pos, rope_theta=10000.0, tie_word_embeddings=tie, rms_norm_eps=1e-6,
         initializer_range=init_std, bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=None, **extra)

@@ -98,7 +98,7 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     its logits, engine/logits_process.py)."""
     batch = _build(rows, drafts, kv, graphs, follow, processed)
     if kv.states is not None:                   # a model with recurrent layers: its rows' runs (kv/states.py)
-        batch.meta.states = kv.states.plan(batch)
+        batch.meta.states = kv.states.plan(batch, [req for req, _ in rows])
     return batch
 
 

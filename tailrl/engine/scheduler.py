@@ -164,7 +164,7 @@ class Scheduler:
             shared = req.num_prompt_tokens - 1
             if req.pending_kv is not None:
                 start = req.pending_kv.shape[3]
-            elif self.kv.states is None:        # (recurrent layers: no state at the prompt's end to lend)
+            else:
                 lender = lenders.get(req.group_id)
                 if lender is not None and lender.prompt_token_ids == req.prompt_token_ids:
                     if lender.num_computed_tokens < shared and req.num_output_tokens == 0:

@@ -667,12 +667,14 @@ void act_mul(int dtype, int kind, uintptr_t x, int64_t xs0, uintptr_t out, int64
 }
 
 // ---- Gated DeltaNet (Qwen3.5's linear attention, model/deltanet.py) --------------------------
-// A step's rows: seqs [S, 5] (state row, first flat token, tokens, committed tokens, fresh), a
-// row's tokens consecutive and in order, its committed tokens first, then the nodes of a chain
-// draft. A committed token advances the row's states in place (its causal conv's last K-1
-// inputs, conv [R, C, K-1]; its delta-rule state ssm [R, VH, DK, DV]); a draft node advances a
-// copy, so the row's states stay those of its committed tokens; ``fresh``: the states start
-// from zeros (the row's first token is position 0). Every token is computed by the same code
+// A step's rows: seqs [S, 6] (state row, first flat token, tokens, committed tokens, fresh,
+// snapshot), a row's tokens consecutive and in order, its committed tokens first, then the nodes
+// of a chain draft. A committed token advances the row's states in place (its causal conv's last
+// K-1 inputs, conv [R, 2, C, K-1]; its delta-rule state ssm [R, 2, VH, DK, DV]; index 0 of the
+// second dimension: the states, 1: their snapshot); a draft node advances a copy, so the row's
+// states stay those of its committed tokens; ``fresh``: the states start from zeros (the row's
+// first token is position 0); ``snapshot`` > 0: the states after that many of its tokens are
+// copied to the snapshot (a prompt's, which its siblings start from). Every token is computed by the same code
 // whatever the step holds (a draft node and the same token committed give the same bits), and a
 // (row, head)'s state is one thread's: a row's result is its own.
 
@@ -730,12 +732,13 @@ void delta_conv(const T* mixed, int64_t ms0, const T* w, T* conv, const int64_t*
     const int64_t chunks = (d.C + 63) / 64, K = d.K;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < S * chunks; ++task) {
-        const int64_t* sq = seqs + (task / chunks) * 5;
-        const int64_t row = sq[0], t0 = sq[1], cnt = sq[2], done = sq[3];
+        const int64_t* sq = seqs + (task / chunks) * 6;
+        const int64_t row = sq[0], t0 = sq[1], cnt = sq[2], done = sq[3], snap = sq[5];
         const int64_t c0 = (task % chunks) * 64, c1 = std::min(d.C, c0 + 64);
         A win[16];
         for (int64_t c = c0; c < c1; ++c) {
-            T* st = conv + (row * d.C + c) * (K - 1);
+            T* st = conv + (row * 2 * d.C + c) * (K - 1);
+            T* sn = st + d.C * (K - 1);
             for (int64_t k = 0; k < K - 1; ++k) win[k] = sq[4] ? A(0) : A(load(st + k));
             for (int64_t j = 0; j < cnt; ++j) {
                 const A x = load(mixed + (t0 + j) * ms0 + c);
@@ -747,6 +750,8 @@ void delta_conv(const T* mixed, int64_t ms0, const T* w, T* conv, const int64_t*
                 if (K > 1) win[K - 2] = x;
                 if (j + 1 == done)
                     for (int64_t k = 0; k < K - 1; ++k) store(st + k, win[k]);
+                if (j + 1 == snap)
+                    for (int64_t k = 0; k < K - 1; ++k) store(sn + k, win[k]);
             }
         }
     }
@@ -774,9 +779,10 @@ void delta_rule_t(uintptr_t mixedp, int64_t ms0, uintptr_t bp, uintptr_t ap, int
         A *kn = buf.data(), *qn = kn + DK, *o = qn + DK, *mem = o + DV;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < S * d.VH; ++task) {
-            const int64_t* sq = seqs + (task / d.VH) * 5;
+            const int64_t* sq = seqs + (task / d.VH) * 6;
             const int64_t row = sq[0], t0 = sq[1], cnt = sq[2], done = sq[3], vh = task % d.VH, kh = vh / group;
-            A* state = ssm + (row * d.VH + vh) * DK * DV;
+            A* state = ssm + (row * 2 * d.VH + vh) * DK * DV;
+            A* snapshot = state + d.VH * DK * DV;
             if (sq[4]) std::fill(state, state + DK * DV, A(0));
             A* st = state;
             for (int64_t j = 0; j < cnt; ++j) {
@@ -791,6 +797,7 @@ void delta_rule_t(uintptr_t mixedp, int64_t ms0, uintptr_t bp, uintptr_t ap, int
                 const A beta = rounded<T>(A(1) / (A(1) + std::exp(-A(load(b + t * bs0 + vh)))));
                 const A g = nega[vh] * softplus(A(load(a + t * bs0 + vh)) + dtb[vh]);
                 delta_step(st, kn, qn, ct + 2 * d.KH * DK + vh * DV, std::exp(g), beta, DK, DV, o, mem);
+                if (j + 1 == sq[5]) std::copy(state, state + DK * DV, snapshot);
                 if (out != nullptr)
                     for (int64_t i = 0; i < DV; ++i) store(out + t * d.VH * DV + vh * DV + i, o[i]);
             }
@@ -858,7 +865,7 @@ PYBIND11_MODULE(_attention, m) {
     m.def("act_mul", &act_mul, "dtype, kind (0 SiLU, 1 GELU tanh), [gate | up] pointer and row stride, out, "
           "rows, I, threads");
     m.def("delta_rule", &delta_rule, "dtype, mixed q|k|v pointer and row stride, b, a pointers and row stride, "
-          "conv weight, -exp(A_log), dt_bias (accumulation type), conv states, delta-rule states, seqs [S, 5], S, "
+          "conv weight, -exp(A_log), dt_bias (accumulation type), conv states, delta-rule states, seqs [S, 6], S, "
           "tokens, out (0: none), shape (KH, VH, DK, DV, K), threads");
     m.def("gated_norm", &gated_norm, "dtype, o, z pointer and row stride, weight, out, tokens, heads, DV, eps, "
           "threads");

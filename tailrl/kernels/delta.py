@@ -1,11 +1,13 @@
 """Gated DeltaNet's recurrence (Qwen3.5's linear attention, model/deltanet.py): what a step's
 rows give the kernels, and the PyTorch reference.
 
-A row's states: its causal conv's last K-1 inputs (conv [rows, C, K-1], the model's dtype) and
-its delta-rule state (ssm [rows, VH, DK, DV], the accumulation type: float32, float64 for a
-float64 model). A step's tokens run through them in order, row by row (``StatePlan.seqs``):
-its committed tokens advance the row's states in place, the nodes of its chain draft after them
-advance a copy, so the states stay those of the committed tokens until the engine accepts
+A row's states: its causal conv's last K-1 inputs (conv [rows, 2, C, K-1], the model's dtype)
+and its delta-rule state (ssm [rows, 2, VH, DK, DV], the accumulation type: float32, float64 for
+a float64 model); index 0 of the second dimension holds the states, 1 a snapshot of them after
+a given token (a prompt's but its last token: its siblings start from there,
+engine/kv/states.py). A step's tokens run through them in order, row by row
+(``StatePlan.seqs``): its committed tokens advance the row's states in place, the nodes of its
+chain draft after them advance a copy, so the states stay those of the committed tokens until the engine accepts
 nodes (engine/kv/states.py runs the accepted nodes' kept inputs through again, in place: the
 same code on the same inputs, so the same bits as if they had been committed tokens).
 
@@ -26,10 +28,11 @@ import torch.nn.functional as F
 
 @dataclass
 class StatePlan:
-    """The rows of one step of a model with recurrent layers. ``seqs`` [S, 5] int64 on the CPU:
+    """The rows of one step of a model with recurrent layers. ``seqs`` [S, 6] int64 on the CPU:
     per row (its tokens consecutive, in step order) its state row, first flat token, tokens,
-    committed tokens (the rest: chain draft nodes), and 1 if its first token is position 0 (its
-    states start from zeros). ``drafts`` [D] long: the flat index of every draft node, row by
+    committed tokens (the rest: chain draft nodes), 1 if its first token is position 0 (its
+    states start from zeros), and the count of its tokens after which its states are copied to
+    its snapshot (0: none). ``drafts`` [D] long: the flat index of every draft node, row by
     row; ``kept``: layer -> the inputs of those nodes (what acceptance runs through again)."""
 
     seqs: torch.Tensor
@@ -42,18 +45,18 @@ def delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: to
                dims: tuple[int, int, int, int, int], out: bool = True) -> torch.Tensor | None:
     """The reference: ``mixed`` [N, C] (q | k | v channels, before the conv), ``b``, ``a`` [N,
     VH], the conv's weights [C, K], -exp(A_log) and dt_bias [VH] in the accumulation type, the
-    states (updated as the module docstring says), ``seqs`` (``StatePlan``). Returns o [N, VH *
+    states and their snapshots (updated as the module docstring says), ``seqs`` (``StatePlan``). Returns o [N, VH *
     DV] in the dtype (None where ``out`` is False)."""
     kh, vh, dk, dv, k = dims
     acc = ssm.dtype
     dt = mixed.dtype
     res = mixed.new_empty(mixed.shape[0], vh * dv) if out else None
-    for row, t0, cnt, done, fresh in seqs.tolist():
+    for row, t0, cnt, done, fresh, snap in seqs.tolist():
         if fresh:
-            conv[row].zero_()
-            ssm[row].zero_()
-        win = conv[row].to(acc)                                          # [C, K-1]
-        state = ssm[row]
+            conv[row, 0].zero_()
+            ssm[row, 0].zero_()
+        win = conv[row, 0].to(acc)                                       # [C, K-1]
+        state = ssm[row, 0]
         for j in range(cnt):
             if j == done:                                                # draft nodes: on a copy
                 state = state.clone()
@@ -63,7 +66,9 @@ def delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: to
             c = F.silu((full * conv_w.to(acc)).sum(1).to(dt).to(acc)).to(dt).to(acc)
             win = full[:, 1:]
             if j + 1 == done:
-                conv[row].copy_(win.to(conv.dtype))
+                conv[row, 0].copy_(win.to(conv.dtype))
+            if j + 1 == snap:
+                conv[row, 1].copy_(win.to(conv.dtype))
             q, kk, v = c[:kh * dk].view(kh, dk), c[kh * dk:2 * kh * dk].view(kh, dk), c[2 * kh * dk:].view(vh, dv)
             q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) * dk ** -0.5
             kk = kk / torch.sqrt((kk * kk).sum(-1, keepdim=True) + 1e-6)
@@ -75,6 +80,8 @@ def delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: to
             state.add_(kk[:, :, None] * ((v - mem) * beta[:, None])[:, None, :])
             if res is not None:
                 res[t] = (state * q[:, :, None]).sum(1).reshape(-1).to(dt)
+            if j + 1 == snap:
+                ssm[row, 1].copy_(state)
     return res
 
 

@@ -52,6 +52,9 @@ SUPPORTED_ARCHITECTURES = {
     # model alone or inside the image-text model (the vision tower not loaded). CPU only.
     "Qwen3_5ForCausalLM": dict(qkv_bias=None, qk_norm=True),
     "Qwen3_5ForConditionalGeneration": dict(qkv_bias=None, qk_norm=True),
+    # Qwen3.5-MoE (35B-A3B, 122B-A10B, 397B-A17B): the same, Qwen2-MoE's mixture in every layer
+    "Qwen3_5MoeForCausalLM": dict(qkv_bias=None, qk_norm=True),
+    "Qwen3_5MoeForConditionalGeneration": dict(qkv_bias=None, qk_norm=True),
 }
 # attention_bias gives the output projection a bias too
 O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO)

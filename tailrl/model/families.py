@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 
-MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM")
+MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM",
+       "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+# Qwen3.5 and its mixtures of experts: Gated DeltaNet layers beside attention (qwen3_5_fields)
+QWEN3_5 = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+           "Qwen3_5MoeForConditionalGeneration")
 GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GEMMA = ("Gemma2ForCausalLM", *GEMMA3)
 # RoPE on part of a head, as their Hugging Face modules apply it (rope.py); GLM-4's on interleaved pairs
-PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "Qwen3_5ForCausalLM",
-                  "Qwen3_5ForConditionalGeneration")
+PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", *QWEN3_5)
 # GLM-4's config defaults (transformers' Glm4Config) that change what the model computes
 GLM4_DEFAULTS = dict(attention_bias=True, rms_norm_eps=1.5625e-07, eos_token_id=[151329, 151336, 151338],
                      max_position_embeddings=131_072)
@@ -24,6 +27,8 @@ def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
         return {}
     if arch == "Glm4MoeForCausalLM":
         return glm4_moe_fields(cfg, layers, source)
+    if arch in QWEN3_5:                         # Qwen2-MoE's block in every layer, its top-k renormalised
+        cfg = {**cfg, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
     mixtral = arch == "MixtralForCausalLM"
     # the experts' count: "num_experts" in Qwen's published configs, "num_local_experts" in
     # Mixtral's and in what transformers 5 saves for either
@@ -41,7 +46,8 @@ def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
             raise ValueError(f"model: decoder_sparse_step must be >= 1 in {source}, got {step}")
         sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
     k = _top_k(cfg, experts, sparse, source)
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" or \
+        arch in QWEN3_5 else 0
     return dict(num_experts=experts if sparse else 0, experts_per_token=k if sparse else 0,
                 moe_intermediate_size=width if sparse else 0, norm_topk_prob=normalise, sparse_layers=sparse,
                 shared_expert_size=shared if sparse else 0, shared_expert_gate=bool(shared and sparse),
@@ -299,10 +305,11 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
         return arch, gemma3_config(cfg, arch)
     if arch == "Glm4ForCausalLM":
         return arch, {**GLM4_DEFAULTS, **cfg}
-    if arch == "Qwen3_5ForConditionalGeneration":
-        return arch, _with_own_eos({**QWEN3_5_DEFAULTS, **(cfg.get("text_config") or {})}, cfg)
-    if arch == "Qwen3_5ForCausalLM":
-        return arch, {**QWEN3_5_DEFAULTS, **cfg}
+    if arch in QWEN3_5:
+        defaults = QWEN3_5_MOE_DEFAULTS if "Moe" in arch else QWEN3_5_DEFAULTS
+        if arch.endswith("ConditionalGeneration"):
+            return arch, _with_own_eos({**defaults, **(cfg.get("text_config") or {})}, cfg)
+        return arch, {**defaults, **cfg}
     return arch, cfg
 
 
@@ -336,20 +343,24 @@ def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
         return dict(sandwich_norms=True)
     if arch == "Ministral3ForCausalLM":
         return ministral3_fields(cfg, source)
-    if arch.startswith("Qwen3_5"):
+    if arch in QWEN3_5:
         return qwen3_5_fields(cfg, source, layers)
     return {}
 
 
-# Qwen3.5's text config defaults (transformers' Qwen3_5TextConfig) that change what it computes
+# Qwen3.5's text config defaults (transformers' Qwen3_5TextConfig, Qwen3_5MoeTextConfig: no dense
+# MLP) that change what it computes
 QWEN3_5_DEFAULTS = dict(vocab_size=248_320, hidden_size=4096, intermediate_size=12_288, num_hidden_layers=32,
                         num_attention_heads=16, num_key_value_heads=4, head_dim=256, max_position_embeddings=32_768,
                         rms_norm_eps=1e-6, linear_conv_kernel_dim=4, linear_key_head_dim=128,
                         linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32)
+QWEN3_5_MOE_DEFAULTS = {**QWEN3_5_DEFAULTS, "hidden_size": 2048, "intermediate_size": 0, "num_hidden_layers": 40,
+                        "num_key_value_heads": 2, "moe_intermediate_size": 512,
+                        "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256}
 
 
 def qwen3_5_fields(cfg: dict, source: str, layers: int) -> dict:
-    """Qwen3.5's ModelArgs fields: its Gated DeltaNet layers (``layer_types``' linear_attention,
+    """Qwen3.5's (and Qwen3.5-MoE's) ModelArgs fields: its Gated DeltaNet layers (``layer_types``' linear_attention,
     or three of every ``full_attention_interval``) and their shape (model/deltanet.py); the
     attention layers' output gate; norms scaling by 1 + weight (the DeltaNet's own gated norm
     excepted). Its multimodal RoPE turns text positions as plain RoPE does (every section

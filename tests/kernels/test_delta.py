@@ -2,7 +2,8 @@
 kernel equals the reference to rounding; a draft node's output equals the same token committed,
 and accepting it (its kept inputs run through again) leaves the states a committed token leaves,
 bit for bit; a row's outputs and states are its own alone or beside other rows, on any number of
-threads; a row starting at position 0 starts from zeros."""
+threads; a row starting at position 0 starts from zeros; a snapshot after s tokens is the states
+s tokens leave."""
 import pytest
 import torch
 
@@ -36,7 +37,8 @@ def inputs(dtype, n, seed=0):
 def states(dtype, seed=1):
     g = torch.Generator().manual_seed(seed)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    return (torch.randn(ROWS, C, 3, generator=g).to(dtype), 0.1 * torch.randn(ROWS, 4, 8, 16, generator=g).to(acc))
+    return (torch.randn(ROWS, 2, C, 3, generator=g).to(dtype),
+            0.1 * torch.randn(ROWS, 2, 4, 8, 16, generator=g).to(acc))
 
 
 def run(kernels, x, st, seqs, out=True):
@@ -48,7 +50,8 @@ def run(kernels, x, st, seqs, out=True):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_the_native_kernel_is_the_references_to_rounding(dtype):
     x = inputs(dtype, 9)
-    seqs = [[3, 0, 4, 4, 0], [1, 4, 3, 3, 1], [0, 7, 2, 1, 0]]      # a row, a fresh row, a row with a draft node
+    # a row (snapshot after 2 tokens), a fresh row, a row with a draft node
+    seqs = [[3, 0, 4, 4, 0, 2], [1, 4, 3, 3, 1, 0], [0, 7, 2, 1, 0, 1]]
     a, b = states(dtype), states(dtype)
     ours, ref = run(select("cpu", dtype), x, a, seqs), run(REFERENCE, x, b, seqs)
     tol = {torch.bfloat16: 3e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
@@ -62,17 +65,18 @@ def test_a_draft_node_is_the_token_committed_and_accepting_it_leaves_the_same_st
     kernels = select("cpu", dtype)
     x = inputs(dtype, 6)
     committed, drafted = states(dtype), states(dtype)
-    out_c = run(kernels, x, committed, [[2, 0, 6, 6, 0]])
-    out_d = run(kernels, x, drafted, [[2, 0, 6, 2, 0]])              # 2 committed, 4 draft nodes
+    out_c = run(kernels, x, committed, [[2, 0, 6, 6, 0, 0]])
+    out_d = run(kernels, x, drafted, [[2, 0, 6, 2, 0, 0]])              # 2 committed, 4 draft nodes
     assert torch.equal(out_c, out_d)
     base = states(dtype)
     for s, t in zip(drafted, base):                                  # drafts left the states as after 2 tokens
-        assert not torch.equal(s[2], t[2]) and torch.equal(s[[0, 1, 3, 4]], t[[0, 1, 3, 4]])
+        assert not torch.equal(s[2, 0], t[2, 0]) and torch.equal(s[2, 1], t[2, 1])
+        assert torch.equal(s[[0, 1, 3, 4]], t[[0, 1, 3, 4]])
     after_two = [s.clone() for s in drafted]
     kept = tuple(t[2:5] for t in x[:3])                              # accept 3 of the 4 nodes
-    kernels.delta_rule(*kept, *x[3:], drafted[0], drafted[1], torch.tensor([[2, 0, 3, 3, 0]]), DIMS, False)
+    kernels.delta_rule(*kept, *x[3:], drafted[0], drafted[1], torch.tensor([[2, 0, 3, 3, 0, 0]]), DIMS, False)
     five = states(dtype)
-    run(kernels, x, five, [[2, 0, 5, 5, 0]])
+    run(kernels, x, five, [[2, 0, 5, 5, 0, 0]])
     assert all(torch.equal(s, t) for s, t in zip(drafted, five)) and not torch.equal(after_two[1], five[1])
 
 
@@ -81,12 +85,12 @@ def test_a_rows_outputs_and_states_are_its_own_in_any_batch(six_threads, dtype):
     kernels = select("cpu", dtype)
     x = inputs(dtype, 12)
     together = states(dtype)
-    seqs = [[4, 0, 1, 1, 0], [0, 1, 5, 2, 0], [2, 6, 3, 3, 1], [1, 9, 3, 3, 0]]
+    seqs = [[4, 0, 1, 1, 0, 0], [0, 1, 5, 2, 0, 2], [2, 6, 3, 3, 1, 3], [1, 9, 3, 3, 0, 0]]
     out = run(kernels, x, together, seqs)
-    for row, t0, cnt, done, fresh in seqs:
+    for row, t0, cnt, done, fresh, snap in seqs:
         alone = states(dtype)
         sub = tuple(t[t0:t0 + cnt] for t in x[:3]) + x[3:]
-        got = run(kernels, sub, alone, [[row, 0, cnt, done, fresh]])
+        got = run(kernels, sub, alone, [[row, 0, cnt, done, fresh, snap]])
         assert torch.equal(got, out[t0:t0 + cnt])
         assert torch.equal(alone[0][row], together[0][row]) and torch.equal(alone[1][row], together[1][row])
 
@@ -95,8 +99,19 @@ def test_a_fresh_row_starts_from_zeros_and_the_gated_norm_is_the_references():
     kernels = select("cpu", torch.float32)
     x = inputs(torch.float32, 3)
     noisy, zero = states(torch.float32), tuple(torch.zeros_like(t) for t in states(torch.float32))
-    assert torch.equal(run(kernels, x, noisy, [[1, 0, 3, 3, 1]]), run(kernels, x, zero, [[1, 0, 3, 3, 0]]))
+    assert torch.equal(run(kernels, x, noisy, [[1, 0, 3, 3, 1, 0]]), run(kernels, x, zero, [[1, 0, 3, 3, 0, 0]]))
     g = torch.Generator().manual_seed(2)
     o, z, w = torch.randn(7, 64, generator=g), torch.randn(9, 64, generator=g)[:7], torch.rand(16, generator=g)
     ref = delta.gated_norm(o, z, w, 1e-6)
     assert (kernels.gated_norm(o, z, w, 1e-6) - ref).abs().max() <= 1e-6 * ref.abs().max()
+
+
+def test_a_snapshot_is_the_states_after_its_tokens_and_the_states_go_on():
+    kernels = select("cpu", torch.bfloat16)
+    x = inputs(torch.bfloat16, 7)
+    snapped, three, seven = states(torch.bfloat16), states(torch.bfloat16), states(torch.bfloat16)
+    out = run(kernels, x, snapped, [[1, 0, 7, 7, 1, 3]])
+    run(kernels, x, three, [[1, 0, 3, 3, 1, 0]])
+    assert torch.equal(out, run(kernels, x, seven, [[1, 0, 7, 7, 1, 0]]))
+    for s, t, u in zip(snapped, three, seven):
+        assert torch.equal(s[1, 1], t[1, 0]) and torch.equal(s[1, 0], u[1, 0]) and not torch.equal(s[1, 0], s[1, 1])

@@ -1,9 +1,11 @@
-"""Qwen3.5 (Qwen3_5ForCausalLM, and the language model of Qwen3_5ForConditionalGeneration): three
-layers of four Gated DeltaNet with a recurrent state per request (model/deltanet.py,
-engine/kv/states.py), the fourth attention with an output gate. Configs read as transformers
-reads them; logits and greedy generation Hugging Face's; speculation lossless in bfloat16 and
-float64 and a request alone the same as in a batch, through preemption and migration; the
-scorer's log-probabilities the rollout's; what the states can not do refused by name."""
+"""Qwen3.5 (Qwen3_5ForCausalLM, and the language model of Qwen3_5ForConditionalGeneration) and
+Qwen3.5-MoE (Qwen3_5MoeForCausalLM: Qwen2-MoE's mixture in every layer): three layers of four
+Gated DeltaNet with a recurrent state per request (model/deltanet.py, engine/kv/states.py), the
+fourth attention with an output gate. Configs read as transformers reads them; logits and greedy
+generation Hugging Face's; speculation lossless in bfloat16 and float64 and a request alone the
+same as in a batch (a group's samples starting from the states their prompt left in a sibling),
+through chunked prefill, preemption and migration; the scorer's log-probabilities the rollout's;
+what the states can not do refused by name."""
 import dataclasses
 import os
 
@@ -58,6 +60,32 @@ def test_the_config_is_read_as_transformers_reads_it():
         parse_config({"architectures": ["Qwen3_5ForCausalLM"], "linear_num_value_heads": 24})
 
 
+def test_the_mixtures_config_is_read_as_transformers_reads_it():
+    hf = transformers.Qwen3_5MoeTextConfig()
+    a = parse_config({"architectures": ["Qwen3_5MoeForCausalLM"]})
+    assert (a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.shared_expert_size) == (
+        hf.num_experts, hf.num_experts_per_tok, hf.moe_intermediate_size, hf.shared_expert_intermediate_size)
+    assert a.sparse_layers == tuple(range(hf.num_hidden_layers)) and a.norm_topk_prob and a.shared_expert_gate
+    assert a.linear_layers == tuple(i for i, t in enumerate(hf.layer_types) if t == "linear_attention")
+    small = dict(num_hidden_layers=4, vocab_size=512, num_experts=16)
+    ours = sum(p.numel() for p in Transformer(parse_config({"architectures": ["Qwen3_5MoeForCausalLM"], **small}), 1,
+                                              torch.bfloat16, "meta").parameters())
+    theirs = sum(p.numel() for p in transformers.Qwen3_5MoeForCausalLM(
+        transformers.Qwen3_5MoeTextConfig(**small)).parameters())
+    assert ours == theirs + (hf.num_attention_heads + hf.num_key_value_heads - 2) * hf.head_dim
+
+
+def test_the_mixtures_logits_are_hugging_faces_and_its_speculation_lossless(ckpt_dir, monkeypatch):
+    moe = ckpt_dir("qwen3_5_moe")
+    assert_fields_make_hf_logits(moe, monkeypatch, dict(norm_topk_prob=False))
+    sp = SamplingParams(n=3, temperature=1.0, max_tokens=32, ignore_eos=True, seed=3)
+    plain = LLM(moe)
+    want = [outputs(plain.generate(PROMPTS, sp)) for _ in range(2)]
+    spec = LLM(moe, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=6))
+    assert [outputs(spec.generate(PROMPTS, sp)) for _ in range(2)] == want
+    assert spec.last_metrics["rollout/spec_accepted_tokens"] > 0
+
+
 def test_logits_are_hugging_faces_and_its_norms_and_rope_are_what_makes_them(path, monkeypatch):
     assert_fields_make_hf_logits(path, monkeypatch, dict(norm_plus_one=False), dict(rotary_dim=0))
 
@@ -103,17 +131,21 @@ def test_speculation_is_lossless_and_a_request_alone_is_itself_in_a_batch(path, 
     for w in want:                                  # the second round drafts from the first's history
         assert outputs(spec.generate(PROMPTS, sp)) == w
     assert spec.last_metrics["rollout/spec_accepted_tokens"] > 0
-    one = LLM(path, dtype=dtype, max_num_seqs=1)
+    one = LLM(path, dtype=dtype, max_num_seqs=1)               # no sibling running: each prefills its prompt
     assert outputs(one.generate(PROMPTS, sp)) == want[0]
-    assert plain.last_metrics["rollout/batched_tokens"] == 3 * sum(len(p) + 40 - 1 for p in PROMPTS)   # no sharing
+    assert one.last_metrics["rollout/batched_tokens"] == sum(3 * (len(p) + 39) for p in PROMPTS)
+    # a group's prompt computed once: the siblings start from the lender's snapshot of its states
+    assert plain.last_metrics["rollout/batched_tokens"] == sum(len(p) + 2 + 3 * 39 for p in PROMPTS)
 
 
-def test_preemption_and_migration_recompute_the_same_tokens(path):
+def test_chunked_prefill_preemption_and_migration_give_the_same_tokens(path):
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=50, ignore_eos=True, seed=5)
     want = outputs(LLM(path, dtype="float64").generate(PROMPTS, sp))
     small = LLM(path, dtype="float64", max_model_len=128, kv_cache_tokens=300)
     assert outputs(small.generate(PROMPTS, sp)) == want
     assert small.last_metrics["rollout/preemptions"] > 0
+    chunked = LLM(path, dtype="float64", max_num_batched_tokens=16)   # prompts prefilled in chunks, snapshots inside
+    assert outputs(chunked.generate(PROMPTS, sp)) == want
     src, dst = (LLMEngine(EngineConfig(model=path, dtype="float64")) for _ in range(2))
     req = Request("x", PROMPTS[3], SamplingParams(max_tokens=30, ignore_eos=True, seed=5), seed_key=3)
     ref = Request("x", PROMPTS[3], SamplingParams(max_tokens=30, ignore_eos=True, seed=5), seed_key=3)

@@ -27,7 +27,8 @@ Exports and imports use the plain [L, 2, KV, n, D] layout (L: the attention laye
 
 A model with Gated DeltaNet layers (Qwen3.5) keeps K/V for its attention layers only, and a
 row of recurrent states per running request beside them (states.py: they move with the row's
-table); its prefixes are not cached.
+table, and a sibling sharing a prompt starts from the lender's snapshot of them); its prefixes
+are not cached.
 
 One block past the budget is never handed out: ``scratch_slot``, where the padding tokens of
 a step replayed from a CUDA graph (tailrl/engine/graphs.py) write and read.
@@ -228,6 +229,8 @@ class KVCache:
             self.copy_block(int(self._table[src, full]), b)
             self._table[dst, full] = b
             self.held[dst] = full + 1
+        if self.states is not None:             # (``length``: a prompt but its last token, the lender's snapshot)
+            self.states.lend(src, dst)
         self.peak_used = max(self.peak_used, self.used)
         self.peak_shared = max(self.peak_shared, self.shared)
         return True

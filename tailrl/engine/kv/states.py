@@ -1,16 +1,22 @@
 """The recurrent states of a model with Gated DeltaNet layers (Qwen3.5: model/deltanet.py), a row
 per running request beside its K/V blocks: per DeltaNet layer its causal conv's last K-1 inputs
-(conv [L, rows, C, K-1], the model's dtype) and its delta-rule state (ssm [L, rows, VH, DK, DV]:
-float32, float64 for a float64 model), allocated once for ``max_rows`` rows.
+(conv [L, rows, 2, C, K-1], the model's dtype) and its delta-rule state (ssm [L, rows, 2, VH, DK,
+DV]: float32, float64 for a float64 model), allocated once for ``max_rows`` rows; index 1 of the
+third dimension is the row's snapshot of them after its prompt but the last token.
 
 A row's states hold exactly its committed tokens (kernels/delta.py): a step's committed tokens
 advance them in place, draft nodes a copy; ``accept`` runs a row's accepted nodes through them
 again from the inputs the step kept (the same kernel on the same inputs: the bits a plain step
 would have given). A row whose first token of a step is position 0 starts from zeros, so a
-request admitted or readmitted after preemption (recompute) needs no reset. What a state can
-not do, the engine does not ask of it: no prefix is lent by a sibling or taken from the prefix
-cache (the state at the prefix's end is not kept), a migrated request is recomputed, no tree
-drafts, no steps launched with follow-ups (``refuse``).
+request admitted or readmitted after preemption (recompute) needs no reset.
+
+A group's samples share their prompt's prefill as the K/V pool shares its blocks (cache.py
+``share``): the step whose committed tokens reach a prompt's last but one copies the row's
+states to its snapshot (``plan``), and a sibling admitted with the prompt lent starts from the
+lender's snapshot (``lend``), as if it had computed the prompt itself. What a state can not do,
+the engine does not ask of it: no prefix is taken from the prefix cache (the state at a cached
+prefix's end is not kept), a migrated request is recomputed, no tree drafts, no steps launched
+with follow-ups (``refuse``).
 """
 from __future__ import annotations
 
@@ -46,11 +52,11 @@ class RecurrentStates:
         acc = torch.float64 if dtype == torch.float64 else torch.float32
         n = len(args.linear_layers)
         self.layers = {layer: j for j, layer in enumerate(args.linear_layers)}
-        self.conv = torch.zeros(n, max_rows, args.conv_channels, width - 1, dtype=dtype, device=device)
-        self.ssm = torch.zeros(n, max_rows, vh, kd, vd, dtype=acc, device=device)
+        self.conv = torch.zeros(n, max_rows, 2, args.conv_channels, width - 1, dtype=dtype, device=device)
+        self.ssm = torch.zeros(n, max_rows, 2, vh, kd, vd, dtype=acc, device=device)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Model layer ``layer``'s (conv [rows, C, K-1], ssm [rows, VH, DK, DV])."""
+        """Model layer ``layer``'s (conv [rows, 2, C, K-1], ssm [rows, 2, VH, DK, DV])."""
         j = self.layers[layer]
         return self.conv[j], self.ssm[j]
 
@@ -59,14 +65,22 @@ class RecurrentStates:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
 
     def move_row(self, src: int, dst: int) -> None:
-        """Row ``src``'s states become row ``dst``'s."""
+        """Row ``src``'s states (and snapshot) become row ``dst``'s."""
         self.conv[:, dst] = self.conv[:, src]
         self.ssm[:, dst] = self.ssm[:, src]
 
+    def lend(self, src: int, dst: int) -> None:
+        """Row ``dst`` starts from row ``src``'s snapshot (its prompt but the last token), which
+        becomes its own snapshot too (a lender in turn)."""
+        for t in (self.conv, self.ssm):
+            t[:, dst, 0] = t[:, src, 1]
+            t[:, dst, 1] = t[:, src, 1]
+
     @staticmethod
-    def plan(batch) -> StatePlan:
-        """The step's rows (``StatePlan``) from a built batch: each run of tokens of one block-table
-        row, the nodes of its plan's draft last."""
+    def plan(batch, reqs: list) -> StatePlan:
+        """The step's rows (``StatePlan``) from a built batch (``reqs[r]``: block-table row r's
+        request): each run of tokens of one row, the nodes of its plan's draft last; the run
+        whose committed tokens reach its prompt's last but one snapshots the states there."""
         rows = batch.meta.q_row.cpu().numpy()
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         counts = np.diff(np.r_[starts, len(rows)])
@@ -74,8 +88,10 @@ class RecurrentStates:
         drafted = {int(rows[sample[p.entry]]): len(p.draft_tokens) for p in batch.plans if p.draft_tokens}
         own = rows[starts]
         d = np.array([drafted.get(int(r), 0) for r in own], dtype=np.int64)
-        fresh = batch.positions.cpu().numpy()[starts] == 0
-        seqs = np.stack([own, starts, counts, counts - d, fresh], axis=1).astype(np.int64)
+        first = batch.positions.cpu().numpy()[starts]
+        prompt = np.array([reqs[r].num_prompt_tokens - 1 for r in own], dtype=np.int64)
+        snap = np.where((first < prompt) & (prompt <= first + counts - d), prompt - first, 0)
+        seqs = np.stack([own, starts, counts, counts - d, first == 0, snap], axis=1).astype(np.int64)
         drafts = None
         if drafted:
             drafts = torch.from_numpy(np.concatenate([np.arange(s + c - k, s + c) for s, c, k in zip(starts, counts, d)
@@ -93,11 +109,11 @@ class RecurrentStates:
         at = {}                                        # row -> its first node's index among the kept
         seqs = plan.seqs.numpy()
         offset = 0
-        for row, _, count, done, _ in seqs:
+        for row, _, count, done, _, _ in seqs:
             if count > done:
                 at[int(row)] = offset
                 offset += count - done
-        runs = [(r, at[r], k, k, 0) for p, k in zip(batch.plans, accepted)
+        runs = [(r, at[r], k, k, 0, 0) for p, k in zip(batch.plans, accepted)
                 if k and p.draft_tokens and (r := int(rows[sample[p.entry]])) in at]
         if not runs:
             return
