@@ -94,7 +94,8 @@ engine() {
     # launched ahead (stop 47), the trainer's bits with tensor-core attention, processed logits
     # and cached prefixes through graphs and steps ahead (stop 57); test_triton.py last (all 28
     # passed at stop 45; every attention test with tensor cores at stop 46; sliding windows and
-    # Gemma 3 since stop 63)
+    # Gemma 3 since stop 63; Qwen3.5's Gated DeltaNet kernels, test_delta.py and in test_triton.py, since
+    # stop 66: never run on a GPU yet)
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py tests/drafter/test_side_stream.py \
@@ -104,7 +105,7 @@ engine() {
             tests/engine/test_logits_process.py::test_on_a_gpu_processed_requests_give_eager_steppings_outputs \
             tests/engine/test_prefix_cache.py::test_on_a_gpu_cached_prefixes_change_no_token \
             tests/engine/test_top_logprobs.py::test_on_a_gpu_alternatives_are_an_eager_engines \
-            tests/engine/test_weight_updates.py \
+            tests/engine/test_weight_updates.py tests/kernels/test_delta.py \
             tests/kernels/test_triton.py
     else
         echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"

@@ -270,6 +270,10 @@ def engine_graphs(model: Transformer, kv: KVCache, config: EngineConfig, dtype: 
         log.info("engine: no CUDA graphs with tensor_parallel_size %d (not captured across ranks yet)",
                  config.tensor_parallel_size)
         return None
+    if model.args.linear_layers:
+        log.info("engine: no CUDA graphs for %s (its recurrent layers' rows are planned on the host each step)",
+                 model.args.architecture)
+        return None
     kernels = select(config.device, dtype)
     if not kernels.capturable or (model.args.num_experts and not kernels.captures_experts):
         log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step%s)",

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 @dataclass
 class StatePlan:
-    """The rows of one step of a model with recurrent layers. ``seqs`` [S, 6] int64 on the CPU:
+    """The rows of one step of a model with recurrent layers. ``seqs`` [S, 6] int64 on the step's device:
     per row (its tokens consecutive, in step order) its state row, first flat token, tokens,
     committed tokens (the rest: chain draft nodes), 1 if its first token is position 0 (its
     states start from zeros), and the count of its tokens after which its states are copied to
@@ -38,6 +38,7 @@ class StatePlan:
     seqs: torch.Tensor
     drafts: torch.Tensor | None = None
     kept: dict = field(default_factory=dict)
+    host: object = None                 # ``seqs`` as a numpy array (the engine's copy: seqs may be on a GPU)
 
 
 def delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: torch.Tensor, neg_a: torch.Tensor,

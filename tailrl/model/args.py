@@ -49,7 +49,7 @@ SUPPORTED_ARCHITECTURES = {
     "Glm4MoeForCausalLM": dict(qkv_bias=None, qk_norm=None),        # None: read use_qk_norm
     # Qwen3.5: three layers of four Gated DeltaNet (a recurrent state per request: deltanet.py), the
     # fourth attention with an output gate, q/k norms and RoPE on a quarter of each head; its text
-    # model alone or inside the image-text model (the vision tower not loaded). CPU only.
+    # model alone or inside the image-text model (the vision tower not loaded). No tree drafts.
     "Qwen3_5ForCausalLM": dict(qkv_bias=None, qk_norm=True),
     "Qwen3_5ForConditionalGeneration": dict(qkv_bias=None, qk_norm=True),
     # Qwen3.5-MoE (35B-A3B, 122B-A10B, 397B-A17B): the same, Qwen2-MoE's mixture in every layer

@@ -16,11 +16,9 @@ from parity import assert_fields_make_hf_logits, our_logits
 
 from tailrl import LLM, EngineConfig, SamplingParams, SpeculativeConfig
 from tailrl.engine.engine import LLMEngine
-from tailrl.engine.kv.states import refuse
 from tailrl.engine.request import Request
 from tailrl.engine.score import Scorer
 from tailrl.model.args import parse_config
-from tailrl.model.loader import read_args
 from tailrl.model.transformer import Transformer
 
 PROMPTS = [[5, 17, 30, 8, 9, 5, 17, 30], [40, 41, 42, 40, 41], [7] * 12, list(range(3, 60))]
@@ -178,10 +176,26 @@ def test_what_the_states_can_not_do_is_refused_by_name(path):
         LLM(path, speculative=SpeculativeConfig(max_tree_paths=3))
     with pytest.raises(ValueError, match="ahead_drafts"):
         LLM(path, speculative=SpeculativeConfig(ahead_drafts=2))
-    with pytest.raises(ValueError, match="CPU only"):                # before CUDA is looked for
-        refuse(read_args(path), EngineConfig(model=path, device="cuda"), None)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         LLMEngine(EngineConfig(model=path, tensor_parallel_size=2))
     llm = LLM(path)
     assert llm.engine.kv.prefix is None and llm.engine.kv.data.shape[0] == 2          # K/V of its 2 attention layers
     assert dataclasses.astuple(llm.engine.args)[0] == "Qwen3_5ForCausalLM"
+
+
+def test_a_gpus_budget_counts_the_recurrent_states_of_max_num_seqs_rows(monkeypatch):
+    """On a (faked) 80 GiB GPU, Qwen3.5 of transformers' default shape (9B-style): the K/V budget is
+    what the weights, a step's activations, the graphs and the states of max_num_seqs rows (with
+    their snapshots: 96 MiB a row at 24 DeltaNet layers) leave; too many rows is a ValueError
+    naming max_num_seqs."""
+    from tailrl.engine.kv import budget as kv_budget
+    from tailrl.engine.kv.states import RecurrentStates
+    args = parse_config({"architectures": ["Qwen3_5ForCausalLM"]})
+    assert RecurrentStates.row_bytes(args, 2) == 2 * 24 * (8192 * 3 * 2 + 32 * 128 * 128 * 4)
+    monkeypatch.setattr(kv_budget, "device_memory", lambda device: (80 * 2**30, 80 * 2**30))
+    cfg = EngineConfig(model="unused", device="cuda", max_num_seqs=64)
+    spare = (0.9 * 80 * 2**30 - args.num_parameters * 2 - kv_budget.step_activation_bytes(args, cfg, 2)
+             - cfg.cuda_graph_gib * 2**30 - 64 * RecurrentStates.row_bytes(args, 2))
+    assert kv_budget.size_kv(args, cfg, 2)[0] == int(spare // (args.kv_bytes_per_token * 2))
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        kv_budget.size_kv(args, EngineConfig(model="unused", device="cuda", max_num_seqs=1024), 2)

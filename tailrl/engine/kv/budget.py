@@ -8,6 +8,7 @@ import logging
 import torch
 
 from tailrl.config import EngineConfig
+from tailrl.engine.kv.states import RecurrentStates
 from tailrl.kernels import BLOCK, blocks
 from tailrl.model.args import ModelArgs
 
@@ -72,14 +73,16 @@ def size_kv(args: ModelArgs, config: EngineConfig, elem_bytes: int) -> tuple[int
                              f"{total * frac / 2**30:.1f} GiB, but {free / 2**30:.1f} GiB are free (other engines "
                              f"or processes hold the rest); lower it, or set kv_cache_gib")
         graphs = config.cuda_graph_gib * 2**30 if config.cuda_graphs else 0
+        states = config.max_num_seqs * RecurrentStates.row_bytes(args, elem_bytes) if args.linear_layers else 0
         spare = (total * frac - args.num_parameters * elem_bytes - step_activation_bytes(args, config, elem_bytes)
-                 - graphs)
+                 - graphs - states)
         budget, knob = max(0, int(spare // per_token)), f"gpu_memory_utilization={frac:g}"
         if budget < blocks(min(length, USEFUL_CONTEXT)):
             raise ValueError(f"gpu_memory_utilization: {frac:g} of the device's {total / 2**30:.1f} GiB leaves "
                              f"{max(spare, 0) / 2**30:.2f} GiB for the KV cache after the weights, a step's "
-                             f"activations and the CUDA graphs (cuda_graph_gib); raise it, lower "
-                             f"max_num_batched_tokens or cuda_graph_gib, or set kv_cache_gib")
+                             f"activations, the CUDA graphs (cuda_graph_gib) and recurrent states "
+                             f"({states / 2**30:.2f} GiB for max_num_seqs rows); raise it, lower "
+                             f"max_num_batched_tokens, cuda_graph_gib or max_num_seqs, or set kv_cache_gib")
     else:
         budget, knob = int(DEFAULT_KV_GIB * 2**30 // per_token), f"kv_cache_gib={DEFAULT_KV_GIB:g} (default)"
         avail = available_memory()

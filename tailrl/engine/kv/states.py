@@ -16,7 +16,8 @@ states to its snapshot (``plan``), and a sibling admitted with the prompt lent s
 lender's snapshot (``lend``), as if it had computed the prompt itself. What a state can not do,
 the engine does not ask of it: no prefix is taken from the prefix cache (the state at a cached
 prefix's end is not kept), a migrated request is recomputed, no tree drafts, no steps launched
-with follow-ups (``refuse``).
+with follow-ups (``refuse``). On a GPU a step's rows are planned on the host from the built
+batch (its tokens' rows read back): no CUDA graphs for these models (engine/graphs.py).
 """
 from __future__ import annotations
 
@@ -34,8 +35,6 @@ def refuse(args: ModelArgs, config: EngineConfig, speculative: SpeculativeConfig
     if not args.linear_layers:
         return
     name = f"model: {args.architecture}'s Gated DeltaNet layers"
-    if torch.device(config.device).type != "cpu":
-        raise ValueError(f"{name} run on the CPU only (device={config.device!r}: no GPU kernel yet)")
     if config.tensor_parallel_size > 1:
         raise ValueError(f"{name} can not be split over devices (tensor_parallel_size={config.tensor_parallel_size})")
     if speculative is not None and speculative.max_tree_paths > 1:
@@ -63,6 +62,14 @@ class RecurrentStates:
     @property
     def bytes(self) -> int:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+
+    @staticmethod
+    def row_bytes(args: ModelArgs, elem_bytes: int) -> int:
+        """A row's states and snapshot over every DeltaNet layer, in bytes (the delta rule's in
+        float32; float64's engine: 8 bytes, counted as such by its caller's ``elem_bytes``)."""
+        kh, vh, kd, vd, width = args.linear_dims
+        acc = max(elem_bytes, 4)
+        return 2 * len(args.linear_layers) * (args.conv_channels * (width - 1) * elem_bytes + vh * kd * vd * acc)
 
     def move_row(self, src: int, dst: int) -> None:
         """Row ``src``'s states (and snapshot) become row ``dst``'s."""
@@ -93,10 +100,11 @@ class RecurrentStates:
         snap = np.where((first < prompt) & (prompt <= first + counts - d), prompt - first, 0)
         seqs = np.stack([own, starts, counts, counts - d, first == 0, snap], axis=1).astype(np.int64)
         drafts = None
+        device = batch.input_ids.device
         if drafted:
             drafts = torch.from_numpy(np.concatenate([np.arange(s + c - k, s + c) for s, c, k in zip(starts, counts, d)
-                                                      if k]))
-        return StatePlan(torch.from_numpy(seqs), drafts)
+                                                      if k])).to(device)
+        return StatePlan(torch.from_numpy(seqs).to(device), drafts, host=seqs)
 
     def accept(self, model, batch, accepted: list[int]) -> None:
         """Each plan's first ``accepted[i]`` draft nodes run through its row's states in place,
@@ -107,7 +115,7 @@ class RecurrentStates:
         rows = batch.meta.q_row.cpu().numpy()
         sample = batch.sample_index.cpu().numpy()
         at = {}                                        # row -> its first node's index among the kept
-        seqs = plan.seqs.numpy()
+        seqs = plan.host
         offset = 0
         for row, _, count, done, _, _ in seqs:
             if count > done:
@@ -117,7 +125,7 @@ class RecurrentStates:
                 if k and p.draft_tokens and (r := int(rows[sample[p.entry]])) in at]
         if not runs:
             return
-        accept = torch.tensor(runs, dtype=torch.int64)
+        accept = torch.tensor(runs, dtype=torch.int64).to(self.conv.device)
         kernels = select(self.conv.device, self.conv.dtype)
         for layer in self.layers:
             model.layers[layer].linear.advance(kernels, plan.kept[layer], self.layer(layer), accept)

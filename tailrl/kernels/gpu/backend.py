@@ -25,6 +25,7 @@ from tailrl.kernels.gpu import experts, matmul, stock
 from tailrl.kernels.gpu.activation import silu_mul_kernel
 from tailrl.kernels.gpu.arrivals import counters
 from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
+from tailrl.kernels.gpu.delta import delta_conv_kernel, delta_rule_kernel, gated_norm_kernel
 from tailrl.kernels.gpu.norm import add_rms_norm_kernel, rms_norm_kernel
 from tailrl.kernels.gpu.scan import row_scan_kernel
 from tailrl.kernels.layout import BLOCK, AttentionMeta, check_caches
@@ -33,6 +34,8 @@ from tailrl.kernels.reference import REFERENCE
 log = logging.getLogger(__name__)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SILU_BLOCK = 1024                      # columns of the MLP's activation per program
+DELTA_CHANNELS = 64                    # Gated DeltaNet: conv channels per program (delta.py)
+DELTA_VALUES = 32                      # ... and a value head's state columns per program ([DK, 32] in registers)
 SCAN_BLOCK = 4096                      # the sampler's row sums: columns per step of a row's walk
 # attention: a query's blocks dealt to this many lanes (attention.py); one value per process,
 # as the matmul's tiles (rows differ between processes that differ in it)
@@ -178,6 +181,38 @@ class TritonBackend(Backend):
         if x.shape[0]:
             add_rms_norm_kernel[(x.shape[0],)](x, y, s, weight, out, x.shape[1], eps, BC=_pow2(x.shape[1]), **EXACT)
         return s, out
+
+    def delta_rule(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: torch.Tensor,
+                   neg_a: torch.Tensor, dt_bias: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
+                   seqs: torch.Tensor, dims: tuple[int, int, int, int, int], out: bool = True) -> torch.Tensor | None:
+        """Two launches (delta.py): the conv of width 4 into float32 [N, C], then the rule; the
+        reference where the shape is not the kernels' (another width, heads not powers of two)."""
+        kh, vh, dk, dv, width = dims
+        if width != 4 or mixed.dtype not in DTYPES or _pow2(dk) != dk or _pow2(dv) != dv or \
+                mixed.stride(1) != 1 or b.stride(0) != a.stride(0):
+            return super().delta_rule(mixed, b, a, conv_w, neg_a, dt_bias, conv, ssm, seqs, dims, out)
+        n, c, rows = mixed.shape[0], mixed.shape[1], seqs.shape[0]
+        res = torch.empty(n, vh * dv, dtype=mixed.dtype, device=mixed.device) if out else None
+        if not rows:
+            return res
+        co = torch.empty(n, c, dtype=torch.float32, device=mixed.device)
+        delta_conv_kernel[(rows, triton.cdiv(c, DELTA_CHANNELS))](mixed, mixed.stride(0), conv_w, conv, seqs, co, c,
+                                                                 BC=DELTA_CHANNELS, **EXACT)
+        bv = min(dv, DELTA_VALUES)
+        delta_rule_kernel[(rows, vh, dv // bv)](co, c, b, a, b.stride(0), neg_a.float(), dt_bias.float(), ssm, seqs,
+                                                 co if res is None else res, vh, dk ** -0.5, KH=kh, DK=dk, DV=dv, BV=bv,
+                                                 WRITE=res is not None, **EXACT)
+        return res
+
+    def gated_norm(self, o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dv = weight.shape[0]
+        if o.dtype not in DTYPES or _pow2(dv) != dv or not o.is_contiguous() or z.stride(1) != 1:
+            return super().gated_norm(o, z, weight, eps)
+        out = torch.empty_like(o)
+        if o.shape[0]:
+            h = o.shape[1] // dv
+            gated_norm_kernel[(o.shape[0] * h,)](o, z, z.stride(0), weight.contiguous(), out, h, eps, DV=dv, **EXACT)
+        return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if gate_up.dim() != 2 or not gate_up.is_contiguous() or gate_up.shape[1] % 2:
