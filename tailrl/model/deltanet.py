@@ -30,9 +30,9 @@ class GatedDeltaNet(nn.Module):
         self.out = nn.Linear(vh * vd, a.hidden_size, bias=False)
 
     def forward(self, h: torch.Tensor, kernels: Backend, states, plan: StatePlan, layer: int) -> torch.Tensor:
-        """``h`` [N, hidden] normed; ``states``: this layer's (conv [rows, C, K-1], ssm [rows, VH,
-        DK, DV]); ``plan``: the step's rows. The draft nodes' inputs are kept in ``plan.kept[layer]``
-        for their acceptance. Returns [N, hidden]."""
+        """``h`` [N, hidden] normed; ``states``: this layer's (conv [rows, 2, C, K-1], ssm [rows, 2,
+        VH, DK, DV]: states and snapshots, kernels/delta.py); ``plan``: the step's rows. The draft
+        nodes' inputs are kept in ``plan.kept[layer]`` for their acceptance. Returns [N, hidden]."""
         a = self.a
         kh, vh, kd, vd, _ = a.linear_dims
         c = a.conv_channels

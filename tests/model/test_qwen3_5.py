@@ -183,6 +183,17 @@ def test_what_the_states_can_not_do_is_refused_by_name(path):
     assert dataclasses.astuple(llm.engine.args)[0] == "Qwen3_5ForCausalLM"
 
 
+def test_the_states_memory_goes_back_with_the_caches_and_comes_back_as_it_was(path):
+    llm = LLM(path)
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=16, ignore_eos=True, seed=2)
+    want = outputs(llm.generate(PROMPTS, sp))
+    states = llm.engine.kv.states
+    assert states.bytes == states.conv.numel() * 2 + states.ssm.numel() * 4 > 0      # bf16 conv, float32 ssm
+    llm.engine.free_cache()
+    assert states.bytes == 0 and llm.engine.kv.bytes == 0
+    assert outputs(llm.generate(PROMPTS, sp)) == want and states.bytes > 0
+
+
 def test_a_gpus_budget_counts_the_recurrent_states_of_max_num_seqs_rows(monkeypatch):
     """On a (faked) 80 GiB GPU, Qwen3.5 of transformers' default shape (9B-style): the K/V budget is
     what the weights, a step's activations, the graphs and the states of max_num_seqs rows (with

@@ -93,6 +93,8 @@ class KVCache:
             raise RuntimeError("KVCache.free_memory: rows still hold blocks")
         self.clear_prefixes()
         self._data = None
+        if self.states is not None:
+            self.states.free()
 
     def clear_prefixes(self) -> None:
         """Forget the cached prefixes (new weights: their K/V were the old ones'); idle blocks

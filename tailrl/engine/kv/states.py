@@ -1,8 +1,9 @@
 """The recurrent states of a model with Gated DeltaNet layers (Qwen3.5: model/deltanet.py), a row
 per running request beside its K/V blocks: per DeltaNet layer its causal conv's last K-1 inputs
 (conv [L, rows, 2, C, K-1], the model's dtype) and its delta-rule state (ssm [L, rows, 2, VH, DK,
-DV]: float32, float64 for a float64 model), allocated once for ``max_rows`` rows; index 1 of the
-third dimension is the row's snapshot of them after its prompt but the last token.
+DV]: float32, float64 for a float64 model), allocated for ``max_rows`` rows at first use (given
+back with the K/V pool's memory); index 1 of the third dimension is the row's snapshot of them
+after its prompt but the last token.
 
 A row's states hold exactly its committed tokens (kernels/delta.py): a step's committed tokens
 advance them in place, draft nodes a copy; ``accept`` runs a row's accepted nodes through them
@@ -48,11 +49,30 @@ def refuse(args: ModelArgs, config: EngineConfig, speculative: SpeculativeConfig
 class RecurrentStates:
     def __init__(self, args: ModelArgs, dtype: torch.dtype, device: str | torch.device, max_rows: int):
         kh, vh, kd, vd, width = args.linear_dims
-        acc = torch.float64 if dtype == torch.float64 else torch.float32
         n = len(args.linear_layers)
         self.layers = {layer: j for j, layer in enumerate(args.linear_layers)}
-        self.conv = torch.zeros(n, max_rows, 2, args.conv_channels, width - 1, dtype=dtype, device=device)
-        self.ssm = torch.zeros(n, max_rows, 2, vh, kd, vd, dtype=acc, device=device)
+        self._shapes = ((n, max_rows, 2, args.conv_channels, width - 1), dtype), (
+            (n, max_rows, 2, vh, kd, vd), torch.float64 if dtype == torch.float64 else torch.float32)
+        self.device = device
+        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def conv(self) -> torch.Tensor:
+        return self._allocated()[0]
+
+    @property
+    def ssm(self) -> torch.Tensor:
+        return self._allocated()[1]
+
+    def _allocated(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv, ssm), zeros, allocated at first use (again after ``free``)."""
+        if self._tensors is None:
+            self._tensors = tuple(torch.zeros(shape, dtype=dt, device=self.device) for shape, dt in self._shapes)
+        return self._tensors
+
+    def free(self) -> None:
+        """Give the states' memory back (no row running: the K/V pool's ``free_memory``)."""
+        self._tensors = None
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Model layer ``layer``'s (conv [rows, 2, C, K-1], ssm [rows, 2, VH, DK, DV])."""
@@ -61,7 +81,8 @@ class RecurrentStates:
 
     @property
     def bytes(self) -> int:
-        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+        """The states' bytes while allocated (0 after ``free``)."""
+        return 0 if self._tensors is None else sum(t.numel() * t.element_size() for t in self._tensors)
 
     @staticmethod
     def row_bytes(args: ModelArgs, elem_bytes: int) -> int:
