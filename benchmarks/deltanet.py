@@ -1,5 +1,7 @@
 """Qwen3.5's hybrid (three Gated DeltaNet layers of four, model/deltanet.py) against an all-attention
-model of the same width on this CPU: a rollout's decode throughput, and what speculation gives each.
+model of the same width on this CPU (or ``--device cuda``: Qwen3.5's Triton kernels, eager steps,
+against the attention model's CUDA graphs): a rollout's decode throughput, and what speculation
+gives each.
 
 Two random-weight checkpoints made here (bfloat16, one invocation): Qwen3.5's shape and Qwen3's with
 the same hidden size, layers, attention heads and MLP (every layer attention). Per model, ``--prompts``
@@ -55,6 +57,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a = ap.parse_args()
     from tailrl import LLM, SamplingParams, SpeculativeConfig
     tmp = tempfile.mkdtemp()
@@ -65,8 +68,10 @@ def main() -> None:
     for kind in ("qwen3_5", "qwen3"):
         path = make(os.path.join(tmp, kind), kind, a)
         # no prefix caching (Qwen3.5 has none): the rounds repeat their prompts, an RL step's do not
-        plain = LLM(path, enable_prefix_caching=False)
-        spec = LLM(path, enable_prefix_caching=False, speculative=SpeculativeConfig())
+        kw = dict(enable_prefix_caching=False, device=a.device,
+                  **(dict(kv_cache_gib=1.0) if a.device != "cpu" else {}))    # four engines share a GPU
+        plain = LLM(path, **kw)
+        spec = LLM(path, speculative=SpeculativeConfig(), **kw)
         want[kind] = plain.generate(prompts, sp)
         spec.generate(prompts, sp)                          # its history: the same responses
         engines[kind] = {"plain": plain, "spec": spec}

@@ -13,7 +13,8 @@
 #                                            # stop 45); the tests
 #                                            # that use CUDA where it is (Triton kernels vs the
 #                                            # reference, row invariance, graph steps = eager, the
-#                                            # drafter's graph depths = its eager steps)
+#                                            # drafter's graph depths = its eager steps); with
+#                                            # MEASURE_DELTANET=1 Qwen3.5's hybrid (benchmarks/deltanet.py)
 #   bash benchmarks/gpu_session.sh drafter   # a drafter warm-started on the GPU, then
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
 #                                            # hybrid, suffix default vs plain, identical shares);
@@ -110,6 +111,10 @@ engine() {
     else
         echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"
     fi
+    # Qwen3.5's hybrid against an all-attention model of its width, plain and speculative (stop 66: its
+    # Triton kernels never run on a GPU before; MEASURE_DELTANET=1, ~60 s)
+    [ "$DEVICE" = cuda ] && [ -n "${MEASURE_DELTANET:-}" ] && step deltanet ${DELTANET_LIMIT:-90} \
+        $PY benchmarks/deltanet.py --device cuda --rounds 2
     # a sliding window's attention against full attention (stop 63; Triton's compiles, then seconds)
     [ "$DEVICE" = cuda ] && step window ${WINDOW_LIMIT:-40} $PY benchmarks/sliding_window.py --rows 1,64 \
         --contexts 1024,8192 --rounds 4
