@@ -376,6 +376,8 @@ def qwen3_5_fields(cfg: dict, source: str, layers: int) -> dict:
     if cfg.get("attention_bias"):
         raise ValueError(f"model: attention_bias true in {source} is not supported for Qwen3.5 (its published "
                          f"models have none)")
+    if not 2 <= dims[4] <= 17:
+        raise ValueError(f"model: linear_conv_kernel_dim must be in [2, 17] in {source} (Qwen3.5's: 4), got {dims[4]}")
     if min(dims) < 1 or dims[1] % dims[0]:
         raise ValueError(f"model: linear_num_value_heads {dims[1]} in {source} must be a multiple of "
                          f"linear_num_key_heads {dims[0]} (each key head serves as many value heads)")

@@ -56,6 +56,10 @@ def test_the_config_is_read_as_transformers_reads_it():
                       "layer_types": ["linear_attention", "sliding_attention"]})
     with pytest.raises(ValueError, match="linear_num_value_heads"):
         parse_config({"architectures": ["Qwen3_5ForCausalLM"], "linear_num_value_heads": 24})
+    with pytest.raises(ValueError, match="linear_conv_kernel_dim"):
+        parse_config({"architectures": ["Qwen3_5ForCausalLM"], "linear_conv_kernel_dim": 32})
+    with pytest.raises(ValueError, match="attention_bias"):
+        parse_config({"architectures": ["Qwen3_5ForCausalLM"], "attention_bias": True})
 
 
 def test_the_mixtures_config_is_read_as_transformers_reads_it():
