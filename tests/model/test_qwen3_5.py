@@ -43,7 +43,8 @@ def test_the_config_is_read_as_transformers_reads_it():
     assert a.rotary_dim == int(hf.head_dim * hf.rope_parameters["partial_rotary_factor"]) == 64
     assert a.rope_theta == hf.rope_parameters["rope_theta"] and a.norm_plus_one and a.attn_output_gate
     assert a.kv_bytes_per_token == 2 * 8 * hf.num_key_value_heads * hf.head_dim
-    hf_model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(num_hidden_layers=4, vocab_size=512))
+    with torch.device("meta"):
+        hf_model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(num_hidden_layers=4, vocab_size=512))
     small = parse_config({"architectures": ["Qwen3_5ForCausalLM"], "num_hidden_layers": 4, "vocab_size": 512})
     ours = sum(p.numel() for p in Transformer(small, 1, torch.bfloat16, "meta").parameters())
     stacked = (small.num_heads + small.num_kv_heads - 2) * small.head_dim      # our q/k norms: a weight per head
@@ -72,8 +73,9 @@ def test_the_mixtures_config_is_read_as_transformers_reads_it():
     small = dict(num_hidden_layers=4, vocab_size=512, num_experts=16)
     ours = sum(p.numel() for p in Transformer(parse_config({"architectures": ["Qwen3_5MoeForCausalLM"], **small}), 1,
                                               torch.bfloat16, "meta").parameters())
-    theirs = sum(p.numel() for p in transformers.Qwen3_5MoeForCausalLM(
-        transformers.Qwen3_5MoeTextConfig(**small)).parameters())
+    with torch.device("meta"):
+        theirs = sum(p.numel() for p in transformers.Qwen3_5MoeForCausalLM(
+            transformers.Qwen3_5MoeTextConfig(**small)).parameters())
     assert ours == theirs + (hf.num_attention_heads + hf.num_key_value_heads - 2) * hf.head_dim
 
 
