@@ -77,6 +77,7 @@ def serve(conn, model: Transformer, kv: KVCache, device: str, threads) -> None:
     """Every message in turn, until "stop" or rank 0's end is closed. Integer tensors come as
     numpy arrays; a K/V part as a tensor."""
     tensor = lambda x: torch.from_numpy(x).to(device) if isinstance(x, np.ndarray) else x   # noqa: E731
+    plan = None                                         # a recurrent model's last forward's rows (kv/states.py)
     while True:
         msg = pickle.loads(conn.recv_bytes())
         if msg[0] == "copies":                          # KVCache.copy_block / move_slots, as rank 0 made them
@@ -86,7 +87,12 @@ def serve(conn, model: Transformer, kv: KVCache, device: str, threads) -> None:
             _, ids, pos, meta = msg
             if threads is not None:
                 threads.tick()
-            model(tensor(ids), tensor(pos), kv.layers(), moved(meta, tensor, np.ndarray))
+            meta = moved(meta, tensor, np.ndarray)
+            if meta.states is not None:
+                meta.states = plan = meta.states.on(device)
+            model(tensor(ids), tensor(pos), kv.layers(), meta)
+        elif msg[0] == "accept":                        # its accepted draft nodes, from its own kept inputs
+            model.advance_states(kv.states, plan, msg[1])
         elif msg[0] == "export":
             reply(conn, "done", kv.read_blocks(msg[1], msg[2]))
         elif msg[0] == "import":

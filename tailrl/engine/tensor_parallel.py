@@ -174,7 +174,10 @@ class ParallelModel:
     # ---- what the engine calls ----------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, caches, meta) -> torch.Tensor:
         t0 = time.perf_counter()                            # the step's tensors go as numpy arrays
-        self.send(("forward", _array(input_ids), _array(positions), moved(meta, _array)))
+        sent = moved(meta, _array)
+        if sent.states is not None:                         # recurrent layers' plan: host arrays
+            sent.states = sent.states.portable()
+        self.send(("forward", _array(input_ids), _array(positions), sent))
         self.forwards, self.message_s = self.forwards + 1, self.message_s + time.perf_counter() - t0
         try:
             return self.local(input_ids, positions, caches, meta)
@@ -183,6 +186,12 @@ class ParallelModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.local.logits(hidden)
+
+    def advance_states(self, states, plan, runs) -> None:
+        """Accepted draft nodes into every rank's recurrent states (each rank's own heads, from
+        the inputs its last forward kept)."""
+        self.send(("accept", runs))
+        self.local.advance_states(states, plan, runs)
 
     def prepare_kernels(self) -> None:
         self.local.prepare_kernels()

@@ -35,10 +35,20 @@ class StatePlan:
     its snapshot (0: none). ``drafts`` [D] long: the flat index of every draft node, row by
     row; ``kept``: layer -> the inputs of those nodes (what acceptance runs through again)."""
 
-    seqs: torch.Tensor
+    seqs: torch.Tensor | None
     drafts: torch.Tensor | None = None
     kept: dict = field(default_factory=dict)
     host: object = None                 # ``seqs`` as a numpy array (the engine's copy: seqs may be on a GPU)
+    drafts_host: object = None          # ``drafts`` as a numpy array (None: no drafts)
+
+    def portable(self) -> "StatePlan":
+        """The plan as host arrays alone (for another process: a tensor parallel rank)."""
+        return StatePlan(None, host=self.host, drafts_host=self.drafts_host)
+
+    def on(self, device) -> "StatePlan":
+        """A ``portable`` plan with its tensors made on ``device``."""
+        drafts = None if self.drafts_host is None else torch.from_numpy(self.drafts_host).to(device)
+        return StatePlan(torch.from_numpy(self.host).to(device), drafts, host=self.host, drafts_host=self.drafts_host)
 
 
 def delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: torch.Tensor, neg_a: torch.Tensor,

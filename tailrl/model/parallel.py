@@ -5,7 +5,10 @@ A decoder layer split Megatron's way over ``size`` ranks: rank r holds query hea
 [r H/size, (r + 1) H/size) and K/V heads [r KV/size, ...) (the rows of the fused QKV projection
 that compute them, and the output projection's columns that read them), and the MLP's
 intermediate units [r I/size, ...) (rows of gate/up, columns of down): in a mixture of experts
-every expert's and the shared expert's, the router whole (every rank routes a token alike).
+every expert's and the shared expert's, the router whole (every rank routes a token alike). A
+Gated DeltaNet layer (Qwen3.5) splits by heads too: a rank holds key heads [r KH/size, ...) and
+value heads [r VH/size, ...) (their conv channels, gates, decays and recurrent states), its
+output projection's columns that read them.
 Norms and the embedding are whole on every rank; the LM head only where logits are computed
 (rank 0). OLMo's q/k norms over all heads at once read every rank's heads: they are gathered
 (``OrderedSum.gather``), normed whole with the whole norm's weight, each rank keeping its own.
@@ -42,6 +45,8 @@ def check_split(args: ModelArgs, size: int) -> None:
         widths.append(("experts' intermediate units", args.moe_intermediate_size))
     if args.shared_expert_size:
         widths.append(("shared expert's intermediate units", args.shared_expert_size))
+    if args.linear_layers:
+        widths += [("DeltaNet key heads", args.linear_dims[0]), ("DeltaNet value heads", args.linear_dims[1])]
     for what, n in widths:
         if n % size:
             raise ValueError(f"tensor_parallel_size: {size} does not divide the model's {n} {what}")
@@ -50,16 +55,20 @@ def check_split(args: ModelArgs, size: int) -> None:
 def shard_args(args: ModelArgs, size: int) -> ModelArgs:
     """The shape one rank's part of the model has (heads, K/V heads and MLP widths divided)."""
     check_split(args, size)
+    kh, vh, kd, vd, width = args.linear_dims
     return replace(args, num_heads=args.num_heads // size, num_kv_heads=args.num_kv_heads // size,
                    intermediate_size=args.intermediate_size // size,
                    moe_intermediate_size=args.moe_intermediate_size // size,
-                   shared_expert_size=args.shared_expert_size // size)
+                   shared_expert_size=args.shared_expert_size // size,
+                   linear_dims=(kh // size, vh // size, kd, vd, width))
 
 
 # a Hugging Face name's part along one dimension (rows 0, columns 1; a trainer's fused experts' 2):
 # its pattern, the dimension, and the ModelArgs width it divides (heads times the head dimension)
 _SPLITS = [
-    (re.compile(r"self_attn\.q_proj\.(weight|bias)$"), 0, lambda a: a.num_heads * a.head_dim),
+    # (Qwen3.5: each head's rows [q | gate] side by side)
+    (re.compile(r"self_attn\.q_proj\.(weight|bias)$"), 0,
+     lambda a: a.num_heads * a.head_dim * (1 + a.attn_output_gate)),
     (re.compile(r"self_attn\.(k|v)_proj\.(weight|bias)$"), 0, lambda a: a.num_kv_heads * a.head_dim),
     (re.compile(r"self_attn\.o_proj\.weight$"), 1, lambda a: a.num_heads * a.head_dim),
     (re.compile(r"mlp\.(gate|up)_proj\.(weight|bias)$"), 0, lambda a: a.intermediate_size),
@@ -69,7 +78,14 @@ _SPLITS = [
     (re.compile(r"shared_experts?\.(gate|up)_proj\.weight$"), 0, lambda a: a.shared_expert_size),
     (re.compile(r"shared_experts?\.down_proj\.weight$"), 1, lambda a: a.shared_expert_size),
     (re.compile(r"experts\.down_proj$"), 2, lambda a: a.moe_intermediate_size),    # a trainer's [E, H, I]
+    # Qwen3.5's Gated DeltaNet (model/deltanet.py): a rank's value heads (their key heads' q and k
+    # channels: _DELTA_CHANNELS), their gates and decays; the output projection's columns
+    (re.compile(r"linear_attn\.in_proj_z\.weight$"), 0, lambda a: a.linear_dims[1] * a.linear_dims[3]),
+    (re.compile(r"linear_attn\.(in_proj_b\.weight|in_proj_a\.weight|dt_bias|A_log)$"), 0,
+     lambda a: a.linear_dims[1]),
+    (re.compile(r"linear_attn\.out_proj\.weight$"), 1, lambda a: a.linear_dims[1] * a.linear_dims[3]),
 ]
+_DELTA_CHANNELS = re.compile(r"linear_attn\.(in_proj_qkv|conv1d)\.weight$")         # rows [q; k; v] channels
 _FUSED_GATE_UP = re.compile(r"experts\.gate_up_proj$")                               # a trainer's [E, 2I, H]
 _FUSED_MLP = re.compile(r"mlp\.gate_up_proj\.weight$")                               # Phi-3's [2I, H]
 _FUSED_QKV = re.compile(r"self_attn\.qkv_proj\.weight$")                             # Phi-3's [(H + 2KV) D, H]
@@ -86,6 +102,10 @@ def _pieces(name: str, args: ModelArgs, shard: Shard) -> tuple[int, list[tuple[i
     if _FUSED_MLP.search(name):                     # Phi-3's [gate; up]: the same, in rows
         n = args.intermediate_size // shard.size
         return 0, [(shard.rank * n, n), (args.intermediate_size + shard.rank * n, n)]
+    if _DELTA_CHANNELS.search(name):                # a DeltaNet's [q; k; v] channels: the rank's heads of each
+        kh, vh, kd, vd, _ = args.linear_dims
+        nk, nv = kh * kd // shard.size, vh * vd // shard.size
+        return 0, [(shard.rank * nk, nk), (kh * kd + shard.rank * nk, nk), (2 * kh * kd + shard.rank * nv, nv)]
     if _FUSED_QKV.search(name):                     # Phi-3's [q; k; v]: the rank's heads of each
         q, kv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         nq, nkv = q // shard.size, kv // shard.size

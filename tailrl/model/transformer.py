@@ -241,6 +241,10 @@ class Transformer(nn.Module):
                             a.attn_softcap or None)
         return replace(rope, origin=origins(positions, window))
 
+    def advance_states(self, states, plan, runs) -> None:
+        """Accepted draft nodes into the recurrent states (engine/kv/states.py ``accept``)."""
+        states.advance(self, plan, runs)
+
     def rope_tables(self, prefix: str = "") -> RopeTables:
         """The RoPE tables of the full-attention layers (``prefix`` ""), of Gemma 3's sliding-window
         ones ("local_"), or of the layers without RoPE ("nope_": [1, D], cos 1 and sin 0)."""

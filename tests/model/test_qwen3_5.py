@@ -182,8 +182,6 @@ def test_what_the_states_can_not_do_is_refused_by_name(path):
         LLM(path, speculative=SpeculativeConfig(max_tree_paths=3))
     with pytest.raises(ValueError, match="ahead_drafts"):
         LLM(path, speculative=SpeculativeConfig(ahead_drafts=2))
-    with pytest.raises(ValueError, match="tensor_parallel_size"):
-        LLMEngine(EngineConfig(model=path, tensor_parallel_size=2))
     llm = LLM(path)
     assert llm.engine.kv.prefix is None and llm.engine.kv.data.shape[0] == 2          # K/V of its 2 attention layers
     assert dataclasses.astuple(llm.engine.args)[0] == "Qwen3_5ForCausalLM"
@@ -216,3 +214,27 @@ def test_a_gpus_budget_counts_the_recurrent_states_of_max_num_seqs_rows(monkeypa
     assert kv_budget.size_kv(args, cfg, 2)[0] == int(spare // (args.kv_bytes_per_token * 2))
     with pytest.raises(ValueError, match="max_num_seqs"):
         kv_budget.size_kv(args, EngineConfig(model="unused", device="cuda", max_num_seqs=1024), 2)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_split_over_two_ranks_it_is_the_whole_model_and_speculation_stays_lossless(ckpt_dir, arch):
+    """Each rank holds half of every layer's heads, a DeltaNet's key and value heads with their
+    states among them: float64 tokens the whole model's and log-probabilities to its rounding;
+    in bfloat16 speculation (rank 0's acceptances reaching the other rank's states) and a
+    group's snapshot lent to its siblings on both ranks change no bit."""
+    path = ckpt_dir(arch, num_layers=4) if arch == "qwen3_5" else ckpt_dir(arch)
+    sp = SamplingParams(n=3, temperature=1.0, max_tokens=24, ignore_eos=True, seed=3)
+    whole = outputs(LLM(path, dtype="float64").generate(PROMPTS, sp))
+    runs = []
+    for kw in (dict(dtype="float64"), dict(dtype="bfloat16"),
+               dict(dtype="bfloat16", speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=6))):
+        llm = LLM(path, tensor_parallel_size=2, **kw)
+        try:
+            runs.append([outputs(llm.generate(PROMPTS, sp)) for _ in range(2)])
+            accepted = llm.last_metrics.get("rollout/spec_accepted_tokens", 0)
+        finally:
+            llm.close()
+    split = runs[0][0]
+    assert [[t for t, _ in o] for o in split] == [[t for t, _ in o] for o in whole]
+    assert max(abs(x - y) for a, b in zip(split, whole) for (_, p), (_, q) in zip(a, b) for x, y in zip(p, q)) < 1e-9
+    assert runs[1][0] == runs[1][1] == runs[2][0] == runs[2][1] and accepted > 0

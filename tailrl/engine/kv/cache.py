@@ -232,7 +232,7 @@ class KVCache:
             self._table[dst, full] = b
             self.held[dst] = full + 1
         if self.states is not None:             # (``length``: a prompt but its last token, the lender's snapshot)
-            self.states.lend(src, dst)
+            self.lend_states(src, dst)
         self.peak_used = max(self.peak_used, self.used)
         self.peak_shared = max(self.peak_shared, self.shared)
         return True
@@ -245,7 +245,15 @@ class KVCache:
         if self.prefix is not None:
             self.prefix.move_row(src, dst)
         if self.states is not None:
-            self.states.move_row(src, dst)
+            self.move_states(src, dst)
+
+    def lend_states(self, src: int, dst: int) -> None:
+        """Row ``dst``'s recurrent states start from row ``src``'s snapshot (states.py ``lend``)."""
+        self.states.lend(src, dst)
+
+    def move_states(self, src: int, dst: int) -> None:
+        """Row ``src``'s recurrent states become row ``dst``'s."""
+        self.states.move_row(src, dst)
 
     # ---- positions ----------------------------------------------------------------------------
     def slots(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:

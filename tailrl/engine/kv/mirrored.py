@@ -3,9 +3,10 @@
 Every rank holds the same blocks, each for its own K/V heads; rank 0 alone keeps the
 bookkeeping (rows' tables, references, cached prefixes). What rank 0 does to the pool's
 contents outside a forward the other ranks must do too, in the same order: the copies inside
-the pool (a shared prefix's partial block, accepted tree nodes) wait in ``ops`` for the next
-message; a request's K/V leaving (``export_row``) or arriving (``import_row``) gathers or
-scatters every rank's heads; giving the memory back (``free_memory``) tells them at once.
+the pool (a shared prefix's partial block, accepted tree nodes; a recurrent model's states lent
+to a sibling or moved with a row) wait in ``ops`` for the next message; a request's K/V leaving
+(``export_row``) or arriving (``import_row``) gathers or scatters every rank's heads; giving the
+memory back (``free_memory``) tells them at once.
 """
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ class MirroredKV(KVCache):
     def move_slots(self, at: torch.Tensor) -> None:
         super().move_slots(at)
         self.ops.append(("move_slots", at))
+
+    def lend_states(self, src: int, dst: int) -> None:
+        super().lend_states(src, dst)
+        self.ops.append(("lend_states", src, dst))
+
+    def move_states(self, src: int, dst: int) -> None:
+        super().move_states(src, dst)
+        self.ops.append(("move_states", src, dst))
 
     def free_memory(self) -> None:
         super().free_memory()

@@ -17,7 +17,9 @@ states to its snapshot (``plan``), and a sibling admitted with the prompt lent s
 lender's snapshot (``lend``), as if it had computed the prompt itself. What a state can not do,
 the engine does not ask of it: no prefix is taken from the prefix cache (the state at a cached
 prefix's end is not kept), a migrated request is recomputed, no tree drafts, no steps launched
-with follow-ups (``refuse``). On a GPU a step's rows are planned on the host from the built
+with follow-ups (``refuse``). Split over tensor parallel ranks, each rank keeps its heads'
+states; rank 0 plans, and its lends, moves and acceptances reach the others
+(kv/mirrored.py, engine/tensor_parallel.py). On a GPU a step's rows are planned on the host from the built
 batch (its tokens' rows read back): no CUDA graphs for these models (engine/graphs.py).
 """
 from __future__ import annotations
@@ -35,9 +37,6 @@ def refuse(args: ModelArgs, config: EngineConfig, speculative: SpeculativeConfig
     """A ValueError naming what a model with recurrent layers can not run with, before any work."""
     if not args.linear_layers:
         return
-    name = f"model: {args.architecture}'s Gated DeltaNet layers"
-    if config.tensor_parallel_size > 1:
-        raise ValueError(f"{name} can not be split over devices (tensor_parallel_size={config.tensor_parallel_size})")
     if speculative is not None and speculative.max_tree_paths > 1:
         raise ValueError(f"speculative_config.max_tree_paths: {args.architecture} drafts chains only (a tree node "
                          f"would need a state of its own), got {speculative.max_tree_paths}")
@@ -121,11 +120,9 @@ class RecurrentStates:
         snap = np.where((first < prompt) & (prompt <= first + counts - d), prompt - first, 0)
         seqs = np.stack([own, starts, counts, counts - d, first == 0, snap], axis=1).astype(np.int64)
         drafts = None
-        device = batch.input_ids.device
         if drafted:
-            drafts = torch.from_numpy(np.concatenate([np.arange(s + c - k, s + c) for s, c, k in zip(starts, counts, d)
-                                                      if k])).to(device)
-        return StatePlan(torch.from_numpy(seqs).to(device), drafts, host=seqs)
+            drafts = np.concatenate([np.arange(s + c - k, s + c) for s, c, k in zip(starts, counts, d) if k])
+        return StatePlan(None, host=seqs, drafts_host=drafts).on(batch.input_ids.device)
 
     def accept(self, model, batch, accepted: list[int]) -> None:
         """Each plan's first ``accepted[i]`` draft nodes run through its row's states in place,
@@ -146,7 +143,12 @@ class RecurrentStates:
                 if k and p.draft_tokens and (r := int(rows[sample[p.entry]])) in at]
         if not runs:
             return
-        accept = torch.tensor(runs, dtype=torch.int64).to(self.conv.device)
+        model.advance_states(self, plan, np.array(runs, dtype=np.int64))
+
+    def advance(self, model, plan: StatePlan, runs: np.ndarray) -> None:
+        """``accept``'s work on this process's states and layers (``model``: its Transformer; a
+        tensor parallel rank's, for its heads): ``runs`` [R, 6], seqs over ``plan.kept``."""
+        accept = torch.from_numpy(runs).to(self.conv.device)
         kernels = select(self.conv.device, self.conv.dtype)
         for layer in self.layers:
             model.layers[layer].linear.advance(kernels, plan.kept[layer], self.layer(layer), accept)
