@@ -7,9 +7,10 @@ a float64 model); index 0 of the second dimension holds the states, 1 a snapshot
 a given token (a prompt's but its last token: its siblings start from there,
 engine/kv/states.py). A step's tokens run through them in order, row by row
 (``StatePlan.seqs``): its committed tokens advance the row's states in place, the nodes of its
-chain draft after them advance a copy, so the states stay those of the committed tokens until the engine accepts
-nodes (engine/kv/states.py runs the accepted nodes' kept inputs through again, in place: the
-same code on the same inputs, so the same bits as if they had been committed tokens).
+chain draft after them advance a copy, so the states stay those of the committed tokens until
+the engine accepts nodes (engine/kv/states.py runs the accepted nodes' kept inputs through
+again, in place: the same code on the same inputs, so the same bits as if they had been
+committed tokens).
 
 Per token (Hugging Face's Qwen3_5GatedDeltaNet, token by token: its recurrent form): the conv
 of each channel over the token and the K-1 inputs before it, rounded to the dtype, SiLU,
@@ -28,8 +29,8 @@ import torch.nn.functional as F
 
 @dataclass
 class StatePlan:
-    """The rows of one step of a model with recurrent layers. ``seqs`` [S, 6] int64 on the step's device:
-    per row (its tokens consecutive, in step order) its state row, first flat token, tokens,
+    """The rows of one step of a model with recurrent layers. ``seqs`` [S, 6] int64 on the step's
+    device: per row (its tokens consecutive, in step order) its state row, first flat token, tokens,
     committed tokens (the rest: chain draft nodes), 1 if its first token is position 0 (its
     states start from zeros), and the count of its tokens after which its states are copied to
     its snapshot (0: none). ``drafts`` [D] long: the flat index of every draft node, row by
@@ -56,8 +57,8 @@ def delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: to
                dims: tuple[int, int, int, int, int], out: bool = True) -> torch.Tensor | None:
     """The reference: ``mixed`` [N, C] (q | k | v channels, before the conv), ``b``, ``a`` [N,
     VH], the conv's weights [C, K], -exp(A_log) and dt_bias [VH] in the accumulation type, the
-    states and their snapshots (updated as the module docstring says), ``seqs`` (``StatePlan``). Returns o [N, VH *
-    DV] in the dtype (None where ``out`` is False)."""
+    states and their snapshots (updated as the module docstring says), ``seqs`` (``StatePlan``).
+    Returns o [N, VH * DV] in the dtype (None where ``out`` is False)."""
     kh, vh, dk, dv, k = dims
     acc = ssm.dtype
     dt = mixed.dtype
