@@ -23,6 +23,15 @@ def model_dir(tmp_path_factory) -> str:
     return path
 
 
+@pytest.fixture(scope="module")
+def qwen3_5_dir(tmp_path_factory) -> str:
+    """A tiny Qwen3.5 (Gated DeltaNet layers: recurrent states per request) with the same tokenizer."""
+    path = str(tmp_path_factory.mktemp("trl") / "qwen3_5")
+    make_checkpoint(path, "qwen3_5", num_layers=4, vocab_size=97, eos_token_id=2, max_pos=1024)
+    save_char_tokenizer(path, chat_template=True)
+    return path
+
+
 def length_reward(prompts, completions, **_):
     """Varied rewards, so advantages are non-zero and the update changes the weights."""
     return [float(len(c) % 5) for c in completions]
@@ -37,7 +46,9 @@ def test_collapse_repeats():
     assert prompt_key("x") == prompt_key("x") != prompt_key("y")
 
 
-def test_two_grpo_steps_match_engine_output(model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("which", ["model_dir", "qwen3_5_dir"])
+def test_two_grpo_steps_match_engine_output(which, tmp_path, monkeypatch, request):
+    model_dir = request.getfixturevalue(which)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
