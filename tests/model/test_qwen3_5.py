@@ -142,6 +142,19 @@ def test_speculation_is_lossless_and_a_request_alone_is_itself_in_a_batch(path, 
     assert plain.last_metrics["rollout/batched_tokens"] == sum(len(p) + 2 + 3 * 39 for p in PROMPTS)
 
 
+def test_steps_launched_ahead_then_a_speculative_tail_give_the_same_tokens(path):
+    """Plain steps launched ahead in the bulk (their states advanced in launch order), speculative
+    steps one at a time in the tail (a row that verified sits out the step launched before its
+    acceptance is known): tokens and log-probabilities those of plain decoding one step at a time."""
+    sp = [SamplingParams(n=3, temperature=1.0, max_tokens=m, ignore_eos=True, seed=3) for m in (10, 20, 60, 40)]
+    want = outputs(LLM(path).generate(PROMPTS, sp))
+    assert outputs(LLM(path, async_scheduling=True).generate(PROMPTS, sp)) == want
+    llm = LLM(path, async_scheduling=True, speculative=SpeculativeConfig(policy="fixed", ahead_above=6,
+                                                                         tail="speculate"))
+    assert [outputs(llm.generate(PROMPTS, sp)) for _ in range(2)] == [want, want]
+    assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0
+
+
 def test_chunked_prefill_preemption_and_migration_give_the_same_tokens(path):
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=50, ignore_eos=True, seed=5)
     want = outputs(LLM(path, dtype="float64").generate(PROMPTS, sp))
