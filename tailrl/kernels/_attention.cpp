@@ -724,34 +724,63 @@ struct DeltaShape {
     int64_t KH, VH, DK, DV, K, C;
 };
 
-// Phase 1: each (row, channel)'s causal conv over the row's tokens, then SiLU, each rounded to T
-// (Hugging Face: a conv in the model's dtype, then its activation): co [N, C] in A.
+// A row's causal conv for n channels at one token: each output the conv over its K-1 window
+// (oldest first) and the token's input x, rounded to T, SiLU, rounded to T (Hugging Face: a conv
+// in the model's dtype, then its activation); the windows shift in x. Windows and weights tap by
+// tap (win[k * n + i], wt[k * n + i]: ``load_conv``), so each step runs over adjacent channels.
 template <typename T, typename A>
-void delta_conv(const T* mixed, int64_t ms0, const T* w, T* conv, const int64_t* seqs, int64_t S,
-                const DeltaShape& d, A* co, int threads) {
+inline void conv_step(const T* x, const A* wt, int64_t n, int64_t K, A* win, A* y) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = A(0);
+    for (int64_t k = 0; k < K - 1; ++k)
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) y[i] += wt[k * n + i] * win[k * n + i];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+        const A xi = load(x + i);
+        y[i] += wt[(K - 1) * n + i] * xi;
+        y[i] = rounded<T>(silu(rounded<T>(y[i])));
+    }
+    for (int64_t k = 0; k + 1 < K - 1; ++k)
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) win[k * n + i] = win[(k + 1) * n + i];
+    if (K > 1)
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) win[(K - 2) * n + i] = load(x + i);
+}
+
+// Channels [c0, c0 + n)'s conv weights (w [C, K]) and windows (a row's states st [C, K-1], or
+// fresh: zeros), tap by tap into wt and win (``conv_step``).
+template <typename T, typename A>
+inline void load_conv(const T* w, const T* st, bool fresh, int64_t c0, int64_t n, int64_t K, A* wt, A* win) {
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t k = 0; k < K; ++k) wt[k * n + i] = load(w + (c0 + i) * K + k);
+        for (int64_t k = 0; k < K - 1; ++k) win[k * n + i] = fresh ? A(0) : A(load(st + (c0 + i) * (K - 1) + k));
+    }
+}
+
+// After the rule: each (row, channel)'s conv state becomes the last K-1 inputs among its window
+// and the row's committed tokens; its snapshot those after ``snap`` tokens (plain data moves:
+// the windows the rule read were the old ones, so none of them changes under it).
+template <typename T>
+void conv_states(const T* mixed, int64_t ms0, T* conv, const int64_t* seqs, int64_t S, const DeltaShape& d,
+                 int threads) {
     const int64_t chunks = (d.C + 63) / 64, K = d.K;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < S * chunks; ++task) {
         const int64_t* sq = seqs + (task / chunks) * 6;
-        const int64_t row = sq[0], t0 = sq[1], cnt = sq[2], done = sq[3], snap = sq[5];
+        const int64_t row = sq[0], t0 = sq[1], done = sq[3], snap = sq[5];
         const int64_t c0 = (task % chunks) * 64, c1 = std::min(d.C, c0 + 64);
-        A win[16];
+        T* st = conv + row * 2 * d.C * (K - 1);
         for (int64_t c = c0; c < c1; ++c) {
-            T* st = conv + (row * 2 * d.C + c) * (K - 1);
-            T* sn = st + d.C * (K - 1);
-            for (int64_t k = 0; k < K - 1; ++k) win[k] = sq[4] ? A(0) : A(load(st + k));
-            for (int64_t j = 0; j < cnt; ++j) {
-                const A x = load(mixed + (t0 + j) * ms0 + c);
-                A acc = A(0);
-                for (int64_t k = 0; k < K - 1; ++k) acc += A(load(w + c * K + k)) * win[k];
-                acc += A(load(w + c * K + K - 1)) * x;
-                co[(t0 + j) * d.C + c] = rounded<T>(silu(rounded<T>(acc)));
-                for (int64_t k = 0; k + 1 < K - 1; ++k) win[k] = win[k + 1];
-                if (K > 1) win[K - 2] = x;
-                if (j + 1 == done)
-                    for (int64_t k = 0; k < K - 1; ++k) store(st + k, win[k]);
-                if (j + 1 == snap)
-                    for (int64_t k = 0; k < K - 1; ++k) store(sn + k, win[k]);
+            for (const auto& [upto, dst] : {std::pair<int64_t, T*>{snap, st + (d.C + c) * (K - 1)},
+                                            std::pair<int64_t, T*>{done, st + c * (K - 1)}}) {
+                if (upto <= 0) continue;                  // (the snapshot first: it reads the old window too)
+                for (int64_t k = 0; k < K - 1; ++k) {    // input k of the window after ``upto`` tokens
+                    const int64_t j = upto - (K - 1) + k;
+                    dst[k] = j >= 0 ? mixed[(t0 + j) * ms0 + c]
+                                    : (sq[4] ? T(0) : st[c * (K - 1) + (K - 1) + j]);
+                }
             }
         }
     }
@@ -762,25 +791,35 @@ void delta_rule_t(uintptr_t mixedp, int64_t ms0, uintptr_t bp, uintptr_t ap, int
                   uintptr_t negap, uintptr_t dtbp, uintptr_t convp, uintptr_t ssmp, uintptr_t seqsp, int64_t S,
                   int64_t N, uintptr_t outp, const DeltaShape& d, int threads) {
     using A = typename Acc<T>::type;
+    (void)N;
     const int64_t* seqs = ptr<const int64_t>(seqsp);
-    std::vector<A> co(static_cast<size_t>(N * d.C));
-    delta_conv<T, A>(ptr<const T>(mixedp), ms0, ptr<const T>(wp), ptr<T>(convp), seqs, S, d, co.data(), threads);
+    const T* mixed = ptr<const T>(mixedp);
+    const T* w = ptr<const T>(wp);
+    const T* conv = ptr<const T>(convp);
     const T* b = ptr<const T>(bp);
     const T* a = ptr<const T>(ap);
     const A* nega = ptr<const A>(negap);
     const A* dtb = ptr<const A>(dtbp);
     A* ssm = ptr<A>(ssmp);
     T* out = ptr<T>(outp);
-    const int64_t group = d.VH / d.KH, DK = d.DK, DV = d.DV;
+    const int64_t group = d.VH / d.KH, DK = d.DK, DV = d.DV, K = d.K;
     const A qf = A(1) / std::sqrt(A(DK));
 #pragma omp parallel num_threads(threads)
     {
-        std::vector<A> scratch(static_cast<size_t>(DK * DV)), buf(static_cast<size_t>(2 * DK + 2 * DV));
-        A *kn = buf.data(), *qn = kn + DK, *o = qn + DK, *mem = o + DV;
+        std::vector<A> scratch(static_cast<size_t>(DK * DV)), buf(static_cast<size_t>(4 * DK + 3 * DV));
+        std::vector<A> taps(static_cast<size_t>((2 * DK + DV) * (2 * K - 1)));
+        A *kn = buf.data(), *qn = kn + DK, *o = qn + DK, *mem = o + DV, *y = mem + DV;   // y: q | k | v
+        A *wq = taps.data(), *wk = wq + DK * K, *wv = wk + DK * K;                       // weights, then windows
+        A *iq = wv + DV * K, *ik = iq + DK * (K - 1), *iv = ik + DK * (K - 1);
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < S * d.VH; ++task) {
             const int64_t* sq = seqs + (task / d.VH) * 6;
             const int64_t row = sq[0], t0 = sq[1], cnt = sq[2], done = sq[3], vh = task % d.VH, kh = vh / group;
+            const int64_t cq = kh * DK, ck = d.KH * DK + kh * DK, cv = 2 * d.KH * DK + vh * DV;
+            const T* cst = conv + row * 2 * d.C * (K - 1);
+            load_conv(w, cst, sq[4] != 0, cq, DK, K, wq, iq);
+            load_conv(w, cst, sq[4] != 0, ck, DK, K, wk, ik);
+            load_conv(w, cst, sq[4] != 0, cv, DV, K, wv, iv);
             A* state = ssm + (row * 2 * d.VH + vh) * DK * DV;
             A* snapshot = state + d.VH * DK * DV;
             if (sq[4]) std::fill(state, state + DK * DV, A(0));
@@ -791,18 +830,22 @@ void delta_rule_t(uintptr_t mixedp, int64_t ms0, uintptr_t bp, uintptr_t ap, int
                     std::copy(state, state + DK * DV, scratch.data());
                     st = scratch.data();
                 }
-                const A* ct = co.data() + t * d.C;
-                unit(ct + kh * DK, DK, qf, qn);
-                unit(ct + d.KH * DK + kh * DK, DK, A(1), kn);
+                const T* xt = mixed + t * ms0;
+                conv_step<T, A>(xt + cq, wq, DK, K, iq, y);
+                conv_step<T, A>(xt + ck, wk, DK, K, ik, y + DK);
+                conv_step<T, A>(xt + cv, wv, DV, K, iv, y + 2 * DK);
+                unit(y, DK, qf, qn);
+                unit(y + DK, DK, A(1), kn);
                 const A beta = rounded<T>(A(1) / (A(1) + std::exp(-A(load(b + t * bs0 + vh)))));
                 const A g = nega[vh] * softplus(A(load(a + t * bs0 + vh)) + dtb[vh]);
-                delta_step(st, kn, qn, ct + 2 * d.KH * DK + vh * DV, std::exp(g), beta, DK, DV, o, mem);
+                delta_step(st, kn, qn, y + 2 * DK, std::exp(g), beta, DK, DV, o, mem);
                 if (j + 1 == sq[5]) std::copy(state, state + DK * DV, snapshot);
                 if (out != nullptr)
                     for (int64_t i = 0; i < DV; ++i) store(out + t * d.VH * DV + vh * DV + i, o[i]);
             }
         }
     }
+    conv_states<T>(mixed, ms0, ptr<T>(convp), seqs, S, d, threads);   // after every task read the old windows
 }
 
 void delta_rule(int dtype, uintptr_t mixed, int64_t ms0, uintptr_t b, uintptr_t a, int64_t bs0, uintptr_t w,
