@@ -674,9 +674,11 @@ void act_mul(int dtype, int kind, uintptr_t x, int64_t xs0, uintptr_t out, int64
 // second dimension: the states, 1: their snapshot); a draft node advances a copy, so the row's
 // states stay those of its committed tokens; ``fresh``: the states start from zeros (the row's
 // first token is position 0); ``snapshot`` > 0: the states after that many of its tokens are
-// copied to the snapshot (a prompt's, which its siblings start from). Every token is computed by the same code
-// whatever the step holds (a draft node and the same token committed give the same bits), and a
-// (row, head)'s state is one thread's: a row's result is its own.
+// copied to the snapshot (a prompt's, which its siblings start from). A (row, value head) is one
+// task: its conv over its key head's q and k channels and its v channels, then the rule; the conv
+// states are written after every task has read the old ones. Every token is computed by the same
+// code whatever the step holds (a draft node and the same token committed give the same bits):
+// a row's result is its own.
 
 // softplus as PyTorch's (threshold 20: x itself above)
 template <typename A>
