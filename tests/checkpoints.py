@@ -69,6 +69,13 @@ ARCH_CONFIGS = {
                                                  num_experts_per_tok=3, moe_intermediate_size=48,
                                                  shared_expert_intermediate_size=80,
                                                  layer_types=["linear_attention", "full_attention"])),
+    # Qwen3-Next: the same layers, the DeltaNet's projections fused per key head; the second layer's MLP
+    # dense (mlp_only_layers)
+    "qwen3_next": ("Qwen3NextConfig", dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                                           linear_key_head_dim=8, linear_value_head_dim=8, num_experts=8,
+                                           num_experts_per_tok=3, moe_intermediate_size=48,
+                                           shared_expert_intermediate_size=80, mlp_only_layers=[1],
+                                           layer_types=["linear_attention", "full_attention"])),
 }
 
 

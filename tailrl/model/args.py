@@ -55,6 +55,9 @@ SUPPORTED_ARCHITECTURES = {
     # Qwen3.5-MoE (35B-A3B, 122B-A10B, 397B-A17B): the same, Qwen2-MoE's mixture in every layer
     "Qwen3_5MoeForCausalLM": dict(qkv_bias=None, qk_norm=True),
     "Qwen3_5MoeForConditionalGeneration": dict(qkv_bias=None, qk_norm=True),
+    # Qwen3-Next (80B-A3B): Qwen3.5-MoE's layers, its DeltaNet projections fused per key head in the
+    # checkpoint, Qwen2-MoE's mixture where decoder_sparse_step and mlp_only_layers put it
+    "Qwen3NextForCausalLM": dict(qkv_bias=None, qk_norm=True),
 }
 # attention_bias gives the output projection a bias too
 O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO)
@@ -125,6 +128,7 @@ class ModelArgs:
     linear_layers: tuple[int, ...] = ()
     linear_dims: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
     attn_output_gate: bool = False          # Qwen3.5: attention's output times the sigmoid of a gate (q's twin)
+    deltanet_grouped: bool = False          # Qwen3-Next: in_proj_qkvz / in_proj_ba, rows grouped per key head
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 
-MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM",
-       "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
-# Qwen3.5 and its mixtures of experts: Gated DeltaNet layers beside attention (qwen3_5_fields)
-QWEN3_5 = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
-           "Qwen3_5MoeForConditionalGeneration")
+QWEN3_5_MOE = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+MOE = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM", *QWEN3_5_MOE,
+       "Qwen3NextForCausalLM")
+# Gated DeltaNet layers beside attention (qwen3_5_fields): Qwen3.5, its mixtures of experts, and
+# Qwen3-Next (the same layers, its DeltaNet projections fused per key head: deltanet_grouped)
+QWEN3_5 = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", *QWEN3_5_MOE, "Qwen3NextForCausalLM")
 GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GEMMA = ("Gemma2ForCausalLM", *GEMMA3)
 # RoPE on part of a head, as their Hugging Face modules apply it (rope.py); GLM-4's on interleaved pairs
@@ -27,7 +28,7 @@ def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
         return {}
     if arch == "Glm4MoeForCausalLM":
         return glm4_moe_fields(cfg, layers, source)
-    if arch in QWEN3_5:                         # Qwen2-MoE's block in every layer, its top-k renormalised
+    if arch in QWEN3_5_MOE:                     # Qwen2-MoE's block in every layer, its top-k renormalised
         cfg = {**cfg, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
     mixtral = arch == "MixtralForCausalLM"
     # the experts' count: "num_experts" in Qwen's published configs, "num_local_experts" in
@@ -129,8 +130,8 @@ def rope_fields(cfg: dict, source: str, rope: dict | None = None, arch: str = ""
                   int(rope["original_max_position_embeddings"]))
     yarn = _yarn(rope, int(cfg.get("max_position_embeddings", 2048))) if rope_type == "yarn" else None
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    # transformers' defaults: GLM-4's (top level or rope_parameters), Qwen3.5's
-    default = 0.5 if arch.startswith("Glm4") else 0.25 if arch.startswith("Qwen3_5") else 1.0
+    # transformers' defaults: GLM-4's (top level or rope_parameters), Qwen3.5's and Qwen3-Next's
+    default = 0.5 if arch.startswith("Glm4") else 0.25 if arch in QWEN3_5 else 1.0
     partial = float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", default)) or 1.0)
     rotary = int(head_dim * partial) if partial != 1.0 else 0              # as transformers counts them
     if partial != 1.0 and (arch not in PARTIAL_ROTARY or rotary % 2 or not 0 < rotary < head_dim):
@@ -306,7 +307,8 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
     if arch == "Glm4ForCausalLM":
         return arch, {**GLM4_DEFAULTS, **cfg}
     if arch in QWEN3_5:
-        defaults = QWEN3_5_MOE_DEFAULTS if "Moe" in arch else QWEN3_5_DEFAULTS
+        defaults = {"Qwen3NextForCausalLM": QWEN3_NEXT_DEFAULTS}.get(
+            arch, QWEN3_5_MOE_DEFAULTS if arch in QWEN3_5_MOE else QWEN3_5_DEFAULTS)
         if arch.endswith("ConditionalGeneration"):
             return arch, _with_own_eos({**defaults, **(cfg.get("text_config") or {})}, cfg)
         return arch, {**defaults, **cfg}
@@ -344,7 +346,7 @@ def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
     if arch == "Ministral3ForCausalLM":
         return ministral3_fields(cfg, source)
     if arch in QWEN3_5:
-        return qwen3_5_fields(cfg, source, layers)
+        return qwen3_5_fields(cfg, source, layers, grouped=arch == "Qwen3NextForCausalLM")
     return {}
 
 
@@ -357,14 +359,18 @@ QWEN3_5_DEFAULTS = dict(vocab_size=248_320, hidden_size=4096, intermediate_size=
 QWEN3_5_MOE_DEFAULTS = {**QWEN3_5_DEFAULTS, "hidden_size": 2048, "intermediate_size": 0, "num_hidden_layers": 40,
                         "num_key_value_heads": 2, "moe_intermediate_size": 512,
                         "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256}
+# Qwen3-Next's (transformers' Qwen3NextConfig)
+QWEN3_NEXT_DEFAULTS = {**QWEN3_5_MOE_DEFAULTS, "vocab_size": 151_936, "intermediate_size": 5632,
+                       "num_hidden_layers": 48, "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": True}
 
 
-def qwen3_5_fields(cfg: dict, source: str, layers: int) -> dict:
+def qwen3_5_fields(cfg: dict, source: str, layers: int, grouped: bool = False) -> dict:
     """Qwen3.5's (and Qwen3.5-MoE's) ModelArgs fields: its Gated DeltaNet layers (``layer_types``' linear_attention,
     or three of every ``full_attention_interval``) and their shape (model/deltanet.py); the
     attention layers' output gate; norms scaling by 1 + weight (the DeltaNet's own gated norm
     excepted). Its multimodal RoPE turns text positions as plain RoPE does (every section
-    reads the same position), on the first quarter of each head."""
+    reads the same position), on the first quarter of each head. ``grouped``: Qwen3-Next's
+    checkpoints fuse the DeltaNet's projections per key head (hf_names.py)."""
     interval = int(cfg.get("full_attention_interval", 4))
     types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % max(interval, 1) else "full_attention"
                                        for i in range(layers)]
@@ -382,4 +388,4 @@ def qwen3_5_fields(cfg: dict, source: str, layers: int) -> dict:
         raise ValueError(f"model: linear_num_value_heads {dims[1]} in {source} must be a multiple of "
                          f"linear_num_key_heads {dims[0]} (each key head serves as many value heads)")
     return dict(linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"), linear_dims=dims,
-                attn_output_gate=True, norm_plus_one=True)
+                attn_output_gate=True, norm_plus_one=True, deltanet_grouped=grouped)

@@ -200,12 +200,34 @@ def _deltanet(table: dict[str, Slot], net, p: str, a) -> None:
     """A Gated DeltaNet layer's tensors (model/deltanet.py): the four input projections as row
     ranges of our fused one; the conv's [C, 1, K] weight into our [C, K]."""
     kh, vh, kd, vd, width = a.linear_dims
-    _rows(table, [p + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")], net.in_proj.weight,
-          [a.conv_channels, vh * vd, vh, vh])
+    if a.deltanet_grouped:                  # Qwen3-Next: per key head [q | k | its v | its z] and [its b | its a]
+        qkvz, ba = _grouped_rows(a)
+        split = a.conv_channels + vh * vd
+        _own(table, p + "in_proj_qkvz.weight", net.in_proj.weight[:split], order=qkvz)
+        _own(table, p + "in_proj_ba.weight", net.in_proj.weight[split:], order=ba)
+    else:
+        _rows(table, [p + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")], net.in_proj.weight,
+              [a.conv_channels, vh * vd, vh, vh])
     _own(table, p + "conv1d.weight", net.conv.unsqueeze(1))
     for name, dest in (("dt_bias", net.dt_bias), ("A_log", net.A_log), ("norm.weight", net.norm),
                        ("out_proj.weight", net.out.weight)):
         _own(table, p + name, dest)
+
+
+def _grouped_rows(a) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where our DeltaNet projection's rows [q | k | v | z] and [b | a] sit in Qwen3-Next's
+    in_proj_qkvz (per key head g: its q, its k, then the v and z of its VH / KH value heads) and
+    in_proj_ba (per key head: its value heads' b, then their a)."""
+    kh, vh, kd, vd, _ = a.linear_dims
+    r = vh // kh
+    width = 2 * kd + 2 * r * vd
+    g, d = torch.arange(kh)[:, None], torch.arange(kd)[None, :]
+    h, e = torch.arange(vh)[:, None], torch.arange(vd)[None, :]
+    v_at = (h // r) * width + 2 * kd + (h % r) * vd + e
+    qkvz = torch.cat([(g * width + d).reshape(-1), (g * width + kd + d).reshape(-1), v_at.reshape(-1),
+                      (v_at + r * vd).reshape(-1)])
+    heads = torch.arange(vh)
+    return qkvz, torch.cat([(heads // r) * 2 * r + heads % r, (heads // r) * 2 * r + r + heads % r])
 
 
 def checkpoint_names(table: dict[str, Slot]) -> list[str]:

@@ -84,6 +84,10 @@ _SPLITS = [
     (re.compile(r"linear_attn\.(in_proj_b\.weight|in_proj_a\.weight|dt_bias|A_log)$"), 0,
      lambda a: a.linear_dims[1]),
     (re.compile(r"linear_attn\.out_proj\.weight$"), 1, lambda a: a.linear_dims[1] * a.linear_dims[3]),
+    # Qwen3-Next's projections fused per key head: a rank's key heads' rows are adjacent
+    (re.compile(r"linear_attn\.in_proj_qkvz\.weight$"), 0,
+     lambda a: 2 * a.linear_dims[0] * a.linear_dims[2] + 2 * a.linear_dims[1] * a.linear_dims[3]),
+    (re.compile(r"linear_attn\.in_proj_ba\.weight$"), 0, lambda a: 2 * a.linear_dims[1]),
 ]
 _DELTA_CHANNELS = re.compile(r"linear_attn\.(in_proj_qkv|conv1d)\.weight$")         # rows [q; k; v] channels
 _FUSED_GATE_UP = re.compile(r"experts\.gate_up_proj$")                               # a trainer's [E, 2I, H]

@@ -1,5 +1,6 @@
-"""Qwen3.5 (Qwen3_5ForCausalLM, and the language model of Qwen3_5ForConditionalGeneration) and
-Qwen3.5-MoE (Qwen3_5MoeForCausalLM: Qwen2-MoE's mixture in every layer): three layers of four
+"""Qwen3.5 (Qwen3_5ForCausalLM, and the language model of Qwen3_5ForConditionalGeneration),
+Qwen3.5-MoE (Qwen3_5MoeForCausalLM: Qwen2-MoE's mixture in every layer) and Qwen3-Next (the same
+layers, its projections fused per key head): three layers of four
 Gated DeltaNet with a recurrent state per request (model/deltanet.py, engine/kv/states.py), the
 fourth attention with an output gate. Configs read as transformers reads them; logits and greedy
 generation Hugging Face's; speculation lossless in bfloat16 and float64 and a request alone the
@@ -86,6 +87,32 @@ def test_the_mixtures_logits_are_hugging_faces_and_its_speculation_lossless(ckpt
     plain = LLM(moe)
     want = [outputs(plain.generate(PROMPTS, sp)) for _ in range(2)]
     spec = LLM(moe, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=6))
+    assert [outputs(spec.generate(PROMPTS, sp)) for _ in range(2)] == want
+    assert spec.last_metrics["rollout/spec_accepted_tokens"] > 0
+
+
+def test_qwen3_next_is_read_as_transformers_reads_it_and_gives_its_logits_losslessly(ckpt_dir, monkeypatch):
+    """Qwen3-Next: the same layers, the DeltaNet's projections fused per key head in the checkpoint
+    (loaded into our [q | k | v | z | b | a] by a row order), Qwen2-MoE's mixture where
+    decoder_sparse_step and mlp_only_layers put it."""
+    hf = transformers.Qwen3NextConfig()
+    a = parse_config({"architectures": ["Qwen3NextForCausalLM"]})
+    assert a.deltanet_grouped and a.linear_layers == tuple(i for i, t in enumerate(hf.layer_types)
+                                                           if t == "linear_attention")
+    assert (a.num_experts, a.experts_per_token, a.shared_expert_size, a.rotary_dim, a.vocab_size) == (
+        hf.num_experts, hf.num_experts_per_tok, hf.shared_expert_intermediate_size, 64, hf.vocab_size)
+    small = dict(num_hidden_layers=4, vocab_size=512, num_experts=16, mlp_only_layers=[2])
+    args = parse_config({"architectures": ["Qwen3NextForCausalLM"], **small})
+    assert args.sparse_layers == (0, 1, 3)
+    with torch.device("meta"):
+        theirs = sum(p.numel() for p in transformers.Qwen3NextForCausalLM(
+            transformers.Qwen3NextConfig(**small)).parameters())
+    assert args.num_parameters == theirs + (hf.num_attention_heads + hf.num_key_value_heads - 2) * hf.head_dim
+    nxt = ckpt_dir("qwen3_next")
+    assert_fields_make_hf_logits(nxt, monkeypatch, dict(norm_plus_one=False))
+    sp = SamplingParams(n=3, temperature=1.0, max_tokens=32, ignore_eos=True, seed=3)
+    want = [outputs(LLM(nxt).generate(PROMPTS, sp))] * 2
+    spec = LLM(nxt, speculative=SpeculativeConfig(policy="fixed", max_draft_tokens=6))
     assert [outputs(spec.generate(PROMPTS, sp)) for _ in range(2)] == want
     assert spec.last_metrics["rollout/spec_accepted_tokens"] > 0
 
@@ -229,7 +256,7 @@ def test_a_gpus_budget_counts_the_recurrent_states_of_max_num_seqs_rows(monkeypa
         kv_budget.size_kv(args, EngineConfig(model="unused", device="cuda", max_num_seqs=1024), 2)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 def test_split_over_two_ranks_it_is_the_whole_model_and_speculation_stays_lossless(ckpt_dir, arch):
     """Each rank holds half of every layer's heads, a DeltaNet's key and value heads with their
     states among them: float64 tokens the whole model's and log-probabilities to its rounding;
