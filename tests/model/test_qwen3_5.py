@@ -227,6 +227,21 @@ def test_what_the_states_can_not_do_is_refused_by_name(path):
     assert dataclasses.astuple(llm.engine.args)[0] == "Qwen3_5ForCausalLM"
 
 
+def test_the_states_of_rows_no_request_ran_in_take_no_memory():
+    """Qwen3.5-9B's shapes, 64 rows: 6 GiB of states and snapshots allocated, a few MiB resident
+    until requests run there (each row is written before it is read)."""
+    from tailrl.engine.kv.states import RecurrentStates
+
+    def resident() -> int:                                  # bytes (Linux)
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    args = parse_config({"architectures": ["Qwen3_5ForCausalLM"]})
+    before = resident()
+    states = RecurrentStates(args, torch.bfloat16, "cpu", 64)
+    assert states.bytes == 0 and states.conv.shape[1] == 64 and states.bytes > 6 * 2**30
+    assert resident() - before < 64 * 2**20
+
+
 def test_the_states_memory_goes_back_with_the_caches_and_comes_back_as_it_was(path):
     llm = LLM(path)
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=16, ignore_eos=True, seed=2)

@@ -64,9 +64,12 @@ class RecurrentStates:
         return self._allocated()[1]
 
     def _allocated(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(conv, ssm), zeros, allocated at first use (again after ``free``)."""
+        """(conv, ssm), allocated at first use (again after ``free``) and left as they were in
+        memory: a row's states are written before they are read (its first step starts at
+        position 0, ``fresh``, or from a lender's snapshot, ``lend``), so on a CPU the OS gives
+        a row's pages when a request first runs there (96 MiB a row at Qwen3.5-9B's shapes)."""
         if self._tensors is None:
-            self._tensors = tuple(torch.zeros(shape, dtype=dt, device=self.device) for shape, dt in self._shapes)
+            self._tensors = tuple(torch.empty(shape, dtype=dt, device=self.device) for shape, dt in self._shapes)
         return self._tensors
 
     def free(self) -> None:
