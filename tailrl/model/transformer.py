@@ -19,7 +19,7 @@ from tailrl.kernels.backend import origins
 from tailrl.model.args import ModelArgs
 from tailrl.model.deltanet import GatedDeltaNet
 from tailrl.model.hf_names import check, checkpoint_names, load_hf, slots
-from tailrl.model.moe import SparseMoe
+from tailrl.model.moe import SparseMoe, sigmoid_rows
 from tailrl.model.rope import rope_table
 
 
@@ -110,7 +110,7 @@ class DecoderLayer(nn.Module):
         if rope.query_scale is not None:    # Ministral 3: queries scaled by position (RoPE is linear: before it)
             qkv[:, :a.num_heads * a.head_dim] *= rope.query_scale
         out = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
-        return out if gate is None else out * _sigmoid(gate)
+        return out if gate is None else out * sigmoid_rows(gate)     # (row-invariant: moe.py)
 
     def _qk_normed(self, kernels: Backend, qkv: torch.Tensor) -> torch.Tensor:
         """The projection with q and k normed where the model norms them, between projection and
@@ -137,14 +137,6 @@ class DecoderLayer(nn.Module):
         width = x.shape[1]
         whole = kernels.rms_norm(self.reduce.gather(x), weight, self.a.rms_norm_eps)
         return whole[:, self.reduce.rank * width:(self.reduce.rank + 1) * width]
-
-
-def _sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """1 / (1 + exp(-x)) in float32 (float64 for a float64 model), rounded to x's dtype: exp and
-    division take the same bits on PyTorch's vectorised and scalar paths, its sigmoid does not
-    (README's limits), so an element's result is its own wherever it sits."""
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return (1 / (1 + torch.exp(-x.to(acc)))).to(x.dtype)
 
 
 class Transformer(nn.Module):
