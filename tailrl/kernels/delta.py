@@ -41,6 +41,7 @@ class StatePlan:
     kept: dict = field(default_factory=dict)
     host: object = None                 # ``seqs`` as a numpy array (the engine's copy: seqs may be on a GPU)
     drafts_host: object = None          # ``drafts`` as a numpy array (None: no drafts)
+    nodes: dict = field(default_factory=dict)   # a drafting batch plan's index -> (its row, its first kept node)
 
     def portable(self) -> "StatePlan":
         """The plan as host arrays alone (for another process: a tensor parallel rank)."""
@@ -49,7 +50,8 @@ class StatePlan:
     def on(self, device) -> "StatePlan":
         """A ``portable`` plan with its tensors made on ``device``."""
         drafts = None if self.drafts_host is None else torch.from_numpy(self.drafts_host).to(device)
-        return StatePlan(torch.from_numpy(self.host).to(device), drafts, host=self.host, drafts_host=self.drafts_host)
+        return StatePlan(torch.from_numpy(self.host).to(device), drafts, host=self.host, drafts_host=self.drafts_host,
+                         nodes=self.nodes)
 
 
 def delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: torch.Tensor, neg_a: torch.Tensor,

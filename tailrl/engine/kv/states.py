@@ -115,17 +115,21 @@ class RecurrentStates:
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         counts = np.diff(np.r_[starts, len(rows)])
         sample = batch.sample_index.cpu().numpy()
-        drafted = {int(rows[sample[p.entry]]): len(p.draft_tokens) for p in batch.plans if p.draft_tokens}
+        drafting = [(i, int(rows[sample[p.entry]]), len(p.draft_tokens)) for i, p in enumerate(batch.plans)
+                    if p.draft_tokens]
+        drafted = {r: n for _, r, n in drafting}
         own = rows[starts]
         d = np.array([drafted.get(int(r), 0) for r in own], dtype=np.int64)
         first = batch.positions.cpu().numpy()[starts]
         prompt = np.array([reqs[r].num_prompt_tokens - 1 for r in own], dtype=np.int64)
         snap = np.where((first < prompt) & (prompt <= first + counts - d), prompt - first, 0)
         seqs = np.stack([own, starts, counts, counts - d, first == 0, snap], axis=1).astype(np.int64)
-        drafts = None
+        out = StatePlan(None, host=seqs)
         if drafted:
-            drafts = np.concatenate([np.arange(s + c - k, s + c) for s, c, k in zip(starts, counts, d) if k])
-        return StatePlan(None, host=seqs, drafts_host=drafts).on(batch.input_ids.device)
+            out.drafts_host = np.concatenate([np.arange(s + c - k, s + c) for s, c, k in zip(starts, counts, d) if k])
+            kept_at = dict(zip(own[d > 0].tolist(), (np.cumsum(d) - d)[d > 0].tolist()))   # row -> its first kept node
+            out.nodes = {i: (r, kept_at[r]) for i, r, _ in drafting}
+        return out.on(batch.input_ids.device)
 
     def accept(self, model, batch, accepted: list[int]) -> None:
         """Each plan's first ``accepted[i]`` draft nodes run through its row's states in place,
@@ -133,17 +137,7 @@ class RecurrentStates:
         plan: StatePlan = batch.meta.states
         if plan is None or plan.drafts is None:
             return
-        rows = batch.meta.q_row.cpu().numpy()
-        sample = batch.sample_index.cpu().numpy()
-        at = {}                                        # row -> its first node's index among the kept
-        seqs = plan.host
-        offset = 0
-        for row, _, count, done, _, _ in seqs:
-            if count > done:
-                at[int(row)] = offset
-                offset += count - done
-        runs = [(r, at[r], k, k, 0, 0) for p, k in zip(batch.plans, accepted)
-                if k and p.draft_tokens and (r := int(rows[sample[p.entry]])) in at]
+        runs = [(*plan.nodes[i], k, k, 0, 0) for i, k in enumerate(accepted) if k and i in plan.nodes]
         if not runs:
             return
         model.advance_states(self, plan, np.array(runs, dtype=np.int64))
