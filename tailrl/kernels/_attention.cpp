@@ -13,7 +13,9 @@
 // query an origin: it sees no position of its prefix below origin[t] (its extras, a few
 // positions behind it, are all inside the window; an origin past the prefix hides the prefix).
 // A score is the scaled query's dot product with a key; with a soft cap (Gemma 2's, cap > 0)
-// it becomes cap * tanh(score / cap), lane by lane, before the softmax.
+// it becomes cap * tanh(score / cap), lane by lane, before the softmax. With attention sinks
+// (gpt-oss's: a learned logit per query head, sinks non-null) the softmax's denominator also
+// counts exp(sink): one more term, added after the keys, which weighs no value.
 //
 // Batch invariance (why outputs are identical with and without speculation): the arithmetic
 // for a query depends only on its visible keys' K/V in visible order and on q: scores are dot
@@ -324,6 +326,15 @@ inline void prefetch_block(const T* k, const T* v, int64_t D) {
     }
 }
 
+// The factor of a query's weighted values with its head's sink in the softmax: the sink one more
+// score after the keys (the running max and sum moved to include it), weighing no value.
+template <typename A>
+inline A with_sink(const Query<A>& s, A sink) {
+    const A m = s.started ? std::max(s.m, sink) : sink;
+    const A c = s.started ? fast_exp(s.m - m) : A(0);
+    return c / (s.l * c + fast_exp(sink - m));
+}
+
 // All queries of one row, one KV head (r: its K/V through its block table).
 // Phase 1: blocks of consecutive positions [0, most), read from memory once and from cache by
 // every other query head that sees them; a query without extras uses its blocks up to its
@@ -335,7 +346,7 @@ inline void prefetch_block(const T* k, const T* v, int64_t D) {
 template <typename T, typename A>
 void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0, int64_t t1, int64_t kh,
               const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-              const int32_t* origin, A scale, A cap, Scratch<T, A>& sc, const RowKV<T>* next) {
+              const int32_t* origin, A scale, A cap, const A* sinks, Scratch<T, A>& sc, const RowKV<T>* next) {
     const int64_t D = L.dim, G = L.heads / L.kv_heads, nq = (t1 - t0) * G;
     const bool fast = fast_path<T>(D);
     sc.buf.resize(static_cast<size_t>(2 * nq * D));
@@ -406,7 +417,7 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
     for (int64_t t = t0; t < t1; ++t) {
         for (int64_t g = 0; g < G; ++g) {
             const Query<A>& s = sc.st[(t - t0) * G + g];
-            const A inv = s.l > 0 ? A(1) / s.l : A(0);
+            const A inv = sinks ? with_sink(s, sinks[kh * G + g]) : s.l > 0 ? A(1) / s.l : A(0);
             T* o = out + t * L.o_s0 + (kh * G + g) * L.o_s1;
             for (int64_t d = 0; d < D; ++d) store(o + d, s.acc[acc_at(d, fast)] * inv);
         }
@@ -418,7 +429,8 @@ void row_head(const A* q, const RowKV<T>& r, T* out, const Layout& L, int64_t t0
 template <typename T, typename A>
 void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, const int32_t* qrow,
                const int32_t* prefix, const int32_t* estart, const int32_t* ecount, const int32_t* extra,
-               const int32_t* origin, const int32_t* table, int64_t t_s0, double scale, double cap, int threads) {
+               const int32_t* origin, const int32_t* table, int64_t t_s0, double scale, double cap, const A* sinks,
+               int threads) {
     // Queries are grouped by row (flat order: row after row); find each row's span.
     std::vector<int64_t> span_start, span_end;
     for (int64_t t = 0; t < L.n; ++t) {
@@ -444,7 +456,8 @@ void attention(const A* q, const T* k, const T* v, T* out, const Layout& L, cons
             const RowKV<T> next = more ? at(w + 1) : r;
             const int64_t sp = w / L.kv_heads;
             row_head<T, A>(q, r, out, L, span_start[sp], span_end[sp], w % L.kv_heads, prefix, estart, ecount,
-                           extra, origin, static_cast<A>(scale), static_cast<A>(cap), sc, more ? &next : nullptr);
+                           extra, origin, static_cast<A>(scale), static_cast<A>(cap), sinks, sc,
+                           more ? &next : nullptr);
         }
     }
 }
@@ -480,7 +493,7 @@ Visibility visibility(py::tuple vis) {
 // q (type T, strided) -> the accumulation type, then attention.
 template <typename T>
 void attend_t(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, const Layout& L, const Visibility& V,
-              double scale, double cap, int threads) {
+              double scale, double cap, uintptr_t sinks, int threads) {
     using A = typename Acc<T>::type;
     std::vector<A> qa(static_cast<size_t>(L.n * L.heads * L.dim));
     const T* qt = ptr<const T>(q);
@@ -489,17 +502,17 @@ void attend_t(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, const Layout
             for (int64_t d = 0; d < L.dim; ++d)
                 qa[(t * L.heads + h) * L.dim + d] = load(qt + t * L.q_s0 + h * L.q_s1 + d);
     attention<T, A>(qa.data(), ptr<const T>(k), ptr<const T>(v), ptr<T>(out), L, V.qrow, V.prefix, V.estart,
-                    V.ecount, V.extra, V.origin, V.table, V.t_s0, scale, cap, threads);
+                    V.ecount, V.extra, V.origin, V.table, V.t_s0, scale, cap, ptr<const A>(sinks), threads);
 }
 
 void attend(int dtype, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
-            py::tuple vis, double scale, double cap, int threads) {
+            py::tuple vis, double scale, double cap, uintptr_t sinks, int threads) {
     const Layout L = layout(shape, strides);
     const Visibility V = visibility(vis);
     py::gil_scoped_release release;
-    if (dtype == 0) attend_t<uint16_t>(q, k, v, out, L, V, scale, cap, threads);
-    else if (dtype == 1) attend_t<float>(q, k, v, out, L, V, scale, cap, threads);
-    else attend_t<double>(q, k, v, out, L, V, scale, cap, threads);
+    if (dtype == 0) attend_t<uint16_t>(q, k, v, out, L, V, scale, cap, sinks, threads);
+    else if (dtype == 1) attend_t<float>(q, k, v, out, L, V, scale, cap, sinks, threads);
+    else attend_t<double>(q, k, v, out, L, V, scale, cap, sinks, threads);
 }
 
 // Rotary embedding ("rotate half") of one head x (D values) at a position's cos/sin rows.
@@ -517,7 +530,7 @@ inline void rope(const T* x, const A* c, const A* s, int64_t D, A* y) {
 template <typename T>
 void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, const int64_t* positions,
                    const int64_t* slot, uintptr_t k, uintptr_t v, uintptr_t out, const Layout& L,
-                   const Visibility& V, double scale, double cap, int threads) {
+                   const Visibility& V, double scale, double cap, uintptr_t sinks, int threads) {
     using A = typename Acc<T>::type;
     const int64_t D = L.dim, H = L.heads, KV = L.kv_heads;
     std::vector<A> qa(static_cast<size_t>(L.n * H * D));
@@ -547,20 +560,23 @@ void rope_attend_t(uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, 
         }
     }
     attention<T, A>(qa.data(), kc, vc, ptr<T>(out), L, V.qrow, V.prefix, V.estart, V.ecount, V.extra, V.origin,
-                    V.table, V.t_s0, scale, cap, threads);
+                    V.table, V.t_s0, scale, cap, ptr<const A>(sinks), threads);
 }
 
 void rope_attend(int dtype, uintptr_t qkv, int64_t qkv_s0, uintptr_t cos, uintptr_t sin, uintptr_t positions,
                  uintptr_t slots, uintptr_t k, uintptr_t v, uintptr_t out, py::tuple shape, py::tuple strides,
-                 py::tuple vis, double scale, double cap, int threads) {
+                 py::tuple vis, double scale, double cap, uintptr_t sinks, int threads) {
     const Layout L = layout(shape, strides);
     const Visibility V = visibility(vis);
     auto* pos = ptr<const int64_t>(positions);
     auto* sl = ptr<const int64_t>(slots);
     py::gil_scoped_release release;
-    if (dtype == 0) rope_attend_t<uint16_t>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, threads);
-    else if (dtype == 1) rope_attend_t<float>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, threads);
-    else rope_attend_t<double>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, threads);
+    if (dtype == 0) rope_attend_t<uint16_t>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, sinks,
+                                            threads);
+    else if (dtype == 1) rope_attend_t<float>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, sinks,
+                                              threads);
+    else rope_attend_t<double>(qkv, qkv_s0, cos, sin, pos, sl, k, v, out, L, V, scale, cap, sinks,
+                               threads);
 }
 
 // RMS norm of each row of x [N, C] (row stride xs0) times w [C], in the accumulation type:
@@ -664,6 +680,42 @@ void act_mul(int dtype, int kind, uintptr_t x, int64_t xs0, uintptr_t out, int64
         else if (dtype == 1) act_mul_t<float, 1>(x, xs0, out, n, I, threads);
         else act_mul_t<double, 1>(x, xs0, out, n, I, threads);
     }
+}
+
+// gpt-oss's clamped SwiGLU of rows [gate | up]: gate clamped above at limit, up to [-limit, limit],
+// then (up + 1) * gate * sigmoid(alpha * gate), each operation rounded to T as PyTorch's chain of
+// bfloat16 operations rounds it (alpha * gate, the sigmoid, the product, up + 1, the result).
+// Every element by the same code, as act_mul's.
+template <typename T>
+void swiglu_clamped_t(uintptr_t xp, int64_t xs0, uintptr_t outp, int64_t n, int64_t I, double alpha_,
+                      double limit_, int threads) {
+    const T* x = ptr<const T>(xp);
+    T* out = ptr<T>(outp);
+    using A = typename Acc<T>::type;
+    const A alpha = static_cast<A>(alpha_), limit = static_cast<A>(limit_);
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * I > 32768)
+    for (int64_t r = 0; r < n; ++r) {
+        const T* g = x + r * xs0;
+        const T* u = g + I;
+        T* o = out + r * I;
+#pragma omp simd
+        for (int64_t i = 0; i < I; ++i) {
+            const A gi = std::min(load(g + i), limit);
+            const A ui = std::min(std::max(load(u + i), -limit), limit);
+            const A t = rounded<T>(gi * alpha);
+            const A sg = rounded<T>(A(1) / (A(1) + fast_exp(-t)));
+            const A glu = rounded<T>(gi * sg);
+            store(o + i, rounded<T>(ui + A(1)) * glu);
+        }
+    }
+}
+
+void swiglu_clamped(int dtype, uintptr_t x, int64_t xs0, uintptr_t out, int64_t n, int64_t I, double alpha,
+                    double limit, int threads) {
+    py::gil_scoped_release release;
+    if (dtype == 0) swiglu_clamped_t<uint16_t>(x, xs0, out, n, I, alpha, limit, threads);
+    else if (dtype == 1) swiglu_clamped_t<float>(x, xs0, out, n, I, alpha, limit, threads);
+    else swiglu_clamped_t<double>(x, xs0, out, n, I, alpha, limit, threads);
 }
 
 // ---- Gated DeltaNet (Qwen3.5's linear attention, model/deltanet.py) --------------------------
@@ -903,12 +955,15 @@ PYBIND11_MODULE(_attention, m) {
     m.doc() = "Row attention over a paged KV cache, and the fused steps around it (see tailrl/kernels/cpu.py)";
     m.def("attend", &attend, "dtype (0 bf16, 1 f32, 2 f64), q, k, v, out pointers, shape (N, H, KV, D), "
           "strides, visibility (row, prefix, extra start, extra count, extras, block table pointers; the "
-          "table's row stride; origins or 0), scale, soft cap (0: none), threads");
+          "table's row stride; origins or 0), scale, soft cap (0: none), sinks [H] in the accumulation type (0: none), "
+          "threads");
     m.def("rope_attend", &rope_attend, "dtype, qkv pointer and row stride, cos, sin, positions, write slots, "
-          "k, v, out, shape, strides, visibility, scale, soft cap, threads");
+          "k, v, out, shape, strides, visibility, scale, soft cap, sinks, threads");
     m.def("rms_norm", &rms_norm, "dtype, x pointer and row stride, weight, out, rows, columns, eps, threads");
     m.def("act_mul", &act_mul, "dtype, kind (0 SiLU, 1 GELU tanh), [gate | up] pointer and row stride, out, "
           "rows, I, threads");
+    m.def("swiglu_clamped", &swiglu_clamped, "dtype, [gate | up] pointer and row stride, out, rows, I, alpha, "
+          "limit, threads (gpt-oss's activation)");
     m.def("delta_rule", &delta_rule, "dtype, mixed q|k|v pointer and row stride, b, a pointers and row stride, "
           "conv weight, -exp(A_log), dt_bias (accumulation type), conv states, delta-rule states, seqs [S, 6], S, "
           "tokens, out (0: none), shape (KH, VH, DK, DV, K), threads");

@@ -85,20 +85,21 @@ class Backend:
         raise NotImplementedError
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMeta, heads: int) -> torch.Tensor:
+                    meta: AttentionMeta, heads: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """A layer's attention from its fused projection ``qkv`` [N, (H + 2 KV) * D]: RoPE on
         query and key heads, this step's K/V written at (``meta.write_rows``,
         ``meta.write_pos``) of the key blocks ``k_cache`` [rows, KV, cap * D] and values
         ``v_cache`` [rows, KV, cap, D], then attention over each query's visible positions.
-        Returns [N, H * D]."""
+        ``sinks`` [H]: gpt-oss's attention sinks, one logit per query head that joins each
+        softmax's denominator and weighs no value (None: none). Returns [N, H * D]."""
         raise NotImplementedError
 
     def linear_rope_attend(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rope: Rope,
                            k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
-                           heads: int) -> torch.Tensor:
+                           heads: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """``rope_attend`` of the fused projection ``linear(h, weight, bias)`` (a backend may
         add the bias in RoPE's pass rather than in a launch of its own)."""
-        return self.rope_attend(self.linear(h, weight, bias), rope, k_cache, v_cache, meta, heads)
+        return self.rope_attend(self.linear(h, weight, bias), rope, k_cache, v_cache, meta, heads, sinks)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS norm over the last dimension of ``x`` times ``weight``."""
@@ -121,6 +122,14 @@ class Backend:
         elementwise, so a row's result is its own)."""
         gate, up = gate_up.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
+
+    def swiglu_clamped(self, gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+        """gpt-oss's activation of [M, 2I] rows [gate | up]: gate clamped above at ``limit``, up
+        to [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate) [M, I], each operation
+        rounded to the dtype as Hugging Face's (elementwise)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [M, K] @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N] (``F.linear``)."""
@@ -148,14 +157,17 @@ class Backend:
     captures_experts = False
 
     def experts(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
-                weights: torch.Tensor) -> torch.Tensor:
+                weights: torch.Tensor, biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+                swiglu: tuple[float, float] | None = None) -> torch.Tensor:
         """A mixture of experts' routed MLPs (model/moe.py): ``x`` [T, H], the experts' [gate | up]
         weights [E, 2I, H] and down projections [E, H, I], each token's experts ``ids`` [T, k] in
         ascending order and their ``weights`` [T, k]. Row t: the sum over j, in order, of
         ``weights[t, j]`` times expert ``ids[t, j]``'s ``silu_mul_linear(linear(x[t], gate_up[e]),
-        down[e])``, each term rounded to x's dtype and added in it. Here: the tokens routed to an
-        expert gathered, its two products on them (``linear``'s row invariance makes a token's
-        result its own), the outputs scattered back to their (token, j) place and summed."""
+        down[e])``, each term rounded to x's dtype and added in it. gpt-oss's: ``biases`` (the
+        [gate | up] products' [E, 2I] and the down products' [E, H]) and ``swiglu`` ((alpha,
+        limit): ``swiglu_clamped`` in place of SiLU's). Here: the tokens routed to an expert
+        gathered, its two products on them (``linear``'s row invariance makes a token's result
+        its own), the outputs scattered back to their (token, j) place and summed."""
         t, k = ids.shape
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
@@ -165,7 +177,10 @@ class Backend:
         for e, c in enumerate(counts):
             if c:
                 pairs = order[start:start + c]
-                ys[pairs] = self.silu_mul_linear(self.linear(x[pairs // k], gate_up[e]), down[e])
+                gu_b, down_b = (None, None) if biases is None else (biases[0][e], biases[1][e])
+                gu = self.linear(x[pairs // k], gate_up[e], gu_b)
+                ys[pairs] = self.silu_mul_linear(gu, down[e], down_b) if swiglu is None else \
+                    self.linear(self.swiglu_clamped(gu, *swiglu), down[e], down_b)
                 start += c
         return combine_experts(ys.view(t, k, -1), weights)
 

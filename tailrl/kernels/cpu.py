@@ -69,22 +69,23 @@ def _strides(k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, q_
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
            origin: torch.Tensor | None = None, scale: float | None = None,
-           softcap: float | None = None) -> torch.Tensor:
+           softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [N, H, D] (RoPE applied, last dim contiguous); the pool's keys k_cache [blocks, KV,
     BLOCK * D] and values v_cache [blocks, KV, BLOCK, D] already hold this step's K/V. ``origin``
     [N] int32: the first position of its prefix each query sees (a sliding window; None: 0).
-    ``scale``: the scores' factor (None: D ** -0.5); ``softcap``: their soft cap (None: none).
-    Returns [N, H*D]."""
+    ``scale``: the scores' factor (None: D ** -0.5); ``softcap``: their soft cap (None: none);
+    ``sinks`` [H]: each head's attention sink (gpt-oss's; None: none). Returns [N, H*D]."""
     n, heads, d = q.shape
     if q.stride(-1) != 1:
         raise ValueError("attend: q's head dimension must be contiguous")
     check_caches(k_cache, v_cache, meta)
     out = torch.empty(n, heads, d, dtype=q.dtype, device=q.device)
+    sinks = _sinks(sinks, heads, q.dtype)
     if n:
         _native.attend(_DTYPE_CODE[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                        (n, heads, k_cache.shape[1], d), _strides(k_cache, v_cache, out, (q.stride(0), q.stride(1))),
                        _vis(meta, origin), d ** -0.5 if scale is None else scale, softcap or 0.0,
-                       torch.get_num_threads())
+                       _ptr(sinks), torch.get_num_threads())
     return out.view(n, heads * d)
 
 
@@ -95,7 +96,7 @@ class CpuBackend(Backend):
         return tables.cos_acc, tables.sin_acc                               # full tables, accumulation type
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMeta, heads: int) -> torch.Tensor:
+                    meta: AttentionMeta, heads: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """In one native call: RoPE in the accumulation type, the K/V writes, ``attend``."""
         n = qkv.shape[0]
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
@@ -105,13 +106,14 @@ class CpuBackend(Backend):
         if meta.write_slot.dtype != torch.long:
             raise ValueError("rope_attend: write slots must be int64")
         out = torch.empty(n, heads, d, dtype=qkv.dtype, device=qkv.device)
+        sinks = _sinks(sinks, heads, qkv.dtype)
         if n:
             _native.rope_attend(_DTYPE_CODE[qkv.dtype], qkv.data_ptr(), qkv.stride(0), rope.cos.data_ptr(),
                                 rope.sin.data_ptr(), rope.positions.data_ptr(), meta.write_slot.data_ptr(),
                                 k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), (n, heads, kv_heads, d),
                                 _strides(k_cache, v_cache, out), _vis(meta, rope.origin),
                                 d ** -0.5 if rope.scale is None else rope.scale, rope.softcap or 0.0,
-                                torch.get_num_threads())
+                                _ptr(sinks), torch.get_num_threads())
         return out.view(n, heads * d)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -161,12 +163,21 @@ class CpuBackend(Backend):
         """As ``silu_mul``, with GELU's tanh form (Gemma's GeGLU)."""
         return self._act_mul(gate_up, 1) if NATIVE else super().gelu_tanh_mul(gate_up)
 
+    def swiglu_clamped(self, gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+        """``_attention.cpp``'s ``swiglu_clamped``: every element by the same code (as ``silu_mul``)."""
+        if not NATIVE:
+            return super().swiglu_clamped(gate_up, alpha, limit)
+        gate_up = _gate_up(gate_up)
+        m, i = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(m, i, dtype=gate_up.dtype, device=gate_up.device)
+        if m and i:
+            _native.swiglu_clamped(_DTYPE_CODE[gate_up.dtype], gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(),
+                                   m, i, alpha, limit, torch.get_num_threads())
+        return out
+
     @staticmethod
     def _act_mul(gate_up: torch.Tensor, kind: int) -> torch.Tensor:
-        if gate_up.dim() != 2 or gate_up.shape[1] % 2:
-            raise ValueError(f"act_mul: gate_up must be [M, 2I], got {tuple(gate_up.shape)}")
-        if gate_up.stride(-1) != 1:
-            gate_up = gate_up.contiguous()
+        gate_up = _gate_up(gate_up)
         m, i = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(m, i, dtype=gate_up.dtype, device=gate_up.device)
         if m and i:
@@ -215,6 +226,26 @@ class CpuBackend(Backend):
         _native.gated_norm(_DTYPE_CODE[o.dtype], o.data_ptr(), z.data_ptr(), z.stride(0), weight.data_ptr(),
                            out.data_ptr(), o.shape[0], o.shape[1] // dv, dv, eps, torch.get_num_threads())
         return out
+
+
+def _gate_up(gate_up: torch.Tensor) -> torch.Tensor:
+    """[M, 2I] with adjacent columns (copied where they are not), or a ValueError."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"act_mul: gate_up must be [M, 2I], got {tuple(gate_up.shape)}")
+    return gate_up if gate_up.stride(-1) == 1 else gate_up.contiguous()
+
+
+def _sinks(sinks: torch.Tensor | None, heads: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The sinks as the native kernels read them: [H] in the accumulation type (None: none)."""
+    if sinks is None:
+        return None
+    if sinks.shape != (heads,):
+        raise ValueError(f"attention: sinks must be [{heads}] (one per query head), got {tuple(sinks.shape)}")
+    return sinks.to(torch.float64 if dtype == torch.float64 else torch.float32).contiguous()
+
+
+def _ptr(x: torch.Tensor | None) -> int:
+    return 0 if x is None else x.data_ptr()
 
 
 def _dense(*xs: torch.Tensor) -> None:

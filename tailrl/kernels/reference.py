@@ -50,12 +50,14 @@ def visibility(meta: AttentionMeta, origin: torch.Tensor | None = None) -> torch
 
 def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      meta: AttentionMeta, origin: torch.Tensor | None = None,
-                     scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [N, H, D] (RoPE applied); the pool (keys [blocks, KV, BLOCK * D], values [blocks, KV,
     BLOCK, D]) already holds this step's K/V. Returns [N, H*D]: PyTorch's SDPA over each query's
     row, gathered through its block table (``softcap``: the scores capped as Hugging Face's
-    eager attention caps them, then the softmax). Positions a query does not see are zeroed
-    first: a block's unwritten lanes hold whatever the pool held (never read by the native
+    eager attention caps them, then the softmax; ``sinks`` [H]: one more logit per head in each
+    softmax, weighing no value, as gpt-oss's eager attention). Positions a query does not see are
+    zeroed first: a block's unwritten lanes hold whatever the pool held (never read by the native
     kernel)."""
     n, heads, d = q.shape
     kv = k_cache.shape[1]
@@ -66,9 +68,14 @@ def reference_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k = unpack_keys(keys, d)[:, :, :, :s].transpose(-1, -2).masked_fill(~seen, 0)   # [N, KV, S, D]
     v = values[:, :, :s].masked_fill(~seen, 0)
     q = q.view(n, kv, heads // kv, d)
-    if softcap:
-        scores = torch.tanh(q @ k.transpose(-1, -2) * (d ** -0.5 if scale is None else scale) / softcap) * softcap
-        weights = scores.masked_fill(~vis[:, None, None, :], float("-inf")).softmax(-1)
+    if softcap or sinks is not None:
+        scores = q @ k.transpose(-1, -2) * (d ** -0.5 if scale is None else scale)
+        scores = torch.tanh(scores / softcap) * softcap if softcap else scores
+        scores = scores.masked_fill(~vis[:, None, None, :], float("-inf"))
+        if sinks is None:
+            return (scores.softmax(-1) @ v).reshape(n, heads * d)
+        sink = sinks.to(scores.dtype).view(1, kv, heads // kv, 1).expand(n, -1, -1, 1)      # [N, KV, G, 1]
+        weights = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
         return (weights @ v).reshape(n, heads * d)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=vis[:, None, None, :], scale=scale)
     return o.reshape(n, heads * d)
@@ -82,13 +89,13 @@ class ReferenceBackend(Backend):
         return tables.cos[positions].unsqueeze(1), tables.sin[positions].unsqueeze(1)   # [N, 1, D]
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMeta, heads: int) -> torch.Tensor:
+                    meta: AttentionMeta, heads: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
         n = qkv.shape[0]
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
         nqk = heads + kv_heads
         qk = apply_rope(qkv[:, :nqk * d].view(n, nqk, d), rope.cos, rope.sin)
         write_kv(k_cache, v_cache, meta.write_slot, qk[:, heads:], qkv[:, nqk * d:].view(n, kv_heads, d))
-        return reference_attend(qk[:, :heads], k_cache, v_cache, meta, rope.origin, rope.scale, rope.softcap)
+        return reference_attend(qk[:, :heads], k_cache, v_cache, meta, rope.origin, rope.scale, rope.softcap, sinks)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)

@@ -23,11 +23,14 @@ def six_threads():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
-@pytest.mark.parametrize("kind", ["silu", "gelu"])
+@pytest.mark.parametrize("kind", ["silu", "gelu", "swiglu"])
 def test_a_rows_activation_is_its_own_alone_or_in_a_batch_and_pytorchs_to_rounding(six_threads, dtype, kind):
+    """(swiglu: gpt-oss's clamped one, limit 7 and alpha 1.702: the gate's values reach past the limit.)"""
     kernels = select("cpu", dtype)
-    f = kernels.silu_mul if kind == "silu" else kernels.gelu_tanh_mul
-    ref = F.silu if kind == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
+    f = {"silu": kernels.silu_mul, "gelu": kernels.gelu_tanh_mul,
+         "swiglu": lambda gu: kernels.swiglu_clamped(gu, 1.702, 7.0)}[kind]
+    ref = {"silu": F.silu, "gelu": lambda x: F.gelu(x, approximate="tanh"),
+           "swiglu": lambda x: x.clamp(max=7.0) * torch.sigmoid(1.702 * x.clamp(max=7.0))}[kind]
     g = torch.Generator().manual_seed(0)
     for width in (13, 100, 4864):
         for rows in (7, 37):
@@ -35,5 +38,6 @@ def test_a_rows_activation_is_its_own_alone_or_in_a_batch_and_pytorchs_to_roundi
             out = f(gate_up)
             assert all(torch.equal(f(gate_up[t:t + 1])[0], out[t]) for t in range(rows))
             gate, up = gate_up.chunk(2, dim=-1)
-            exact = ref(gate.double()) * up.double()
+            up = up.double().clamp(-7.0, 7.0) + 1 if kind == "swiglu" else up.double()
+            exact = ref(gate.double()) * up
             assert (out.double() - exact).abs().max() <= TOL[dtype] * exact.abs().max()

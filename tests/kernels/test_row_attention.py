@@ -101,16 +101,18 @@ def test_native_matches_reference(dtype, tol):
     assert (got.double() - ref).abs().max().item() < tol
 
 
-@pytest.mark.parametrize("softcap", [None, 1.5])
+@pytest.mark.parametrize("softcap,sinks", [(None, None), (1.5, None), (None, [0.5, -1.0, 2.0, 0.0])])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_query_bits_do_not_depend_on_the_batch(dtype, softcap):
+def test_query_bits_do_not_depend_on_the_batch(dtype, softcap, sinks):
     """A query's output is the same bits alone, next to other rows, next to other queries of
     its row, and as a tree node whose ancestors sit elsewhere in the cache: what makes
-    speculative and plain decoding agree exactly in every dtype (with soft-capped scores too)."""
+    speculative and plain decoding agree exactly in every dtype (with soft-capped scores, and
+    with attention sinks, too)."""
     cap = 192
     k, v = caches(3, cap, dtype, seed=2)
     q = torch.randn(1, KV * G, D).to(dtype)
-    run = partial(globals()["run"], fn=partial(attend, softcap=softcap))
+    sinks = None if sinks is None else torch.tensor(sinks).to(dtype)
+    run = partial(globals()["run"], fn=partial(attend, softcap=softcap, sinks=sinks))
     # the key sequence plain decoding sees at position 99: positions [0, 100)
     alone = run(q, k, v, [[(100, [])]])
     # the same keys for a tree node: committed prefix 70, ancestors copied to 150.., itself last
@@ -148,6 +150,33 @@ def test_soft_capped_scores_match_the_reference(dtype, tol):
         assert torch.isfinite(got).all() and torch.isfinite(ref).all()
         assert (got.double() - ref).abs().max().item() < tol
         assert (plain.double() - ref).abs().max().item() > 0.1
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_attention_sinks_match_the_reference(dtype, tol):
+    """gpt-oss's sinks (a logit per query head in each softmax's denominator, weighing no value)
+    on chains, trees and plain queries, with and without a sliding window: the reference's
+    result, and not the result without them; a sink far below every score changes nothing."""
+    rng = random.Random(4)
+    cap = 160
+    rows = [random_queries(rng, cap) for _ in range(12)]
+    k, v = caches(len(rows), cap, dtype)
+    hide_unseen(k, v, rows)
+    q = torch.randn(sum(map(len, rows)), KV * G, D).to(dtype)
+    sinks = torch.tensor([3.0, -2.0, 0.5, 6.0]).to(dtype)
+    for origin in (None, window_origins(rows, 40)):
+        pk, pv, table = pool(k, v)
+        got = attend(q, pk, pv, make_meta(rows, table), origin, sinks=sinks)
+        plain = attend(q, pk, pv, make_meta(rows, table), origin)
+        low = attend(q, pk, pv, make_meta(rows, table), origin, sinks=torch.full((KV * G,), -80.0).to(dtype))
+        pk, pv, table = pool(k.double(), v.double(), seed=1)
+        ref = reference_attend(q.double(), pk, pv, make_meta(rows, table), origin, sinks=sinks.double())
+        assert torch.isfinite(got).all() and torch.isfinite(ref).all()
+        assert (got.double() - ref).abs().max().item() < tol
+        assert (plain.double() - ref).abs().max().item() > 0.1
+        assert torch.equal(low, plain)
+    with pytest.raises(ValueError, match="sinks"):
+        attend(q, pk, pv, make_meta(rows, table), sinks=sinks[:2])
 
 
 def test_empty_step_and_bad_layout():

@@ -75,7 +75,7 @@ def random_rows(rng: random.Random, n: int, cap: int = 150):
     return out
 
 
-def run(backend, dtype, qkv, positions, k, v, meta, window=0, softcap=None):
+def run(backend, dtype, qkv, positions, k, v, meta, window=0, softcap=None, sinks=None):
     cos, sin = rope_table(D, 1024, 1e4, torch.float32)
     dev = dict(device=DEVICE)
     tables = RopeTables(cos.to(dtype=dtype, **dev), sin.to(dtype=dtype, **dev), cos.to(**dev), sin.to(**dev))
@@ -83,7 +83,8 @@ def run(backend, dtype, qkv, positions, k, v, meta, window=0, softcap=None):
     meta = AttentionMeta(*(f.to(**dev) if isinstance(f, torch.Tensor) else f for f in fields))
     kc, vc = k.to(dtype=dtype, **dev).clone(), v.to(dtype=dtype, **dev).clone()
     rope = backend.rope(tables, positions.to(**dev), window, softcap=softcap)
-    out = backend.rope_attend(qkv.to(dtype=dtype, **dev), rope, kc, vc, meta, H)
+    sinks = None if sinks is None else sinks.to(dtype=dtype, **dev)
+    out = backend.rope_attend(qkv.to(dtype=dtype, **dev), rope, kc, vc, meta, H, sinks)
     return out.cpu(), kc.cpu(), vc.cpu()
 
 
@@ -190,6 +191,29 @@ def test_soft_capped_scores_match_the_reference_with_the_bits_of_a_query_alone(m
         monkeypatch.setattr(backend, "WHOLE_PROGRAMS", whole_programs)
         outs.append(run(TRITON, torch.float32, qkv, positions, k, v, dataclasses.replace(meta, multi=multi),
                         window=45, softcap=1.5)[0])
+    assert torch.equal(outs[0], outs[1]) and (outs[0] - want).abs().max().item() < 2e-5
+
+
+def test_attention_sinks_match_the_reference_with_the_bits_of_a_query_alone(monkeypatch):
+    """gpt-oss's sinks (a logit per head in each softmax): near the reference in float32 and
+    bfloat16 (tensor cores) and far from the result without them; with a window of 45, the same
+    bits with a program per lane as with query groups in whole programs."""
+    from tailrl.kernels.gpu import backend
+    rows = random_rows(random.Random(16), 3, cap=120) + [[(p, []) for p in range(60, 67)]]
+    qkv, positions, k, v, meta = step(rows, n_blocks=4 * 6 + 3, seed=17)
+    sinks = torch.tensor([2.0, -1.0, 0.5, 4.0])
+    want, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta, sinks=sinks)
+    plain, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta)
+    assert (plain - want).abs().max().item() > 1e-2
+    for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 3e-2)):
+        got, _, _ = run(TRITON, dtype, qkv, positions, k, v, meta, sinks=sinks)
+        assert (got.float() - want).abs().max().item() < tol, dtype
+    want, _, _ = run(REFERENCE, torch.float32, qkv, positions, k, v, meta, window=45, sinks=sinks)
+    outs = []
+    for whole_programs, multi in ((0, False), (1 << 30, True)):
+        monkeypatch.setattr(backend, "WHOLE_PROGRAMS", whole_programs)
+        outs.append(run(TRITON, torch.float32, qkv, positions, k, v, dataclasses.replace(meta, multi=multi),
+                        window=45, sinks=sinks)[0])
     assert torch.equal(outs[0], outs[1]) and (outs[0] - want).abs().max().item() < 2e-5
 
 
@@ -551,3 +575,21 @@ def test_silu_mul(dtype):
     if dtype == torch.bfloat16:                         # each op rounded: mostly PyTorch's very bits
         assert (got == F.silu(gu[:, :1100]) * gu[:, 1100:]).float().mean() > 0.95
     assert torch.equal(TRITON.silu_mul(gu[2:3])[0], got[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_clamped(dtype):
+    """gpt-oss's activation (limit 7, alpha 1.702; gates and ups reach past the limit): within a
+    few roundings of the exact value, mostly the bits of the same ops in PyTorch (the base
+    backend's) in bfloat16; a row alone equals the row in the batch."""
+    g = torch.Generator().manual_seed(5)
+    gu = (torch.randn(5, 2 * 1100, generator=g) * 4).to(dtype).to(DEVICE)
+    got = TRITON.swiglu_clamped(gu, 1.702, 7.0)
+    gate, up = gu.double().chunk(2, dim=-1)
+    gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    want = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+    tol = 1e-5 * want.abs() + 1e-6 if dtype == torch.float32 else 2 ** -7 * want.abs().max()
+    assert got.shape == (5, 1100) and ((got.double() - want).abs() <= tol).all()
+    if dtype == torch.bfloat16:                     # (up + 1 near 0 rounds coarsely: hence the max above)
+        assert (got == REFERENCE.swiglu_clamped(gu, 1.702, 7.0)).float().mean() > 0.95
+    assert torch.equal(TRITON.swiglu_clamped(gu[2:3], 1.702, 7.0)[0], got[2])

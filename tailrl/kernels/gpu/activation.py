@@ -32,3 +32,21 @@ def silu_mul_kernel(gu_ptr, out_ptr, I, BLOCK: tl.constexpr):
     g = tl.load(gu_ptr + r * 2 * I + c, mask=ok, other=0.0)
     u = tl.load(gu_ptr + r * 2 * I + I + c, mask=ok, other=0.0)
     tl.store(out_ptr + r * I + c, silu_times(g, u, out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def swiglu_clamped_kernel(gu_ptr, out_ptr, I, alpha, limit, BLOCK: tl.constexpr):
+    """gpt-oss's activation (``Backend.swiglu_clamped``), program (row r, block j) as
+    silu_mul_kernel's: gate clamped above at ``limit``, up to [-limit, limit], then (up + 1) *
+    gate * sigmoid(alpha * gate), each operation rounded to the dtype as PyTorch rounds it."""
+    r, j = tl.program_id(0), tl.program_id(1)
+    c = j * BLOCK + tl.arange(0, BLOCK)
+    ok = c < I
+    dtype = out_ptr.dtype.element_ty
+    g = tl.minimum(tl.load(gu_ptr + r * 2 * I + c, mask=ok, other=0.0).to(tl.float32), limit)
+    u = tl.load(gu_ptr + r * 2 * I + I + c, mask=ok, other=0.0).to(tl.float32)
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    t = round_to(g * alpha, dtype).to(tl.float32)
+    s = round_to(1.0 / (1.0 + tl.exp(-t)), dtype).to(tl.float32)
+    glu = round_to(g * s, dtype).to(tl.float32)
+    tl.store(out_ptr + r * I + c, round_to(round_to(u + 1.0, dtype).to(tl.float32) * glu, dtype), mask=ok)

@@ -187,7 +187,7 @@ def _merge(m, l, acc, m2, l2, acc2):
 def _merge_stored(state, valid, MP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, LANES: tl.constexpr):
     """The LANES states stored from ``state`` (lane 0's, per row; lanes GP * (D + 2) apart),
     merged in lane order, read at L2 (arrivals.py). Unrolled: the loads need not wait for the
-    merges. Returns (sum, weighted values)."""
+    merges. Returns (max, sum, weighted values)."""
     d = tl.arange(0, D)
     m = tl.full([MP], float("-inf"), tl.float32)
     l = tl.zeros([MP], tl.float32)
@@ -198,7 +198,17 @@ def _merge_stored(state, valid, MP: tl.constexpr, GP: tl.constexpr, D: tl.conste
         m2 = tl.load(at + D, mask=valid, other=float("-inf"), cache_modifier=".cg")
         l2 = tl.load(at + D + 1, mask=valid, other=0.0, cache_modifier=".cg")
         m, l, acc = _merge(m, l, acc, m2, l2, acc2)
-    return l, acc
+    return m, l, acc
+
+
+@triton.jit
+def _with_sink(m, l, acc, sinks_ptr, head, valid):
+    """A softmax state (max, sum, weighted values) with its head's sink (gpt-oss's) joined: one
+    more score, weighing no value. Returns (sum, weighted values)."""
+    s = tl.load(sinks_ptr + head, mask=valid, other=0.0).to(tl.float32)
+    mn = tl.maximum(m, s)
+    c = tl.exp(m - mn)                                          # 0 where the state is empty (m -inf)
+    return l * c + tl.exp(s - mn), acc * c[:, None]
 
 
 @triton.jit
@@ -241,11 +251,11 @@ def _group(qrow_ptr, prefix_ptr, ecount_ptr, t, n, QT: tl.constexpr):
 # compile variants for n == 1 and n % 16 == 0; an eager step of a new kind compiled in the rollout)
 @triton.jit(do_not_specialize=["n"])
 def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, qrow_ptr, prefix_ptr, estart_ptr,
-                  ecount_ptr, extra_ptr, origin_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale, softcap,
-                  H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr, D: tl.constexpr,
+                  ecount_ptr, extra_ptr, origin_ptr, sinks_ptr, k_s0, k_s1, v_s0, v_s1, o_s0, t_s0, n, scale,
+                  softcap, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, MP: tl.constexpr, D: tl.constexpr,
                   BLOCK: tl.constexpr, KEYS: tl.constexpr, LANES: tl.constexpr, QT: tl.constexpr,
                   WHOLE: tl.constexpr, TC: tl.constexpr, WIDEN: tl.constexpr, WINDOW: tl.constexpr,
-                  CAP: tl.constexpr):
+                  CAP: tl.constexpr, SINK: tl.constexpr):
     """Program (t, kh[, lane]): token t's group (``_group``: t alone where QT is 1, or t and
     the tokens of its row's chain or prefill that follow it, up to QT; nothing where t is not
     the first of its group), the G query heads of KV head kh of each of its tokens as rows
@@ -255,7 +265,8 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
     group's last lane to arrive at its counter (``count_ptr``, t * KV + kh) merges the LANES
     states in lane order, as WHOLE does, and stores the results. ``WINDOW``: each token sees no
     position of its prefix below its origin (``origin_ptr`` [N] int32, a sliding window's).
-    ``CAP``: scores soft-capped at ``softcap`` (Gemma 2's)."""
+    ``CAP``: scores soft-capped at ``softcap`` (Gemma 2's). ``SINK``: each head's sink
+    (``sinks_ptr`` [H], gpt-oss's) joined to the merged state before the store."""
     t = tl.program_id(0)
     kh = tl.program_id(1)
     row = tl.load(qrow_ptr + t)
@@ -290,6 +301,8 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
                                      lane, k_s0, k_s1, v_s0, v_s1, t_s0, scale, softcap, LANES, MP, D, BLOCK, KEYS,
                                      TC, WIDEN, WINDOW, CAP)
                 m, l, acc = _merge(m, l, acc, m2, l2, acc2)
+            if SINK:
+                l, acc = _with_sink(m, l, acc, sinks_ptr, kh * G + g, valid)
             _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)
         else:
             lane = tl.program_id(2)
@@ -303,5 +316,7 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
             tl.store(mine + D, m, mask=valid)
             tl.store(mine + D + 1, l, mask=valid)
             if arrive(count_ptr + t * kv + kh, LANES):          # the last lane merges them all, in lane order
-                l, acc = _merge_stored(state, valid, MP, GP, D, LANES)
+                m, l, acc = _merge_stored(state, valid, MP, GP, D, LANES)
+                if SINK:
+                    l, acc = _with_sink(m, l, acc, sinks_ptr, kh * G + g, valid)
                 _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)

@@ -22,7 +22,7 @@ import triton
 
 from tailrl.kernels.backend import Backend, Rope, RopeTables, combine_experts
 from tailrl.kernels.gpu import experts, matmul, stock
-from tailrl.kernels.gpu.activation import silu_mul_kernel
+from tailrl.kernels.gpu.activation import silu_mul_kernel, swiglu_clamped_kernel
 from tailrl.kernels.gpu.arrivals import counters
 from tailrl.kernels.gpu.attention import attend_kernel, rope_write_kernel
 from tailrl.kernels.gpu.delta import delta_conv_kernel, delta_rule_kernel, gated_norm_kernel
@@ -118,26 +118,28 @@ class TritonBackend(Backend):
 
     def linear_rope_attend(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rope: Rope,
                            k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
-                           heads: int) -> torch.Tensor:
+                           heads: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Where cuBLAS computes the projection (its bias would be a launch of its own, stock.py),
         RoPE's pass adds the bias, rounded as that add rounds it: the same bits, a launch fewer
         a layer (the Triton matmul adds a bias in its own last pass)."""
         if bias is None or bias.dtype != h.dtype or not bias.is_contiguous() or self._product(h, weight) != "stock":
-            return super().linear_rope_attend(h, weight, bias, rope, k_cache, v_cache, meta, heads)
-        return self.rope_attend(stock.stock_linear(h, weight), rope, k_cache, v_cache, meta, heads, bias)
+            return super().linear_rope_attend(h, weight, bias, rope, k_cache, v_cache, meta, heads, sinks)
+        return self.rope_attend(stock.stock_linear(h, weight), rope, k_cache, v_cache, meta, heads, sinks, bias)
 
     def rope_attend(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMeta, heads: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+                    meta: AttentionMeta, heads: int, sinks: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
         """Two launches: RoPE and the K/V writes (every token's, before any attention reads
         them; ``bias``: the projection's, added first), then attention (few tokens: a program
-        per lane, the last of a query's lanes to finish merging them)."""
+        per lane, the last of a query's lanes to finish merging them; ``sinks``: gpt-oss's,
+        joined to each query's merged softmax state before its store)."""
         n = qkv.shape[0]
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
         if d & (d - 1):                  # Triton's ranges are powers of two: such a head dim takes the reference
             if bias is not None:
                 qkv = qkv + bias
             cos, sin = (t[rope.positions].to(qkv.dtype).unsqueeze(1) for t in (rope.cos, rope.sin))
-            return REFERENCE.rope_attend(qkv, replace(rope, cos=cos, sin=sin), k_cache, v_cache, meta, heads)
+            return REFERENCE.rope_attend(qkv, replace(rope, cos=cos, sin=sin), k_cache, v_cache, meta, heads, sinks)
         if qkv.stride(-1) != 1:
             raise ValueError("rope_attend: qkv rows must be contiguous")
         check_caches(k_cache, v_cache, meta)
@@ -155,11 +157,12 @@ class TritonBackend(Backend):
         count = part if whole else counters(qkv.device, n * kv_heads)
         attend_kernel[(n, kv_heads) if whole else (n, kv_heads, LANES)](
             q, k_cache, v_cache, out, part, count, meta.block_table, meta.q_row, meta.prefix, meta.estart, meta.ecount,
-            meta.extra, meta.prefix if rope.origin is None else rope.origin, k_cache.stride(0), k_cache.stride(1),
+            meta.extra, meta.prefix if rope.origin is None else rope.origin, meta.prefix if sinks is None else sinks,
+            k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), meta.block_table.stride(0), n,
             d ** -0.5 if rope.scale is None else rope.scale, rope.softcap or 1.0, H=heads, G=g, GP=gp, MP=mp, D=d,
             BLOCK=BLOCK, KEYS=KEYS, LANES=LANES, QT=qt, WHOLE=whole, TC=tc, WIDEN=INTERPRETED,
-            WINDOW=rope.origin is not None, CAP=bool(rope.softcap),
+            WINDOW=rope.origin is not None, CAP=bool(rope.softcap), SINK=sinks is not None,
             num_warps=4 if KEYS <= 32 else 8, **EXACT)
         return out
 
@@ -223,6 +226,15 @@ class TritonBackend(Backend):
             silu_mul_kernel[(m, triton.cdiv(i, SILU_BLOCK))](gate_up, out, i, BLOCK=SILU_BLOCK)
         return out
 
+    def swiglu_clamped(self, gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+        if gate_up.dim() != 2 or not gate_up.is_contiguous() or gate_up.shape[1] % 2 or gate_up.dtype not in DTYPES:
+            return super().swiglu_clamped(gate_up, alpha, limit)
+        m, i = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(m, i, dtype=gate_up.dtype, device=gate_up.device)
+        if m:
+            swiglu_clamped_kernel[(m, triton.cdiv(i, SILU_BLOCK))](gate_up, out, i, alpha, limit, BLOCK=SILU_BLOCK)
+        return out
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """Batch-invariant for 2-D inputs of the kernels' dtypes: cuBLAS where it was measured
         invariant for this weight's shape (stock.py), else the Triton matmul (matmul.py);
@@ -255,17 +267,24 @@ class TritonBackend(Backend):
     captures_experts = True
 
     def experts(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
-                weights: torch.Tensor) -> torch.Tensor:
+                weights: torch.Tensor, biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+                swiglu: tuple[float, float] | None = None) -> torch.Tensor:
         """Grouped by expert on the device (experts.py: no host synchronisation, so graph steps
         capture it): the [gate | up] products of each (token, j) pair, the activation, the down
-        products, then the weighted sum in order (``combine_experts``)."""
+        products, then the weighted sum in order (``combine_experts``); gpt-oss's biases added to
+        each product, gathered by the pair's expert (pairs are in (token, j) order)."""
         if x.dim() != 2 or x.dtype not in DTYPES or x.stride(-1) != 1 or gate_up.dtype != x.dtype \
                 or not (gate_up.is_contiguous() and down.is_contiguous()):
-            return super().experts(x, gate_up, down, ids, weights)
+            return super().experts(x, gate_up, down, ids, weights, biases, swiglu)
         t, k = ids.shape
         blocks = experts.expert_blocks(ids, gate_up.shape[0])
         gu = experts.expert_products(x, gate_up, blocks, t * k, k)
-        ys = experts.expert_products(self.silu_mul(gu), down, blocks, t * k, 1)
+        if biases is not None:
+            gu = gu + biases[0][ids.reshape(-1)]
+        act = self.silu_mul(gu) if swiglu is None else self.swiglu_clamped(gu, *swiglu)
+        ys = experts.expert_products(act, down, blocks, t * k, 1)
+        if biases is not None:
+            ys = ys + biases[1][ids.reshape(-1)]
         return combine_experts(ys.view(t, k, -1), weights)
 
     # ---- the sampler's row sums: one program per row, in order (scan.py) ----------------------
