@@ -14,7 +14,8 @@
 #                                            # that use CUDA where it is (Triton kernels vs the
 #                                            # reference, row invariance, graph steps = eager, the
 #                                            # drafter's graph depths = its eager steps); with
-#                                            # MEASURE_DELTANET=1 Qwen3.5's hybrid (benchmarks/deltanet.py)
+#                                            # MEASURE_DELTANET=1 Qwen3.5's hybrid (benchmarks/deltanet.py);
+#                                            # MEASURE_MXFP4=1 gpt-oss's MXFP4 load (benchmarks/mxfp4_load.py)
 #   bash benchmarks/gpu_session.sh drafter   # a drafter warm-started on the GPU, then
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
 #                                            # hybrid, suffix default vs plain, identical shares);
@@ -96,7 +97,8 @@ engine() {
     # and cached prefixes through graphs and steps ahead (stop 57); test_triton.py last (all 28
     # passed at stop 45; every attention test with tensor cores at stop 46; sliding windows and
     # Gemma 3 since stop 63; Qwen3.5's Gated DeltaNet kernels, test_delta.py and in test_triton.py, since
-    # stop 66: never run on a GPU yet)
+    # stop 66; gpt-oss's sinks and clamped SwiGLU, and its graph steps, in test_triton.py since stop 67:
+    # never run on a GPU yet)
     if $PY -c "import pytest" 2>/dev/null; then
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py tests/drafter/test_side_stream.py \
@@ -115,6 +117,9 @@ engine() {
     # Triton kernels never run on a GPU before; MEASURE_DELTANET=1, ~60 s)
     [ "$DEVICE" = cuda ] && [ -n "${MEASURE_DELTANET:-}" ] && step deltanet ${DELTANET_LIMIT:-90} \
         $PY benchmarks/deltanet.py --device cuda --rounds 2
+    # gpt-oss's MXFP4 experts dequantized on the device against transformers' (stop 67; MEASURE_MXFP4=1, ~20 s)
+    [ "$DEVICE" = cuda ] && [ -n "${MEASURE_MXFP4:-}" ] && step mxfp4 ${MXFP4_LIMIT:-40} \
+        $PY benchmarks/mxfp4_load.py --device cuda --rounds 4
     # a sliding window's attention against full attention (stop 63; Triton's compiles, then seconds)
     [ "$DEVICE" = cuda ] && step window ${WINDOW_LIMIT:-40} $PY benchmarks/sliding_window.py --rows 1,64 \
         --contexts 1024,8192 --rounds 4

@@ -76,6 +76,14 @@ ARCH_CONFIGS = {
                                            num_experts_per_tok=3, moe_intermediate_size=48,
                                            shared_expert_intermediate_size=80, mlp_only_layers=[1],
                                            layer_types=["linear_attention", "full_attention"])),
+    # gpt-oss: attention sinks, a sliding window of 8 positions then a full layer, YaRN (4x an
+    # original context of 128), 8 experts (3 a token) with biases and a SwiGLU clamped at 1.5
+    # (low enough that a random model's gates and ups reach it)
+    "gpt_oss": ("GptOssConfig", dict(head_dim=16, num_local_experts=8, num_experts_per_tok=3, sliding_window=8,
+                                     swiglu_limit=1.5, layer_types=["sliding_attention", "full_attention"],
+                                     rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                                          truncate=False, original_max_position_embeddings=128,
+                                                          rope_theta=10000.0))),
 }
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from tailrl.model.families import (
     GEMMA,
+    GPT_OSS,
     OLMO,
     family_fields,
     moe_fields,
@@ -58,9 +59,13 @@ SUPPORTED_ARCHITECTURES = {
     # Qwen3-Next (80B-A3B): Qwen3.5-MoE's layers, its DeltaNet projections fused per key head in the
     # checkpoint, Qwen2-MoE's mixture where decoder_sparse_step and mlp_only_layers put it
     "Qwen3NextForCausalLM": dict(qkv_bias=None, qk_norm=True),
+    # gpt-oss (OpenAI's 20B and 120B): attention sinks, every other layer a sliding window, YaRN;
+    # a mixture of experts in every layer with biases, a softmax over the top-k logits and a
+    # clamped SwiGLU (families.py); MXFP4 checkpoints dequantized at load (mxfp4.py)
+    "GptOssForCausalLM": dict(qkv_bias=None, qk_norm=False),
 }
 # attention_bias gives the output projection a bias too
-O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO)
+O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO, *GPT_OSS)
 # every layer attends over a sliding window of ``sliding_window`` positions where the config sets one
 SLIDING_WINDOW_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Ministral3ForCausalLM")
 
@@ -129,6 +134,13 @@ class ModelArgs:
     linear_dims: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
     attn_output_gate: bool = False          # Qwen3.5: attention's output times the sigmoid of a gate (q's twin)
     deltanet_grouped: bool = False          # Qwen3-Next: in_proj_qkvz / in_proj_ba, rows grouped per key head
+    # gpt-oss: a learned logit per query head in each attention softmax (a sink weighing no value);
+    # its experts: routing weights the softmax of the top-k logits, biases on the router and both
+    # expert products, and the clamped SwiGLU (alpha, limit) in place of SiLU's
+    attn_sinks: bool = False
+    router_topk_softmax: bool = False
+    expert_bias: bool = False
+    swiglu: tuple[float, float] | None = None
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""
@@ -158,9 +170,12 @@ class ModelArgs:
         q, kv = self.num_heads * d, self.num_kv_heads * d
         norms = ((2 if self.pre_norms else 0) + (2 if self.sandwich_norms else 0)) * h
         attention = (h * (q + 2 * kv) + q * h + norms + (q + 2 * kv if self.qkv_bias else 0)
-                     + (h if self.o_bias else 0) + (q + kv if self.qk_norm or self.qk_norm_whole else 0))
+                     + (h if self.o_bias else 0) + (q + kv if self.qk_norm or self.qk_norm_whole else 0)
+                     + (self.num_heads if self.attn_sinks else 0))
         dense = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h if self.mlp_bias else 0)
-        sparse = (self.num_experts * (h + 3 * h * self.moe_intermediate_size + (1 if self.router_sigmoid else 0))
+        biases = 1 + 2 * self.moe_intermediate_size + h if self.expert_bias else 0
+        sparse = (self.num_experts * (h + 3 * h * self.moe_intermediate_size + (1 if self.router_sigmoid else 0)
+                                      + biases)
                   + 3 * h * self.shared_expert_size + (h if self.shared_expert_gate else 0))
         mlps = (self.num_layers - len(self.sparse_layers)) * dense + len(self.sparse_layers) * sparse
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
@@ -199,6 +214,10 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             f"model: unsupported architecture {archs!r} in {source}; "
             f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     flags = SUPPORTED_ARCHITECTURES[arch]
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    if quant and not (quant == "mxfp4" and arch in GPT_OSS):
+        raise ValueError(f"model: quantization_config.quant_method {quant!r} in {source} is not supported (weights "
+                         f"are read as stored, in a float dtype; gpt-oss's MXFP4 experts are dequantized)")
     arch, cfg = text_model(arch, cfg, source)
     try:
         hidden = int(cfg["hidden_size"])

@@ -20,10 +20,20 @@ PARTIAL_ROTARY = ("Phi3ForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", *Q
 GLM4_DEFAULTS = dict(attention_bias=True, rms_norm_eps=1.5625e-07, eos_token_id=[151329, 151336, 151338],
                      max_position_embeddings=131_072)
 OLMO = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+GPT_OSS = ("GptOssForCausalLM",)
+# gpt-oss's config defaults (transformers' GptOssConfig) that change what the model computes
+GPT_OSS_DEFAULTS = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201_088, hidden_size=2880,
+                        intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
+                        sliding_window=128, max_position_embeddings=131_072, rms_norm_eps=1e-5, num_experts_per_tok=4,
+                        swiglu_alpha=1.702, swiglu_limit=7.0, attention_bias=True, rope_theta=150_000.0)
+GPT_OSS_ROPE = dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                    original_max_position_embeddings=4096)
 
 
 def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
     """A mixture of experts' ModelArgs fields from its config (nothing for a dense model)."""
+    if arch in GPT_OSS:
+        return gpt_oss_moe_fields(cfg, layers, source)
     if arch not in MOE:
         return {}
     if arch == "Glm4MoeForCausalLM":
@@ -94,6 +104,27 @@ def glm4_moe_fields(cfg: dict, layers: int, source: str) -> dict:
                 sparse_layers=sparse, shared_expert_size=width * int(cfg["n_shared_experts"] or 0) if sparse else 0,
                 router_float32=True, router_sigmoid=True, expert_groups=groups, groups_per_token=chosen,
                 routed_scaling=float(cfg["routed_scaling_factor"]), mtp_layers=max(mtp, 0))
+
+
+def gpt_oss_moe_fields(cfg: dict, layers: int, source: str) -> dict:
+    """gpt-oss's mixture in every layer: ``num_local_experts`` experts of ``intermediate_size``
+    units, a token's k weighted by the softmax of their router logits (the router has a bias), each
+    expert's products with biases and its clamped SwiGLU (``swiglu_alpha``, ``swiglu_limit``)."""
+    experts, sparse = int(cfg["num_local_experts"]), tuple(range(layers))
+    limit, alpha = float(cfg["swiglu_limit"]), float(cfg["swiglu_alpha"])
+    if limit <= 0:
+        raise ValueError(f"model: swiglu_limit must be positive in {source}, got {limit}")
+    return dict(num_experts=experts, experts_per_token=_top_k(cfg, experts, sparse, source),
+                moe_intermediate_size=int(cfg["intermediate_size"]), sparse_layers=sparse, router_topk_softmax=True,
+                expert_bias=True, swiglu=(alpha, limit))
+
+
+def gpt_oss_config(cfg: dict) -> dict:
+    """A gpt-oss config with transformers' defaults (its YaRN where it names no RoPE)."""
+    out = {**GPT_OSS_DEFAULTS, **cfg}
+    if not (cfg.get("rope_parameters") or cfg.get("rope_scaling")):
+        out["rope_parameters"] = dict(GPT_OSS_ROPE, rope_theta=out["rope_theta"])
+    return out
 
 
 def _yarn(rope: dict, max_pos: int) -> tuple[float, int, float, float, float, bool]:
@@ -306,6 +337,8 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
         return arch, gemma3_config(cfg, arch)
     if arch == "Glm4ForCausalLM":
         return arch, {**GLM4_DEFAULTS, **cfg}
+    if arch in GPT_OSS:
+        return arch, gpt_oss_config(cfg)
     if arch in QWEN3_5:
         defaults = {"Qwen3NextForCausalLM": QWEN3_NEXT_DEFAULTS}.get(
             arch, QWEN3_5_MOE_DEFAULTS if arch in QWEN3_5_MOE else QWEN3_5_DEFAULTS)
@@ -347,6 +380,10 @@ def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
         return ministral3_fields(cfg, source)
     if arch in QWEN3_5:
         return qwen3_5_fields(cfg, source, layers, grouped=arch == "Qwen3NextForCausalLM")
+    if arch in GPT_OSS:                         # every other layer (the first among them) a sliding window
+        window = int(cfg["sliding_window"] or 0)
+        types = _layer_types(cfg, source, layers, 2)
+        return dict(attn_sinks=True, layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types))
     return {}
 
 

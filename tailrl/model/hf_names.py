@@ -63,6 +63,7 @@ class Slot:
     writes: tuple[str, ...]             # the checkpoint names it writes
     plus_one: bool = False              # copied as 1 + the tensor (Gemma's norms scale by 1 + weight)
     order: torch.Tensor | None = None   # our row i is the tensor's row order[i] (RoPE's order: rope.head_order)
+    reshaped: bool = False              # the tensor copied as reshaped to dest's shape (a view reading ours its way)
 
 
 def _own(table: dict[str, Slot], name: str, dest: torch.Tensor, shape: tuple[int, ...] | None = None,
@@ -109,6 +110,23 @@ def _experts(table: dict[str, Slot], moe, p: str) -> None:
         _own(table, mlp + "shared_expert_gate.weight", moe.shared_gate)
 
 
+def _gpt_oss_experts(table: dict[str, Slot], moe, p: str) -> None:
+    """gpt-oss's router (``mlp.router.``, with its bias) and experts as its module and checkpoints
+    hold them (MXFP4 ones dequantized at load: mxfp4.py): [gate | up] per unit side by side and
+    transposed ([E, H, 2I], unit u's gate at column 2u and its up at 2u + 1; the bias [E, 2I]
+    alike), down [E, I, H]; copied into our [E, 2I, H] and [E, H, I] through views of them that
+    read them so."""
+    e, h, i = moe.a.num_experts, moe.a.hidden_size, moe.a.moe_intermediate_size
+    x = p + "mlp."
+    _own(table, x + "router.weight", moe.router)
+    _own(table, x + "router.bias", moe.router_bias)
+    for name, dest, shape in (("gate_up_proj", moe.gate_up.view(e, 2, i, h).permute(0, 3, 2, 1), (e, h, 2 * i)),
+                              ("gate_up_proj_bias", moe.gate_up_bias.view(e, 2, i).transpose(1, 2), (e, 2 * i))):
+        table[x + "experts." + name] = Slot(dest, shape, (x + "experts." + name,), reshaped=True)
+    _own(table, x + "experts.down_proj", moe.down.transpose(1, 2))
+    _own(table, x + "experts.down_proj_bias", moe.down_bias)
+
+
 def slots(model) -> dict[str, Slot]:
     """Every Hugging Face name ``model`` (transformer.Transformer) takes, with its slot."""
     a, table = model.args, {}
@@ -124,7 +142,7 @@ def slots(model) -> dict[str, Slot]:
         else:
             _attention(table, layer, p + "self_attn.", a)
         if layer.moe is not None:
-            _experts(table, layer.moe, p)
+            (_gpt_oss_experts if a.expert_bias else _experts)(table, layer.moe, p)
             continue
         mlp = p + "mlp."
         if a.architecture in FUSED_MLP:
@@ -191,6 +209,8 @@ def _attention(table: dict[str, Slot], layer, att: str, a) -> None:
     if layer.qk_norm is not None:           # one [D] weight per projection, every head's
         _own(table, att + "q_norm.weight", layer.qk_norm[:a.num_heads], (d,), a.norm_plus_one, order)
         _own(table, att + "k_norm.weight", layer.qk_norm[a.num_heads:], (d,), a.norm_plus_one, order)
+    if layer.sinks is not None:             # gpt-oss: each query head's sink
+        _own(table, att + "sinks", layer.sinks)
     if layer.q_norm is not None:            # OLMo: over all heads, [H * D] and [KV * D]
         _own(table, att + "q_norm.weight", layer.q_norm, order=q_rows)
         _own(table, att + "k_norm.weight", layer.k_norm, order=k_rows)
@@ -303,6 +323,8 @@ def load_hf(model, weights: Mapping | Iterable, complete: bool) -> set[str]:
         if slot is not None:
             if slot.order is not None:
                 tensor = tensor.index_select(0, slot.order.to(tensor.device))
+            if slot.reshaped:
+                tensor = tensor.reshape(slot.dest.shape)
             slot.dest.copy_(tensor.double() + 1 if slot.plus_one else tensor)
             written.update(slot.writes)
     return written

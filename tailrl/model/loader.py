@@ -1,7 +1,8 @@
 """Hugging Face checkpoint directory -> our Transformer.
 
 Reads config.json (+ generation_config.json for EOS) and safetensors weights, single file or
-sharded with an index. Errors name the missing file or field and the supported architectures.
+sharded with an index (gpt-oss's MXFP4 experts dequantized as they are read: mxfp4.py). Errors
+name the missing file or field and the supported architectures.
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from tailrl.model import mxfp4
 from tailrl.model.args import ModelArgs, parse_config
 from tailrl.model.hf_names import check, load_hf
-from tailrl.model.parallel import Shard, read_part, shard_args
+from tailrl.model.parallel import Shard, read_part, shard_args, shard_tensor
 from tailrl.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -58,19 +60,31 @@ def weight_files(path: str) -> list[str]:
 
 
 def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape in a checkpoint's weight files, read from their headers alone."""
+    """Every tensor's shape in a checkpoint's weight files, read from their headers alone (an
+    MXFP4 pair's: the tensor it makes)."""
     out = {}
     for f in weight_files(path):
         with safe_open(f, "pt") as g:
             out.update({k: tuple(g.get_slice(k).get_shape()) for k in g.keys()})
-    return out
+    return mxfp4.shapes(out)
 
 
-def load_state_dict(path: str) -> dict[str, torch.Tensor]:
+def load_state_dict(path: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint (MXFP4 pairs dequantized to ``dtype``)."""
     sd: dict[str, torch.Tensor] = {}
     for f in weight_files(path):
         sd.update(load_file(f))
-    return sd
+    return dict(mxfp4.dequantized(sd.items(), dtype))
+
+
+def _read(files: list[str], args: ModelArgs, shard: Shard | None):
+    """(name, tensor) of every tensor in ``files``, a rank's part where ``shard`` (only those
+    bytes read; an MXFP4 half whole: its rank's part is cut once dequantized)."""
+    for f in files:
+        with safe_open(f, "pt") as g:
+            for k in g.keys():
+                whole = shard is None or mxfp4.base_name(k) is not None
+                yield k, g.get_tensor(k) if whole else read_part(k, g.get_slice(k), args, shard)
 
 
 def load_matching_state_dict(path: str, like: str) -> dict[str, torch.Tensor]:
@@ -114,13 +128,8 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu", max_len: 
         model = Transformer(args, max_len, DTYPES[dtype], device)
     else:
         model = Transformer(shard_args(args, shard.size), max_len, DTYPES[dtype], device, reduce, shard.rank == 0)
-    for f in files:
-        with safe_open(f, "pt") as g:
-            if shard is None:
-                tensors = ((k, g.get_tensor(k)) for k in g.keys())
-            else:
-                tensors = ((k, read_part(k, g.get_slice(k), args, shard)) for k in g.keys())
-            load_hf(model, tensors, complete=False)
+    split = None if shard is None else (lambda name, t: shard_tensor(name, t, args, shard))
+    load_hf(model, mxfp4.dequantized(_read(files, args, shard), DTYPES[dtype], device, split), complete=False)
     log.info("loaded %s (%s, %.1fM params%s) from %s", args.architecture, dtype,
              sum(p.numel() for p in model.parameters()) / 1e6,
              "" if shard is None else f", rank {shard.rank} of {shard.size}", path)

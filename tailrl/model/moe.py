@@ -1,11 +1,14 @@
-"""A sparse mixture of experts in place of a layer's MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5).
+"""A sparse mixture of experts in place of a layer's MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5,
+gpt-oss).
 
 Per token: the router's logits (an [E, H] product), their softmax in float32, the top-k experts,
 their weights renormalised to sum to 1 where the model says so (GLM-4.5, DeepSeek-V3's routing:
 ``route_groups``); each chosen expert's MLP on the token (``Backend.experts``), the outputs
 weighted and added in ascending expert id in the model's dtype (Hugging Face's order: its loop
 over the experts index-adds each), and the shared expert (Qwen2-MoE's gated by a sigmoid,
-GLM-4.5's not) added last.
+GLM-4.5's not) added last. gpt-oss's: a router with a bias, a token's k experts weighted by the
+softmax of their k logits (``route_top_logits``), biases on both expert products and its clamped
+SwiGLU (``Backend.experts``).
 
 Batch invariance, as everywhere in a step: a token's route and result depend on its own row
 alone. Every product is the backend's row-invariant one; the top k are taken by a stable sort
@@ -33,6 +36,15 @@ def route(logits: torch.Tensor, k: int, normalise: bool, float32_weights: bool) 
     ids, order = torch.sort(ids, dim=-1)
     top = top.gather(1, order)
     return ids, top if float32_weights else top.to(logits.dtype)
+
+
+def route_top_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's route of router logits [T, E]: each token's k largest logits (ties to the lower
+    id), their softmax in the logits' dtype as weights. Returns ascending ids [T, k] and weights."""
+    top, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+    top = torch.softmax(top[:, :k], dim=-1, dtype=logits.dtype)
+    ids, order = torch.sort(ids[:, :k], dim=-1)
+    return ids, top.gather(1, order)
 
 
 def _sum_columns(w: torch.Tensor) -> torch.Tensor:
@@ -94,6 +106,10 @@ class SparseMoe(nn.Module):
         self.shared_down = nn.Linear(s, h, bias=False) if s else None
         self.shared_gate = nn.Parameter(torch.zeros(1, h)) if a.shared_expert_gate else None
         self.score_bias = nn.Parameter(torch.zeros(e)) if a.router_sigmoid else None
+        # gpt-oss: the router's bias [E], the experts' [gate | up] biases [E, 2I] and down biases [E, H]
+        self.router_bias = nn.Parameter(torch.zeros(e)) if a.expert_bias else None
+        self.gate_up_bias = nn.Parameter(torch.zeros(e, 2 * i)) if a.expert_bias else None
+        self.down_bias = nn.Parameter(torch.zeros(e, h)) if a.expert_bias else None
 
     def keep_float32(self) -> None:
         """GLM-4.5's router and correction bias in float32 whatever the model's dtype (Hugging
@@ -108,10 +124,13 @@ class SparseMoe(nn.Module):
         if a.router_sigmoid:
             ids, weights = route_groups(kernels.linear_float32(h, self.router), self.score_bias, a.experts_per_token,
                                         a.expert_groups, a.groups_per_token, a.norm_topk_prob, a.routed_scaling)
+        elif a.router_topk_softmax:
+            ids, weights = route_top_logits(kernels.linear(h, self.router, self.router_bias), a.experts_per_token)
         else:
             ids, weights = route(kernels.linear(h, self.router), a.experts_per_token, a.norm_topk_prob,
                                  a.router_float32)
-        out = kernels.experts(h, self.gate_up, self.down, ids, weights)
+        biases = None if self.gate_up_bias is None else (self.gate_up_bias, self.down_bias)
+        out = kernels.experts(h, self.gate_up, self.down, ids, weights, biases, a.swiglu)
         if self.shared_gate_up is None:
             return out
         shared = kernels.silu_mul_linear(kernels.linear(h, self.shared_gate_up.weight), self.shared_down.weight)
@@ -122,7 +141,7 @@ class SparseMoe(nn.Module):
     def linears(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(weight, bias) of the products ``forward`` computes through ``Backend.linear`` or
         ``linear_float32`` (the experts' own go through ``Backend.experts``)."""
-        out = [(self.router, None)]                 # GLM-4.5's: float32, through ``linear_float32``
+        out = [(self.router, self.router_bias)]     # GLM-4.5's: float32, through ``linear_float32``
         if self.shared_gate_up is not None:
             out += [(self.shared_gate_up.weight, None), (self.shared_down.weight, None)]
         return out + ([(self.shared_gate, None)] if self.shared_gate is not None else [])

@@ -93,13 +93,26 @@ _DELTA_CHANNELS = re.compile(r"linear_attn\.(in_proj_qkv|conv1d)\.weight$")     
 _FUSED_GATE_UP = re.compile(r"experts\.gate_up_proj$")                               # a trainer's [E, 2I, H]
 _FUSED_MLP = re.compile(r"mlp\.gate_up_proj\.weight$")                               # Phi-3's [2I, H]
 _FUSED_QKV = re.compile(r"self_attn\.qkv_proj\.weight$")                             # Phi-3's [(H + 2KV) D, H]
-_OUT_BIAS = re.compile(r"(self_attn\.o_proj|mlp\.down_proj)\.bias$")
+_OUT_BIAS = re.compile(r"(self_attn\.o_proj|mlp\.down_proj)\.bias$|experts\.down_proj_bias$")
+# gpt-oss's experts as its module holds them (hf_names._gpt_oss_experts): a rank's units are
+# adjacent columns of [gate, up] pairs ([E, H, 2I], the bias [E, 2I]) and rows of down [E, I, H];
+# its sinks, one per query head
+_GPT_OSS_SPLITS = [
+    (re.compile(r"experts\.gate_up_proj$"), 2, lambda a: 2 * a.moe_intermediate_size),
+    (re.compile(r"experts\.gate_up_proj_bias$"), 1, lambda a: 2 * a.moe_intermediate_size),
+    (re.compile(r"experts\.down_proj$"), 1, lambda a: a.moe_intermediate_size),
+    (re.compile(r"self_attn\.sinks$"), 0, lambda a: a.num_heads),
+]
 
 
 def _pieces(name: str, args: ModelArgs, shard: Shard) -> tuple[int, list[tuple[int, int]]] | None:
     """(dimension, [(start, length)]) of a Hugging Face tensor (``args``: the whole model's) that
     ``shard`` holds, its pieces put side by side along that dimension; None: the whole tensor.
     An output projection's bias is 'whole' here (``_zeroed`` says who adds it)."""
+    for pattern, dim, width in _GPT_OSS_SPLITS if args.expert_bias else ():
+        if pattern.search(name):
+            n = width(args) // shard.size
+            return dim, [(shard.rank * n, n)]
     if _FUSED_GATE_UP.search(name):                 # the gate's rows of the rank's units, then the up's
         n = args.moe_intermediate_size // shard.size
         return 1, [(shard.rank * n, n), (args.moe_intermediate_size + shard.rank * n, n)]

@@ -1,5 +1,5 @@
 """Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Ministral 3 / Phi-3 / Gemma 2-3 /
-OLMo 2-3 / SmolLM3 / GLM-4, mixtures of experts: moe.py, GLM-4.5's among them, and Qwen3.5's
+OLMo 2-3 / SmolLM3 / GLM-4, mixtures of experts: moe.py, GLM-4.5's and gpt-oss's among them, and Qwen3.5's
 hybrid of attention and Gated DeltaNet layers: deltanet.py) over flattened tokens and a row KV
 cache.
 
@@ -46,6 +46,8 @@ class DecoderLayer(nn.Module):
         # whole model's, over every one of its ``ranks``' heads: ``_whole_norm``)
         self.q_norm = nn.Parameter(torch.ones(q * ranks)) if a.qk_norm_whole else None
         self.k_norm = nn.Parameter(torch.ones(kv * ranks)) if a.qk_norm_whole else None
+        # gpt-oss: each query head's attention sink, a logit in its softmax weighing no value [H]
+        self.sinks = nn.Parameter(torch.zeros(a.num_heads)) if a.attn_sinks and attends else None
         # Gemma, OLMo: the attention's output and the MLP's normed before they join the residual stream
         self.attn_out_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.sandwich_norms else None
         self.mlp_out_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.sandwich_norms else None
@@ -100,7 +102,7 @@ class DecoderLayer(nn.Module):
         a = self.a
         if self.qk_norm is None and self.q_norm is None and rope.query_scale is None:
             return kernels.linear_rope_attend(h, self.qkv.weight, self.qkv.bias, rope, k_cache, v_cache, meta,
-                                              a.num_heads)
+                                              a.num_heads, self.sinks)
         qkv = kernels.linear(h, self.qkv.weight, self.qkv.bias)
         gate = None
         if a.attn_output_gate:              # Qwen3.5: [gate | q | k | v]
@@ -109,7 +111,7 @@ class DecoderLayer(nn.Module):
         qkv = self._qk_normed(kernels, qkv)
         if rope.query_scale is not None:    # Ministral 3: queries scaled by position (RoPE is linear: before it)
             qkv[:, :a.num_heads * a.head_dim] *= rope.query_scale
-        out = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads)
+        out = kernels.rope_attend(qkv, rope, k_cache, v_cache, meta, a.num_heads, self.sinks)
         return out if gate is None else out * sigmoid_rows(gate)     # (row-invariant: moe.py)
 
     def _qk_normed(self, kernels: Backend, qkv: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ VARIANTS = {
     "smollm3": ("smollm3", {}),
     "glm4": ("glm4", {}),
     "phi3_partial": ("phi3_partial", {}),
+    "gpt_oss": ("gpt_oss", {}),
 }
 
 

@@ -10,7 +10,7 @@ import transformers
 from tailrl.model.hf_names import checkpoint_names, load_hf, slots
 from tailrl.model.loader import load_model, load_state_dict
 
-ARCHS = ["qwen2", "qwen3", "llama", "phi3", "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe"]
+ARCHS = ["qwen2", "qwen3", "llama", "phi3", "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss"]
 
 
 def same(a, b) -> bool:

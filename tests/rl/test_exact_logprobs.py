@@ -50,15 +50,16 @@ def test_with_values_has_the_values_and_the_reference_gradient():
     assert torch.equal(ref.grad, torch.tensor([2.0, 4.0, 6.0]))
 
 
-def test_a_qwen3_5_policys_logprobs_are_the_rollouts_bit_for_bit(tmp_path):
-    """Qwen3.5 (Gated DeltaNet layers with recurrent states, model/deltanet.py): the trainer's
-    log-probabilities (the engine's own scorer) equal the speculative rollout's in bfloat16."""
+@pytest.mark.parametrize("arch,layers", [("qwen3_5", 4), ("gpt_oss", 2)])
+def test_a_hybrid_or_sinks_policys_logprobs_are_the_rollouts_bit_for_bit(tmp_path, arch, layers):
+    """Qwen3.5 (Gated DeltaNet layers with recurrent states, model/deltanet.py) and gpt-oss
+    (attention sinks, experts with biases and a clamped SwiGLU): the trainer's log-probabilities
+    (the engine's own scorer) equal the speculative rollout's in bfloat16."""
     from checkpoints import make_checkpoint
     from text_tokenizer import save_char_tokenizer
-    path = make_checkpoint(str(tmp_path / "qwen3_5"), "qwen3_5", num_layers=4, vocab_size=97, eos_token_id=2,
-                           max_pos=1024)
+    path = make_checkpoint(str(tmp_path / arch), arch, num_layers=layers, vocab_size=97, eos_token_id=2, max_pos=1024)
     save_char_tokenizer(path, chat_template=True)
-    _, rows = run(tmp_path, "qwen3_5", model=path, ppo_minibatches=2, lr=1e-2, speculative={"policy": "fixed"})
+    _, rows = run(tmp_path, arch, model=path, ppo_minibatches=2, lr=1e-2, speculative={"policy": "fixed"})
     for m in rows:
         assert m["actor/rollout_logprob_diff"] == 0.0 and m["actor/first_ratio_dev"] == 0.0
     assert sum(m["rollout/spec_draft_tokens"] for m in rows) > 0            # drafts verified on the states' copies
