@@ -274,6 +274,11 @@ def engine_graphs(model: Transformer, kv: KVCache, config: EngineConfig, dtype: 
         log.info("engine: no CUDA graphs for %s (its recurrent layers' rows are planned on the host each step)",
                  model.args.architecture)
         return None
+    d = model.args.head_dim
+    if d & (d - 1):
+        log.info("engine: no CUDA graphs for %s (heads of %d dimensions take the reference attention, which reads a "
+                 "step's draft positions on the host)", model.args.architecture, d)
+        return None
     kernels = select(config.device, dtype)
     if not kernels.capturable or (model.args.num_experts and not kernels.captures_experts):
         log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step%s)",

@@ -63,6 +63,9 @@ SUPPORTED_ARCHITECTURES = {
     # a mixture of experts in every layer with biases, a softmax over the top-k logits and a
     # clamped SwiGLU (families.py); MXFP4 checkpoints dequantized at load (mxfp4.py)
     "GptOssForCausalLM": dict(qkv_bias=None, qk_norm=False),
+    # DeepSeek-V3 / R1, Kimi K2, Moonlight: multi-head latent attention (mla.py) and GLM-4.5's
+    # mixture (DeepSeek-V3's routing, moe.py) after the first dense layers
+    "DeepseekV3ForCausalLM": dict(qkv_bias=False, qk_norm=False),
 }
 # attention_bias gives the output projection a bias too
 O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO, *GPT_OSS)
@@ -141,6 +144,9 @@ class ModelArgs:
     router_topk_softmax: bool = False
     expert_bias: bool = False
     swiglu: tuple[float, float] | None = None
+    # DeepSeek-V3's multi-head latent attention (mla.py): (q_lora_rank, 0: one query projection;
+    # kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim); head_dim is nope + rope
+    mla: tuple[int, int, int, int, int] | None = None
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""
@@ -171,7 +177,8 @@ class ModelArgs:
         norms = ((2 if self.pre_norms else 0) + (2 if self.sandwich_norms else 0)) * h
         attention = (h * (q + 2 * kv) + q * h + norms + (q + 2 * kv if self.qkv_bias else 0)
                      + (h if self.o_bias else 0) + (q + kv if self.qk_norm or self.qk_norm_whole else 0)
-                     + (self.num_heads if self.attn_sinks else 0))
+                     + (self.num_heads if self.attn_sinks else 0)) if self.mla is None else \
+            self._latent_attention + norms
         dense = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h if self.mlp_bias else 0)
         biases = 1 + 2 * self.moe_intermediate_size + h if self.expert_bias else 0
         sparse = (self.num_experts * (h + 3 * h * self.moe_intermediate_size + (1 if self.router_sigmoid else 0)
@@ -186,6 +193,14 @@ class ModelArgs:
         attending = len(self.attention_layers)
         return (self.vocab_size * h + head + h + attending * (attention + gate) + len(self.linear_layers) * linear
                 + mlps)
+
+    @property
+    def _latent_attention(self) -> int:
+        """A multi-head latent attention layer's weights (mla.py)."""
+        h, heads = self.hidden_size, self.num_heads
+        q_lora, kv_lora, nope, rope, v = self.mla
+        q = h * q_lora + q_lora + q_lora * heads * (nope + rope) if q_lora else h * heads * (nope + rope)
+        return q + h * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v) + heads * v * h
 
     @property
     def widest_mlp(self) -> int:
@@ -215,7 +230,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     flags = SUPPORTED_ARCHITECTURES[arch]
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if quant and not (quant == "mxfp4" and arch in GPT_OSS):
+    if quant and not (quant == "mxfp4" and arch in GPT_OSS):         # (DeepSeek-V3's fp8 among them)
         raise ValueError(f"model: quantization_config.quant_method {quant!r} in {source} is not supported (weights "
                          f"are read as stored, in a float dtype; gpt-oss's MXFP4 experts are dequantized)")
     arch, cfg = text_model(arch, cfg, source)

@@ -21,6 +21,14 @@ GLM4_DEFAULTS = dict(attention_bias=True, rms_norm_eps=1.5625e-07, eos_token_id=
                      max_position_embeddings=131_072)
 OLMO = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 GPT_OSS = ("GptOssForCausalLM",)
+DEEPSEEK_V3 = ("DeepseekV3ForCausalLM",)
+# DeepSeek-V3's config defaults (transformers' DeepseekV3Config) that change what the model computes
+DEEPSEEK_V3_DEFAULTS = dict(vocab_size=129_280, hidden_size=7168, intermediate_size=18_432, moe_intermediate_size=2048,
+                            num_hidden_layers=61, num_attention_heads=128, n_shared_experts=1, n_routed_experts=256,
+                            routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+                            v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
+                            first_k_dense_replace=3, norm_topk_prob=True, max_position_embeddings=4096,
+                            rms_norm_eps=1e-6, rope_interleave=True, num_nextn_predict_layers=1, eos_token_id=1)
 # gpt-oss's config defaults (transformers' GptOssConfig) that change what the model computes
 GPT_OSS_DEFAULTS = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201_088, hidden_size=2880,
                         intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
@@ -34,9 +42,9 @@ def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
     """A mixture of experts' ModelArgs fields from its config (nothing for a dense model)."""
     if arch in GPT_OSS:
         return gpt_oss_moe_fields(cfg, layers, source)
-    if arch not in MOE:
+    if arch not in MOE and arch not in DEEPSEEK_V3:
         return {}
-    if arch == "Glm4MoeForCausalLM":
+    if arch == "Glm4MoeForCausalLM" or arch in DEEPSEEK_V3:
         return glm4_moe_fields(cfg, layers, source)
     if arch in QWEN3_5_MOE:                     # Qwen2-MoE's block in every layer, its top-k renormalised
         cfg = {**cfg, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
@@ -339,6 +347,10 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
         return arch, {**GLM4_DEFAULTS, **cfg}
     if arch in GPT_OSS:
         return arch, gpt_oss_config(cfg)
+    if arch in DEEPSEEK_V3:                     # the pool's head: a key's width, every head its own K/V
+        cfg = {**DEEPSEEK_V3_DEFAULTS, **cfg}
+        return arch, {**cfg, "head_dim": int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]),
+                      "num_key_value_heads": cfg["num_attention_heads"]}
     if arch in QWEN3_5:
         defaults = {"Qwen3NextForCausalLM": QWEN3_NEXT_DEFAULTS}.get(
             arch, QWEN3_5_MOE_DEFAULTS if arch in QWEN3_5_MOE else QWEN3_5_DEFAULTS)
@@ -380,6 +392,8 @@ def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
         return ministral3_fields(cfg, source)
     if arch in QWEN3_5:
         return qwen3_5_fields(cfg, source, layers, grouped=arch == "Qwen3NextForCausalLM")
+    if arch in DEEPSEEK_V3:
+        return deepseek_v3_fields(cfg, source)
     if arch in GPT_OSS:                         # every other layer (the first among them) a sliding window
         window = int(cfg["sliding_window"] or 0)
         types = _layer_types(cfg, source, layers, 2)
@@ -426,3 +440,26 @@ def qwen3_5_fields(cfg: dict, source: str, layers: int, grouped: bool = False) -
                          f"linear_num_key_heads {dims[0]} (each key head serves as many value heads)")
     return dict(linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"), linear_dims=dims,
                 attn_output_gate=True, norm_plus_one=True, deltanet_grouped=grouped)
+
+
+def deepseek_v3_fields(cfg: dict, source: str) -> dict:
+    """DeepSeek-V3's attention (model/mla.py): its latent ranks and head widths, RoPE on each
+    head's last ``qk_rope_head_dim`` dimensions (interleaved pairs where ``rope_interleave``),
+    scores scaled by the key width ** -0.5, times YaRN's mscale(factor, mscale_all_dim) squared."""
+    q_lora = int(cfg.get("q_lora_rank") or 0)
+    dims = tuple(int(cfg[k]) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    kv_lora, nope, rope, v = dims
+    if cfg.get("attention_bias"):
+        raise ValueError(f"model: attention_bias true in {source} is not supported for DeepSeek-V3 (its published "
+                         f"models have none)")
+    if min(dims) < 1 or rope % 2 or v > nope + rope:
+        raise ValueError(f"model: v_head_dim {v} in {source} must be at most qk_nope_head_dim + qk_rope_head_dim "
+                         f"{nope + rope} (the K/V pool's width), and qk_rope_head_dim {rope} even")
+    scale = (nope + rope) ** -0.5
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if params.get("rope_type", params.get("type", "default")) not in ("default", None) and params.get("mscale_all_dim"):
+        m = 0.1 * float(params["mscale_all_dim"]) * math.log(float(params["factor"])) + 1.0 \
+            if float(params["factor"]) > 1 else 1.0
+        scale *= m * m
+    return dict(mla=(q_lora, *dims), rotary_dim=rope, rope_interleaved=bool(cfg.get("rope_interleave", True)),
+                attn_scale=scale)

@@ -139,6 +139,8 @@ def slots(model) -> dict[str, Slot]:
         _norms(table, layer, p, a)
         if layer.linear is not None:
             _deltanet(table, layer.linear, p + "linear_attn.", a)
+        elif layer.mla is not None:
+            _latent(table, layer.mla, p + "self_attn.")
         else:
             _attention(table, layer, p + "self_attn.", a)
         if layer.moe is not None:
@@ -214,6 +216,17 @@ def _attention(table: dict[str, Slot], layer, att: str, a) -> None:
     if layer.q_norm is not None:            # OLMo: over all heads, [H * D] and [KV * D]
         _own(table, att + "q_norm.weight", layer.q_norm, order=q_rows)
         _own(table, att + "k_norm.weight", layer.k_norm, order=k_rows)
+
+
+def _latent(table: dict[str, Slot], mla, att: str) -> None:
+    """DeepSeek-V3's latent attention's tensors (model/mla.py), each as the checkpoint holds it."""
+    for name, mod in (("q_proj", mla.q), ("q_a_proj", mla.q_a), ("q_b_proj", mla.q_b), ("kv_a_proj_with_mqa", mla.kv_a),
+                      ("kv_b_proj", mla.kv_b), ("o_proj", mla.o)):
+        if mod is not None:
+            _own(table, att + name + ".weight", mod.weight)
+    if mla.q_a_norm is not None:
+        _own(table, att + "q_a_layernorm.weight", mla.q_a_norm)
+    _own(table, att + "kv_a_layernorm.weight", mla.kv_a_norm)
 
 
 def _deltanet(table: dict[str, Slot], net, p: str, a) -> None:

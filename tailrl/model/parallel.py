@@ -8,7 +8,8 @@ intermediate units [r I/size, ...) (rows of gate/up, columns of down): in a mixt
 every expert's and the shared expert's, the router whole (every rank routes a token alike). A
 Gated DeltaNet layer (Qwen3.5) splits by heads too: a rank holds key heads [r KH/size, ...) and
 value heads [r VH/size, ...) (their conv channels, gates, decays and recurrent states), its
-output projection's columns that read them.
+output projection's columns that read them. DeepSeek-V3's latent attention splits by heads as
+well (its latent's projection and norm whole on every rank).
 Norms and the embedding are whole on every rank; the LM head only where logits are computed
 (rank 0). OLMo's q/k norms over all heads at once read every rank's heads: they are gathered
 (``OrderedSum.gather``), normed whole with the whole norm's weight, each rank keeping its own.
@@ -103,13 +104,21 @@ _GPT_OSS_SPLITS = [
     (re.compile(r"experts\.down_proj$"), 1, lambda a: a.moe_intermediate_size),
     (re.compile(r"self_attn\.sinks$"), 0, lambda a: a.num_heads),
 ]
+# DeepSeek-V3's latent attention (mla.py): a rank's heads' query rows and [key nope | value] rows
+# of the latent's up-projection, the output projection's columns that read their values; the
+# latent's own projection and norms whole (every head reads them)
+_MLA_SPLITS = [
+    (re.compile(r"self_attn\.(q_proj|q_b_proj)\.weight$"), 0, lambda a: a.num_heads * (a.mla[2] + a.mla[3])),
+    (re.compile(r"self_attn\.kv_b_proj\.weight$"), 0, lambda a: a.num_heads * (a.mla[2] + a.mla[4])),
+    (re.compile(r"self_attn\.o_proj\.weight$"), 1, lambda a: a.num_heads * a.mla[4]),
+]
 
 
 def _pieces(name: str, args: ModelArgs, shard: Shard) -> tuple[int, list[tuple[int, int]]] | None:
     """(dimension, [(start, length)]) of a Hugging Face tensor (``args``: the whole model's) that
     ``shard`` holds, its pieces put side by side along that dimension; None: the whole tensor.
     An output projection's bias is 'whole' here (``_zeroed`` says who adds it)."""
-    for pattern, dim, width in _GPT_OSS_SPLITS if args.expert_bias else ():
+    for pattern, dim, width in _GPT_OSS_SPLITS if args.expert_bias else _MLA_SPLITS if args.mla else ():
         if pattern.search(name):
             n = width(args) // shard.size
             return dim, [(shard.rank * n, n)]

@@ -1,7 +1,7 @@
 """Our decoder-only transformer (Qwen2 / Qwen3 / Llama / Mistral / Ministral 3 / Phi-3 / Gemma 2-3 /
-OLMo 2-3 / SmolLM3 / GLM-4, mixtures of experts: moe.py, GLM-4.5's and gpt-oss's among them, and Qwen3.5's
-hybrid of attention and Gated DeltaNet layers: deltanet.py) over flattened tokens and a row KV
-cache.
+OLMo 2-3 / SmolLM3 / GLM-4, mixtures of experts: moe.py, GLM-4.5's and gpt-oss's among them, Qwen3.5's
+hybrid of attention and Gated DeltaNet layers: deltanet.py, and DeepSeek-V3's latent attention:
+mla.py) over flattened tokens and a row KV cache.
 
 Hugging Face's module is the reference in tests; this one is the hot path: fused QKV and
 gate/up projections, RoPE applied once to Q and K together, K/V written into a preallocated
@@ -19,6 +19,7 @@ from tailrl.kernels.backend import origins
 from tailrl.model.args import ModelArgs
 from tailrl.model.deltanet import GatedDeltaNet
 from tailrl.model.hf_names import check, checkpoint_names, load_hf, slots
+from tailrl.model.mla import LatentAttention
 from tailrl.model.moe import SparseMoe, sigmoid_rows
 from tailrl.model.rope import rope_table
 
@@ -34,7 +35,9 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(a.hidden_size)) if a.pre_norms else None
         # Qwen3.5: a Gated DeltaNet in place of attention (deltanet.py)
         self.linear = GatedDeltaNet(a) if index in a.linear_layers else None
-        attends = self.linear is None
+        # DeepSeek-V3: multi-head latent attention (mla.py), its own projections
+        self.mla = LatentAttention(a) if a.mla is not None and self.linear is None else None
+        attends = self.linear is None and self.mla is None
         # Qwen3.5's attention: its output gate's rows first, [gate | q | k | v]
         gate = q if a.attn_output_gate else 0
         self.qkv = nn.Linear(a.hidden_size, gate + q + 2 * kv, bias=a.qkv_bias) if attends else None
@@ -67,6 +70,8 @@ class DecoderLayer(nn.Module):
         x, h = self._joined(kernels, x, y, self.input_norm)
         if self.linear is not None:         # k_cache, v_cache: this layer's conv and delta-rule states
             out = self.linear(h, kernels, (k_cache, v_cache), meta.states, self.index)
+        elif self.mla is not None:
+            out = self.mla(h, kernels, rope, k_cache, v_cache, meta)
         else:
             out = kernels.linear(self._attend(h, kernels, rope, k_cache, v_cache, meta), self.o.weight, self.o.bias)
         out = out if self.reduce is None else self.reduce(out)
@@ -263,6 +268,8 @@ class Transformer(nn.Module):
             mods = (layer.qkv, layer.o, layer.gate_up, layer.down) if layer.linear is None else \
                 (layer.linear.in_proj, layer.linear.out, layer.gate_up, layer.down)
             out += [(m.weight, m.bias) for m in mods if m is not None]
+            if layer.mla is not None:
+                out += layer.mla.linears()
             if layer.moe is not None:
                 out += layer.moe.linears()
         return out + [(head, None)] if self.head else out

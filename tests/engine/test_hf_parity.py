@@ -29,6 +29,8 @@ VARIANTS = {
     "glm4": ("glm4", {}),
     "phi3_partial": ("phi3_partial", {}),
     "gpt_oss": ("gpt_oss", {}),
+    "deepseek_v3": ("deepseek_v3", {}),
+    "deepseek_v3_plain": ("deepseek_v3_plain", {}),
 }
 
 

@@ -8,6 +8,7 @@ step's bit for bit: the tests compare whole rollouts, with and without speculati
 and trees), in bfloat16 and float64 (the dtypes whose CPU kernels are batch invariant).
 """
 import pytest
+import torch
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.config import EngineConfig
@@ -33,6 +34,24 @@ def with_graphs(llm: LLM, max_tokens: int = 64, budget: int = 1 << 30, capture=e
 def outputs(llm: LLM):
     outs = llm.generate(PROMPTS, PARAMS)
     return [[(c.token_ids, c.logprobs, c.finish_reason) for c in o.outputs] for o in outs]
+
+
+def test_no_graphs_for_heads_the_triton_attention_does_not_take(caplog):
+    """Heads whose width is not a power of two (DeepSeek-V3's 192, Phi-3-mini's 96) take the
+    reference attention on a GPU, which reads a step's draft positions on the host: such a model
+    gets no CUDA graphs, and the log says why (the configuration alone: nothing runs on a GPU)."""
+    from types import SimpleNamespace
+
+    from tailrl.engine.graphs import engine_graphs
+    from tailrl.model.args import parse_config
+    config = EngineConfig(model="unused", device="cuda")
+    for cfg, width in (({"architectures": ["DeepseekV3ForCausalLM"]}, 192),
+                       ({"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+                         "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32}, 96)):
+        model = SimpleNamespace(args=parse_config(cfg))
+        with caplog.at_level("INFO", logger="tailrl.engine.graphs"):
+            assert engine_graphs(model, None, config, torch.bfloat16, grouped=True) is None
+        assert f"heads of {width} dimensions" in caplog.text
 
 
 def test_token_buckets():

@@ -25,19 +25,22 @@ def assert_same_tokens_close_logprobs(a, b):
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama_bias", "qwen2_moe", "mixtral", "gemma3", "glm4", "olmo3", "glm4_moe",
-                                  "gpt_oss", pytest.param("ministral3", marks=pytest.mark.slow)])
+                                  "gpt_oss", "deepseek_v3", pytest.param("ministral3", marks=pytest.mark.slow)])
 def test_a_model_split_over_two_ranks_computes_the_whole_models_outputs_in_float64(ckpt_dir, arch):
     """Fused QKV rows by head (with their biases), Qwen3's per-head norms, output projections
     whose bias only rank 0 adds, every expert's and the shared expert's units, Gemma's norms of
     the summed outputs and its sliding window (8 positions, 24 tokens generated), GLM-4's heads
     reordered for RoPE on half of them and its fused gate/up, OLMo 3's q/k norms over every
-    rank's heads, gpt-oss's sinks by head and its experts' biases: tokens equal,
+    rank's heads, gpt-oss's sinks by head and its experts' biases, DeepSeek-V3's latent attention by
+    head: tokens equal,
     log-probabilities to float64 rounding (Qwen2: test_weight_updates_reach_every_rank)."""
     path = ckpt_dir(arch, init_std=1.0)
     split = LLM(path, dtype="float64", tensor_parallel_size=2)
     try:
         whole = split.engine.model.whole
-        assert split.engine.model.local.layers[0].o.weight.shape[1] * 2 == whole.num_heads * whole.head_dim
+        layer = split.engine.model.local.layers[0]
+        o, value = (layer.o, whole.head_dim) if layer.mla is None else (layer.mla.o, whole.mla[4])
+        assert o.weight.shape[1] * 2 == whole.num_heads * value
         got = pairs(split.generate(PROMPTS, PARAMS))
     finally:
         split.close()

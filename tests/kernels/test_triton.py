@@ -362,7 +362,8 @@ def test_qwen3_5s_recurrent_layers_under_the_triton_kernels(ckpt_dir, monkeypatc
                                      pytest.param("glm4", {}, marks=SLOW_HERE),
                                      pytest.param("glm4_moe", {}, marks=SLOW_HERE),
                                      pytest.param("ministral3", {}, marks=SLOW_HERE),
-                                     ("gpt_oss", dict(num_heads=2, num_kv_heads=1))])
+                                     ("gpt_oss", dict(num_heads=2, num_kv_heads=1)),
+                                     ("deepseek_v3", dict(num_heads=2))])
 def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arch, kw):
     """Qwen3 (per-head q/k norms, head_dim given apart from hidden / heads), Llama (no biases),
     a tied Qwen2 with 4 queries per K/V head, mixtures of experts (their products grouped by
@@ -371,9 +372,9 @@ def test_other_architectures_under_the_triton_kernels(ckpt_dir, monkeypatch, arc
     before attention, q/k norms over all heads); on a GPU or with ``-m slow`` also Gemma 2 (soft
     caps), SmolLM3 (layers without RoPE), GLM-4 (RoPE on half of each head, interleaved) and
     GLM-4.5 (grouped sigmoid routing, a float32 router) and Ministral 3 (queries scaled by position);
-    and gpt-oss (attention sinks, a window, experts with biases and a clamped SwiGLU): float32
-    sampled tokens through the Triton kernels equal the native CPU kernels', as the Qwen2
-    checkpoint's above."""
+    gpt-oss (attention sinks, a window, experts with biases and a clamped SwiGLU) and DeepSeek-V3
+    (latent attention): float32 sampled tokens through the Triton kernels equal the native CPU
+    kernels', as the Qwen2 checkpoint's above."""
     from tailrl import LLM, SamplingParams
     path = ckpt_dir(arch, init_std=1.0, **kw, **INTERPRETED_LAYERS)
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
@@ -412,7 +413,8 @@ def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(triton_
 
 
 @pytest.mark.parametrize("arch", ["qwen2", pytest.param("qwen3_moe", marks=SLOW_HERE),
-                                  pytest.param("glm4_moe", marks=SLOW_HERE), pytest.param("gpt_oss", marks=SLOW_HERE)])
+                                  pytest.param("glm4_moe", marks=SLOW_HERE), pytest.param("gpt_oss", marks=SLOW_HERE),
+                                  pytest.param("deepseek_v3", marks=SLOW_HERE)])
 def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, triton_model, monkeypatch, arch):
     """bfloat16 through the Triton kernels (the batch-invariant matmul included; a mixture of
     experts' products grouped on the device): speculation

@@ -10,7 +10,8 @@ import transformers
 from tailrl.model.hf_names import checkpoint_names, load_hf, slots
 from tailrl.model.loader import load_model, load_state_dict
 
-ARCHS = ["qwen2", "qwen3", "llama", "phi3", "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss"]
+ARCHS = ["qwen2", "qwen3", "llama", "phi3", "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss",
+         "deepseek_v3_plain"]
 
 
 def same(a, b) -> bool:

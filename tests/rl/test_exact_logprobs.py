@@ -50,11 +50,12 @@ def test_with_values_has_the_values_and_the_reference_gradient():
     assert torch.equal(ref.grad, torch.tensor([2.0, 4.0, 6.0]))
 
 
-@pytest.mark.parametrize("arch,layers", [("qwen3_5", 4), ("gpt_oss", 2)])
-def test_a_hybrid_or_sinks_policys_logprobs_are_the_rollouts_bit_for_bit(tmp_path, arch, layers):
-    """Qwen3.5 (Gated DeltaNet layers with recurrent states, model/deltanet.py) and gpt-oss
-    (attention sinks, experts with biases and a clamped SwiGLU): the trainer's log-probabilities
-    (the engine's own scorer) equal the speculative rollout's in bfloat16."""
+@pytest.mark.parametrize("arch,layers", [("qwen3_5", 4), ("gpt_oss", 2), ("deepseek_v3", 2)])
+def test_other_layers_policys_logprobs_are_the_rollouts_bit_for_bit(tmp_path, arch, layers):
+    """Qwen3.5 (Gated DeltaNet layers with recurrent states, model/deltanet.py), gpt-oss
+    (attention sinks, experts with biases and a clamped SwiGLU) and DeepSeek-V3 (latent
+    attention, model/mla.py): the trainer's log-probabilities (the engine's own scorer) equal the
+    speculative rollout's in bfloat16."""
     from checkpoints import make_checkpoint
     from text_tokenizer import save_char_tokenizer
     path = make_checkpoint(str(tmp_path / arch), arch, num_layers=layers, vocab_size=97, eos_token_id=2, max_pos=1024)

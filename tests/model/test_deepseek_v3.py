@@ -1,0 +1,92 @@
+"""DeepSeek-V3 (DeepseekV3ForCausalLM: DeepSeek-V3 / R1, Kimi K2, Moonlight; model/mla.py): the
+published configs read as transformers reads them, the latent attention's fields as what makes
+the logits Hugging Face's, its multi-token-prediction layers skipped, and what is refused. Logits
+and greedy tokens against Hugging Face (with and without a low-rank query) are in
+tests/engine/test_hf_parity.py; speculation lossless, a trainer's weights, tensor parallelism and
+the Triton kernels in the architecture-wide tests."""
+import json
+import os
+
+import pytest
+import torch
+import transformers
+from parity import assert_fields_make_hf_logits
+from safetensors.torch import save_file
+
+from tailrl import LLM, SamplingParams
+from tailrl.model.args import parse_config
+from tailrl.model.loader import load_state_dict
+from tailrl.model.transformer import Transformer
+
+# deepseek-ai/DeepSeek-V3's config.json (the fields that matter; its FP8 quantization apart)
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "moe_intermediate_size": 2048, "n_group": 8,
+    "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "topk_group": 4, "v_head_dim": 128, "vocab_size": 129280,
+    "first_k_dense_replace": 3, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1}
+# moonshotai/Moonlight-16B-A3B's: one query projection, no YaRN, every group open
+MOONLIGHT = {**DEEPSEEK_V3, "hidden_size": 2048, "intermediate_size": 11264, "moe_intermediate_size": 1408,
+             "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16, "n_routed_experts": 64,
+             "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "n_group": 1,
+             "topk_group": 1, "routed_scaling_factor": 2.446, "q_lora_rank": None, "vocab_size": 163840,
+             "rope_theta": 50000.0, "max_position_embeddings": 8192, "rope_scaling": None}
+
+
+@pytest.mark.parametrize("cfg,billions", [(DEEPSEEK_V3, 671.0), (MOONLIGHT, 15.96)])
+def test_the_published_configs_read_as_transformers_reads_them(cfg, billions):
+    a = parse_config(cfg)
+    hf = transformers.DeepseekV3Config(**{k: v for k, v in cfg.items() if k != "architectures"})
+    assert a.mla == (hf.q_lora_rank or 0, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim)
+    assert (a.head_dim, a.num_kv_heads, a.rotary_dim, a.rope_interleaved) == (
+        hf.qk_head_dim, hf.num_attention_heads, hf.qk_rope_head_dim, hf.rope_interleave)
+    with torch.device("meta"):
+        scaling = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention(hf, 0).scaling
+    assert a.attn_scale == pytest.approx(scaling, rel=1e-12)
+    assert a.sparse_layers == tuple(range(hf.first_k_dense_replace, hf.num_hidden_layers))
+    assert (a.num_experts, a.experts_per_token, a.expert_groups, a.groups_per_token, a.routed_scaling) == (
+        hf.n_routed_experts, hf.num_experts_per_tok, hf.n_group, hf.topk_group, hf.routed_scaling_factor)
+    assert a.router_sigmoid and a.router_float32 and a.mtp_layers == 1
+    assert a.num_parameters == pytest.approx(billions * 1e9, rel=0.002)      # DeepSeek's 671B (MTP apart), 15.96B
+    few = parse_config({**cfg, "num_hidden_layers": 4, "first_k_dense_replace": 1})
+    assert few.num_parameters == sum(p.numel() for p in Transformer(few, 1, torch.bfloat16, "meta").parameters())
+
+
+def test_what_is_refused_names_its_field():
+    with pytest.raises(ValueError, match="quant_method 'fp8'"):              # the published FP8 weights
+        parse_config({**DEEPSEEK_V3, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})
+    with pytest.raises(ValueError, match="attention_bias"):
+        parse_config({**DEEPSEEK_V3, "attention_bias": True})
+    with pytest.raises(ValueError, match="v_head_dim"):
+        parse_config({**DEEPSEEK_V3, "v_head_dim": 256})
+
+
+def test_the_latent_attentions_fields_are_what_makes_the_logits_hugging_faces(ckpt_dir, monkeypatch):
+    """RoPE's pairs not interleaved, RoPE over every dimension, or the scores without YaRN's mscale:
+    the logits leave Hugging Face's."""
+    assert_fields_make_hf_logits(ckpt_dir("deepseek_v3"), monkeypatch, dict(rope_interleaved=False),
+                                 dict(rotary_dim=0), dict(attn_scale=32 ** -0.5))
+
+
+def test_multi_token_prediction_layers_are_skipped_and_nothing_else(ckpt_dir, tmp_path):
+    """A checkpoint's MTP layer (after the model's own, as DeepSeek's checkpoints hold it) loads as
+    the model without it; with the config saying there is none, it is a ValueError naming it."""
+    path = ckpt_dir("deepseek_v3")
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want = LLM(path).generate([[3, 5, 7]], sp)[0].outputs[0].token_ids
+    mtp = {"model.layers.2.eh_proj.weight": torch.zeros(64, 128), "model.layers.2.enorm.weight": torch.ones(64),
+           "model.layers.2.self_attn.kv_a_layernorm.weight": torch.ones(16)}
+    for name, layers in (("mtp", 1), ("none", 0)):
+        os.makedirs(tmp_path / name)
+        save_file({**load_state_dict(path), **mtp}, str(tmp_path / name / "model.safetensors"))
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+        with open(tmp_path / name / "config.json", "w") as f:
+            json.dump({**cfg, "num_nextn_predict_layers": layers}, f)
+    assert LLM(str(tmp_path / "mtp")).generate([[3, 5, 7]], sp)[0].outputs[0].token_ids == want
+    with pytest.raises(ValueError, match="model.layers.2"):
+        LLM(str(tmp_path / "none"))
