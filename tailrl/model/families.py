@@ -89,7 +89,7 @@ GLM4_MOE_DEFAULTS = dict(num_experts_per_tok=8, moe_intermediate_size=1408,
 
 
 def glm4_moe_fields(cfg: dict, layers: int, source: str) -> dict:
-    """GLM-4.5's / GLM-4.6's mixture (DeepSeek-V3's routing): the first ``first_k_dense_replace``
+    """GLM-4.5's / GLM-4.6's mixture, DeepSeek-V3's own: the first ``first_k_dense_replace``
     layers dense; a float32 router's sigmoid scores, a token's experts chosen among the best
     ``topk_group`` of ``n_group`` groups by score plus a correction bias, weighted by their
     scores (renormalised, times ``routed_scaling_factor``); an ungated shared expert. The

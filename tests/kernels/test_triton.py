@@ -236,7 +236,7 @@ def test_the_projection_bias_added_in_ropes_pass_gives_the_separate_adds_bits(dt
     sep = [k.to(dtype=dtype, **dev), v.to(dtype=dtype, **dev)]
     fused = [c.clone() for c in sep]
     want = TRITON.rope_attend(x + b, rope, *sep, meta, H)
-    got = TRITON.rope_attend(x, rope, *fused, meta, H, b)
+    got = TRITON.rope_attend(x, rope, *fused, meta, H, bias=b)
     assert torch.equal(got, want) and torch.equal(fused[0], sep[0]) and torch.equal(fused[1], sep[1])
     h = torch.randn(len(x), 48, generator=torch.Generator().manual_seed(14)).to(dtype=dtype, **dev)
     w = torch.randn(qkv.shape[1], 48, generator=torch.Generator().manual_seed(15)).to(dtype=dtype, **dev) / 8
