@@ -84,19 +84,19 @@ ARCH_CONFIGS = {
                                      rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
                                                           truncate=False, original_max_position_embeddings=128,
                                                           rope_theta=10000.0))),
-    # DeepSeek-V3: latent attention (a low-rank query of 24, a latent of 16, heads of 24 + 8 key
+    # DeepSeek-V3: latent attention (a low-rank query of 24, a latent of 24, heads of 24 + 8 key
     # dimensions with RoPE's 8 interleaved, values of 16; YaRN 4x an original context of 128 with
     # its mscale on the scores), the first layer dense, then GLM-4.5's routing (8 experts in 2
     # groups, 3 a token from the better one, weights x 2.5, a shared expert)
     "deepseek_v3": ("DeepseekV3Config", dict(
-        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+        q_lora_rank=24, kv_lora_rank=24, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
         num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, n_group=2, topk_group=1,
         first_k_dense_replace=1, routed_scaling_factor=2.5, rope_interleave=True,
         rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128, beta_fast=32.0,
                              beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, rope_theta=10000.0))),
     # Moonlight's kind: one query projection (no low rank), RoPE's pairs rotate-half, no YaRN
     "deepseek_v3_plain": ("DeepseekV3Config", dict(
-        q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+        q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
         num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=2, n_group=1, topk_group=1,
         first_k_dense_replace=1, routed_scaling_factor=2.0, rope_interleave=False)),
 }

@@ -347,10 +347,10 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
         return arch, {**GLM4_DEFAULTS, **cfg}
     if arch in GPT_OSS:
         return arch, gpt_oss_config(cfg)
-    if arch in DEEPSEEK_V3:                     # the pool's head: a key's width, every head its own K/V
+    if arch in DEEPSEEK_V3:                     # the pool's one K/V head: the latent and the rotary key
         cfg = {**DEEPSEEK_V3_DEFAULTS, **cfg}
-        return arch, {**cfg, "head_dim": int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]),
-                      "num_key_value_heads": cfg["num_attention_heads"]}
+        return arch, {**cfg, "head_dim": int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"]),
+                      "num_key_value_heads": 1}
     if arch in QWEN3_5:
         defaults = {"Qwen3NextForCausalLM": QWEN3_NEXT_DEFAULTS}.get(
             arch, QWEN3_5_MOE_DEFAULTS if arch in QWEN3_5_MOE else QWEN3_5_DEFAULTS)
@@ -444,17 +444,18 @@ def qwen3_5_fields(cfg: dict, source: str, layers: int, grouped: bool = False) -
 
 def deepseek_v3_fields(cfg: dict, source: str) -> dict:
     """DeepSeek-V3's attention (model/mla.py): its latent ranks and head widths, RoPE on each
-    head's last ``qk_rope_head_dim`` dimensions (interleaved pairs where ``rope_interleave``),
-    scores scaled by the key width ** -0.5, times YaRN's mscale(factor, mscale_all_dim) squared."""
+    head's ``qk_rope_head_dim`` rotary dimensions (interleaved pairs where ``rope_interleave``),
+    scores scaled by the key width (nope + rope) ** -0.5, times YaRN's mscale(factor,
+    mscale_all_dim) squared."""
     q_lora = int(cfg.get("q_lora_rank") or 0)
     dims = tuple(int(cfg[k]) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     kv_lora, nope, rope, v = dims
     if cfg.get("attention_bias"):
         raise ValueError(f"model: attention_bias true in {source} is not supported for DeepSeek-V3 (its published "
                          f"models have none)")
-    if min(dims) < 1 or rope % 2 or v > nope + rope:
-        raise ValueError(f"model: v_head_dim {v} in {source} must be at most qk_nope_head_dim + qk_rope_head_dim "
-                         f"{nope + rope} (the K/V pool's width), and qk_rope_head_dim {rope} even")
+    if min(dims) < 1 or rope % 2:
+        raise ValueError(f"model: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim in {source} must "
+                         f"be positive and qk_rope_head_dim even, got {dims}")
     scale = (nope + rope) ** -0.5
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if params.get("rope_type", params.get("type", "default")) not in ("default", None) and params.get("mscale_all_dim"):

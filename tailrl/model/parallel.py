@@ -9,7 +9,8 @@ every expert's and the shared expert's, the router whole (every rank routes a to
 Gated DeltaNet layer (Qwen3.5) splits by heads too: a rank holds key heads [r KH/size, ...) and
 value heads [r VH/size, ...) (their conv channels, gates, decays and recurrent states), its
 output projection's columns that read them. DeepSeek-V3's latent attention splits by heads as
-well (its latent's projection and norm whole on every rank).
+well; its latent, the one K/V head every query head reads, is whole on every rank (each rank
+computes and keeps the same latent).
 Norms and the embedding are whole on every rank; the LM head only where logits are computed
 (rank 0). OLMo's q/k norms over all heads at once read every rank's heads: they are gathered
 (``OrderedSum.gather``), normed whole with the whole norm's weight, each rank keeping its own.
@@ -39,7 +40,7 @@ class Shard:
 
 def check_split(args: ModelArgs, size: int) -> None:
     """A ValueError naming ``tensor_parallel_size`` where the model does not split over ``size``."""
-    widths = [("attention heads", args.num_heads), ("K/V heads", args.num_kv_heads)]
+    widths = [("attention heads", args.num_heads)] + ([("K/V heads", args.num_kv_heads)] if args.mla is None else [])
     if len(args.sparse_layers) < args.num_layers:
         widths.append(("MLP intermediate units", args.intermediate_size))
     if args.num_experts:
@@ -57,7 +58,8 @@ def shard_args(args: ModelArgs, size: int) -> ModelArgs:
     """The shape one rank's part of the model has (heads, K/V heads and MLP widths divided)."""
     check_split(args, size)
     kh, vh, kd, vd, width = args.linear_dims
-    return replace(args, num_heads=args.num_heads // size, num_kv_heads=args.num_kv_heads // size,
+    kv = args.num_kv_heads if args.mla is not None else args.num_kv_heads // size    # a latent: on every rank
+    return replace(args, num_heads=args.num_heads // size, num_kv_heads=kv,
                    intermediate_size=args.intermediate_size // size,
                    moe_intermediate_size=args.moe_intermediate_size // size,
                    shared_expert_size=args.shared_expert_size // size,

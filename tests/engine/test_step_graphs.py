@@ -37,7 +37,7 @@ def outputs(llm: LLM):
 
 
 def test_no_graphs_for_heads_the_triton_attention_does_not_take(caplog):
-    """Heads whose width is not a power of two (DeepSeek-V3's 192, Phi-3-mini's 96) take the
+    """Heads whose width is not a power of two (DeepSeek-V3's latent 576, Phi-3-mini's 96) take the
     reference attention on a GPU, which reads a step's draft positions on the host: such a model
     gets no CUDA graphs, and the log says why (the configuration alone: nothing runs on a GPU)."""
     from types import SimpleNamespace
@@ -45,7 +45,7 @@ def test_no_graphs_for_heads_the_triton_attention_does_not_take(caplog):
     from tailrl.engine.graphs import engine_graphs
     from tailrl.model.args import parse_config
     config = EngineConfig(model="unused", device="cuda")
-    for cfg, width in (({"architectures": ["DeepseekV3ForCausalLM"]}, 192),
+    for cfg, width in (({"architectures": ["DeepseekV3ForCausalLM"]}, 576),
                        ({"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
                          "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32}, 96)):
         model = SimpleNamespace(args=parse_config(cfg))

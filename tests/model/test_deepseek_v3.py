@@ -42,8 +42,8 @@ def test_the_published_configs_read_as_transformers_reads_them(cfg, billions):
     a = parse_config(cfg)
     hf = transformers.DeepseekV3Config(**{k: v for k, v in cfg.items() if k != "architectures"})
     assert a.mla == (hf.q_lora_rank or 0, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim)
-    assert (a.head_dim, a.num_kv_heads, a.rotary_dim, a.rope_interleaved) == (
-        hf.qk_head_dim, hf.num_attention_heads, hf.qk_rope_head_dim, hf.rope_interleave)
+    assert (a.head_dim, a.num_kv_heads, a.rotary_dim, a.rope_interleaved) == (    # the pool's one latent head
+        hf.kv_lora_rank + hf.qk_rope_head_dim, 1, hf.qk_rope_head_dim, hf.rope_interleave)
     with torch.device("meta"):
         scaling = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention(hf, 0).scaling
     assert a.attn_scale == pytest.approx(scaling, rel=1e-12)
@@ -52,6 +52,7 @@ def test_the_published_configs_read_as_transformers_reads_them(cfg, billions):
         hf.n_routed_experts, hf.num_experts_per_tok, hf.n_group, hf.topk_group, hf.routed_scaling_factor)
     assert a.router_sigmoid and a.router_float32 and a.mtp_layers == 1
     assert a.num_parameters == pytest.approx(billions * 1e9, rel=0.002)      # DeepSeek's 671B (MTP apart), 15.96B
+    assert a.kv_bytes_per_token == 2 * hf.num_hidden_layers * (hf.kv_lora_rank + hf.qk_rope_head_dim)   # the latent
     few = parse_config({**cfg, "num_hidden_layers": 4, "first_k_dense_replace": 1})
     assert few.num_parameters == sum(p.numel() for p in Transformer(few, 1, torch.bfloat16, "meta").parameters())
 
@@ -61,8 +62,8 @@ def test_what_is_refused_names_its_field():
         parse_config({**DEEPSEEK_V3, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})
     with pytest.raises(ValueError, match="attention_bias"):
         parse_config({**DEEPSEEK_V3, "attention_bias": True})
-    with pytest.raises(ValueError, match="v_head_dim"):
-        parse_config({**DEEPSEEK_V3, "v_head_dim": 256})
+    with pytest.raises(ValueError, match="qk_rope_head_dim even"):
+        parse_config({**DEEPSEEK_V3, "qk_rope_head_dim": 63})
 
 
 def test_the_latent_attentions_fields_are_what_makes_the_logits_hugging_faces(ckpt_dir, monkeypatch):
@@ -79,7 +80,7 @@ def test_multi_token_prediction_layers_are_skipped_and_nothing_else(ckpt_dir, tm
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     want = LLM(path).generate([[3, 5, 7]], sp)[0].outputs[0].token_ids
     mtp = {"model.layers.2.eh_proj.weight": torch.zeros(64, 128), "model.layers.2.enorm.weight": torch.ones(64),
-           "model.layers.2.self_attn.kv_a_layernorm.weight": torch.ones(16)}
+           "model.layers.2.self_attn.kv_a_layernorm.weight": torch.ones(24)}
     for name, layers in (("mtp", 1), ("none", 0)):
         os.makedirs(tmp_path / name)
         save_file({**load_state_dict(path), **mtp}, str(tmp_path / name / "model.safetensors"))
