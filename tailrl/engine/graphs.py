@@ -274,6 +274,10 @@ def engine_graphs(model: Transformer, kv: KVCache, config: EngineConfig, dtype: 
         log.info("engine: no CUDA graphs for %s (its recurrent layers' rows are planned on the host each step)",
                  model.args.architecture)
         return None
+    if model.args.mla is not None:
+        log.info("engine: no CUDA graphs for %s (its latent attention's absorbed weights are copies a weight update "
+                 "makes again, outside any graph)", model.args.architecture)
+        return None
     d = model.args.head_dim
     if d & (d - 1):
         log.info("engine: no CUDA graphs for %s (heads of %d dimensions take the reference attention, which reads a "

@@ -36,22 +36,24 @@ def outputs(llm: LLM):
     return [[(c.token_ids, c.logprobs, c.finish_reason) for c in o.outputs] for o in outs]
 
 
-def test_no_graphs_for_heads_the_triton_attention_does_not_take(caplog):
-    """Heads whose width is not a power of two (DeepSeek-V3's latent 576, Phi-3-mini's 96) take the
-    reference attention on a GPU, which reads a step's draft positions on the host: such a model
-    gets no CUDA graphs, and the log says why (the configuration alone: nothing runs on a GPU)."""
+def test_no_graphs_for_heads_the_triton_attention_does_not_take_or_latent_attention(caplog):
+    """Heads whose width is not a power of two (Phi-3-mini's 96, DeepSeek-V3's latent 576) take the
+    reference attention on a GPU, which reads a step's draft positions on the host; DeepSeek-V3's
+    absorbed weights are copies made again after a weight update, outside any graph: such models
+    get no CUDA graphs, and the log says why (the configuration alone: nothing runs on a GPU)."""
     from types import SimpleNamespace
 
     from tailrl.engine.graphs import engine_graphs
     from tailrl.model.args import parse_config
     config = EngineConfig(model="unused", device="cuda")
-    for cfg, width in (({"architectures": ["DeepseekV3ForCausalLM"]}, 576),
-                       ({"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
-                         "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32}, 96)):
+    phi3 = {"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+            "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32}
+    deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 448}          # a latent head of 512
+    for cfg, why in ((phi3, "heads of 96 dimensions"), (deepseek, "absorbed weights")):
         model = SimpleNamespace(args=parse_config(cfg))
         with caplog.at_level("INFO", logger="tailrl.engine.graphs"):
             assert engine_graphs(model, None, config, torch.bfloat16, grouped=True) is None
-        assert f"heads of {width} dimensions" in caplog.text
+        assert why in caplog.text
 
 
 def test_token_buckets():

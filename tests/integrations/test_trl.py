@@ -32,6 +32,25 @@ def qwen3_5_dir(tmp_path_factory) -> str:
     return path
 
 
+@pytest.fixture(scope="module")
+def deepseek_v3_dir(tmp_path_factory) -> str:
+    """A tiny DeepSeek-V3 (latent attention, grouped routing): a trainer's module names its experts
+    fused and its attention's low-rank projections."""
+    path = str(tmp_path_factory.mktemp("trl") / "deepseek_v3")
+    make_checkpoint(path, "deepseek_v3", vocab_size=97, eos_token_id=2, max_pos=1024)
+    save_char_tokenizer(path, chat_template=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dir(tmp_path_factory) -> str:
+    """A tiny gpt-oss (sinks, windows, experts with biases): its module's interleaved expert tensors."""
+    path = str(tmp_path_factory.mktemp("trl") / "gpt_oss")
+    make_checkpoint(path, "gpt_oss", vocab_size=97, eos_token_id=2, max_pos=1024)
+    save_char_tokenizer(path, chat_template=True)
+    return path
+
+
 def length_reward(prompts, completions, **_):
     """Varied rewards, so advantages are non-zero and the update changes the weights."""
     return [float(len(c) % 5) for c in completions]
@@ -46,7 +65,7 @@ def test_collapse_repeats():
     assert prompt_key("x") == prompt_key("x") != prompt_key("y")
 
 
-@pytest.mark.parametrize("which", ["model_dir", "qwen3_5_dir"])
+@pytest.mark.parametrize("which", ["model_dir", "qwen3_5_dir", "gpt_oss_dir", "deepseek_v3_dir"])
 def test_two_grpo_steps_match_engine_output(which, tmp_path, monkeypatch, request):
     model_dir = request.getfixturevalue(which)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -413,8 +413,7 @@ def test_follow_ups_inside_steps_launched_ahead_under_the_triton_kernels(triton_
 
 
 @pytest.mark.parametrize("arch", ["qwen2", pytest.param("qwen3_moe", marks=SLOW_HERE),
-                                  pytest.param("glm4_moe", marks=SLOW_HERE), pytest.param("gpt_oss", marks=SLOW_HERE),
-                                  pytest.param("deepseek_v3", marks=SLOW_HERE)])
+                                  pytest.param("glm4_moe", marks=SLOW_HERE), pytest.param("gpt_oss", marks=SLOW_HERE)])
 def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, triton_model, monkeypatch, arch):
     """bfloat16 through the Triton kernels (the batch-invariant matmul included; a mixture of
     experts' products grouped on the device): speculation
