@@ -1,4 +1,4 @@
-"""What loading gpt-oss's MXFP4 experts costs: our dequantization (model/mxfp4.py) against
+"""What loading gpt-oss's MXFP4 experts costs: our dequantization (model/quantized.py) against
 transformers' own (``convert_moe_packed_tensors``, what ``from_pretrained`` runs where it does not
 keep them quantized), on gpt-oss-20b's and -120b's expert shapes.
 
@@ -20,7 +20,7 @@ import time
 import torch
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from tailrl.model import mxfp4
+from tailrl.model import quantized
 
 SHAPES = {"gate_up": (5760, 90), "down": (2880, 90)}
 CHECKPOINTS = {"gpt-oss-20b": 24 * 32, "gpt-oss-120b": 36 * 128}       # experts of each kind
@@ -49,7 +49,7 @@ def main() -> None:
     for kind, (rows, groups) in SHAPES.items():
         blocks = torch.randint(0, 256, (args.experts, rows, groups, 16), generator=g, dtype=torch.uint8)
         scales = torch.randint(110, 135, (args.experts, rows, groups), generator=g, dtype=torch.uint8)
-        ours = lambda: mxfp4.dequantize(blocks, scales, dtype, args.device)              # noqa: E731
+        ours = lambda: quantized.dequantize_mxfp4(blocks, scales, dtype, args.device)              # noqa: E731
         theirs = lambda: convert_moe_packed_tensors(blocks.to(args.device), scales.to(args.device),  # noqa: E731
                                                     dtype=dtype)
         assert torch.equal(ours(), theirs())

@@ -61,7 +61,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3NextForCausalLM": dict(qkv_bias=None, qk_norm=True),
     # gpt-oss (OpenAI's 20B and 120B): attention sinks, every other layer a sliding window, YaRN;
     # a mixture of experts in every layer with biases, a softmax over the top-k logits and a
-    # clamped SwiGLU (families.py); MXFP4 checkpoints dequantized at load (mxfp4.py)
+    # clamped SwiGLU (families.py); MXFP4 checkpoints dequantized at load (quantized.py)
     "GptOssForCausalLM": dict(qkv_bias=None, qk_norm=False),
     # DeepSeek-V3 / R1, Kimi K2, Moonlight: multi-head latent attention (mla.py) and GLM-4.5's
     # mixture (DeepSeek-V3's routing, moe.py) after the first dense layers
@@ -220,6 +220,21 @@ def _eos_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+def _check_quantization(quant: dict, arch: str, source: str) -> None:
+    """What a quantized checkpoint may be (model/quantized.py dequantizes it as it is read):
+    gpt-oss's MXFP4 experts, or FP8 (E4M3) weights with a factor per block of
+    ``weight_block_size`` (DeepSeek-V3's, Kimi K2's, Qwen's -FP8); anything else a ValueError."""
+    method = quant.get("quant_method")
+    if not method or method == "mxfp4" and arch in GPT_OSS:
+        return
+    block = quant.get("weight_block_size")
+    if method == "fp8" and quant.get("fmt", "e4m3") == "e4m3" and isinstance(block, (list, tuple)) and \
+            len(block) == 2 and min(int(b) for b in block) >= 1:
+        return
+    raise ValueError(f"model: quantization_config {quant!r} in {source} is not supported (weights are dequantized "
+                     f"as they are read from gpt-oss's MXFP4 and from FP8 E4M3 with a weight_block_size)")
+
+
 def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
     """Validate and convert a Hugging Face config dict. Raises ValueError naming the field."""
     archs = cfg.get("architectures") or []
@@ -229,10 +244,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelArgs:
             f"model: unsupported architecture {archs!r} in {source}; "
             f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     flags = SUPPORTED_ARCHITECTURES[arch]
-    quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if quant and not (quant == "mxfp4" and arch in GPT_OSS):         # (DeepSeek-V3's fp8 among them)
-        raise ValueError(f"model: quantization_config.quant_method {quant!r} in {source} is not supported (weights "
-                         f"are read as stored, in a float dtype; gpt-oss's MXFP4 experts are dequantized)")
+    _check_quantization(cfg.get("quantization_config") or {}, arch, source)
     arch, cfg = text_model(arch, cfg, source)
     try:
         hidden = int(cfg["hidden_size"])

@@ -112,7 +112,7 @@ def _experts(table: dict[str, Slot], moe, p: str) -> None:
 
 def _gpt_oss_experts(table: dict[str, Slot], moe, p: str) -> None:
     """gpt-oss's router (``mlp.router.``, with its bias) and experts as its module and checkpoints
-    hold them (MXFP4 ones dequantized at load: mxfp4.py): [gate | up] per unit side by side and
+    hold them (MXFP4 ones dequantized at load: quantized.py): [gate | up] per unit side by side and
     transposed ([E, H, 2I], unit u's gate at column 2u and its up at 2u + 1; the bias [E, 2I]
     alike), down [E, I, H]; copied into our [E, 2I, H] and [E, H, I] through views of them that
     read them so."""

@@ -1,8 +1,9 @@
 """Hugging Face checkpoint directory -> our Transformer.
 
 Reads config.json (+ generation_config.json for EOS) and safetensors weights, single file or
-sharded with an index (gpt-oss's MXFP4 experts dequantized as they are read: mxfp4.py). Errors
-name the missing file or field and the supported architectures.
+sharded with an index (quantized weights, gpt-oss's MXFP4 and block-scaled FP8, dequantized as
+they are read: quantized.py). Errors name the missing file or field and the supported
+architectures.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from tailrl.model import mxfp4
+from tailrl.model import quantized
 from tailrl.model.args import ModelArgs, parse_config
 from tailrl.model.hf_names import check, load_hf
 from tailrl.model.parallel import Shard, read_part, shard_args, shard_tensor
@@ -25,14 +26,26 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
-def read_args(path: str) -> ModelArgs:
+def read_config(path: str) -> tuple[dict, str]:
+    """(config.json as a dict, its path), or a ValueError naming what is missing."""
     if not os.path.isdir(path):
         raise ValueError(f"model: {path!r} is not a directory")
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise ValueError(f"model: {path!r} has no config.json")
     with open(cfg_path) as f:
-        cfg = json.load(f)
+        return json.load(f), cfg_path
+
+
+def fp8_block(path: str) -> tuple[int, int] | None:
+    """The blocks of a checkpoint's FP8 weight scales (``quantization_config.weight_block_size``;
+    None where it names none: parse_config refuses an FP8 checkpoint without them)."""
+    block = ((read_config(path)[0].get("quantization_config") or {}).get("weight_block_size"))
+    return (int(block[0]), int(block[1])) if block else None
+
+
+def read_args(path: str) -> ModelArgs:
+    cfg, cfg_path = read_config(path)
     args = parse_config(cfg, cfg_path)
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):
@@ -61,29 +74,30 @@ def weight_files(path: str) -> list[str]:
 
 def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape in a checkpoint's weight files, read from their headers alone (an
-    MXFP4 pair's: the tensor it makes)."""
+    quantized pair's: the tensor it makes)."""
     out = {}
     for f in weight_files(path):
         with safe_open(f, "pt") as g:
             out.update({k: tuple(g.get_slice(k).get_shape()) for k in g.keys()})
-    return mxfp4.shapes(out)
+    return quantized.shapes(out)
 
 
 def load_state_dict(path: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint (MXFP4 pairs dequantized to ``dtype``)."""
+    """Every tensor of a checkpoint (quantized pairs dequantized to ``dtype``)."""
     sd: dict[str, torch.Tensor] = {}
     for f in weight_files(path):
         sd.update(load_file(f))
-    return dict(mxfp4.dequantized(sd.items(), dtype))
+    return dict(quantized.dequantized(sd.items(), dtype, block=fp8_block(path)))
 
 
 def _read(files: list[str], args: ModelArgs, shard: Shard | None):
     """(name, tensor) of every tensor in ``files``, a rank's part where ``shard`` (only those
-    bytes read; an MXFP4 half whole: its rank's part is cut once dequantized)."""
+    bytes read; a quantized half whole: its rank's part is cut once dequantized)."""
     for f in files:
         with safe_open(f, "pt") as g:
             for k in g.keys():
-                whole = shard is None or mxfp4.base_name(k) is not None
+                whole = shard is None or quantized.base_name(k) is not None or \
+                    g.get_slice(k).get_dtype().startswith("F8")
                 yield k, g.get_tensor(k) if whole else read_part(k, g.get_slice(k), args, shard)
 
 
@@ -129,7 +143,8 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu", max_len: 
     else:
         model = Transformer(shard_args(args, shard.size), max_len, DTYPES[dtype], device, reduce, shard.rank == 0)
     split = None if shard is None else (lambda name, t: shard_tensor(name, t, args, shard))
-    load_hf(model, mxfp4.dequantized(_read(files, args, shard), DTYPES[dtype], device, split), complete=False)
+    load_hf(model, quantized.dequantized(_read(files, args, shard), DTYPES[dtype], device, split, fp8_block(path)),
+            complete=False)
     log.info("loaded %s (%s, %.1fM params%s) from %s", args.architecture, dtype,
              sum(p.numel() for p in model.parameters()) / 1e6,
              "" if shard is None else f", rank {shard.rank} of {shard.size}", path)

@@ -58,8 +58,11 @@ def test_the_published_configs_read_as_transformers_reads_them(cfg, billions):
 
 
 def test_what_is_refused_names_its_field():
-    with pytest.raises(ValueError, match="quant_method 'fp8'"):              # the published FP8 weights
-        parse_config({**DEEPSEEK_V3, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})
+    fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    assert parse_config({**DEEPSEEK_V3, "quantization_config": fp8}) == parse_config(DEEPSEEK_V3)   # as published
+    for wrong in ({**fp8, "weight_block_size": None}, {**fp8, "fmt": "e5m2"}, {"quant_method": "gptq"}):
+        with pytest.raises(ValueError, match="quantization_config"):
+            parse_config({**DEEPSEEK_V3, "quantization_config": wrong})
     with pytest.raises(ValueError, match="attention_bias"):
         parse_config({**DEEPSEEK_V3, "attention_bias": True})
     with pytest.raises(ValueError, match="qk_rope_head_dim even"):
