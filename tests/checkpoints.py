@@ -99,6 +99,12 @@ ARCH_CONFIGS = {
         q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
         num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=2, n_group=1, topk_group=1,
         first_k_dense_replace=1, routed_scaling_factor=2.0, rope_interleave=False)),
+    # DeepSeek-V2: the same latent attention (one query projection: V2-Lite's kind), its own routing:
+    # a softmax, a token's 3 within the better of 2 groups (a group worth its best), weights x 2
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+        num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=2, first_k_dense_replace=1,
+        topk_method="group_limited_greedy", n_group=2, topk_group=1, routed_scaling_factor=2.0)),
 }
 
 
@@ -112,7 +118,7 @@ def make_checkpoint(path: str, arch: str = "qwen2", vocab_size: int = 97, hidden
     if "layer_types" in extra:                  # the first num_layers kinds of layer
         extra = {**extra, "layer_types": extra["layer_types"][:num_layers]}
     dense = {} if cls_name == "Qwen3_5MoeTextConfig" else dict(intermediate_size=2 * hidden_size)
-    if cls_name == "DeepseekV3Config":          # latent attention: every head its own key and value
+    if cls_name in ("DeepseekV3Config", "DeepseekV2Config"):     # latent attention: as many K/V heads as heads
         num_kv_heads = num_heads
     cfg = getattr(transformers, cls_name)(
         vocab_size=vocab_size, hidden_size=hidden_size, **dense,

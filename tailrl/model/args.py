@@ -66,6 +66,8 @@ SUPPORTED_ARCHITECTURES = {
     # DeepSeek-V3 / R1, Kimi K2, Moonlight: multi-head latent attention (mla.py) and GLM-4.5's
     # mixture (DeepSeek-V3's routing, moe.py) after the first dense layers
     "DeepseekV3ForCausalLM": dict(qkv_bias=False, qk_norm=False),
+    # DeepSeek-V2 (-Lite): the same latent attention; its own routing (moe.route_softmax_groups)
+    "DeepseekV2ForCausalLM": dict(qkv_bias=False, qk_norm=False),
 }
 # attention_bias gives the output projection a bias too
 O_BIAS = ("LlamaForCausalLM", "SmolLM3ForCausalLM", *OLMO, *GPT_OSS)
@@ -108,6 +110,9 @@ class ModelArgs:
     # GLM-4.5 (DeepSeek-V3's routing, moe.py): a float32 router's sigmoid scores, a correction bias
     # for the choice among the best groups_per_token of expert_groups groups, weights times routed_scaling
     router_sigmoid: bool = False
+    # DeepSeek-V2: a float32 router's softmax, the top k within the best groups_per_token of
+    # expert_groups groups (a group worth its best score), weights times routed_scaling
+    router_softmax_groups: bool = False
     expert_groups: int = 1
     groups_per_token: int = 1
     routed_scaling: float = 1.0

@@ -22,6 +22,15 @@ GLM4_DEFAULTS = dict(attention_bias=True, rms_norm_eps=1.5625e-07, eos_token_id=
 OLMO = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 GPT_OSS = ("GptOssForCausalLM",)
 DEEPSEEK_V3 = ("DeepseekV3ForCausalLM",)
+DEEPSEEK_V2 = ("DeepseekV2ForCausalLM",)
+# latent attention (model/mla.py): DeepSeek-V2's and V3's
+LATENT = (*DEEPSEEK_V3, *DEEPSEEK_V2)
+# DeepSeek-V2's config defaults (transformers' DeepseekV2Config) that change what the model computes
+DEEPSEEK_V2_DEFAULTS = dict(vocab_size=102_400, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                            num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                            first_k_dense_replace=0, kv_lora_rank=512, q_lora_rank=1536, n_routed_experts=64,
+                            n_shared_experts=2, qk_nope_head_dim=128, qk_rope_head_dim=64, routed_scaling_factor=1.0,
+                            topk_method="greedy", v_head_dim=128, moe_intermediate_size=1407, eos_token_id=2)
 # DeepSeek-V3's config defaults (transformers' DeepseekV3Config) that change what the model computes
 DEEPSEEK_V3_DEFAULTS = dict(vocab_size=129_280, hidden_size=7168, intermediate_size=18_432, moe_intermediate_size=2048,
                             num_hidden_layers=61, num_attention_heads=128, n_shared_experts=1, n_routed_experts=256,
@@ -42,6 +51,8 @@ def moe_fields(arch: str, cfg: dict, layers: int, source: str) -> dict:
     """A mixture of experts' ModelArgs fields from its config (nothing for a dense model)."""
     if arch in GPT_OSS:
         return gpt_oss_moe_fields(cfg, layers, source)
+    if arch in DEEPSEEK_V2:
+        return deepseek_v2_moe_fields(cfg, layers, source)
     if arch not in MOE and arch not in DEEPSEEK_V3:
         return {}
     if arch == "Glm4MoeForCausalLM" or arch in DEEPSEEK_V3:
@@ -125,6 +136,29 @@ def gpt_oss_moe_fields(cfg: dict, layers: int, source: str) -> dict:
     return dict(num_experts=experts, experts_per_token=_top_k(cfg, experts, sparse, source),
                 moe_intermediate_size=int(cfg["intermediate_size"]), sparse_layers=sparse, router_topk_softmax=True,
                 expert_bias=True, swiglu=(alpha, limit))
+
+
+def deepseek_v2_moe_fields(cfg: dict, layers: int, source: str) -> dict:
+    """DeepSeek-V2's mixture after the first ``first_k_dense_replace`` layers: a float32 router's
+    softmax, a token's top k (``topk_method`` greedy), or its top k within its best ``topk_group``
+    of ``n_group`` groups, a group worth its best score (group_limited_greedy); their scores times
+    ``routed_scaling_factor`` as weights (not renormalised: Hugging Face's router ignores
+    ``norm_topk_prob``); ``n_shared_experts`` shared experts' width, ungated."""
+    method, experts = cfg.get("topk_method") or "greedy", int(cfg["n_routed_experts"])
+    if method not in ("greedy", "group_limited_greedy"):
+        raise ValueError(f"model: topk_method {method!r} in {source} is not supported (greedy, group_limited_greedy)")
+    groups, chosen = (int(cfg["n_group"]), int(cfg["topk_group"])) if method != "greedy" else (1, 1)
+    if groups < 1 or experts % groups or not 1 <= chosen <= groups:
+        raise ValueError(f"model: n_group {groups} and topk_group {chosen} in {source} must divide the {experts} "
+                         f"routed experts into groups and choose among them")
+    sparse = tuple(range(max(int(cfg["first_k_dense_replace"]), 0), layers))
+    width = int(cfg["moe_intermediate_size"])
+    k = _top_k(cfg, experts, sparse, source, chosen * (experts // groups))
+    return dict(num_experts=experts if sparse else 0, experts_per_token=k if sparse else 0,
+                moe_intermediate_size=width if sparse else 0, sparse_layers=sparse, router_float32=True,
+                router_softmax_groups=True, expert_groups=groups, groups_per_token=chosen,
+                routed_scaling=float(cfg["routed_scaling_factor"]),
+                shared_expert_size=width * int(cfg["n_shared_experts"] or 0) if sparse else 0)
 
 
 def gpt_oss_config(cfg: dict) -> dict:
@@ -347,8 +381,8 @@ def text_model(arch: str, cfg: dict, source: str) -> tuple[str, dict]:
         return arch, {**GLM4_DEFAULTS, **cfg}
     if arch in GPT_OSS:
         return arch, gpt_oss_config(cfg)
-    if arch in DEEPSEEK_V3:                     # the pool's one K/V head: the latent and the rotary key
-        cfg = {**DEEPSEEK_V3_DEFAULTS, **cfg}
+    if arch in LATENT:                          # the pool's one K/V head: the latent and the rotary key
+        cfg = {**(DEEPSEEK_V3_DEFAULTS if arch in DEEPSEEK_V3 else DEEPSEEK_V2_DEFAULTS), **cfg}
         return arch, {**cfg, "head_dim": int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"]),
                       "num_key_value_heads": 1}
     if arch in QWEN3_5:
@@ -392,8 +426,8 @@ def family_fields(arch: str, cfg: dict, source: str, layers: int) -> dict:
         return ministral3_fields(cfg, source)
     if arch in QWEN3_5:
         return qwen3_5_fields(cfg, source, layers, grouped=arch == "Qwen3NextForCausalLM")
-    if arch in DEEPSEEK_V3:
-        return deepseek_v3_fields(cfg, source)
+    if arch in LATENT:
+        return latent_fields(cfg, source)
     if arch in GPT_OSS:                         # every other layer (the first among them) a sliding window
         window = int(cfg["sliding_window"] or 0)
         types = _layer_types(cfg, source, layers, 2)
@@ -442,8 +476,8 @@ def qwen3_5_fields(cfg: dict, source: str, layers: int, grouped: bool = False) -
                 attn_output_gate=True, norm_plus_one=True, deltanet_grouped=grouped)
 
 
-def deepseek_v3_fields(cfg: dict, source: str) -> dict:
-    """DeepSeek-V3's attention (model/mla.py): its latent ranks and head widths, RoPE on each
+def latent_fields(cfg: dict, source: str) -> dict:
+    """DeepSeek-V2's and V3's attention (model/mla.py): its latent ranks and head widths, RoPE on each
     head's ``qk_rope_head_dim`` rotary dimensions (interleaved pairs where ``rope_interleave``),
     scores scaled by the key width (nope + rope) ** -0.5, times YaRN's mscale(factor,
     mscale_all_dim) squared."""
@@ -451,7 +485,7 @@ def deepseek_v3_fields(cfg: dict, source: str) -> dict:
     dims = tuple(int(cfg[k]) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     kv_lora, nope, rope, v = dims
     if cfg.get("attention_bias"):
-        raise ValueError(f"model: attention_bias true in {source} is not supported for DeepSeek-V3 (its published "
+        raise ValueError(f"model: attention_bias true in {source} is not supported for latent attention (DeepSeek's "
                          f"models have none)")
     if min(dims) < 1 or rope % 2:
         raise ValueError(f"model: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim in {source} must "

@@ -1,4 +1,4 @@
-"""DeepSeek-V3's multi-head latent attention (MLA: DeepSeek-V3 / R1, Kimi K2, Moonlight), its
+"""DeepSeek-V3's and V2's multi-head latent attention (MLA: DeepSeek-V3 / R1, Kimi K2, Moonlight, V2), its
 latent kept in the K/V pool as one K/V head that every query head attends to.
 
 Hugging Face's module, per token: the query, by one projection or through a low-rank one and its

@@ -1,5 +1,5 @@
-"""A sparse mixture of experts in place of a layer's MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5,
-gpt-oss).
+"""A sparse mixture of experts in place of a layer's MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5 and
+DeepSeek-V3, DeepSeek-V2, gpt-oss).
 
 Per token: the router's logits (an [E, H] product), their softmax in float32, the top-k experts,
 their weights renormalised to sum to 1 where the model says so (GLM-4.5, DeepSeek-V3's routing:
@@ -8,7 +8,8 @@ weighted and added in ascending expert id in the model's dtype (Hugging Face's o
 over the experts index-adds each), and the shared expert (Qwen2-MoE's gated by a sigmoid,
 GLM-4.5's not) added last. gpt-oss's: a router with a bias, a token's k experts weighted by the
 softmax of their k logits (``route_top_logits``), biases on both expert products and its clamped
-SwiGLU (``Backend.experts``).
+SwiGLU (``Backend.experts``). DeepSeek-V2's: a float32 router's softmax, the top k within the
+best groups, weights times a scale (``route_softmax_groups``).
 
 Batch invariance, as everywhere in a step: a token's route and result depend on its own row
 alone. Every product is the backend's row-invariant one; the top k are taken by a stable sort
@@ -45,6 +46,24 @@ def route_top_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     top = torch.softmax(top[:, :k], dim=-1, dtype=logits.dtype)
     ids, order = torch.sort(ids[:, :k], dim=-1)
     return ids, top.gather(1, order)
+
+
+def route_softmax_groups(logits: torch.Tensor, k: int, groups: int, chosen: int,
+                         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2's route of float32 router logits [T, E]: their softmax; a token's k best (ties
+    to the lower id) within its ``chosen`` best of ``groups`` groups (a group worth its best score;
+    all of them where ``chosen`` is ``groups``), weighted by their scores times ``scale``.
+    Returns ascending ids [T, k] and float32 weights."""
+    t, e = logits.shape
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    choice = probs
+    if chosen < groups:
+        worth = probs.view(t, groups, e // groups).amax(dim=-1)
+        kept = torch.sort(worth, dim=-1, descending=True, stable=True).indices[:, :chosen]
+        keep = torch.zeros(t, groups, dtype=torch.bool, device=logits.device).scatter_(1, kept, True)
+        choice = probs.masked_fill(~keep.repeat_interleave(e // groups, dim=1), 0.0)
+    ids = torch.sort(torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k], dim=-1).values
+    return ids, choice.gather(1, ids) * scale
 
 
 def _sum_columns(w: torch.Tensor) -> torch.Tensor:
@@ -112,11 +131,12 @@ class SparseMoe(nn.Module):
         self.down_bias = nn.Parameter(torch.zeros(e, h)) if a.expert_bias else None
 
     def keep_float32(self) -> None:
-        """GLM-4.5's router and correction bias in float32 whatever the model's dtype (Hugging
-        Face keeps them so: a trainer's updates of them arrive in float32). Called once the
-        module has taken the model's dtype."""
-        if self.score_bias is not None:
+        """GLM-4.5's router and correction bias, DeepSeek-V2's router, in float32 whatever the
+        model's dtype (Hugging Face keeps them so: a trainer's updates of them arrive in float32).
+        Called once the module has taken the model's dtype."""
+        if self.score_bias is not None or self.a.router_softmax_groups:
             self.router = nn.Parameter(self.router.float())
+        if self.score_bias is not None:
             self.score_bias = nn.Parameter(self.score_bias.float())
 
     def forward(self, h: torch.Tensor, kernels: Backend) -> torch.Tensor:
@@ -124,6 +144,9 @@ class SparseMoe(nn.Module):
         if a.router_sigmoid:
             ids, weights = route_groups(kernels.linear_float32(h, self.router), self.score_bias, a.experts_per_token,
                                         a.expert_groups, a.groups_per_token, a.norm_topk_prob, a.routed_scaling)
+        elif a.router_softmax_groups:
+            ids, weights = route_softmax_groups(kernels.linear_float32(h, self.router), a.experts_per_token,
+                                                a.expert_groups, a.groups_per_token, a.routed_scaling)
         elif a.router_topk_softmax:
             ids, weights = route_top_logits(kernels.linear(h, self.router, self.router_bias), a.experts_per_token)
         else:

@@ -31,6 +31,7 @@ VARIANTS = {
     "gpt_oss": ("gpt_oss", {}),
     "deepseek_v3": ("deepseek_v3", {}),
     "deepseek_v3_plain": ("deepseek_v3_plain", {}),
+    "deepseek_v2": ("deepseek_v2", {}),
 }
 
 

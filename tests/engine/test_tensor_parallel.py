@@ -25,7 +25,8 @@ def assert_same_tokens_close_logprobs(a, b):
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama_bias", "qwen2_moe", "mixtral", "gemma3", "glm4", "olmo3", "glm4_moe",
-                                  "gpt_oss", "deepseek_v3", pytest.param("ministral3", marks=pytest.mark.slow)])
+                                  "gpt_oss", "deepseek_v3", "deepseek_v2",
+                                  pytest.param("ministral3", marks=pytest.mark.slow)])
 def test_a_model_split_over_two_ranks_computes_the_whole_models_outputs_in_float64(ckpt_dir, arch):
     """Fused QKV rows by head (with their biases), Qwen3's per-head norms, output projections
     whose bias only rank 0 adds, every expert's and the shared expert's units, Gemma's norms of

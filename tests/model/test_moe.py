@@ -14,7 +14,7 @@ from tailrl.model.args import parse_config
 from tailrl.model.loader import load_model
 from tailrl.model.moe import route
 
-ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3")
+ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3", "deepseek_v2")
 
 
 def test_route_takes_the_top_k_with_ties_to_the_lower_expert_and_lists_them_by_id():

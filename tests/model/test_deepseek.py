@@ -1,9 +1,10 @@
-"""DeepSeek-V3 (DeepseekV3ForCausalLM: DeepSeek-V3 / R1, Kimi K2, Moonlight; model/mla.py): the
-published configs read as transformers reads them, the latent attention's fields as what makes
-the logits Hugging Face's, its multi-token-prediction layers skipped, and what is refused. Logits
-and greedy tokens against Hugging Face (with and without a low-rank query) are in
-tests/engine/test_hf_parity.py; speculation lossless, a trainer's weights, tensor parallelism and
-the Triton kernels in the architecture-wide tests."""
+"""DeepSeek-V3 (DeepseekV3ForCausalLM: DeepSeek-V3 / R1, Kimi K2, Moonlight) and DeepSeek-V2
+(DeepseekV2ForCausalLM: V2, V2-Lite): their latent attention (model/mla.py), the published configs
+read as transformers reads them, the latent attention's fields as what makes the logits Hugging
+Face's, V2's route as its router defines it, V3's multi-token-prediction layers skipped, and what
+is refused. Logits and greedy tokens against Hugging Face (with and without a low-rank query) are
+in tests/engine/test_hf_parity.py; speculation lossless, a trainer's weights, tensor parallelism
+and the Triton kernels in the architecture-wide tests."""
 import json
 import os
 
@@ -16,6 +17,7 @@ from safetensors.torch import save_file
 from tailrl import LLM, SamplingParams
 from tailrl.model.args import parse_config
 from tailrl.model.loader import load_state_dict
+from tailrl.model.moe import route_softmax_groups
 from tailrl.model.transformer import Transformer
 
 # deepseek-ai/DeepSeek-V3's config.json (the fields that matter; its FP8 quantization apart)
@@ -35,26 +37,66 @@ MOONLIGHT = {**DEEPSEEK_V3, "hidden_size": 2048, "intermediate_size": 11264, "mo
              "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "n_group": 1,
              "topk_group": 1, "routed_scaling_factor": 2.446, "q_lora_rank": None, "vocab_size": 163840,
              "rope_theta": 50000.0, "max_position_embeddings": 8192, "rope_scaling": None}
+# deepseek-ai/DeepSeek-V2-Lite's and DeepSeek-V2's (softmax routing, greedy or within groups)
+V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "hidden_size": 2048, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+    "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "vocab_size": 102400, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 1.0, "norm_topk_prob": False, "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+V2 = {**V2_LITE, "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+      "num_hidden_layers": 60, "num_attention_heads": 128, "num_key_value_heads": 128, "n_routed_experts": 160,
+      "q_lora_rank": 1536, "topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3,
+      "routed_scaling_factor": 16.0}
 
 
-@pytest.mark.parametrize("cfg,billions", [(DEEPSEEK_V3, 671.0), (MOONLIGHT, 15.96)])
+@pytest.mark.parametrize("cfg,billions", [(DEEPSEEK_V3, 671.0), (MOONLIGHT, 15.96), (V2_LITE, 15.7), (V2, 235.7)])
 def test_the_published_configs_read_as_transformers_reads_them(cfg, billions):
     a = parse_config(cfg)
-    hf = transformers.DeepseekV3Config(**{k: v for k, v in cfg.items() if k != "architectures"})
+    v3 = a.architecture == "DeepseekV3ForCausalLM"
+    hf = (transformers.DeepseekV3Config if v3 else transformers.DeepseekV2Config)(
+        **{k: v for k, v in cfg.items() if k not in ("architectures", "moe_layer_freq")})
+    modeling = transformers.models.deepseek_v3.modeling_deepseek_v3 if v3 else \
+        transformers.models.deepseek_v2.modeling_deepseek_v2
     assert a.mla == (hf.q_lora_rank or 0, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim)
     assert (a.head_dim, a.num_kv_heads, a.rotary_dim, a.rope_interleaved) == (    # the pool's one latent head
-        hf.kv_lora_rank + hf.qk_rope_head_dim, 1, hf.qk_rope_head_dim, hf.rope_interleave)
+        hf.kv_lora_rank + hf.qk_rope_head_dim, 1, hf.qk_rope_head_dim, getattr(hf, "rope_interleave", True))
     with torch.device("meta"):
-        scaling = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention(hf, 0).scaling
+        scaling = (modeling.DeepseekV3Attention if v3 else modeling.DeepseekV2Attention)(hf, 0).scaling
     assert a.attn_scale == pytest.approx(scaling, rel=1e-12)
     assert a.sparse_layers == tuple(range(hf.first_k_dense_replace, hf.num_hidden_layers))
     assert (a.num_experts, a.experts_per_token, a.expert_groups, a.groups_per_token, a.routed_scaling) == (
         hf.n_routed_experts, hf.num_experts_per_tok, hf.n_group, hf.topk_group, hf.routed_scaling_factor)
-    assert a.router_sigmoid and a.router_float32 and a.mtp_layers == 1
-    assert a.num_parameters == pytest.approx(billions * 1e9, rel=0.002)      # DeepSeek's 671B (MTP apart), 15.96B
+    assert a.router_float32 and (a.router_sigmoid, a.router_softmax_groups, a.mtp_layers) == (v3, not v3, int(v3))
+    assert a.num_parameters == pytest.approx(billions * 1e9, rel=0.002)      # 671B (MTP apart), 15.96B, 15.7B, 236B
     assert a.kv_bytes_per_token == 2 * hf.num_hidden_layers * (hf.kv_lora_rank + hf.qk_rope_head_dim)   # the latent
     few = parse_config({**cfg, "num_hidden_layers": 4, "first_k_dense_replace": 1})
     assert few.num_parameters == sum(p.numel() for p in Transformer(few, 1, torch.bfloat16, "meta").parameters())
+
+
+def test_v2s_route_is_its_routers():
+    """A softmax, the top k within the best groups (a group worth its best score), weights times
+    the scale: Hugging Face's DeepseekV2TopkRouter's choice and weights (no ties here); ties to the
+    lower expert."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    g = torch.Generator().manual_seed(0)
+    for method, groups, chosen in (("greedy", 1, 1), ("group_limited_greedy", 4, 2)):
+        cfg = transformers.DeepseekV2Config(hidden_size=16, num_attention_heads=4, n_routed_experts=16,
+                                            num_experts_per_tok=3, topk_method=method, n_group=groups,
+                                            topk_group=chosen, routed_scaling_factor=2.5)
+        router = DeepseekV2TopkRouter(cfg)
+        router.weight.data = torch.randn(16, 16, generator=g)
+        x = torch.randn(9, 16, generator=g)
+        _, hf_w, hf_ids = router(x)
+        ids, w = route_softmax_groups(x @ router.weight.t(), 3, groups, chosen, 2.5)
+        order = torch.argsort(hf_ids, dim=1)
+        assert torch.equal(ids, hf_ids.gather(1, order)) and torch.allclose(w, hf_w.gather(1, order), atol=1e-7)
+    ids, _ = route_softmax_groups(torch.tensor([[1.0, 1.0, 0.0, 1.0]]), 2, 1, 1, 1.0)
+    assert ids.tolist() == [[0, 1]]
 
 
 def test_what_is_refused_names_its_field():
@@ -67,6 +109,10 @@ def test_what_is_refused_names_its_field():
         parse_config({**DEEPSEEK_V3, "attention_bias": True})
     with pytest.raises(ValueError, match="qk_rope_head_dim even"):
         parse_config({**DEEPSEEK_V3, "qk_rope_head_dim": 63})
+    with pytest.raises(ValueError, match="topk_method 'noaux_tc'"):
+        parse_config({**V2_LITE, "topk_method": "noaux_tc"})
+    with pytest.raises(ValueError, match="n_group"):
+        parse_config({**V2, "n_group": 7})
 
 
 def test_the_latent_attentions_fields_are_what_makes_the_logits_hugging_faces(ckpt_dir, monkeypatch):
