@@ -69,8 +69,11 @@ def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[i
         raise ValueError(f"weights: an FP8 weight {tuple(weight.shape)} needs scales of shape "
                          f"({-(-rows // b0)}, {-(-cols // b1)}) for blocks of {block}, got {tuple(scale_inv.shape)}")
     scale = scale_inv.to(device=device, dtype=torch.float32)
+    w = weight.to(device).to(torch.float32)
+    if rows % b0 == 0 and cols % b1 == 0:                   # whole blocks: the factors broadcast over them
+        return (w.view(rows // b0, b0, cols // b1, b1) * scale[:, None, :, None]).view(rows, cols).to(dtype)
     scale = scale.repeat_interleave(b0, dim=0)[:rows].repeat_interleave(b1, dim=1)[:, :cols]
-    return (weight.to(device).to(torch.float32) * scale).to(dtype)
+    return (w * scale).to(dtype)
 
 
 def shapes(named: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
