@@ -149,8 +149,9 @@ class ModelArgs:
     router_topk_softmax: bool = False
     expert_bias: bool = False
     swiglu: tuple[float, float] | None = None
-    # DeepSeek-V3's multi-head latent attention (mla.py): (q_lora_rank, 0: one query projection;
-    # kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim); head_dim is nope + rope
+    # DeepSeek-V2/V3's multi-head latent attention (mla.py): (q_lora_rank, 0: one query projection;
+    # kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim); head_dim is then the pool's one
+    # K/V head, kv_lora_rank + qk_rope_head_dim
     mla: tuple[int, int, int, int, int] | None = None
 
     def window(self, layer: int) -> int:
