@@ -58,12 +58,18 @@ def route_softmax_groups(logits: torch.Tensor, k: int, groups: int, chosen: int,
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     choice = probs
     if chosen < groups:
-        worth = probs.view(t, groups, e // groups).amax(dim=-1)
-        kept = torch.sort(worth, dim=-1, descending=True, stable=True).indices[:, :chosen]
-        keep = torch.zeros(t, groups, dtype=torch.bool, device=logits.device).scatter_(1, kept, True)
-        choice = probs.masked_fill(~keep.repeat_interleave(e // groups, dim=1), 0.0)
+        choice = _in_best_groups(probs, probs.view(t, groups, e // groups).amax(dim=-1), chosen, 0.0)
     ids = torch.sort(torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k], dim=-1).values
     return ids, choice.gather(1, ids) * scale
+
+
+def _in_best_groups(choice: torch.Tensor, worth: torch.Tensor, chosen: int, fill: float) -> torch.Tensor:
+    """``choice`` [T, E] with every expert outside each token's ``chosen`` best groups by ``worth``
+    [T, groups] (ties to the lower group) set to ``fill``."""
+    t, groups = worth.shape
+    kept = torch.sort(worth, dim=-1, descending=True, stable=True).indices[:, :chosen]
+    keep = torch.zeros(t, groups, dtype=torch.bool, device=worth.device).scatter_(1, kept, True)
+    return choice.masked_fill(~keep.repeat_interleave(choice.shape[1] // groups, dim=1), fill)
 
 
 def _sum_columns(w: torch.Tensor) -> torch.Tensor:
@@ -96,10 +102,7 @@ def route_groups(logits: torch.Tensor, bias: torch.Tensor, k: int, groups: int, 
     choice = scores + bias
     if chosen < groups:
         best = torch.sort(choice.view(t, groups, e // groups), dim=-1, descending=True).values
-        worth = best[..., 0] + best[..., 1]
-        kept = torch.sort(worth, dim=-1, descending=True, stable=True).indices[:, :chosen]
-        keep = torch.zeros(t, groups, dtype=torch.bool, device=logits.device).scatter_(1, kept, True)
-        choice = choice.masked_fill(~keep.repeat_interleave(e // groups, dim=1), float("-inf"))
+        choice = _in_best_groups(choice, best[..., 0] + best[..., 1], chosen, float("-inf"))
     ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k]
     ids = torch.sort(ids, dim=-1).values
     weights = scores.gather(1, ids)

@@ -212,8 +212,11 @@ def _with_sink(m, l, acc, sinks_ptr, head, valid):
 
 
 @triton.jit
-def _store(out_ptr, o_s0, token, head, l, acc, valid, D: tl.constexpr):
-    """Rows (token, head) of the attention's output: the weighted values over their sums."""
+def _store(out_ptr, o_s0, token, head, m, l, acc, valid, sinks_ptr, D: tl.constexpr, SINK: tl.constexpr):
+    """Rows (token, head) of the attention's output: the weighted values over their sums (``SINK``:
+    with the head's sink joined first, ``_with_sink``)."""
+    if SINK:
+        l, acc = _with_sink(m, l, acc, sinks_ptr, head, valid)
     d = tl.arange(0, D)
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + token[:, None] * o_s0 + head[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -301,9 +304,7 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
                                      lane, k_s0, k_s1, v_s0, v_s1, t_s0, scale, softcap, LANES, MP, D, BLOCK, KEYS,
                                      TC, WIDEN, WINDOW, CAP)
                 m, l, acc = _merge(m, l, acc, m2, l2, acc2)
-            if SINK:
-                l, acc = _with_sink(m, l, acc, sinks_ptr, kh * G + g, valid)
-            _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)
+            _store(out_ptr, o_s0, t + i, kh * G + g, m, l, acc, valid, sinks_ptr, D, SINK)
         else:
             lane = tl.program_id(2)
             m, l, acc = _lane(q, rtot, rlo, k_ptr, v_ptr, table_ptr, extra_ptr, row, walk_pre, es, total, kh, lane,
@@ -317,6 +318,4 @@ def attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, count_ptr, table_ptr, 
             tl.store(mine + D + 1, l, mask=valid)
             if arrive(count_ptr + t * kv + kh, LANES):          # the last lane merges them all, in lane order
                 m, l, acc = _merge_stored(state, valid, MP, GP, D, LANES)
-                if SINK:
-                    l, acc = _with_sink(m, l, acc, sinks_ptr, kh * G + g, valid)
-                _store(out_ptr, o_s0, t + i, kh * G + g, l, acc, valid, D)
+                _store(out_ptr, o_s0, t + i, kh * G + g, m, l, acc, valid, sinks_ptr, D, SINK)

@@ -279,12 +279,13 @@ class TritonBackend(Backend):
         t, k = ids.shape
         blocks = experts.expert_blocks(ids, gate_up.shape[0])
         gu = experts.expert_products(x, gate_up, blocks, t * k, k)
+        pair_expert = ids.reshape(-1)
         if biases is not None:
-            gu = gu + biases[0][ids.reshape(-1)]
+            gu = gu + biases[0][pair_expert]
         act = self.silu_mul(gu) if swiglu is None else self.swiglu_clamped(gu, *swiglu)
         ys = experts.expert_products(act, down, blocks, t * k, 1)
         if biases is not None:
-            ys = ys + biases[1][ids.reshape(-1)]
+            ys = ys + biases[1][pair_expert]
         return combine_experts(ys.view(t, k, -1), weights)
 
     # ---- the sampler's row sums: one program per row, in order (scan.py) ----------------------
