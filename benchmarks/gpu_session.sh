@@ -13,9 +13,11 @@
 #                                            # stop 45); the tests
 #                                            # that use CUDA where it is (Triton kernels vs the
 #                                            # reference, row invariance, graph steps = eager, the
-#                                            # drafter's graph depths = its eager steps); with
-#                                            # MEASURE_DELTANET=1 Qwen3.5's hybrid (benchmarks/deltanet.py);
-#                                            # MEASURE_MXFP4=1 gpt-oss's MXFP4 load (benchmarks/mxfp4_load.py)
+#                                            # drafter's graph depths = its eager steps)
+#                                            # (the kernels' on 8 xdist workers, then the engines')
+#   bash benchmarks/gpu_session.sh extras    # ~2.5 min: Qwen3.5's hybrid (benchmarks/deltanet.py), gpt-oss's
+#                                            # MXFP4 load (benchmarks/mxfp4_load.py), sliding windows
+#                                            # (benchmarks/sliding_window.py)
 #   bash benchmarks/gpu_session.sh drafter   # a drafter warm-started on the GPU, then
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
 #                                            # hybrid, suffix default vs plain, identical shares);
@@ -99,26 +101,35 @@ engine() {
     # Gemma 3 since stop 63; Qwen3.5's Gated DeltaNet kernels, test_delta.py and in test_triton.py, since
     # stop 66; gpt-oss's sinks and clamped SwiGLU, and its graph steps, in test_triton.py since stop 67:
     # never run on a GPU yet)
-    if $PY -c "import pytest" 2>/dev/null; then
+    # the kernels' tests (each engine in a small pool of its own) on 8 xdist workers: mostly Triton's compiles,
+    # which the host's 16 cores do side by side; then the engines' tests one at a time (some size their pool
+    # from the GPU's free memory)
+    if $PY -c "import pytest, xdist, pytest_timeout" 2>/dev/null; then
+        step kernel_tests ${KTEST_LIMIT:-150} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
+            -n ${TEST_WORKERS:-8} --timeout 120 -rf \
+            tests/kernels/test_triton.py tests/kernels/test_delta.py tests/kernels/test_triton_sampler.py \
+            tests/kernels/test_stock.py tests/kernels/test_launches.py
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
+            --timeout 120 -rf \
             tests/drafter/test_drafter_graphs.py tests/drafter/test_drafter_ahead.py tests/drafter/test_side_stream.py \
             tests/engine/test_ahead.py tests/engine/test_ahead_drafts.py tests/rl/test_device.py \
-            tests/kernels/test_launches.py tests/kernels/test_stock.py tests/kernels/test_triton_sampler.py \
             tests/engine/test_engine_device.py \
             tests/engine/test_logits_process.py::test_on_a_gpu_processed_requests_give_eager_steppings_outputs \
             tests/engine/test_prefix_cache.py::test_on_a_gpu_cached_prefixes_change_no_token \
             tests/engine/test_top_logprobs.py::test_on_a_gpu_alternatives_are_an_eager_engines \
-            tests/engine/test_weight_updates.py tests/kernels/test_delta.py \
-            tests/kernels/test_triton.py
+            tests/engine/test_weight_updates.py
     else
-        echo "gpu_tests: skipped (no pytest on this machine)" | tee -a "$OUT/summary.txt"
+        echo "gpu_tests: skipped (no pytest, pytest-xdist or pytest-timeout on this machine)" | tee -a "$OUT/summary.txt"
     fi
+}
+
+extras() {     # the kernels of stops 63-67 measured on a GPU (~2.5 min)
     # Qwen3.5's hybrid against an all-attention model of its width, plain and speculative (stop 66: its
-    # Triton kernels never run on a GPU before; MEASURE_DELTANET=1, ~60 s)
-    [ "$DEVICE" = cuda ] && [ -n "${MEASURE_DELTANET:-}" ] && step deltanet ${DELTANET_LIMIT:-90} \
+    # Triton kernels never run on a GPU before; ~60 s)
+    [ "$DEVICE" = cuda ] && step deltanet ${DELTANET_LIMIT:-90} \
         $PY benchmarks/deltanet.py --device cuda --rounds 2
-    # gpt-oss's MXFP4 experts dequantized on the device against transformers' (stop 67; MEASURE_MXFP4=1, ~20 s)
-    [ "$DEVICE" = cuda ] && [ -n "${MEASURE_MXFP4:-}" ] && step mxfp4 ${MXFP4_LIMIT:-40} \
+    # gpt-oss's MXFP4 experts dequantized on the device against transformers' (stop 67; ~20 s)
+    [ "$DEVICE" = cuda ] && step mxfp4 ${MXFP4_LIMIT:-40} \
         $PY benchmarks/mxfp4_load.py --device cuda --rounds 4
     # a sliding window's attention against full attention (stop 63; Triton's compiles, then seconds)
     [ "$DEVICE" = cuda ] && step window ${WINDOW_LIMIT:-40} $PY benchmarks/sliding_window.py --rows 1,64 \
@@ -153,6 +164,10 @@ all)
     fi
     ;;
 engine) engine ;;
+extras)
+    [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 60 $PY setup.py build_ext --inplace
+    extras
+    ;;
 drafter) drafter ;;
 grpo)
     [ -f tailrl/kernels/_gemm.cpython-*.so ] || step build 60 $PY setup.py build_ext --inplace
@@ -172,7 +187,7 @@ host)
     step spec_host 500 $PY benchmarks/spec_host.py --rounds 2 --measured
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_session.sh all|engine|drafter|grpo|profile|host" >&2
+    echo "usage: bash benchmarks/gpu_session.sh all|engine|extras|drafter|grpo|profile|host" >&2
     exit 2
     ;;
 esac
