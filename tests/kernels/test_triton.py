@@ -257,14 +257,18 @@ def test_tensor_core_tiles_stay_below_wgmmas_64_rows(monkeypatch):
     from tailrl.kernels.gpu import backend
     monkeypatch.setattr(backend, "GROUP", 4)
     bf16 = torch.bfloat16
-    assert backend.attention_tiles(14, 2, bf16, True) == (True, 7, 16, 4, 32)     # Qwen2.5-0.5B's chains
-    assert backend.attention_tiles(14, 2, bf16, False) == (True, 7, 16, 1, 16)
-    assert backend.attention_tiles(32, 2, torch.float16, True) == (True, 16, 16, 2, 32)
-    assert backend.attention_tiles(64, 2, bf16, True) == (True, 32, 32, 1, 32)
-    assert backend.attention_tiles(128, 2, bf16, False)[0] is False
-    assert backend.attention_tiles(14, 2, torch.float32, True) == (False, 7, 16, 4, 32)
+    assert backend.attention_tiles(14, 2, 64, bf16, True) == (True, 7, 16, 4, 32)     # Qwen2.5-0.5B's chains
+    assert backend.attention_tiles(14, 2, 64, bf16, False) == (True, 7, 16, 1, 16)
+    assert backend.attention_tiles(32, 2, 64, torch.float16, True) == (True, 16, 16, 2, 32)
+    assert backend.attention_tiles(64, 2, 64, bf16, True) == (True, 32, 32, 1, 32)
+    assert backend.attention_tiles(128, 2, 64, bf16, False)[0] is False
+    assert backend.attention_tiles(14, 2, 64, torch.float32, True) == (False, 7, 16, 4, 32)
+    # heads narrower than a tensor-core dot's depth (16) take the float32 dots (a tiny test model's 8:
+    # Triton 3.6 refused to compile its q . k on an H200)
+    assert backend.attention_tiles(8, 2, 8, bf16, True) == (False, 4, 16, 4, 16)
+    assert backend.attention_tiles(8, 2, 16, bf16, True)[0] is True
     monkeypatch.setattr(backend, "DOTS", "ieee")
-    assert backend.attention_tiles(14, 2, bf16, True) == (False, 7, 16, 4, 32)
+    assert backend.attention_tiles(14, 2, 64, bf16, True) == (False, 7, 16, 4, 32)
 
 
 @pytest.mark.parametrize("multi,dots", [(False, "tensor"), (True, "tensor"), (True, "ieee")])

@@ -72,6 +72,8 @@ DOTS = os.environ.get("TAILRL_ATTENTION_DOTS", "tensor")
 if DOTS not in ("tensor", "ieee"):
     raise ValueError(f"TAILRL_ATTENTION_DOTS must be 'tensor' or 'ieee', got {DOTS!r}")
 TC_ROWS = 32                           # a tensor-core tile's query rows at most (mma.sync, not wgmma)
+TC_DEPTH = 16                          # a 16-bit tensor-core dot's depth at least (Triton 3.6 on sm_90)
+FMA_DEPTH = 8                          # a float32 dot's depth at least: narrower heads take the reference
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"     # 16-bit dots widened there (attention._dot16)
 # the MLP's activation computed inside the down projection's matmul (``silu_mul_linear``) in steps
 # of at most this many rows (at most one tile of rows, ``matmul.TILES.bm``: above, each column tile
@@ -96,14 +98,17 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def attention_tiles(heads: int, kv_heads: int, dtype: torch.dtype, multi: bool) -> tuple[bool, int, int, int, int]:
+def attention_tiles(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                    multi: bool) -> tuple[bool, int, int, int, int]:
     """Attention's tiles for a step: (tensor-core dots, query heads per K/V head G, G padded,
     a row's queries walking its K/V together QT, query rows of a program's tile MP). Tensor
-    cores where DOTS says so and the pool holds 16-bit floats, in tiles of at most TC_ROWS rows
-    (fewer queries a group where G is wide; none where G alone is wider)."""
+    cores where DOTS says so, the pool holds 16-bit floats and a head is at least 16 wide (their
+    dot's depth: Triton refuses q . k over fewer), in tiles of at most TC_ROWS rows (fewer
+    queries a group where G is wide; none where G alone is wider)."""
     g = heads // kv_heads
     gp = max(16, _pow2(g))
-    tc = DOTS == "tensor" and dtype in (torch.bfloat16, torch.float16) and _pow2(g) <= TC_ROWS
+    tc = (DOTS == "tensor" and dtype in (torch.bfloat16, torch.float16) and _pow2(g) <= TC_ROWS
+          and head_dim >= TC_DEPTH)
     qt = GROUP if multi else 1                 # queries of a row walking its K/V together
     if tc:
         qt = min(qt, TC_ROWS // _pow2(g))
@@ -135,7 +140,8 @@ class TritonBackend(Backend):
         joined to each query's merged softmax state before its store)."""
         n = qkv.shape[0]
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
-        if d & (d - 1):                  # Triton's ranges are powers of two: such a head dim takes the reference
+        if d & (d - 1) or d < FMA_DEPTH:   # Triton's ranges are powers of two, its dots at least 8 deep:
+            # such a head dim takes the reference
             if bias is not None:
                 qkv = qkv + bias
             cos, sin = (t[rope.positions].to(qkv.dtype).unsqueeze(1) for t in (rope.cos, rope.sin))
@@ -146,7 +152,7 @@ class TritonBackend(Backend):
         out = torch.empty(n, heads * d, dtype=qkv.dtype, device=qkv.device)
         if n == 0:
             return out
-        tc, g, gp, qt, mp = attention_tiles(heads, kv_heads, k_cache.dtype, meta.multi)
+        tc, g, gp, qt, mp = attention_tiles(heads, kv_heads, d, k_cache.dtype, meta.multi)
         q = torch.empty(n, heads, d, dtype=k_cache.dtype if tc else torch.float32, device=qkv.device)
         rope_write_kernel[(n, heads + 2 * kv_heads)](
             qkv, qkv.stride(0), bias if bias is not None else qkv, rope.cos, rope.sin, rope.positions,
