@@ -16,8 +16,9 @@
 #                                            # drafter's graph depths = its eager steps)
 #                                            # (the kernels' on 8 xdist workers, then the engines')
 #   bash benchmarks/gpu_session.sh extras    # ~2.5 min: Qwen3.5's hybrid (benchmarks/deltanet.py), gpt-oss's
-#                                            # MXFP4 load (benchmarks/mxfp4_load.py), sliding windows
-#                                            # (benchmarks/sliding_window.py)
+#                                            # MXFP4 load (benchmarks/mxfp4_load.py), a graph's launch
+#                                            # by its kernels (benchmarks/graph_launch.py), sliding
+#                                            # windows (benchmarks/sliding_window.py)
 #   bash benchmarks/gpu_session.sh drafter   # a drafter warm-started on the GPU, then
 #                                            # benchmarks/drafter.py's rollout (drafter alone,
 #                                            # hybrid, suffix default vs plain, identical shares);
@@ -131,6 +132,8 @@ extras() {     # the kernels of stops 63-67 measured on a GPU (~2.5 min)
     # gpt-oss's MXFP4 experts dequantized on the device against transformers' (stop 67; ~20 s)
     [ "$DEVICE" = cuda ] && step mxfp4 ${MXFP4_LIMIT:-40} \
         $PY benchmarks/mxfp4_load.py --device cuda --rounds 4
+    # a CUDA graph's launch on the host by its kernels (stop 68: 0.25 ms a step's, ~290 kernels; ~10 s)
+    [ "$DEVICE" = cuda ] && step graph_launch ${LAUNCH_LIMIT:-30} $PY benchmarks/graph_launch.py
     # a sliding window's attention against full attention (stop 63; Triton's compiles, then seconds)
     [ "$DEVICE" = cuda ] && step window ${WINDOW_LIMIT:-40} $PY benchmarks/sliding_window.py --rows 1,64 \
         --contexts 1024,8192 --rounds 4
