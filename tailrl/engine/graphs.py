@@ -278,12 +278,11 @@ def engine_graphs(model: Transformer, kv: KVCache, config: EngineConfig, dtype: 
         log.info("engine: no CUDA graphs for %s (its latent attention's absorbed weights are copies a weight update "
                  "makes again, outside any graph)", model.args.architecture)
         return None
-    d = model.args.head_dim
-    if d & (d - 1):
-        log.info("engine: no CUDA graphs for %s (heads of %d dimensions take the reference attention, which reads a "
-                 "step's draft positions on the host)", model.args.architecture, d)
-        return None
     kernels = select(config.device, dtype)
+    if not kernels.attends(model.args.head_dim):
+        log.info("engine: no CUDA graphs for %s (heads of %d dimensions take the reference attention, which reads a "
+                 "step's draft positions on the host)", model.args.architecture, model.args.head_dim)
+        return None
     if not kernels.capturable or (model.args.num_experts and not kernels.captures_experts):
         log.info("engine: no CUDA graphs for %s on %s (its kernels, %s, wait for the device inside a step%s)",
                  config.dtype, config.device, kernels.name, ": a mixture of experts' grouping"

@@ -71,6 +71,11 @@ class Backend:
     # synchronisation inside: the reference's visibility mask reads its extras on the host)
     capturable = True
 
+    def attends(self, head_dim: int) -> bool:
+        """Its own attention serves heads ``head_dim`` wide (else a step takes the reference's,
+        which reads a step's draft positions on the host: no CUDA graph can capture it)."""
+        return True
+
     def rope(self, tables: RopeTables, positions: torch.Tensor, window: int = 0, scale: float | None = None,
              softcap: float | None = None) -> Rope:
         """Once per forward and kind of layer: what its layers' ``rope_attend`` read besides

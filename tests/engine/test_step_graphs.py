@@ -37,10 +37,11 @@ def outputs(llm: LLM):
 
 
 def test_no_graphs_for_heads_the_triton_attention_does_not_take_or_latent_attention(caplog):
-    """Heads whose width is not a power of two (Phi-3-mini's 96, DeepSeek-V3's latent 576) take the
-    reference attention on a GPU, which reads a step's draft positions on the host; DeepSeek-V3's
-    absorbed weights are copies made again after a weight update, outside any graph: such models
-    get no CUDA graphs, and the log says why (the configuration alone: nothing runs on a GPU)."""
+    """Heads whose width is not a power of two (Phi-3-mini's 96, DeepSeek-V3's latent 576) or below
+    the float32 dot's 8 take the reference attention on a GPU, which reads a step's draft
+    positions on the host; DeepSeek-V3's absorbed weights are copies made again after a weight
+    update, outside any graph: such models get no CUDA graphs, and the log says why (the
+    configuration alone: nothing runs on a GPU)."""
     from types import SimpleNamespace
 
     from tailrl.engine.graphs import engine_graphs
@@ -49,7 +50,9 @@ def test_no_graphs_for_heads_the_triton_attention_does_not_take_or_latent_attent
     phi3 = {"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
             "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32}
     deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 448}          # a latent head of 512
-    for cfg, why in ((phi3, "heads of 96 dimensions"), (deepseek, "absorbed weights")):
+    narrow = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}   # heads of 4: below a dot
+    for cfg, why in ((phi3, "heads of 96 dimensions"), (deepseek, "absorbed weights"), (narrow, "heads of 4 ")):
         model = SimpleNamespace(args=parse_config(cfg))
         with caplog.at_level("INFO", logger="tailrl.engine.graphs"):
             assert engine_graphs(model, None, config, torch.bfloat16, grouped=True) is None

@@ -267,6 +267,8 @@ def test_tensor_core_tiles_stay_below_wgmmas_64_rows(monkeypatch):
     # Triton 3.6 refused to compile its q . k on an H200)
     assert backend.attention_tiles(8, 2, 8, bf16, True) == (False, 4, 16, 4, 16)
     assert backend.attention_tiles(8, 2, 16, bf16, True)[0] is True
+    # narrower than a float32 dot's 8, or not a power of two: the reference attention (and no graphs)
+    assert [backend.TritonBackend().attends(d) for d in (4, 8, 64, 96, 128)] == [False, True, True, False, True]
     monkeypatch.setattr(backend, "DOTS", "ieee")
     assert backend.attention_tiles(14, 2, 64, bf16, True) == (False, 7, 16, 4, 32)
 

@@ -121,6 +121,11 @@ class TritonBackend(Backend):
     def rotary(self, tables: RopeTables, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tables.cos_acc, tables.sin_acc                               # float32 tables, full
 
+    def attends(self, head_dim: int) -> bool:
+        """Triton's ranges are powers of two and its dots at least ``FMA_DEPTH`` deep: other heads
+        take the reference."""
+        return not head_dim & (head_dim - 1) and head_dim >= FMA_DEPTH
+
     def linear_rope_attend(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rope: Rope,
                            k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
                            heads: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
@@ -140,8 +145,7 @@ class TritonBackend(Backend):
         joined to each query's merged softmax state before its store)."""
         n = qkv.shape[0]
         kv_heads, d = v_cache.shape[1], v_cache.shape[3]
-        if d & (d - 1) or d < FMA_DEPTH:   # Triton's ranges are powers of two, its dots at least 8 deep:
-            # such a head dim takes the reference
+        if not self.attends(d):
             if bias is not None:
                 qkv = qkv + bias
             cos, sin = (t[rope.positions].to(qkv.dtype).unsqueeze(1) for t in (rope.cos, rope.sin))
