@@ -14,7 +14,9 @@ setting's ratio base / new (> 1: this checkout's calls are faster).
 ``--model`` takes a directory, a preset or a stand-in name (``0.5b``: `small`'s tokens at
 Qwen2.5-0.5B's cost, built into ``--standin-dir`` on first use): its drafter is sized from it.
 ``--device cuda``: the drafter on the GPU, chain depths replayed from CUDA graphs as a GPU
-engine drafts, every call synchronised (without ``--baseline-ref``: this checkout alone).
+engine drafts, and chains also from one graph of a call's every depth (``/whole``:
+``TAILRL_DRAFTER_WHOLE_CHAINS=1``'s way), every call synchronised (without ``--baseline-ref``:
+this checkout alone).
 
 Usage: python benchmarks/drafter_call.py [--baseline-ref REF] [--rounds 4] [--model 0.5b] [--device cuda]
 The last line is one JSON object.
@@ -52,31 +54,34 @@ def worker(a: argparse.Namespace) -> None:
     drafter = Drafter.for_target(target)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     out = {"tailrl": str(Path(tailrl.__file__).parent), "calls_ms": {}}
-    for paths in PATHS:
-        for rows in ROWS:
-            src = DrafterSource(drafter, fast_dtype=torch.bfloat16)
-            if dev.type == "cuda":                   # as a GPU engine drafts: chain depths from graphs
-                from tailrl.engine.graph_pool import GraphPool, cuda_capture
-                src.use_graphs(GraphPool(1 << 30, cuda_capture))
-            g = torch.Generator().manual_seed(rows)
-            reqs = []
-            for i in range(rows):
-                n = 100 + (7 * i) % 450
-                r = Request(f"r{i}", [(5 * i + j) % 80 + 3 for j in range(n + 1)], SamplingParams(), 0)
-                r.output_token_ids.append(7)
-                src.observe_hidden(torch.randn(n + 1, hidden, generator=g).bfloat16().to(dev), [(r, 0, 0, n + 1)])
-                r.keep_hidden(torch.randn(hidden, generator=g).bfloat16().to(dev))
-                reqs.append(r)
-            for _ in range(6):                       # pasts computed, kernels built, step times measured
-                src.grow(reqs, a.depth, paths)
-            times = []
-            for _ in range(a.calls):
-                sync()
-                t0 = time.perf_counter()
-                src.grow(reqs, a.depth, paths)
-                sync()
-                times.append(time.perf_counter() - t0)
-            out["calls_ms"][f"paths{paths}/rows{rows}"] = statistics.median(times) * 1e3
+    # on a GPU chains also from one graph of a call's every depth (``whole``: TAILRL_DRAFTER_WHOLE_CHAINS)
+    settings = [(p, r, w) for p in PATHS for r in ROWS for w in ((False, True) if p == 1 and dev.type == "cuda"
+                                                                 else (False,))]
+    for paths, rows, whole in settings:
+        src = DrafterSource(drafter, fast_dtype=torch.bfloat16)
+        src.whole_chains = whole
+        if dev.type == "cuda":                   # as a GPU engine drafts: chain depths from graphs
+            from tailrl.engine.graph_pool import GraphPool, cuda_capture
+            src.use_graphs(GraphPool(1 << 30, cuda_capture))
+        g = torch.Generator().manual_seed(rows)
+        reqs = []
+        for i in range(rows):
+            n = 100 + (7 * i) % 450
+            r = Request(f"r{i}", [(5 * i + j) % 80 + 3 for j in range(n + 1)], SamplingParams(), 0)
+            r.output_token_ids.append(7)
+            src.observe_hidden(torch.randn(n + 1, hidden, generator=g).bfloat16().to(dev), [(r, 0, 0, n + 1)])
+            r.keep_hidden(torch.randn(hidden, generator=g).bfloat16().to(dev))
+            reqs.append(r)
+        for _ in range(6):                       # pasts computed, kernels built, step times measured
+            src.grow(reqs, a.depth, paths)
+        times = []
+        for _ in range(a.calls):
+            sync()
+            t0 = time.perf_counter()
+            src.grow(reqs, a.depth, paths)
+            sync()
+            times.append(time.perf_counter() - t0)
+        out["calls_ms"][f"paths{paths}/rows{rows}" + ("/whole" if whole else "")] = statistics.median(times) * 1e3
     print(json.dumps(out), flush=True)
 
 

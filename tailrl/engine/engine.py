@@ -208,6 +208,7 @@ class LLMEngine:
         if drafting:
             out["graphs/drafter_replayed_depths"] = sum(g.replays for g in drafting)
             out["graphs/drafter_eager_depths"] = sum(g.eager for g in drafting)
+            out["graphs/drafter_whole_chains"] = sum(g.chains for g in drafting)
         return out
 
     def graph_metrics(self) -> dict[str, float]:

@@ -82,6 +82,45 @@ def test_a_replayed_depth_equals_the_launched_depth_for_the_real_rows(model, dev
     assert graphs.replays == 8 and graphs.pool.hits >= 4 and graphs.pool.captures + graphs.pool.hits == 8
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_whole_chain_from_one_graph_equals_its_depths_launched(model, device):
+    """``DrafterGraphs.chain``: every depth of a call in one replay (3 depths padded to 4, rows
+    to a power of two) gives each depth's launched top probability and token for the real rows,
+    writes what the launched depths write into every block but the scratch one, and a call
+    again replays its key's graph."""
+    d = Drafter.for_target(load_model(model, "float32", device), intermediate_size=64)
+    c, dev = d.cfg, d.fc.weight.device
+    graphs, kernels, tables = DrafterGraphs(pool_for(device)), kernels_for(d), rope_tables(d, 300, torch.float32)
+    blocks = KVBlocks(c.num_heads, c.head_dim, torch.float32, dev)
+    for b, seed in [(7, 0), (5, 1), (2, 2)]:
+        layout, feats, toks = call(d, blocks, b, seed, depths=3)
+        first = feats, toks
+        before_k, before_v = blocks.k.clone(), blocks.v.clone()
+        with torch.inference_mode():
+            got = graphs.chain(d, kernels, tables, blocks, layout, feats, toks)
+            assert got is not None and got[0].shape == got[1].shape == (b, 3)
+            got = tuple(x.clone() for x in got)
+            after_k, after_v = blocks.k.clone(), blocks.v.clone()
+            blocks.k.copy_(before_k)
+            blocks.v.copy_(before_v)
+            qs, ts = [], []
+            for t in range(3):
+                feats, logits = paged_step(d, kernels, feats, toks, kernels.rope(tables, layout.positions[t]), blocks,
+                                           layout.meta(t))
+                q, top = torch.softmax(logits.float(), -1).max(-1)
+                toks = d.token_ids(top)
+                qs.append(q)
+                ts.append(toks)
+        assert torch.allclose(got[0], torch.stack(qs, 1), atol=1e-5, rtol=1e-4)
+        assert torch.equal(got[1], torch.stack(ts, 1))
+        real = torch.arange(blocks.num_blocks, device=dev) != KVBlocks.SCRATCH
+        for after, now in ((after_k, blocks.k), (after_v, blocks.v)):
+            assert torch.allclose(after[real], now[real], atol=1e-5)
+    with torch.inference_mode():                            # the last call again: its key's graph replayed
+        again = graphs.chain(d, kernels, tables, blocks, layout, *first)
+    assert all(torch.equal(x, y) for x, y in zip(again, got)) and graphs.chains == 4 and graphs.pool.hits == 1
+
+
 def test_keys_over_the_static_budget_or_refused_run_eagerly(model):
     d = Drafter.for_target(load_model(model, "float32"), intermediate_size=64)
     c = d.cfg
@@ -94,23 +133,26 @@ def test_keys_over_the_static_budget_or_refused_run_eagerly(model):
         tiny = DrafterGraphs(pool_for("cpu", budget=1024))          # the graph's inputs exceed the pool's budget
         assert tiny.depth(d, kernels, tables, blocks, layout, 0, feats, toks) is None and tiny.pool.refused
         assert tiny.depth(d, kernels, tables, blocks, layout, 0, feats, toks) is None and tiny.eager == 2
+        assert small.chain(d, kernels, tables, blocks, layout, feats, toks) is None and small.eager == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_rollouts_drafting_through_graphs_are_identical_to_plain(model, drafter_dir, device, dtype):
+@pytest.mark.parametrize("whole", [False, True], ids=["depths", "whole-chains"])
+def test_rollouts_drafting_through_graphs_are_identical_to_plain(model, drafter_dir, device, dtype, whole):
     plain = LLM(model, dtype=dtype, device=device, kv_cache_gib=0.25)
     spec = LLM(model, dtype=dtype, device=device, kv_cache_gib=0.25, speculative=SpeculativeConfig(
         policy="fixed", method="drafter", drafter=drafter_dir, min_token_prob=0.0))
     src = next(s for s in spec.engine.speculator.sources if s.name == "drafter")
     if device == "cpu":
         src.use_graphs(pool_for("cpu"))
+    src.whole_chains = whole
     spec.engine.speculator.choice.always = True
     for _ in range(2):          # unseeded samples draw new seeds per call: plain's call in step
         want = [(list(c.token_ids), c.finish_reason) for o in plain.generate(PROMPTS, PARAMS) for c in o.outputs]
         got = [(list(c.token_ids), c.finish_reason) for o in spec.generate(PROMPTS, PARAMS) for c in o.outputs]
         assert got == want
-    assert src.graphs.replays > 0 and src.graphs.pool.hits > 0
+    assert (src.graphs.chains if whole else src.graphs.replays) > 0 and src.graphs.pool.hits > 0
     assert spec.last_metrics["rollout/spec_draft_tokens/drafter"] > 0
 
 
@@ -125,12 +167,14 @@ def static_capture(fn):
     return replay, 0
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["depths", "whole-chains"])
 @pytest.mark.parametrize("kernels", ["native", "triton"])
-def test_chains_through_graphs_draft_what_launched_depths_draft(monkeypatch, model, drafter_dir, kernels):
+def test_chains_through_graphs_draft_what_launched_depths_draft(monkeypatch, model, drafter_dir, kernels, whole):
     """Every depth of a call replays the same graph (same rows and table width), whose outputs
-    the next depth overwrites: the draft keeps each depth's tokens and probabilities. Also with
-    the Triton kernels (under the interpreter on a CPU): a GPU engine's drafting path, padding
-    rows in the scratch block included."""
+    the next depth overwrites: the draft keeps each depth's tokens and probabilities; or
+    (``whole``) the call's 6 depths replay one graph of 8. Also with the Triton kernels (under
+    the interpreter on a CPU): a GPU engine's drafting path, padding rows (and depths) in the
+    scratch block included."""
     from tailrl.engine.request import Request
     from tailrl.speculative.sources.drafter_source import DrafterSource
     if kernels == "triton":
@@ -144,6 +188,7 @@ def test_chains_through_graphs_draft_what_launched_depths_draft(monkeypatch, mod
         src = DrafterSource(Drafter.load(drafter_dir, target))
         if graphs:
             src.use_graphs(GraphPool(1 << 30, static_capture))
+        src.whole_chains = whole
         gen = torch.Generator().manual_seed(0)
         reqs = []
         for i, p in enumerate(PROMPTS):
@@ -153,7 +198,7 @@ def test_chains_through_graphs_draft_what_launched_depths_draft(monkeypatch, mod
             r.keep_hidden(torch.randn(target.args.hidden_size, generator=gen))
             reqs.append(r)
         drafts.append([(d.tokens, d.probs) for d in src.grow(reqs, 6, 1)])
-        assert not graphs or src.graphs.replays == 6
+        assert not graphs or (src.graphs.chains, src.graphs.replays) == ((1, 0) if whole else (0, 6))
     for (t0, p0), (t1, p1) in zip(*drafts):
         assert t0 == t1 and p0 == pytest.approx(p1, abs=1e-5)
     assert all(len(set(p)) > 1 for _, p in drafts[0])       # depths differ: a lost depth would show

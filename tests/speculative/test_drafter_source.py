@@ -9,6 +9,7 @@ import torch
 
 from tailrl import LLM, SamplingParams, SpeculativeConfig
 from tailrl.cli.train_drafter import warm_start
+from tailrl.drafter.graphs import DrafterGraphs
 from tailrl.drafter.network import Drafter
 from tailrl.engine.request import Request
 from tailrl.model.loader import load_model
@@ -268,6 +269,36 @@ def test_chain_depths_launched_ahead_of_their_end_give_the_same_chains(model, dr
         got[ahead] = ([(d.tokens, d.probs) if d is not None else None for d in drafts], depths[0])
     assert got[True][0] == got[False][0] and any(d is not None for d in got[True][0])
     assert got[True][1] == min(got[False][1] + 1, 8)        # one more, unless the budget ended them
+
+
+@pytest.mark.parametrize("pricing,min_path_prob", [(None, 0.0), (None, 0.3), ((1e-12, 0.0), 0.0), ((1e6, 0.0), 0.0),
+                                                   ((1e6, 2e6), 0.0)], ids=["budget", "min-prob", "worthless",
+                                                                            "priceless", "dear"])
+@pytest.mark.parametrize("budget", [8, 5])
+def test_a_call_from_one_whole_chain_graph_gives_the_depth_walks_chains(model, drafter_dir, pricing, min_path_prob,
+                                                                       budget):
+    """``whole_chains`` (TAILRL_DRAFTER_WHOLE_CHAINS=1): a call's every depth from one graph
+    (5 depths padded to 8), cut on the host where the walk depth after depth stops, gives the
+    same chains as that walk (from per-depth graphs and launched)."""
+    from tailrl.engine.graph_pool import GraphPool, eager_capture
+    from tailrl.speculative.sources.drafter_source import TRIES
+    target = load_model(model)
+    src = DrafterSource(Drafter.load(drafter_dir, target), min_path_prob=min_path_prob)
+    reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
+    for r in reqs:
+        seed = torch.Generator().manual_seed(len(r.prompt_token_ids))
+        r.keep_hidden(torch.randn(target.args.hidden_size, generator=seed))
+    for _ in range(TRIES):                                   # the step time measured (pricing needs it)
+        src.grow(reqs, budget, 1)
+    src.pricing = pricing
+    got = []
+    for graphs, whole in ((False, False), (True, False), (True, True)):
+        src.graphs = DrafterGraphs(GraphPool(1 << 30, eager_capture)) if graphs else None
+        src.whole_chains = whole
+        drafts = src.grow(reqs, budget, 1)
+        got.append([(d.tokens, d.probs) if d is not None else None for d in drafts])
+    assert got[0] == got[1] == got[2] and any(d is not None for d in got[2])
+    assert src.graphs.chains == 1 and src.graphs.replays == 0
 
 
 def test_hidden_states_are_handed_out_only_where_the_drafter_drafts(model, drafter_dir):

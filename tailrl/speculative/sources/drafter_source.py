@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 from typing import Any
 
@@ -111,6 +112,9 @@ class DrafterSource:
         self.graphs: DrafterGraphs | None = None      # chain depths replayed from graphs (a GPU engine's)
         # a chain's next depth launched before the last one's end is read (``_chains``); None: on a GPU
         self.depth_ahead: bool | None = None
+        # a call's chains from one graph of all its depths (``DrafterGraphs.chain``): off until measured
+        # on a GPU (TAILRL_DRAFTER_WHOLE_CHAINS=1 turns it on)
+        self.whole_chains = os.environ.get("TAILRL_DRAFTER_WHOLE_CHAINS", "0") == "1"
 
     def use_graphs(self, pool: Any) -> None:
         """Replay chain depths from CUDA graphs kept in the engine's graph ``pool``."""
@@ -272,10 +276,17 @@ class DrafterSource:
         (``_chains_end``). On a GPU (``depth_ahead``) depth t + 1 is launched before depth t's
         end is read, so the device computes it while the host waits for that read; where the
         chains end at t, depth t + 1 is dropped unread (its K/V sit past the chain, where any
-        rejected draft's do): the same chains, one depth more computed at their end."""
+        rejected draft's do): the same chains, one depth more computed at their end. With
+        ``whole_chains`` every depth comes from one graph and the chains are cut on the host
+        (``_cut``): the same chains again, every depth computed."""
+        pool = self.past.pool
+        if self.whole_chains and self.graphs is not None:
+            got = self.graphs.chain(drafter, kernels, tables, pool, layout, feats, toks)
+            if got is not None:
+                steps[0] += got[0].shape[1]
+                return self._cut(*got)
         tokens, probs = [], []
         path_prob = torch.ones(len(toks), device=toks.device)
-        pool = self.past.pool
         ahead = self.depth_ahead if self.depth_ahead is not None else toks.device.type == "cuda"
         last: torch.Tensor | None = None      # with ``ahead``: the depth before's path probabilities, unread
         for t in range(max_tokens):
@@ -300,7 +311,24 @@ class DrafterSource:
                 last = path_prob
             elif self._chains_end(path_prob):
                 break
-        q_all, t_rows = torch.stack(probs, 1).cpu(), torch.stack(tokens, 1).tolist()   # one wait, then host work
+        return self._drafts(torch.stack(probs, 1).cpu(), torch.stack(tokens, 1).tolist())   # one wait
+
+    def _cut(self, q_dev: torch.Tensor, t_dev: torch.Tensor) -> list[Draft | None]:
+        """The chains of a call computed whole (``DrafterGraphs.chain``), cut where the depth
+        after depth walk would have stopped (``_chains_end`` after each depth, read on the host):
+        the same drafts."""
+        q_all = q_dev.cpu()                                     # one wait
+        path_prob, depths = torch.ones(q_all.shape[0], dtype=q_all.dtype), q_all.shape[1]
+        for t in range(depths - 1):
+            path_prob = path_prob * q_all[:, t]
+            if self._chains_end(path_prob):
+                depths = t + 1
+                break
+        return self._drafts(q_all[:, :depths], t_dev[:, :depths].tolist())
+
+    def _drafts(self, q_all: torch.Tensor, t_rows: list[list[int]]) -> list[Draft | None]:
+        """Each row's chain (``q_all`` [B, depths] on the host) up to its first node whose path
+        probability is below ``min_path_prob``."""
         keep = (q_all.cumprod(1) >= self.min_path_prob).cumprod(1).sum(1).tolist()      # [B]
         q_rows = q_all.tolist()
         return [Draft.unchecked(t[:k], list(range(-1, k - 1)), q[:k], self.name, chain=True) if k else None
