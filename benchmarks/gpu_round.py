@@ -64,6 +64,8 @@ def sync_sites(llm: LLM, prompts, a) -> dict:
     sites: collections.Counter = collections.Counter()
 
     def show(message, category, filename, lineno, file=None, line=None):
+        if "debug mode is a prototype" in str(message):  # PyTorch's notice on turning the mode on
+            return
         frames = [f for f in traceback.extract_stack()[:-1]
                   if "/tailrl/" in f.filename or "/benchmarks/" in f.filename]
         where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1][:3])
