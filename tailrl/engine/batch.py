@@ -86,6 +86,9 @@ class Batch:
     # it in on the device)
     ahead: list[tuple[int, Request, int]] = field(default_factory=list)
     processed: bool = False         # some row may process its logits (logits_process.py): sampled outside graphs
+    # (write rows, positions, sample index) as the host built them: what a model with recurrent layers
+    # plans its rows from (kv/states.py) without reading the device
+    host: tuple | None = None
 
 
 def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: StepGraphs | None = None,
@@ -99,6 +102,8 @@ def build_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, grap
     batch = _build(rows, drafts, kv, graphs, follow, processed)
     if kv.states is not None:                   # a model with recurrent layers: its rows' runs (kv/states.py)
         batch.meta.states = kv.states.plan(batch, [req for req, _ in rows])
+        if batch.graph is not None:             # staged beside the step's other inputs
+            graphs.place_states(batch.graph, batch.meta.states.host)
     return batch
 
 
@@ -243,8 +248,9 @@ def _build(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache, graphs: S
     longs, ints = [ids, pos, sample_idx, slots], [wrow, prefix, estart, ecount]
     u = uniforms(keys, upos)
     key, (ids_t, pos_t, sample_t, meta) = _place(longs, ints, extra or [0], u, (temps, topk, topp), len(rows),
-                                                 kv_len, reads, work, kv, graphs, processed)
-    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead, processed)
+                                                 kv_len, reads, work, kv, graphs, processed, num_draft > 0)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, num_draft, spans, key, ahead, processed,
+                 host=(wrow, pos, sample_idx))
 
 
 def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGraphs | None,
@@ -289,7 +295,7 @@ def _decode_batch(rows: list[tuple[Request, int]], kv: KVCache, graphs: StepGrap
     key, (ids_t, pos_t, sample_t, meta) = _place([list(ids), pos, index, slots], [wrow, prefix, zeros, zeros], [0],
                                                  u, (temps, topk, topp), len(rows), int(pos.max()) + 1, reads, reads,
                                                  kv, graphs, processed)
-    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, 0, [], key, ahead)
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, 0, [], key, ahead, host=(wrow, pos, index))
 
 
 def _chain_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache,
@@ -342,8 +348,10 @@ def _chain_batch(rows: list[tuple[Request, int]], drafts: dict, kv: KVCache,
     work = int((counts * (starts_a + 1) + d_a * counts // 2).sum())
     key, (ids_t, pos_t, sample_t, meta) = _place([flat_ids, pos, index, kv.slots(wrow, pos)],
                                                  [wrow, pos + 1, zeros, zeros], [0], u, (temps, topk, topp),
-                                                 len(rows), int(pos.max()) + 1, reads, work, kv, graphs, processed)
-    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, int(d_a.sum()), [], key, ahead)
+                                                 len(rows), int(pos.max()) + 1, reads, work, kv, graphs, processed,
+                                                 total > len(own))
+    return Batch(ids_t, pos_t, meta, sample_t, plans, temps, topk, topp, u, int(d_a.sum()), [], key, ahead,
+                 host=(wrow, pos, index))
 
 
 def _per_position(params: list, counts: list[int], total: int) -> tuple[list, list, list]:
@@ -372,13 +380,13 @@ def _slots(kv: KVCache, rows: list[int], positions: list[int]) -> tuple[list[int
 
 def _place(longs: list, ints: list, extra: list, u: np.ndarray, sampling: tuple, rows: int, kv_len: int,
            reads: int, work: int, kv: KVCache, graphs: StepGraphs | None,
-           processed: bool = False) -> tuple[Key | None, tuple]:
+           processed: bool = False, drafted: bool = False) -> tuple[Key | None, tuple]:
     """A step's inputs on the device: (its graph bucket or None, (ids, positions, sample index,
     attention meta)). A step where every position samples (no prefill chunk) goes to its
     bucket's static inputs (with ``u``, the uniforms, where its graph samples: ``sampling``, the
     rows' temperatures, top-k and top-p, decide, and ``processed`` forbids); any other step, or
     one without graphs, to fresh tensors."""
-    key = graphs.key(len(longs[0]), len(extra), None if processed else graph_mode(*sampling)) \
+    key = graphs.key(len(longs[0]), len(extra), None if processed else graph_mode(*sampling), drafted) \
         if graphs is not None and len(longs[2]) == len(longs[0]) else None
     if key is not None:
         return key, graphs.place(key, longs, ints, extra, u, rows, kv_len, reads, work)

@@ -17,7 +17,10 @@ after it, on the real rows only.
 Padding tokens are inert: each writes its K/V at the K/V pool's scratch slot and sees that
 slot alone (through a scratch row of the static block table), so no request's K/V is touched,
 and every kernel is row-invariant, so the real rows' results are those of the eager step, bit
-for bit (tests/engine/test_step_graphs.py).
+for bit (tests/engine/test_step_graphs.py). A model with recurrent layers (Qwen3.5's Gated
+DeltaNet) stages its rows' runs beside (``place_states``): a padding run has no tokens, so no
+row's states move; its steps that verify drafts run eagerly (the inputs their nodes keep for
+acceptance vary with the drafts).
 
 The graphs themselves live in a ``GraphPool`` (memory budget, least recently used evicted);
 they address the K/V pool, so a reallocated K/V pool (after ``free_cache``) drops them.
@@ -38,6 +41,7 @@ from tailrl.engine.graph_pool import GraphPool, cuda_capture
 from tailrl.engine.kv import KVCache
 from tailrl.engine.sampler import GRAPH_LOGITS_BYTES, for_sampling, sample_static
 from tailrl.kernels import BLOCK, AttentionMeta, select
+from tailrl.kernels.delta import StatePlan
 from tailrl.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,8 @@ class _Bucket:
     turn: int = 0
     staged: list = field(default_factory=list)   # per staging buffer: numpy views (all, longs [4, n], ints [4, n])
     views: dict = field(default_factory=dict)    # real tokens -> the device views of them ``place`` returns
+    seqs: torch.Tensor | None = None             # a model with recurrent layers: its rows' runs [n, 6] (int64)
+    seqs_at: int = 0                             # ... their words' offset in the buffers
 
     @property
     def stride(self) -> int:
@@ -113,6 +119,9 @@ class StepGraphs:
         samples inside its graph (``EngineConfig.cuda_graph_sample_mib``)."""
         self.model, self.kv, self.pool, self.grouped = model, kv, pool, grouped
         self.sample_bytes = sample_bytes
+        # recurrent layers (Qwen3.5's): each bucket stages its rows' runs too (``place_states``); a
+        # step verifying drafts runs eagerly (its kept inputs vary with its drafts)
+        self.states = bool(model.args.linear_layers)
         self.buckets = token_buckets(max_tokens)
         self._static: dict[Key, _Bucket] = {}
         self._kv_allocations = kv.allocations
@@ -123,11 +132,12 @@ class StepGraphs:
         self._pad_longs = np.array([0, 0, 0, kv.scratch_slot], dtype=np.int64)[:, None]
         self._pad_ints = np.array([kv.max_rows, 1, 0, 0], dtype=np.int32)[:, None]
 
-    def key(self, num_tokens: int, num_extra: int, mode: str | None = None) -> Key | None:
-        """The bucket of a step with every position sampling, or None (too many tokens). ``mode``:
-        the step's ``sampler.graph_mode``, kept where the bucket's logits are small enough to
-        sample in the graph."""
-        if num_tokens == 0 or num_tokens > self.buckets[-1]:
+    def key(self, num_tokens: int, num_extra: int, mode: str | None = None, drafted: bool = False) -> Key | None:
+        """The bucket of a step with every position sampling, or None (too many tokens, or a
+        model with recurrent layers verifying drafts). ``mode``: the step's
+        ``sampler.graph_mode``, kept where the bucket's logits are small enough to sample in the
+        graph."""
+        if num_tokens == 0 or num_tokens > self.buckets[-1] or (drafted and self.states):
             return None
         n = self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
         if n * self.model.args.vocab_size * 4 > self.sample_bytes:
@@ -147,7 +157,7 @@ class StepGraphs:
         if b.copied[b.turn] is not None:
             b.copied[b.turn].synchronize()        # its copy two steps ago has read it (long since, as a rule)
         n = len(longs[0])
-        h, lo, it = b.staged[b.turn]
+        h, lo, it, _ = b.staged[b.turn]
         if n:
             lo[:, :n] = longs
             it[:, :n] = ints
@@ -174,6 +184,19 @@ class StepGraphs:
         meta = AttentionMeta(*v[3:], m.extra, m.block_table, kv_len, reads, work, m.multi)
         return v[0], v[1], v[2], meta
 
+    def place_states(self, key: Key, seqs: np.ndarray) -> None:
+        """The rows' runs (``StatePlan.host`` [S, 6]) of the step just ``place``d in ``key``'s
+        buffer, for its recurrent layers: the bucket's other entries runs of no tokens (inert),
+        by a second copy from the same staging buffer (whose event then covers both copies)."""
+        b = self._static[key]
+        host, runs = b.host[b.turn], b.staged[b.turn][3]
+        runs[:len(seqs)] = seqs
+        runs[len(seqs):] = 0
+        b.dev[b.seqs_at:b.seqs_at + 12 * b.n].copy_(host[b.seqs_at:b.seqs_at + 12 * b.n], non_blocking=True)
+        if b.pinned:
+            b.copied[b.turn] = torch.cuda.Event()
+            b.copied[b.turn].record()
+
     def _new(self, key: Key) -> _Bucket:
         n, e, mode = key
         kv = self.kv
@@ -181,22 +204,29 @@ class StepGraphs:
         s = _up4(n)                                     # ``_Bucket.stride``, ``extra_offset``, ``table_offset``
         x0 = (2 * LONGS + INTS + FLOATS) * s
         t0 = x0 + _up4(e)
-        host = torch.zeros(t0 + rows * width, dtype=torch.int32, device="cpu")   # staging: pinned on a GPU
+        q0 = t0 + _up4(rows * width)                    # the rows' runs (recurrent layers), 6 int64 a run
+        host = torch.zeros(q0 + (12 * n if self.states else 0), dtype=torch.int32, device="cpu")   # pinned on a GPU
         if torch.device(kv.device).type == "cuda":
             host = host.pin_memory()
-        host[-width:] = kv.num_blocks                   # the scratch row: every entry the scratch block
+        host[t0 + (rows - 1) * width:t0 + rows * width] = kv.num_blocks   # the scratch row: the scratch block
         dev = host.to(kv.device, copy=True)
         host = [host, host.clone().pin_memory() if host.is_pinned() else host.clone()]
         lo = dev[:2 * LONGS * s].view(torch.int64).view(LONGS, s)[:, :n]
         it = dev[2 * LONGS * s:(2 * LONGS + INTS) * s].view(INTS, s)[:, :n]
-        meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[x0:x0 + e], dev[t0:].view(rows, width),
-                             width * BLOCK, 0, 0, self.grouped)
+        table = dev[t0:t0 + rows * width].view(rows, width)
+        meta = AttentionMeta(lo[3], it[0], it[1], it[2], it[3], dev[x0:x0 + e], table, width * BLOCK, 0, 0,
+                             self.grouped)
         u = dev[(2 * LONGS + INTS) * s:(2 * LONGS + INTS) * s + n].view(torch.float32)
-        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], u, mode, host[0].is_pinned(), pad_from=[n, n])
+        b = _Bucket(n, e, host, dev, meta, lo[0], lo[1], lo[2], u, mode, host[0].is_pinned(), pad_from=[n, n],
+                    seqs_at=q0)
+        if self.states:                                 # zeros: runs of no tokens (inert) until a step's
+            b.seqs = dev[q0:q0 + 12 * n].view(torch.int64).view(n, 6)
+            meta.states = StatePlan(b.seqs)
         for t in host:
             h = t.numpy()
             b.staged.append((h, h[:2 * LONGS * s].view(np.int64).reshape(LONGS, s)[:, :n],
-                             h[2 * LONGS * s:(2 * LONGS + INTS) * s].reshape(INTS, s)[:, :n]))
+                             h[2 * LONGS * s:(2 * LONGS + INTS) * s].reshape(INTS, s)[:, :n],
+                             h[q0:q0 + 12 * n].view(np.int64).reshape(-1, 6)))
         self._static[key] = b
         return b
 
@@ -239,7 +269,7 @@ class StepGraphs:
         keys = {self.key(n, 0, mode) for n in self.buckets if n <= max_tokens for mode in modes}
         keys = sorted(keys, key=lambda k: (-k[0], str(k[2])))
         for key in keys:                # every kernel compiled and loaded before the first capture
-            self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
+            self._place_nothing(key)
             b = self._static[key]
             self._forward(b)
             meta = b.meta
@@ -249,11 +279,17 @@ class StepGraphs:
             finally:
                 b.meta = meta
         for key in keys:
-            self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
+            self._place_nothing(key)
             self.run(key)
         self.warmup_captures += self.pool.captures - before
         self.warmup_s += time.perf_counter() - t0
         return self.pool.captures - before
+
+    def _place_nothing(self, key: Key) -> None:
+        """A step of padding tokens alone in ``key``'s buffer (and runs of no tokens)."""
+        self.place(key, [[]] * LONGS, [[]] * INTS, [], np.zeros(0), 0, 0, 0, 0)
+        if self.states:
+            self.place_states(key, np.zeros((0, 6), dtype=np.int64))
 
     def stats(self) -> dict[str, float]:
         return {**self.pool.stats(), "graphs/replayed_steps": self.replays, "graphs/eager_steps": self.eager,
@@ -269,10 +305,6 @@ def engine_graphs(model: Transformer, kv: KVCache, config: EngineConfig, dtype: 
     if config.tensor_parallel_size > 1:
         log.info("engine: no CUDA graphs with tensor_parallel_size %d (not captured across ranks yet)",
                  config.tensor_parallel_size)
-        return None
-    if model.args.linear_layers:
-        log.info("engine: no CUDA graphs for %s (its recurrent layers' rows are planned on the host each step)",
-                 model.args.architecture)
         return None
     if model.args.mla is not None:
         log.info("engine: no CUDA graphs for %s (its latent attention's absorbed weights are copies a weight update "

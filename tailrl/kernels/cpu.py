@@ -207,7 +207,7 @@ class CpuBackend(Backend):
                                               and seqs.is_contiguous()):
             raise ValueError("delta_rule: b and a must share a row stride; weights, states and seqs be contiguous")
         n, vh, dv = mixed.shape[0], dims[1], dims[3]
-        res = mixed.new_empty(n, vh * dv) if out else None
+        res = mixed.new_zeros(n, vh * dv) if out else None        # a token in no run (a graph's padding): 0
         _native.delta_rule(_DTYPE_CODE[mixed.dtype], mixed.data_ptr(), mixed.stride(0), b.data_ptr(), a.data_ptr(),
                            b.stride(0), conv_w.data_ptr(), neg_a.data_ptr(), dt_bias.data_ptr(), conv.data_ptr(),
                            ssm.data_ptr(), seqs.data_ptr(), seqs.shape[0], n, 0 if res is None else res.data_ptr(),

@@ -64,7 +64,7 @@ def delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_w: to
     kh, vh, dk, dv, k = dims
     acc = ssm.dtype
     dt = mixed.dtype
-    res = mixed.new_empty(mixed.shape[0], vh * dv) if out else None
+    res = mixed.new_zeros(mixed.shape[0], vh * dv) if out else None     # a token in no run: 0
     for row, t0, cnt, done, fresh, snap in seqs.tolist():
         if fresh:
             conv[row, 0].zero_()

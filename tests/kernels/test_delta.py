@@ -144,3 +144,23 @@ def test_a_snapshot_is_the_states_after_its_tokens_and_the_states_go_on(backend)
     assert torch.equal(out, run(kernels, x, seven, [[1, 0, 7, 7, 1, 0]]))
     for s, t, u in zip(snapped, three, seven):
         assert torch.equal(s[1, 1], t[1, 0]) and torch.equal(s[1, 0], u[1, 0]) and not torch.equal(s[1, 0], s[1, 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_runs_of_no_tokens_move_nothing_and_tokens_in_no_run_output_zeros(backend, dtype):
+    """A CUDA graph's bucket pads a step with runs of no tokens and tokens in no run
+    (engine/graphs.py): those runs leave every state and snapshot as it was, those tokens output
+    0 (never what the memory held: NaN there would sample past the vocabulary), and the real
+    run's outputs and states are those of the step without the padding."""
+    kernels, device = backend
+    kernels = kernels(dtype)
+    x = on(device, *inputs(dtype, 6))
+    plain = on(device, *states(dtype))
+    padded = on(device, *states(dtype))
+    want = run(kernels, x, plain, [[2, 0, 3, 3, 0, 0]])
+    got = run(kernels, x, padded, [[2, 0, 3, 3, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
+    assert torch.equal(got[:3], want[:3]) and not got[3:].any()
+    assert all(torch.equal(p, q) for p, q in zip(plain, padded))
+    fresh = on(device, *states(dtype))
+    run(kernels, x, fresh, [[0, 0, 0, 0, 0, 0]] * 4)
+    assert all(torch.equal(p, q) for p, q in zip(fresh, on(device, *states(dtype))))

@@ -454,6 +454,31 @@ def test_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, triton
     assert llm.last_metrics["graphs/replayed_steps"] > 0 and llm.last_metrics["graphs/eager_steps"] == 0
 
 
+@pytest.mark.parametrize("arch", [pytest.param("qwen3_5", marks=SLOW_HERE)])
+def test_a_recurrent_models_plain_graph_steps_under_the_triton_kernels_equal_eager_steps(ckpt_dir, monkeypatch,
+                                                                                         arch):
+    """Qwen3.5's hybrid in bfloat16 through the Triton kernels: plain steps launched ahead and
+    replayed from graphs (CUDA graphs on a GPU; each bucket's rows' runs staged beside its
+    tokens, its padding runs of no tokens) give the eager steps' tokens and log-probabilities."""
+    from tailrl import LLM, SamplingParams
+    from tailrl.engine.batch import ModelRunner
+    from tailrl.engine.graph_pool import GraphPool, cuda_capture, eager_capture
+    from tailrl.engine.graphs import StepGraphs
+    monkeypatch.setenv("TAILRL_KERNELS", "triton")
+    path = ckpt_dir(arch, num_layers=4)
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [4, 4]]
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True, seed=4)
+    run = lambda llm: [[(c.token_ids, c.logprobs) for c in o.outputs] for o in llm.generate(prompts, sp)]   # noqa: E731
+    want = run(LLM(path, device=DEVICE, cuda_graphs=False, **SMALL_POOL))
+    llm = LLM(path, device=DEVICE, async_scheduling=True, **SMALL_POOL)
+    e = llm.engine
+    capture = cuda_capture if DEVICE == "cuda" else eager_capture
+    e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, capture), 64))
+    e.begin_rollout()
+    assert run(llm) == want
+    assert llm.last_metrics["graphs/replayed_steps"] > 0 and llm.last_metrics["graphs/eager_steps"] == 0
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_experts_grouped_on_the_device_match_the_reference_and_a_token_alone(dtype, tol):
     """The routed products grouped by expert (kernels/gpu/experts.py): every (token, j) pair in

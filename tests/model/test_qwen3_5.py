@@ -182,6 +182,40 @@ def test_steps_launched_ahead_then_a_speculative_tail_give_the_same_tokens(path)
     assert llm.last_metrics["rollout/spec_accepted_tokens"] > 0
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+@pytest.mark.parametrize("ahead", [False, True], ids=["waiting", "ahead"])
+def test_plain_steps_from_graphs_give_eager_steps_tokens_and_verify_steps_stay_eager(path, dtype, ahead):
+    """Steps replayed from graphs' static inputs (engine/graphs.py; on a CPU the capture is an
+    eager call over the same buffers): a bucket stages its rows' runs beside the tokens, every
+    run past the step's of no tokens, so its padding moves no row's states; steps that verify
+    drafts take no bucket (their nodes' kept inputs vary). Tokens and log-probabilities those of
+    eager plain decoding, one step at a time and launched ahead, and a speculative engine's."""
+    from tailrl.engine.batch import ModelRunner
+    from tailrl.engine.graph_pool import GraphPool, eager_capture
+    from tailrl.engine.graphs import StepGraphs, warm_up
+
+    def with_graphs(llm):
+        e = llm.engine
+        e.runner = ModelRunner(e.model, e.kv, StepGraphs(e.model, e.kv, GraphPool(1 << 30, eager_capture), 64))
+        warm_up(e.runner.graphs, e.config, e.speculator is not None)   # padding steps before any real one
+        return e.runner.graphs
+
+    sp = [SamplingParams(n=3, temperature=1.0, max_tokens=m, ignore_eos=True, seed=3) for m in (10, 20, 60, 40)]
+    want = outputs(LLM(path, dtype=dtype).generate(PROMPTS, sp))
+    plain = LLM(path, dtype=dtype, async_scheduling=ahead)
+    graphs = with_graphs(plain)
+    assert [outputs(plain.generate(PROMPTS, sp)) for _ in range(2)] == [want, want]
+    assert plain.last_metrics["graphs/replayed_steps"] > 20 and all(b.seqs is not None for b in graphs._static.values())
+    # a speculative engine's bulk stepped plainly and ahead (above 6 requests), its tail verifying
+    spec = LLM(path, dtype=dtype, async_scheduling=True, speculative=SpeculativeConfig(policy="fixed", ahead_above=6,
+                                                                                        tail="speculate"))
+    graphs = with_graphs(spec)
+    assert [outputs(spec.generate(PROMPTS, sp)) for _ in range(2)] == [want, want]
+    m = spec.last_metrics
+    assert m["rollout/spec_accepted_tokens"] > 0 and m["graphs/replayed_steps"] > 0
+    assert m["graphs/replayed_steps"] < m["rollout/num_forward"] - 5       # the verify steps ran eagerly
+
+
 def test_chunked_prefill_preemption_and_migration_give_the_same_tokens(path):
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=50, ignore_eos=True, seed=5)
     want = outputs(LLM(path, dtype="float64").generate(PROMPTS, sp))

@@ -19,8 +19,10 @@ the engine does not ask of it: no prefix is taken from the prefix cache (the sta
 prefix's end is not kept), a migrated request is recomputed, no tree drafts, no steps launched
 with follow-ups (``refuse``). Split over tensor parallel ranks, each rank keeps its heads'
 states; rank 0 plans, and its lends, moves and acceptances reach the others
-(kv/mirrored.py, engine/tensor_parallel.py). On a GPU a step's rows are planned on the host from the built
-batch (its tokens' rows read back): no CUDA graphs for these models (engine/graphs.py).
+(kv/mirrored.py, engine/tensor_parallel.py). A step's rows are planned from the arrays the host
+built it from (``Batch.host``: no wait for the device); a step from a CUDA graph's bucket gets
+them staged into the bucket's static runs, the bucket's other runs of no tokens (engine/graphs.py:
+plain steps only, a step verifying drafts runs eagerly).
 """
 from __future__ import annotations
 
@@ -109,18 +111,20 @@ class RecurrentStates:
     @staticmethod
     def plan(batch, reqs: list) -> StatePlan:
         """The step's rows (``StatePlan``) from a built batch (``reqs[r]``: block-table row r's
-        request): each run of tokens of one row, the nodes of its plan's draft last; the run
+        request; read from its host arrays, ``Batch.host``, where it has them: no wait for the
+        device): each run of tokens of one row, the nodes of its plan's draft last; the run
         whose committed tokens reach its prompt's last but one snapshots the states there."""
-        rows = batch.meta.q_row.cpu().numpy()
+        host = batch.host if batch.host is not None else (batch.meta.q_row.cpu(), batch.positions.cpu(),
+                                                          batch.sample_index.cpu())
+        rows, positions, sample = (np.asarray(x, dtype=np.int64) for x in host)
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         counts = np.diff(np.r_[starts, len(rows)])
-        sample = batch.sample_index.cpu().numpy()
         drafting = [(i, int(rows[sample[p.entry]]), len(p.draft_tokens)) for i, p in enumerate(batch.plans)
                     if p.draft_tokens]
         drafted = {r: n for _, r, n in drafting}
         own = rows[starts]
         d = np.array([drafted.get(int(r), 0) for r in own], dtype=np.int64)
-        first = batch.positions.cpu().numpy()[starts]
+        first = positions[starts]
         prompt = np.array([reqs[r].num_prompt_tokens - 1 for r in own], dtype=np.int64)
         snap = np.where((first < prompt) & (prompt <= first + counts - d), prompt - first, 0)
         seqs = np.stack([own, starts, counts, counts - d, first == 0, snap], axis=1).astype(np.int64)
@@ -129,7 +133,7 @@ class RecurrentStates:
             out.drafts_host = np.concatenate([np.arange(s + c - k, s + c) for s, c, k in zip(starts, counts, d) if k])
             kept_at = dict(zip(own[d > 0].tolist(), (np.cumsum(d) - d)[d > 0].tolist()))   # row -> its first kept node
             out.nodes = {i: (r, kept_at[r]) for i, r, _ in drafting}
-        return out.on(batch.input_ids.device)
+        return out if batch.graph is not None else out.on(batch.input_ids.device)   # a graph reads its own
 
     def accept(self, model, batch, accepted: list[int]) -> None:
         """Each plan's first ``accepted[i]`` draft nodes run through its row's states in place,

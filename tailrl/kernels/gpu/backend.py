@@ -205,7 +205,9 @@ class TritonBackend(Backend):
                 mixed.stride(1) != 1 or b.stride(0) != a.stride(0):
             return super().delta_rule(mixed, b, a, conv_w, neg_a, dt_bias, conv, ssm, seqs, dims, out)
         n, c, rows = mixed.shape[0], mixed.shape[1], seqs.shape[0]
-        res = torch.empty(n, vh * dv, dtype=mixed.dtype, device=mixed.device) if out else None
+        # a token in no run (a graph's padding) outputs 0, not what the memory held (NaN logits there
+        # would sample past the vocabulary)
+        res = torch.zeros(n, vh * dv, dtype=mixed.dtype, device=mixed.device) if out else None
         if not rows:
             return res
         co = torch.empty(n, c, dtype=torch.float32, device=mixed.device)
