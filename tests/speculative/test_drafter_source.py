@@ -236,6 +236,22 @@ def test_chains_grow_only_as_deep_as_pays(model, drafter_dir):
     assert max(len(d) for d in src.grow(reqs, 8, 1)) == 1
 
 
+def priced_source(model, drafter_dir, pricing, min_path_prob: float, budget: int):
+    """A drafter source whose step time is measured (``TRIES`` calls of ``budget`` nodes), then
+    priced at ``pricing``, and the requests it drafts for."""
+    from tailrl.speculative.sources.drafter_source import TRIES
+    target = load_model(model)
+    src = DrafterSource(Drafter.load(drafter_dir, target), min_path_prob=min_path_prob)
+    reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
+    for r in reqs:
+        seed = torch.Generator().manual_seed(len(r.prompt_token_ids))
+        r.keep_hidden(torch.randn(target.args.hidden_size, generator=seed))
+    for _ in range(TRIES):                                   # the step time measured (pricing needs it)
+        src.grow(reqs, budget, 1)
+    src.pricing = pricing
+    return src, reqs
+
+
 @pytest.mark.parametrize("pricing,min_path_prob", [(None, 0.0), (None, 0.3), ((1e-12, 0.0), 0.0), ((1e6, 0.0), 0.0),
                                                    ((1e6, 2e6), 0.0)], ids=["budget", "min-prob", "worthless",
                                                                             "priceless", "dear"])
@@ -246,16 +262,7 @@ def test_chain_depths_launched_ahead_of_their_end_give_the_same_chains(model, dr
     computed and dropped."""
     from tailrl.drafter import paged
     from tailrl.speculative.sources import drafter_source as module
-    from tailrl.speculative.sources.drafter_source import TRIES
-    target = load_model(model)
-    src = DrafterSource(Drafter.load(drafter_dir, target), min_path_prob=min_path_prob)
-    reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
-    for r in reqs:
-        seed = torch.Generator().manual_seed(len(r.prompt_token_ids))
-        r.keep_hidden(torch.randn(target.args.hidden_size, generator=seed))
-    for _ in range(TRIES):                                   # the step time measured (pricing needs it)
-        src.grow(reqs, 8, 1)
-    src.pricing = pricing
+    src, reqs = priced_source(model, drafter_dir, pricing, min_path_prob, 8)
     depths = [0]
 
     def counting(*a, **kw):
@@ -281,16 +288,7 @@ def test_a_call_from_one_whole_chain_graph_gives_the_depth_walks_chains(model, d
     (5 depths padded to 8), cut on the host where the walk depth after depth stops, gives the
     same chains as that walk (from per-depth graphs and launched)."""
     from tailrl.engine.graph_pool import GraphPool, eager_capture
-    from tailrl.speculative.sources.drafter_source import TRIES
-    target = load_model(model)
-    src = DrafterSource(Drafter.load(drafter_dir, target), min_path_prob=min_path_prob)
-    reqs = [Request(f"r{i}", p, SamplingParams(), 0) for i, p in enumerate(PROMPTS)]
-    for r in reqs:
-        seed = torch.Generator().manual_seed(len(r.prompt_token_ids))
-        r.keep_hidden(torch.randn(target.args.hidden_size, generator=seed))
-    for _ in range(TRIES):                                   # the step time measured (pricing needs it)
-        src.grow(reqs, budget, 1)
-    src.pricing = pricing
+    src, reqs = priced_source(model, drafter_dir, pricing, min_path_prob, budget)
     got = []
     for graphs, whole in ((False, False), (True, False), (True, True)):
         src.graphs = DrafterGraphs(GraphPool(1 << 30, eager_capture)) if graphs else None
