@@ -93,15 +93,8 @@ engine() {
         ${ATTENTION_ARGS:-}
     step gpu ${GPU_LIMIT:-280} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
         ${GPU_VARIANTS:+--variants $GPU_VARIANTS} --partial-json "$OUT/gpu_partial.json"
-    # the tests whose code changed since the last GPU run first: the drafter's depths on the
-    # engine's kernels replayed from graphs (stop 53) and its states handed out by steps launched
-    # ahead and the spot trainer's side stream (stop 54), the measured tail's (stop 46) in test_ahead.py, rows drafting inside steps
-    # launched ahead (stop 47), the trainer's bits with tensor-core attention, processed logits
-    # and cached prefixes through graphs and steps ahead (stop 57); test_triton.py last (all 28
-    # passed at stop 45; every attention test with tensor cores at stop 46; sliding windows and
-    # Gemma 3 since stop 63; Qwen3.5's Gated DeltaNet kernels, test_delta.py and in test_triton.py, since
-    # stop 66; gpt-oss's sinks and clamped SwiGLU, and its graph steps, in test_triton.py since stop 67:
-    # never run on a GPU yet)
+    # every GPU test passed at stop 68 but one (a tiny model's 8-wide heads on tensor cores: fixed
+    # since, not yet rerun on a GPU); new since: Qwen3.5's graph steps in test_triton.py
     # the kernels' tests (each engine in a small pool of its own) on 8 xdist workers: mostly Triton's compiles,
     # which the host's 16 cores do side by side; then the engines' tests one at a time (some size their pool
     # from the GPU's free memory)
