@@ -15,7 +15,8 @@ log-probabilities of speculation are checked equal to plain's.
 Usage: python benchmarks/deltanet.py [--hidden 1024] [--layers 8] [--context 128] [--prompts 4] [--n 2]
                                     [--max-tokens 128]
 The last line is one JSON object: {"shape", "models": {"qwen3_5" | "qwen3": {"plain_s", "spec_s",
-"speedup", "accept_length" (tokens a verify step emits), "identical"}}, "hybrid_vs_attention_plain"}.
+"speedup", "accept_length" (tokens a verify step emits), "identical", "graph_share" (the share of each
+engine's steps replayed from CUDA graphs: {"plain", "spec"})}}, "hybrid_vs_attention_plain"}.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def main() -> None:
     times = {k: {"plain": [], "spec": []} for k in engines}
     out = {"shape": vars(a), "models": {}}
     identical = {k: True for k in engines}
-    accepted = {}
+    accepted, replayed = {}, {k: {} for k in engines}
     for r in range(a.rounds):
         order = [(k, m) for k in engines for m in ("plain", "spec")]
         for kind, mode in (order if r % 2 == 0 else order[::-1]):
@@ -86,6 +87,8 @@ def main() -> None:
             t = time.perf_counter()
             got = llm.generate(prompts, sp)
             times[kind][mode].append(time.perf_counter() - t)
+            m = llm.last_metrics                    # the share of steps replayed from CUDA graphs (0 on a CPU)
+            replayed[kind][mode] = round(m.get("graphs/replayed_steps", 0) / max(m["rollout/num_forward"], 1), 2)
             if mode == "spec":
                 accepted[kind] = llm.last_metrics["rollout/spec_accept_length"]
                 identical[kind] &= all((x.token_ids, x.logprobs) == (y.token_ids, y.logprobs)
@@ -93,7 +96,8 @@ def main() -> None:
     for kind in engines:
         p, s = statistics.median(times[kind]["plain"]), statistics.median(times[kind]["spec"])
         out["models"][kind] = {"plain_s": round(p, 3), "spec_s": round(s, 3), "speedup": round(p / s, 2),
-                               "accept_length": round(accepted[kind], 2), "identical": identical[kind]}
+                               "accept_length": round(accepted[kind], 2), "identical": identical[kind],
+                               "graph_share": replayed[kind]}
         print(kind, out["models"][kind], flush=True)
     out["hybrid_vs_attention_plain"] = round(out["models"]["qwen3_5"]["plain_s"] / out["models"]["qwen3"]["plain_s"],
                                              2)
