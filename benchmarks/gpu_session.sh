@@ -94,14 +94,15 @@ engine() {
     step gpu ${GPU_LIMIT:-280} $PY benchmarks/gpu.py --device "$DEVICE" --standin-dir /tmp/tailrl-standins $GPU_ARGS \
         ${GPU_VARIANTS:+--variants $GPU_VARIANTS} --partial-json "$OUT/gpu_partial.json"
     # every GPU test passed at stop 68 but one (a tiny model's 8-wide heads on tensor cores: fixed
-    # since, not yet rerun on a GPU); new since: Qwen3.5's graph steps in test_triton.py
+    # since, not yet rerun on a GPU); new since: Qwen3.5's graph steps in test_triton_models.py
     # the kernels' tests (each engine in a small pool of its own) on 8 xdist workers: mostly Triton's compiles,
     # which the host's 16 cores do side by side; then the engines' tests one at a time (some size their pool
     # from the GPU's free memory)
     if $PY -c "import pytest, xdist, pytest_timeout" 2>/dev/null; then
         step kernel_tests ${KTEST_LIMIT:-150} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             -n ${TEST_WORKERS:-8} --timeout 120 -rf \
-            tests/kernels/test_triton.py tests/kernels/test_delta.py tests/kernels/test_triton_sampler.py \
+            tests/kernels/test_triton.py tests/kernels/test_triton_models.py tests/kernels/test_delta.py \
+            tests/kernels/test_triton_sampler.py \
             tests/kernels/test_stock.py tests/kernels/test_launches.py
         step gpu_tests ${TEST_LIMIT:-200} $PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" \
             --timeout 120 -rf \

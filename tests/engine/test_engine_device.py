@@ -1,7 +1,7 @@
 """The engine's work outside ``step`` on the GPU path makes no tensor on the host by default:
 the exact log-probability scorer and a request's migration between engines, through the
 Triton kernels (interpreted on the CPU), under ``tests/device_guard.py`` (``step`` itself:
-tests/kernels/test_triton.py). Results equal the unguarded ones."""
+tests/kernels/test_triton_models.py). Results equal the unguarded ones."""
 import pytest
 import torch
 from device_guard import guard, no_default_device
