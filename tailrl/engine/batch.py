@@ -86,8 +86,8 @@ class Batch:
     # it in on the device)
     ahead: list[tuple[int, Request, int]] = field(default_factory=list)
     processed: bool = False         # some row may process its logits (logits_process.py): sampled outside graphs
-    # (write rows, positions, sample index) as the host built them: what a model with recurrent layers
-    # plans its rows from (kv/states.py) without reading the device
+    # (write rows, positions, sample index) as the host built them (every builder sets them): what a
+    # model with recurrent layers plans its rows from (kv/states.py) without reading the device
     host: tuple | None = None
 
 

@@ -111,12 +111,10 @@ class RecurrentStates:
     @staticmethod
     def plan(batch, reqs: list) -> StatePlan:
         """The step's rows (``StatePlan``) from a built batch (``reqs[r]``: block-table row r's
-        request; read from its host arrays, ``Batch.host``, where it has them: no wait for the
-        device): each run of tokens of one row, the nodes of its plan's draft last; the run
-        whose committed tokens reach its prompt's last but one snapshots the states there."""
-        host = batch.host if batch.host is not None else (batch.meta.q_row.cpu(), batch.positions.cpu(),
-                                                          batch.sample_index.cpu())
-        rows, positions, sample = (np.asarray(x, dtype=np.int64) for x in host)
+        request; read from its host arrays, ``Batch.host``: no wait for the device): each run of
+        tokens of one row, the nodes of its plan's draft last; the run whose committed tokens
+        reach its prompt's last but one snapshots the states there."""
+        rows, positions, sample = (np.asarray(x, dtype=np.int64) for x in batch.host)
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         counts = np.diff(np.r_[starts, len(rows)])
         drafting = [(i, int(rows[sample[p.entry]]), len(p.draft_tokens)) for i, p in enumerate(batch.plans)
